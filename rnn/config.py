@@ -1,0 +1,136 @@
+"""The static configuration of one CudnnRNN call, validated once at the public boundary.
+
+`RNNConfig` holds everything that decides shapes and math but not the data itself: the mode
+strings, layer/hidden/projection sizes, the dropout seeds and the memory layout attributes.
+Every public entry point builds one with `make_config`, which raises a ValueError/TypeError
+naming the argument, the expected and the given value for every bad attribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+DIRECTIONS = ("unidirectional", "bidirectional")
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    return value
+
+
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class RNNConfig:
+    """Shapes and attributes of one RNN stack (everything but T, B and the data).
+
+    `skip_input` is the resolved input mode (auto_select already decided).
+    """
+
+    rnn_mode: str
+    num_layers: int
+    num_units: int
+    input_size: int
+    skip_input: bool
+    bidirectional: bool
+    num_proj: int = 0
+    dropout: float = 0.0
+    seed: int = 0
+    seed2: int = 0
+
+    @property
+    def num_gates(self) -> int:
+        return GATES[self.rnn_mode]
+
+    @property
+    def num_dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def out_size(self) -> int:
+        """Hout: the size of h (the projection size when num_proj > 0)."""
+        return self.num_proj if self.num_proj > 0 else self.num_units
+
+    @property
+    def is_lstm(self) -> bool:
+        return self.rnn_mode == "lstm"
+
+    def layer_input_size(self, layer: int) -> int:
+        return self.input_size if layer == 0 else self.num_dirs * self.out_size
+
+    def has_input_weights(self, layer: int) -> bool:
+        return not (layer == 0 and self.skip_input)
+
+    @property
+    def pseudo_layers(self) -> int:
+        return self.num_layers * self.num_dirs
+
+
+def make_config(
+    *,
+    rnn_mode: str,
+    num_layers: int,
+    num_units: int,
+    input_size: int,
+    input_mode: str = "linear_input",
+    direction: str = "unidirectional",
+    num_proj: int = 0,
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
+) -> RNNConfig:
+    """Validates the attributes of CudnnRNN(V3) and resolves input_mode."""
+    check_choice("rnn_mode", rnn_mode, RNN_MODES)
+    check_choice("input_mode", input_mode, INPUT_MODES)
+    check_choice("direction", direction, DIRECTIONS)
+    check_int("num_layers", num_layers, minimum=1)
+    check_int("num_units", num_units, minimum=1)
+    check_int("input_size", input_size, minimum=1)
+    check_int("num_proj", num_proj, minimum=0)
+    check_int("seed", seed, minimum=-(2**63))
+    check_int("seed2", seed2, minimum=-(2**63))
+    if num_proj > 0:
+        if rnn_mode != "lstm":
+            raise ValueError(
+                f"num_proj: expected 0 for rnn_mode={rnn_mode!r} (projection is LSTM only), "
+                f"got {num_proj}"
+            )
+        if num_proj > num_units:
+            raise ValueError(
+                f"num_proj: expected a value in (0, num_units={num_units}], got {num_proj}"
+            )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout}")
+    if input_mode == "auto_select":
+        skip = input_size == num_units
+    else:
+        skip = input_mode == "skip_input"
+        if skip and input_size != num_units:
+            raise ValueError(
+                f"input_mode: 'skip_input' needs input size == num_units ({num_units}), "
+                f"got input size {input_size}"
+            )
+    return RNNConfig(
+        rnn_mode=rnn_mode,
+        num_layers=num_layers,
+        num_units=num_units,
+        input_size=input_size,
+        skip_input=skip,
+        bidirectional=direction == "bidirectional",
+        num_proj=num_proj,
+        dropout=float(dropout),
+        seed=seed,
+        seed2=seed2,
+    )

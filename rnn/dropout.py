@@ -1,0 +1,70 @@
+"""Counter-based dropout between layers: the mask is a pure function of
+(seed, seed2, layer, t, b, channel), so the backward regenerates it instead of storing it.
+
+The generator is splitmix64 (a bijective 64-bit mixer) applied to the element's counter
+xor a per-(seed, seed2, layer) key. It only needs integer multiply, xor and shifts, so the same
+bits come out of this torch version on any device and of a Triton version of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .packing import PackInfo
+
+_MASK64 = (1 << 64) - 1
+
+
+def _to_signed(v: int) -> int:
+    v &= _MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _splitmix64_int(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def layer_key(seed: int, seed2: int, layer: int) -> int:
+    """64-bit key of one layer's dropout stream."""
+    k = _splitmix64_int(seed & _MASK64)
+    k = _splitmix64_int(k ^ (seed2 & _MASK64))
+    return _splitmix64_int(k ^ layer)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    # int64 arithmetic wraps modulo 2**64, which is what the mixer needs.
+    x = x + _to_signed(0x9E3779B97F4A7C15)
+    x = (x ^ _shr(x, 30)) * _to_signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _to_signed(0x94D049BB133111EB)
+    return x ^ _shr(x, 31)
+
+
+def uniform(counter: torch.Tensor, key: int) -> torch.Tensor:
+    """float64 uniforms in [0, 1) with 53 random bits, one per int64 counter."""
+    bits = _shr(_splitmix64(counter ^ _to_signed(key)), 11)
+    return bits.to(torch.float64) * (1.0 / (1 << 53))
+
+
+def keep_mask(
+    info: PackInfo, channels: int, p: float, seed: int, seed2: int, layer: int
+) -> torch.Tensor:
+    """[N, channels] bool mask of kept elements of layer `layer`'s packed output.
+
+    The counter of element (t, b, ch) is (t * B + b) * channels + ch: it does not depend on the
+    packing, so equal inputs give equal masks whatever the other sequences' lengths."""
+    ch = torch.arange(channels, device=info.padded_index.device, dtype=torch.int64)
+    counter = info.padded_index[:, None] * channels + ch[None, :]
+    return uniform(counter, layer_key(seed, seed2, layer)) >= p
+
+
+def apply(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout: kept elements scaled by 1 / (1 - p), dropped ones exactly 0."""
+    return torch.where(mask, x * (1.0 / (1.0 - p)), torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,220 @@
+"""The layer engine shared by every backend.
+
+Everything that is not the sequential recurrence lives here, once: packing, the input
+projections of all steps as one GEMM, dropout between layers, the reserve space, and in the
+backward the pre-activation recomputation and the weight/input gradients as large GEMMs.
+A backend supplies only the two sequential pieces, `forward` and `backward`, with the contract
+of `rnn.reference.recurrence_forward` / `recurrence_backward` (the reference backend is those
+two functions; the Triton backend runs fused kernels chosen by the planner).
+
+All tensors here are time-major and packed ([N, C], see packing.py); batch-indexed states are
+[L*D, B, C] in the caller's batch order and permuted to sorted order around each recurrence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from . import dropout as dropout_mod
+from . import reference
+from . import reserve as reserve_mod
+from .config import RNNConfig
+from .packing import PackInfo, prev_rows
+from .params import LayerParams, layer_views
+
+
+class Recurrence(Protocol):
+    """The sequential part of one layer and direction (see rnn/reference.py)."""
+
+    def forward(self, cell: str, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT): ...
+
+    def backward(
+        self, cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
+        reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq,
+    ): ...
+
+
+class ReferenceRecurrence:
+    """The pure-PyTorch recurrences (rnn/reference.py) as an engine backend."""
+
+    name = "reference"
+
+    def forward(self, *args) -> None:
+        reference.recurrence_forward(*args)
+
+    def backward(self, *args) -> None:
+        reference.recurrence_backward(*args)
+
+
+@dataclass
+class ForwardResult:
+    y: torch.Tensor  # [N, D*Hout] last layer's packed output
+    hT: torch.Tensor  # [L*D, B, Hout]
+    cT: torch.Tensor | None  # [L*D, B, H]
+    reserve: torch.Tensor  # uint8, empty when not training
+    host_reserved: torch.Tensor  # int8 header copy, empty when not training
+
+
+def _input_preact(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor) -> torch.Tensor:
+    """W x + bW for all packed rows, [N, G*H] (skip_input: x added to every gate)."""
+    if lp.W is None:
+        return x.repeat(1, cfg.num_gates) + lp.bW
+    return torch.addmm(lp.bW, x, lp.W.t())
+
+
+def _layer_input(cfg, info, layer, x0, ys, training):
+    """Input of `layer`: the packed input, or the previous layer's output after dropout."""
+    if layer == 0:
+        return x0
+    y = ys[layer - 1]
+    if training and cfg.dropout > 0:
+        mask = dropout_mod.keep_mask(
+            info, y.shape[1], cfg.dropout, cfg.seed, cfg.seed2, layer - 1
+        )
+        return dropout_mod.apply(y, mask, cfg.dropout)
+    return y
+
+
+def forward(
+    cfg: RNNConfig,
+    rec: Recurrence,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    params: torch.Tensor,
+    info: PackInfo,
+    training: bool,
+) -> ForwardResult:
+    """Runs the whole stack. x: [N, I] packed; h0: [L*D, B, Hout]; c0: [L*D, B, H] or None."""
+    L, D, Hout = cfg.num_layers, cfg.num_dirs, cfg.out_size
+    dtype, dev = x.dtype, x.device
+    lstm = cfg.is_lstm
+    views = layer_views(cfg, params)
+    perm = info.perm
+    h0s = h0.index_select(1, perm)
+    c0s = c0.index_select(1, perm) if lstm else None
+    hTs = torch.empty_like(h0s)
+    cTs = torch.empty_like(c0s) if lstm else None
+    if training:
+        layout = reserve_mod.reserve_layout(cfg, info, dtype)
+        reserve, host_reserved = reserve_mod.allocate(layout, dev)
+        c_views, y_views = reserve_mod.views(reserve, layout)
+    else:
+        reserve = torch.empty(0, dtype=torch.uint8, device=dev)
+        host_reserved = torch.empty(0, dtype=torch.int8)
+        c_views = []
+        y_views = [torch.empty(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
+    ys = list(y_views) + [torch.empty(info.N, D * Hout, dtype=dtype, device=dev)]
+    for layer in range(L):
+        xl = _layer_input(cfg, info, layer, x, ys, training)
+        for d in range(D):
+            p = layer * D + d
+            lp = views[p]
+            xg = _input_preact(cfg, lp, xl)
+            rec.forward(
+                cfg.rnn_mode, xg, lp.R, lp.bR, lp.Pw, h0s[p], c0s[p] if lstm else None,
+                info, d == 1, ys[layer][:, d * Hout : (d + 1) * Hout],
+                c_views[p] if c_views else None, hTs[p], cTs[p] if lstm else None,
+            )
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(info.B, device=perm.device)
+    hT = hTs.index_select(1, inv)
+    cT = cTs.index_select(1, inv) if lstm else None
+    return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
+
+
+@dataclass
+class BackwardResult:
+    dx: torch.Tensor  # [N, I] packed
+    dh0: torch.Tensor  # [L*D, B, Hout]
+    dc0: torch.Tensor | None  # [L*D, B, H]
+    dparams: torch.Tensor  # like params
+
+
+def backward(
+    cfg: RNNConfig,
+    rec: Recurrence,
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    params: torch.Tensor,
+    info: PackInfo,
+    y_last: torch.Tensor,
+    dy_last: torch.Tensor,
+    dhT: torch.Tensor,
+    dcT: torch.Tensor | None,
+    reserve: torch.Tensor,
+) -> BackwardResult:
+    """Gradients of the whole stack from the reserve.
+
+    x: [N, I] packed input; y_last/dy_last: [N, D*Hout] packed output and its gradient;
+    dhT/dcT: [L*D, B, ...] gradients of the final states (caller's batch order)."""
+    L, D, Hout, H, G = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.num_units, cfg.num_gates
+    N, dtype, dev = info.N, x.dtype, x.device
+    lstm = cfg.is_lstm
+    layout = reserve_mod.reserve_layout(cfg, info, dtype)
+    c_views, y_views = reserve_mod.views(reserve, layout)
+    ys = list(y_views) + [y_last]
+    views = layer_views(cfg, params)
+    dparams = torch.zeros_like(params)
+    dviews = layer_views(cfg, dparams)
+    perm = info.perm
+    h0s = h0.index_select(1, perm)
+    c0s = c0.index_select(1, perm) if lstm else None
+    dhTs = dhT.index_select(1, perm)
+    dcTs = dcT.index_select(1, perm) if lstm else None
+    dh0s = torch.empty_like(h0s)
+    dc0s = torch.empty_like(c0s) if lstm else None
+    prev = [prev_rows(info, reverse=bool(d)) for d in range(D)]
+    dpre_x = torch.empty(N, G * H, dtype=dtype, device=dev)
+    dpre_h = torch.empty(N, G * H, dtype=dtype, device=dev) if cfg.rnn_mode == "gru" else None
+    proj = cfg.num_proj > 0
+    dh_total = torch.empty(N, Hout, dtype=dtype, device=dev) if proj else None
+    m_seq = torch.empty(N, H, dtype=dtype, device=dev) if proj else None
+    dy = dy_last
+    dx = x
+    for layer in reversed(range(L)):
+        xl = _layer_input(cfg, info, layer, x, ys, True)
+        dx = torch.zeros(N, xl.shape[1], dtype=dtype, device=dev)
+        for d in range(D):
+            p = layer * D + d
+            lp, dlp = views[p], dviews[p]
+            y_dir = ys[layer][:, d * Hout : (d + 1) * Hout]
+            h_prev = torch.cat([h0s[p], y_dir]).index_select(0, prev[d])
+            pre_x = _input_preact(cfg, lp, xl)
+            pre_h = torch.addmm(lp.bR, h_prev, lp.R.t())
+            c_prev = None
+            if lstm:
+                c_prev = torch.cat([c0s[p], c_views[p]]).index_select(0, prev[d])
+            rec.backward(
+                cfg.rnn_mode, pre_x, pre_h, lp.R, lp.Pw, y_dir, h_prev,
+                c_views[p] if lstm else None, c_prev, dy[:, d * Hout : (d + 1) * Hout],
+                dhTs[p], dcTs[p] if lstm else None, info, d == 1, dpre_x, dpre_h,
+                dh0s[p], dc0s[p] if lstm else None, dh_total, m_seq,
+            )
+            dph = dpre_h if dpre_h is not None else dpre_x
+            # Weight gradients: one GEMM each over all N rows, accumulated in fp32 by the GEMM.
+            dlp.bW.copy_(dpre_x.sum(0, dtype=torch.float32 if dtype != torch.float64 else None))
+            dlp.bR.copy_(dph.sum(0, dtype=torch.float32 if dtype != torch.float64 else None))
+            dlp.R.copy_(dph.t() @ h_prev)
+            if proj:
+                dlp.Pw.copy_(dh_total.t() @ m_seq)
+            if lp.W is None:
+                dx += dpre_x.view(N, G, H).sum(1)
+            else:
+                dlp.W.copy_(dpre_x.t() @ xl)
+                dx.addmm_(dpre_x, lp.W)
+        if layer > 0 and cfg.dropout > 0:
+            mask = dropout_mod.keep_mask(
+                info, dx.shape[1], cfg.dropout, cfg.seed, cfg.seed2, layer - 1
+            )
+            dx = dropout_mod.apply(dx, mask, cfg.dropout)
+        dy = dx
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(info.B, device=perm.device)
+    dh0 = dh0s.index_select(1, inv)
+    dc0 = dc0s.index_select(1, inv) if lstm else None
+    return BackwardResult(dx, dh0, dc0, dparams)

@@ -1,0 +1,392 @@
+"""Public ops: CudnnRNNV3 (`cudnn_rnn`) and CudnnRNNBackpropV3 (`cudnn_rnn_backprop`).
+
+Both validate every argument here, at the public boundary, then hand packed time-major
+tensors to the engine (rnn/engine.py) with the backend's recurrence. `cudnn_rnn` is also
+differentiable with torch.autograd: its backward calls `cudnn_rnn_backprop` on the reserve.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from . import engine
+from . import reserve as reserve_mod
+from .config import RNNConfig, check_choice, make_config
+from .packing import PackInfo, make_pack_info, pack, unpack
+from .params import check_params_tensor
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BACKENDS = ("auto", "reference", "triton")
+
+
+class CudnnRNNOutput(NamedTuple):
+    output: torch.Tensor
+    output_h: torch.Tensor
+    output_c: torch.Tensor
+    reserve_space: torch.Tensor
+    host_reserved: torch.Tensor
+
+
+class CudnnRNNBackpropOutput(NamedTuple):
+    input_backprop: torch.Tensor
+    input_h_backprop: torch.Tensor
+    input_c_backprop: torch.Tensor
+    params_backprop: torch.Tensor
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_tensor(name: str, t: object, rank: int, dtype: torch.dtype | None = None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected a rank-{rank} tensor, got shape {list(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (the input's), got {t.dtype}")
+    return t
+
+
+def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)} ({what}), got {list(t.shape)}")
+
+
+def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (the input's), got {t.device}")
+
+
+def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
+    if sequence_lengths is None:
+        return [T] * B
+    if not isinstance(sequence_lengths, torch.Tensor):
+        raise TypeError(
+            f"sequence_lengths: expected an int32/int64 tensor of shape [{B}] or None, got "
+            f"{type(sequence_lengths).__name__}"
+        )
+    if sequence_lengths.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"sequence_lengths: expected dtype int32 or int64, got {sequence_lengths.dtype}"
+        )
+    if tuple(sequence_lengths.shape) != (B,):
+        raise ValueError(
+            f"sequence_lengths: expected shape [{B}] (the batch), got "
+            f"{list(sequence_lengths.shape)}"
+        )
+    lengths = sequence_lengths.tolist()
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= T:
+            raise ValueError(
+                f"sequence_lengths[{b}]: expected a length in [0, {T}] (max time), got {n}"
+            )
+    return lengths
+
+
+class _Call(NamedTuple):
+    cfg: RNNConfig
+    info: PackInfo
+    T: int
+    B: int
+
+
+def _resolve_backend(backend: object, device: torch.device, dtype: torch.dtype):
+    check_choice("backend", backend, BACKENDS)
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" or interpret else "reference"
+    if backend == "reference":
+        return engine.ReferenceRecurrence()
+    if device.type != "cuda" and not interpret:
+        raise ValueError(
+            f"backend: 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got tensors on "
+            f"{device} without the interpreter"
+        )
+    from .triton_backend import triton_recurrence
+
+    return triton_recurrence()
+
+
+def _validate(
+    input,
+    input_h,
+    input_c,
+    params,
+    sequence_lengths,
+    *,
+    rnn_mode,
+    input_mode,
+    direction,
+    dropout,
+    seed,
+    seed2,
+    num_proj,
+    time_major,
+) -> _Call:
+    check_choice("rnn_mode", rnn_mode, ("lstm", "gru", "rnn_tanh", "rnn_relu"))
+    check_choice("direction", direction, ("unidirectional", "bidirectional"))
+    if not isinstance(time_major, bool):
+        raise TypeError(f"time_major: expected a bool, got {type(time_major).__name__}")
+    _check_tensor("input", input, 3)
+    if input.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"input: expected dtype float16, bfloat16, float32 or float64, got {input.dtype}"
+        )
+    dtype, dev = input.dtype, input.device
+    T, B, I = input.shape if time_major else (input.shape[1], input.shape[0], input.shape[2])
+    if T < 1 or B < 1 or I < 1:
+        raise ValueError(
+            f"input: expected max time, batch and input size >= 1, got shape {list(input.shape)}"
+        )
+    D = 2 if direction == "bidirectional" else 1
+    _check_tensor("input_h", input_h, 3, dtype)
+    _check_device("input_h", input_h, dev)
+    LD, Bh, Hout = input_h.shape if time_major else (
+        input_h.shape[1], input_h.shape[0], input_h.shape[2]
+    )
+    layout = "[L*D, B, Hout]" if time_major else "[B, L*D, Hout]"
+    if Bh != B:
+        raise ValueError(
+            f"input_h: expected batch {B} (the input's) in layout {layout}, got shape "
+            f"{list(input_h.shape)}"
+        )
+    if LD < 1 or LD % D:
+        raise ValueError(
+            f"input_h: expected a layer axis that is a positive multiple of {D} ({direction}) "
+            f"in layout {layout}, got shape {list(input_h.shape)}"
+        )
+    L = LD // D
+    H = Hout
+    if rnn_mode == "lstm":
+        _check_tensor("input_c", input_c, 3, dtype)
+        _check_device("input_c", input_c, dev)
+        H = input_c.shape[2]
+        expect = (LD, B, H) if time_major else (B, LD, H)
+        _check_shape("input_c", input_c, expect, "layer axis and batch of input_h")
+    if isinstance(num_proj, int) and not isinstance(num_proj, bool) and num_proj > 0:
+        if rnn_mode == "lstm" and Hout != num_proj:
+            raise ValueError(
+                f"input_h: expected last dimension num_proj={num_proj} (LSTM projection), "
+                f"got shape {list(input_h.shape)}"
+            )
+    elif rnn_mode == "lstm" and Hout != H:
+        raise ValueError(
+            f"input_c: expected last dimension {Hout} (num_units, from input_h), got shape "
+            f"{list(input_c.shape)}"
+        )
+    cfg = make_config(
+        rnn_mode=rnn_mode, num_layers=L, num_units=H, input_size=I, input_mode=input_mode,
+        direction=direction, num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2,
+    )
+    check_params_tensor(cfg, params)
+    if params.dtype != dtype:
+        raise TypeError(f"params: expected dtype {dtype} (the input's), got {params.dtype}")
+    _check_device("params", params, dev)
+    if sequence_lengths is not None and isinstance(sequence_lengths, torch.Tensor):
+        pass  # lengths may live on any device; they are read on the host once.
+    lengths = _lengths(sequence_lengths, B, T)
+    return _Call(cfg, make_pack_info(lengths, T, dev), T, B)
+
+
+def _time_major(t: torch.Tensor, time_major: bool) -> torch.Tensor:
+    return t if time_major else t.transpose(0, 1)
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _forward(call: _Call, rec, input, input_h, input_c, params, time_major, training):
+    cfg, info = call.cfg, call.info
+    x = pack(_time_major(input, time_major), info)
+    h0 = _time_major(input_h, time_major)
+    c0 = _time_major(input_c, time_major) if cfg.is_lstm else None
+    res = engine.forward(cfg, rec, x, h0, c0, params, info, training)
+    out = unpack(res.y, info)
+    output_c = (
+        _time_major(res.cT, time_major) if cfg.is_lstm
+        else torch.empty(0, dtype=input.dtype, device=input.device)
+    )
+    return CudnnRNNOutput(
+        _time_major(out, time_major),
+        _time_major(res.hT, time_major),
+        output_c,
+        res.reserve,
+        res.host_reserved,
+    )
+
+
+class _CudnnRNNFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, input_h, input_c, params, call, rec, attrs, training):
+        out = _forward(call, rec, input, input_h, input_c, params, attrs["time_major"], training)
+        ctx.call, ctx.rec, ctx.attrs, ctx.training = call, rec, attrs, training
+        ctx.lstm = call.cfg.is_lstm
+        ctx.save_for_backward(input, input_h, input_c if ctx.lstm else None, params,
+                              out.output, out.reserve_space)
+        ctx.host_reserved = out.host_reserved
+        ctx.mark_non_differentiable(out.reserve_space, out.host_reserved)
+        if not ctx.lstm:
+            ctx.mark_non_differentiable(out.output_c)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, d_output, d_h, d_c, _d_reserve, _d_host):
+        if not ctx.training:
+            raise ValueError(
+                "is_training: expected True for a forward whose outputs are differentiated, "
+                "got False (no reserve space was kept for backprop)"
+            )
+        input, input_h, input_c, params, output, reserve = ctx.saved_tensors
+        grads = _backprop(
+            ctx.call, ctx.rec, input, input_h, input_c, params, output,
+            d_output, d_h, d_c if ctx.lstm else None, reserve, ctx.attrs["time_major"],
+        )
+        return (
+            grads.input_backprop,
+            grads.input_h_backprop,
+            grads.input_c_backprop if ctx.lstm else None,
+            grads.params_backprop,
+            None, None, None, None,
+        )
+
+
+def cudnn_rnn(
+    input: torch.Tensor,
+    input_h: torch.Tensor,
+    input_c: torch.Tensor | None,
+    params: torch.Tensor,
+    sequence_lengths: torch.Tensor | None = None,
+    *,
+    rnn_mode: str = "lstm",
+    input_mode: str = "linear_input",
+    direction: str = "unidirectional",
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
+    num_proj: int = 0,
+    is_training: bool = True,
+    time_major: bool = True,
+    backend: str = "auto",
+) -> CudnnRNNOutput:
+    """CudnnRNNV3: a multi-layer LSTM/GRU/RNN over a (variable-length) batch.
+
+    Shapes (time_major=True; batch-major swaps the first two axes of every tensor):
+    input [T, B, I], input_h [L*D, B, Hout], input_c [L*D, B, H] (LSTM), params 1-D
+    (`params_size`), sequence_lengths [B] int32/int64 or None.
+    Returns (output [T, B, D*Hout], output_h, output_c (empty unless LSTM), reserve_space
+    (1-D uint8, empty unless is_training), host_reserved (int8 header copy)).
+    Differentiable with torch.autograd when is_training=True.
+    """
+    if not isinstance(is_training, bool):
+        raise TypeError(f"is_training: expected a bool, got {type(is_training).__name__}")
+    call = _validate(
+        input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+        input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
+        num_proj=num_proj, time_major=time_major,
+    )
+    rec = _resolve_backend(backend, input.device, input.dtype)
+    tensors = [input, input_h, params] + ([input_c] if call.cfg.is_lstm else [])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        out = _CudnnRNNFunction.apply(
+            input, input_h, input_c if call.cfg.is_lstm else None, params, call, rec,
+            {"time_major": time_major}, is_training,
+        )
+        return CudnnRNNOutput(*out)
+    with torch.no_grad():
+        return _forward(call, rec, input, input_h, input_c, params, time_major, is_training)
+
+
+# ----------------------------------------------------------------------------- backprop
+
+
+def _backprop(call, rec, input, input_h, input_c, params, output, d_output, d_h, d_c,
+              reserve, time_major) -> CudnnRNNBackpropOutput:
+    cfg, info = call.cfg, call.info
+    tm = lambda t: _time_major(t, time_major)  # noqa: E731
+    x = pack(tm(input), info)
+    y = pack(tm(output), info)
+    dy = pack(tm(d_output), info)
+    c0 = tm(input_c) if cfg.is_lstm else None
+    dcT = None
+    if cfg.is_lstm:
+        dcT = tm(d_c) if d_c is not None else torch.zeros_like(c0)
+    with torch.no_grad():
+        res = engine.backward(
+            cfg, rec, x, tm(input_h), c0, params, info, y, dy, tm(d_h), dcT, reserve
+        )
+    dinput = tm(unpack(res.dx, info))
+    dinput_c = (
+        tm(res.dc0) if cfg.is_lstm else torch.empty(0, dtype=input.dtype, device=input.device)
+    )
+    return CudnnRNNBackpropOutput(
+        dinput.contiguous(), tm(res.dh0).contiguous(), dinput_c.contiguous(), res.dparams
+    )
+
+
+def cudnn_rnn_backprop(
+    input: torch.Tensor,
+    input_h: torch.Tensor,
+    input_c: torch.Tensor | None,
+    params: torch.Tensor,
+    sequence_lengths: torch.Tensor | None,
+    output: torch.Tensor,
+    output_h: torch.Tensor,
+    output_c: torch.Tensor | None,
+    output_backprop: torch.Tensor,
+    output_h_backprop: torch.Tensor,
+    output_c_backprop: torch.Tensor | None,
+    reserve_space: torch.Tensor,
+    host_reserved: torch.Tensor | None,
+    *,
+    rnn_mode: str = "lstm",
+    input_mode: str = "linear_input",
+    direction: str = "unidirectional",
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
+    num_proj: int = 0,
+    time_major: bool = True,
+    backend: str = "auto",
+) -> CudnnRNNBackpropOutput:
+    """CudnnRNNBackpropV3: gradients of cudnn_rnn from its reserve space.
+
+    Takes the forward's inputs and outputs, the gradients of output, output_h and output_c
+    (output_c_backprop may be None for non-LSTM modes, or zeros-by-None for LSTM), and the
+    reserve. Returns (input_backprop, input_h_backprop, input_c_backprop (empty unless LSTM),
+    params_backprop), fresh tensors shaped like input, input_h, input_c and params.
+    """
+    call = _validate(
+        input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+        input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
+        num_proj=num_proj, time_major=time_major,
+    )
+    cfg, dtype, dev = call.cfg, input.dtype, input.device
+    D, Hout = cfg.num_dirs, cfg.out_size
+    out_shape = (call.T, call.B, D * Hout) if time_major else (call.B, call.T, D * Hout)
+    for name, t in (("output", output), ("output_backprop", output_backprop)):
+        _check_tensor(name, t, 3, dtype)
+        _check_device(name, t, dev)
+        _check_shape(name, t, out_shape, "time, batch, D*Hout")
+    for name, t in (("output_h", output_h), ("output_h_backprop", output_h_backprop)):
+        _check_tensor(name, t, 3, dtype)
+        _check_device(name, t, dev)
+        _check_shape(name, t, tuple(input_h.shape), "input_h's shape")
+    if cfg.is_lstm:
+        names = (("output_c", output_c), ("output_c_backprop", output_c_backprop))
+        for name, t in names:
+            if name == "output_c_backprop" and t is None:
+                continue
+            _check_tensor(name, t, 3, dtype)
+            _check_device(name, t, dev)
+            _check_shape(name, t, tuple(input_c.shape), "input_c's shape")
+    layout = reserve_mod.reserve_layout(cfg, call.info, dtype)
+    reserve_mod.check(reserve_space, host_reserved, layout)
+    _check_device("reserve_space", reserve_space, dev)
+    rec = _resolve_backend(backend, dev, dtype)
+    return _backprop(
+        call, rec, input, input_h, input_c, params, output, output_backprop,
+        output_h_backprop, output_c_backprop if cfg.is_lstm else None, reserve_space, time_major,
+    )

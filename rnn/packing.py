@@ -1,0 +1,110 @@
+"""Packed (padding-free) time layout shared by every engine and kernel.
+
+The batch is sorted once by length, longest first (stable, so ties keep their order);
+`perm[j]` is the original batch index of sorted row j. At step s only the rows j with
+len_j > s are active, and they form a prefix 0..batch_sizes[s]-1.
+
+Packed row of (time t, sorted row j), valid iff t < len_j:
+
+    row(t, j) = offsets[t] + j,    offsets[t] = batch_sizes[0] + ... + batch_sizes[t-1]
+
+There are N = sum(lengths) rows. This is exactly torch's PackedSequence data layout.
+Both directions use the same rows: the forward direction at step s visits t = s, the reverse
+direction visits t = len_j - 1 - s (per-sequence reversal, tf.reverse_sequence), so a packed
+tensor is shared by the two directions and by consecutive layers without any gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class PackInfo:
+    """Packed layout of one batch (host ints plus device index tensors)."""
+
+    T: int  # padded time (the input's time axis)
+    B: int  # batch
+    N: int  # sum of lengths: number of packed rows
+    max_len: int  # longest sequence (steps actually run)
+    lengths: tuple[int, ...]  # original order, on the host
+    batch_sizes: tuple[int, ...]  # active rows at step s, s < max_len
+    perm: torch.Tensor  # [B] int64, sorted row -> original batch index
+    lengths_sorted: torch.Tensor  # [B] int32 (device): lengths in sorted order
+    offsets: torch.Tensor  # [max(max_len, 1) + 1] int32 (device): packed offset of step t
+    row_time: torch.Tensor  # [N] int64 (device): t of each packed row
+    row_batch: torch.Tensor  # [N] int64 (device): original batch index of each packed row
+    padded_index: torch.Tensor  # [N] int64 (device): t * B + b, to (un)pack time-major
+
+    @property
+    def device(self) -> torch.device:
+        return self.perm.device
+
+
+def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo:
+    """Builds the packed layout from host lengths (each in [0, T])."""
+    B = len(lengths)
+    order = sorted(range(B), key=lambda b: -lengths[b])
+    sorted_lens = [lengths[b] for b in order]
+    max_len = sorted_lens[0] if B else 0
+    batch_sizes = [sum(1 for n in sorted_lens if n > s) for s in range(max_len)]
+    offsets = [0]
+    for bs in batch_sizes:
+        offsets.append(offsets[-1] + bs)
+    if len(offsets) == 1:
+        offsets.append(0)
+    N = offsets[-1] if max_len else 0
+    row_time = [t for t in range(max_len) for _ in range(batch_sizes[t])]
+    row_batch = [order[j] for t in range(max_len) for j in range(batch_sizes[t])]
+    as_long = dict(dtype=torch.int64, device=device)
+    rt = torch.tensor(row_time, **as_long)
+    rb = torch.tensor(row_batch, **as_long)
+    return PackInfo(
+        T=T,
+        B=B,
+        N=N,
+        max_len=max_len,
+        lengths=tuple(lengths),
+        batch_sizes=tuple(batch_sizes),
+        perm=torch.tensor(order, **as_long),
+        lengths_sorted=torch.tensor(sorted_lens, dtype=torch.int32, device=device),
+        offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+        row_time=rt,
+        row_batch=rb,
+        padded_index=rt * B + rb,
+    )
+
+
+def pack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
+    """[T, B, C] time-major padded -> [N, C] packed."""
+    return x.reshape(info.T * info.B, -1).index_select(0, info.padded_index)
+
+
+def unpack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
+    """[N, C] packed -> [T, B, C] time-major padded, exact zeros at padding."""
+    out = x.new_zeros(info.T * info.B, x.shape[1])
+    out.index_copy_(0, info.padded_index, x)
+    return out.view(info.T, info.B, x.shape[1])
+
+
+def prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:
+    """[N] int64 index of each row's previous step in the direction's order.
+
+    Entries point into cat([state0 (B rows, sorted order), packed rows]): the previous row
+    of (t, j) is row(t-1, j) (forward) or row(t+1, j) (reverse), or the initial state j when
+    (t, j) is the direction's first step.
+    """
+    dev = info.row_time.device
+    t = info.row_time
+    j = torch.arange(info.N, device=dev) - info.offsets.long()[t]
+    lens = info.lengths_sorted.long()[j]
+    offs = info.offsets.long()
+    if reverse:
+        first = t == lens - 1
+        tp = torch.clamp(t + 1, max=max(info.max_len - 1, 0))
+    else:
+        first = t == 0
+        tp = torch.clamp(t - 1, min=0)
+    return torch.where(first, j, info.B + offs[tp] + j)

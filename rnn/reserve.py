@@ -1,0 +1,160 @@
+"""The compact reserve space: tritonrnn's own documented format (version 1).
+
+The backward recomputes every gate pre-activation with two large GEMMs (every h_{t-1} is
+known after the forward), so the reserve holds only what cannot be recomputed cheaply:
+
+- LSTM: c_t of every valid step for every layer and direction, [N, H] each;
+- every layer but the last: its packed output Y_l = [h_fwd | h_bwd], [N, D*Hout] (the last
+  layer's output is the op's `output`, which the backprop receives anyway).
+
+Layout of the 1-D uint8 tensor:
+
+    bytes [0, 64)      header: 8 little-endian int64 = MAGIC, VERSION, fingerprint, N,
+                       payload elements, dtype code, 0, 0
+    bytes [64, 256)    zero padding (keeps the payload 256-byte aligned)
+    bytes [256, ...)   payload in the input dtype, in this order:
+                       c_seq[l, d] for l in 0..L-1, d in 0..D-1   (LSTM only), [N, H] each
+                       Y_l for l in 0..L-2,                        [N, D*Hout] each
+
+Size in bytes, N = sum(sequence_lengths) (padding costs nothing):
+
+    256 + itemsize * N * D * (L * H * [lstm] + (L - 1) * Hout)
+
+i.e. LSTM <= N*D*(2L-1)*H and GRU/RNN = N*D*(L-1)*H elements plus the header: the budget of
+the design. `host_reserved` is a copy of the 64 header bytes on the host (int8), so the
+backprop checks a reserve without reading device memory first.
+
+The fingerprint hashes the configuration, T, B, the lengths and the dtype: a reserve from
+another configuration, or from another batch, is rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from .config import RNNConfig
+from .packing import PackInfo
+
+MAGIC = 0x31564E5254495254  # "TRITRNV1" as little-endian bytes
+VERSION = 1
+HEADER_BYTES = 64
+PAYLOAD_OFFSET = 256
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+
+
+@dataclass(frozen=True)
+class ReserveLayout:
+    """Element offsets (into the payload) of every reserve tensor."""
+
+    dtype: torch.dtype
+    N: int
+    c_offsets: tuple[int, ...]  # per pseudo-layer l*D + d (LSTM), else empty
+    y_offsets: tuple[int, ...]  # per layer 0..L-2
+    H: int
+    y_width: int  # D * Hout
+    elements: int
+    fingerprint: int
+
+    @property
+    def nbytes(self) -> int:
+        return PAYLOAD_OFFSET + self.elements * torch.empty((), dtype=self.dtype).element_size()
+
+
+def fingerprint(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> int:
+    key = repr((cfg, info.T, info.B, info.lengths, str(dtype))).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little", signed=True)
+
+
+def reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> ReserveLayout:
+    N, D, H = info.N, cfg.num_dirs, cfg.num_units
+    width = D * cfg.out_size
+    pos = 0
+    c_offsets = []
+    if cfg.is_lstm:
+        for _ in range(cfg.pseudo_layers):
+            c_offsets.append(pos)
+            pos += N * H
+    y_offsets = []
+    for _ in range(cfg.num_layers - 1):
+        y_offsets.append(pos)
+        pos += N * width
+    return ReserveLayout(
+        dtype=dtype,
+        N=N,
+        c_offsets=tuple(c_offsets),
+        y_offsets=tuple(y_offsets),
+        H=H,
+        y_width=width,
+        elements=pos,
+        fingerprint=fingerprint(cfg, info, dtype),
+    )
+
+
+def _header(layout: ReserveLayout) -> torch.Tensor:
+    fields = [MAGIC, VERSION, layout.fingerprint, layout.N, layout.elements,
+              _DTYPE_CODES[layout.dtype], 0, 0]
+    fields = [f - (1 << 64) if f >= 1 << 63 else f for f in fields]
+    return torch.tensor(fields, dtype=torch.int64).view(torch.int8)
+
+
+def allocate(layout: ReserveLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fresh (reserve_space, host_reserved) pair with the header written."""
+    header = _header(layout)
+    reserve = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+    reserve[:PAYLOAD_OFFSET].zero_()
+    reserve[:HEADER_BYTES].copy_(header.view(torch.uint8), non_blocking=True)
+    return reserve, header.clone()
+
+
+def views(reserve: torch.Tensor, layout: ReserveLayout):
+    """(c_seq views per pseudo-layer, Y views per layer < L-1) into a reserve tensor."""
+    payload = reserve[PAYLOAD_OFFSET:].view(layout.dtype)
+    N, H, W = layout.N, layout.H, layout.y_width
+    cs = [payload[o : o + N * H].view(N, H) for o in layout.c_offsets]
+    ys = [payload[o : o + N * W].view(N, W) for o in layout.y_offsets]
+    return cs, ys
+
+
+def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None:
+    """Raises ValueError/TypeError unless reserve_space belongs to this configuration."""
+    if not isinstance(reserve, torch.Tensor):
+        raise TypeError(f"reserve_space: expected a tensor, got {type(reserve).__name__}")
+    if reserve.numel() == 0:
+        raise ValueError(
+            "reserve_space: expected the reserve of a training forward, got an empty tensor "
+            "(the forward ran with is_training=False, which keeps no reserve for backprop)"
+        )
+    if reserve.dtype != torch.uint8 or reserve.dim() != 1:
+        raise TypeError(
+            f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
+            f"{reserve.dtype} of shape {list(reserve.shape)}"
+        )
+    expected = _header(layout)
+    if isinstance(host_reserved, torch.Tensor) and host_reserved.numel() == HEADER_BYTES:
+        if not torch.equal(host_reserved.cpu().view(torch.int8).reshape(-1), expected):
+            raise ValueError(
+                "host_reserved: expected the header of a forward with this configuration, "
+                "lengths and dtype, got one from another forward"
+            )
+    elif host_reserved is not None:
+        raise ValueError(
+            f"host_reserved: expected the {HEADER_BYTES}-byte tensor returned by cudnn_rnn, "
+            f"got {getattr(host_reserved, 'shape', type(host_reserved).__name__)}"
+        )
+    if reserve.numel() != layout.nbytes:
+        raise ValueError(
+            f"reserve_space: expected {layout.nbytes} bytes for this configuration and "
+            f"lengths, got {reserve.numel()} (it belongs to another configuration)"
+        )
+    got = reserve[:HEADER_BYTES].cpu().view(torch.int8)
+    if not torch.equal(got, expected):
+        fields = got.view(torch.int64).tolist()
+        if fields[0] != MAGIC - (1 << 64) and fields[0] != MAGIC:
+            raise ValueError("reserve_space: expected a tritonrnn reserve, got no valid header")
+        raise ValueError(
+            f"reserve_space: expected fingerprint {layout.fingerprint} (this configuration, "
+            f"lengths and dtype), got {fields[2]} (version {fields[1]}, N={fields[3]})"
+        )
