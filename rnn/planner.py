@@ -1,0 +1,499 @@
+"""The planner: (configuration, device properties, tuning cache) -> a frozen Plan.
+
+It decides, per layer and direction, which recurrent kernel family runs and with which tiles,
+and it lays out every buffer of a training step with its byte size. Pure Python: the device is
+described by a `DeviceProperties` value that tests fake (`PRESETS`), read once per device by
+`device_properties()` and never probed at import time.
+
+Family rule (documented in `recurrence_choice`):
+  1. float64 -> "reference" (the pure-PyTorch recurrence; Triton's fp64 dot is not a fast path).
+  2. "persistent_cta" when one program can keep all of R (and P_w) on chip next to its batch
+     tile: footprint <= the shared memory one program may use.
+  3. "persistent_grid" when R split in hidden slices over at most one program per SM fits on
+     chip per program, and the grid is co-resident (programs <= SMs).
+  4. "stepwise" otherwise (one launch per step; R streamed from L2/HBM). Never fails.
+A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
+replaces both, and raises when a forced choice cannot apply on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import make_config
+
+FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
+_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "num_warps")
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What the planner needs to know about a device."""
+
+    name: str
+    sm_count: int
+    smem_per_program: int  # bytes of shared memory one program may use
+    regs_per_sm: int  # 32-bit registers per SM
+    l2_bytes: int
+    interpreter: bool = False
+
+
+PRESETS: dict[str, DeviceProperties] = {
+    "h100": DeviceProperties("NVIDIA H100 80GB HBM3", 132, 227 * 1024, 65536, 50 * 2**20),
+    "h200": DeviceProperties("NVIDIA H200", 132, 227 * 1024, 65536, 50 * 2**20),
+    # The interpreter has no on-chip limit; it plans as an H100 would so CI exercises the
+    # same choices, and the launchers run grid barriers one step per launch there.
+    "interpreter": DeviceProperties(
+        "Triton interpreter (CPU)", 132, 227 * 1024, 65536, 50 * 2**20, interpreter=True
+    ),
+}
+
+
+@functools.cache
+def _cuda_properties(index: int) -> DeviceProperties:
+    p = torch.cuda.get_device_properties(index)
+    smem = getattr(p, "shared_memory_per_block_optin", 0) or 227 * 1024
+    return DeviceProperties(
+        name=p.name,
+        sm_count=p.multi_processor_count,
+        smem_per_program=int(smem),
+        regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
+        l2_bytes=int(getattr(p, "L2_cache_size", 50 * 2**20)),
+    )
+
+
+def device_properties(device: torch.device | str | None = None) -> DeviceProperties:
+    """Properties of `device` (default: the current CUDA device, else the interpreter)."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if dev.type == "cuda":
+        return _cuda_properties(dev.index if dev.index is not None else torch.cuda.current_device())
+    return PRESETS["interpreter"]
+
+
+_current_device_properties = device_properties  # plan_for's keyword shadows the name
+
+
+# ----------------------------------------------------------------------------- constraints
+
+# Sorted (key, value) pairs: immutable, hashable (part of the plan cache key).
+_constraints: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonrnn_plan", default=())
+
+
+@contextlib.contextmanager
+def plan_constraints(**overrides):
+    """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
+
+    Keys: family (one of FAMILIES), block_b, block_h, num_warps. A forced choice that cannot
+    apply to a shape raises ValueError when that shape is planned."""
+    for k, v in overrides.items():
+        if k not in _CONSTRAINT_KEYS:
+            raise ValueError(f"plan_constraints: expected keys {list(_CONSTRAINT_KEYS)}, got {k!r}")
+        if k == "family" and v not in FAMILIES:
+            raise ValueError(
+                f"plan_constraints: family expected one of {list(FAMILIES)}, got {v!r}"
+            )
+        if k != "family" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"plan_constraints: {k} expected a positive int, got {v!r}")
+        if k in ("block_b", "block_h") and (v < 16 or v & (v - 1)):
+            raise ValueError(f"plan_constraints: {k} expected a power of two >= 16, got {v}")
+    token = _constraints.set(tuple(sorted({**dict(_constraints.get()), **overrides}.items())))
+    try:
+        yield
+    finally:
+        _constraints.reset(token)
+
+
+def current_constraints() -> dict:
+    return dict(_constraints.get())
+
+
+# ----------------------------------------------------------------------------- tuning cache
+
+
+def tuning_cache_path() -> Path:
+    """$TRITONRNN_CACHE_DIR/tuning.json (default ~/.cache/tritonrnn/tuning.json)."""
+    root = os.environ.get("TRITONRNN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tritonrnn"
+    )
+    return Path(root) / "tuning.json"
+
+
+def load_tuning_cache() -> dict:
+    """{key: entry}; a missing or unreadable cache is empty (the planner's heuristic runs)."""
+    path = tuning_cache_path()
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return _load_cache(str(path), stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cache(path: str, _mtime: int) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != 1:
+        return {}
+    entries = data.get("entries", {})
+    return entries if isinstance(entries, dict) else {}
+
+
+def store_tuning_entry(key: str, choice: dict, ms: float, device: str) -> None:
+    """Records the best choice for a plan key (atomic replace of the JSON file)."""
+    path = tuning_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = dict(load_tuning_cache())
+    entries[key] = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
+                    "ms": float(ms), "device": device}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- choices
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Kernel choice for the recurrence of one layer and direction."""
+
+    family: str
+    block_b: int = 16
+    block_h: int = 0  # persistent_grid / stepwise: hidden units per program
+    num_warps: int = 4
+    num_programs: int = 0  # per launch, for the batch tiles and hidden slices
+    onchip_bytes: int = 0  # per program
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _bucket(n: int) -> int:
+    """Power-of-two bucket: plan keys never depend on the exact T or B."""
+    return _pow2(max(n, 1))
+
+
+def _block_b(batch: int) -> int:
+    return min(max(16, _pow2(batch)), 64)
+
+
+def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps) -> LayerPlan:
+    from tritonrnn.kernels.persistent_cta import cta_onchip_bytes
+
+    return LayerPlan(
+        "persistent_cta", block_b, 0, num_warps, -(-batch // block_b),
+        cta_onchip_bytes(cell, H, Hout, P, dtype, block_b),
+    )
+
+
+def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps) -> LayerPlan:
+    from tritonrnn.kernels.persistent_grid import grid_onchip_bytes, grid_programs
+
+    return LayerPlan(
+        family, block_b, block_h, num_warps,
+        grid_programs(H, Hout, P, batch, block_h, block_b),
+        grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b),
+    )
+
+
+def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
+    """Smallest power-of-two hidden slice whose grid is co-resident (<= SMs)."""
+    block_h = 16
+    while block_h < _pow2(H):
+        if _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch,
+                 4).num_programs <= props.sm_count:
+            break
+        block_h *= 2
+    return block_h
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props) -> LayerPlan:
+    if dtype == torch.float64:
+        return LayerPlan("reference")
+    block_b = _block_b(batch_bucket)
+    cta = _cta(cell, H, Hout, P, dtype, block_b, batch_bucket, 4)
+    if cta.onchip_bytes <= props.smem_per_program:
+        return cta
+    block_h = _grid_block_h(cell, H, Hout, P, dtype, block_b, batch_bucket, props)
+    grid = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch_bucket, 4)
+    if grid.num_programs <= props.sm_count and grid.onchip_bytes <= props.smem_per_program:
+        return grid
+    return _grid("stepwise", cell, H, Hout, P, dtype, block_b, 64, batch_bucket, 4)
+
+
+def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
+           strict: bool) -> LayerPlan:
+    """The heuristic choice with `choice` (constraints or a tuning entry) applied."""
+    family = choice.get("family", base.family)
+    if family == "reference":
+        return LayerPlan("reference")
+    if dtype == torch.float64:
+        if strict:
+            raise ValueError(
+                f"plan_constraints: family {family!r} cannot run float64 (Triton kernels run "
+                f"fp32/fp16/bf16); use family='reference'"
+            )
+        return base
+    block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
+    num_warps = choice.get("num_warps", base.num_warps)
+    if family == "persistent_cta":
+        plan = _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps)
+        if not props.interpreter and plan.onchip_bytes > props.smem_per_program:
+            if strict:
+                raise ValueError(
+                    f"plan_constraints: family 'persistent_cta' needs {plan.onchip_bytes} bytes "
+                    f"on chip for H={H}, Hout={Hout}, {dtype}; {props.name} allows "
+                    f"{props.smem_per_program} per program"
+                )
+            return base
+        return plan
+    block_h = choice.get("block_h", base.block_h or _grid_block_h(
+        cell, H, Hout, P, dtype, block_b, batch, props))
+    plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps)
+    if family == "persistent_grid" and plan.num_programs > props.sm_count:
+        if strict:
+            raise ValueError(
+                f"plan_constraints: family 'persistent_grid' needs {plan.num_programs} "
+                f"co-resident programs for H={H}, block_h={block_h}, B={batch}; "
+                f"{props.name} has {props.sm_count} SMs"
+            )
+        return base
+    return plan
+
+
+def recurrence_choice(
+    cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, batch: int,
+    props: DeviceProperties, key: str | None = None,
+) -> tuple[LayerPlan, str]:
+    """(LayerPlan, source) for one recurrence; source is heuristic, tuned or constrained."""
+    bucket = _bucket(batch)
+    base = _heuristic(cell, H, Hout, P, dtype, bucket, props)
+    forced = dict(_constraints.get())
+    if forced:
+        return _apply(base, forced, cell, H, Hout, P, dtype, bucket, props, True), "constrained"
+    if key is not None:
+        entry = load_tuning_cache().get(key)
+        if entry:
+            return _apply(base, entry, cell, H, Hout, P, dtype, bucket, props, False), "tuned"
+    return base, "heuristic"
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    phase: str  # "forward", "backward", "reserve" (forward -> backward), "tensorarray"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided before a training step runs (sizes at N = B*T, all valid)."""
+
+    key: str
+    rnn_mode: str
+    input_size: int
+    num_units: int
+    num_layers: int
+    num_dirs: int
+    num_proj: int
+    batch: int
+    max_time: int
+    dtype: str
+    device: DeviceProperties
+    layers: tuple[LayerPlan, ...]  # per pseudo-layer l*D + d
+    source: str
+    buffers: tuple[Buffer, ...] = field(default=())
+
+    @property
+    def reserve_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers if b.phase == "reserve")
+
+    @property
+    def peak_bytes(self) -> int:
+        """Reserve plus the larger of the forward and backward workspaces."""
+        fwd = sum(b.nbytes for b in self.buffers if b.phase == "forward")
+        bwd = sum(b.nbytes for b in self.buffers if b.phase == "backward")
+        return self.reserve_bytes + max(fwd, bwd)
+
+    def layer(self, layer: int, direction: int = 0) -> LayerPlan:
+        return self.layers[layer * self.num_dirs + direction]
+
+    def explain(self) -> str:
+        lines = [
+            f"Plan {self.key}",
+            f"  device: {self.device.name} ({self.device.sm_count} SMs, "
+            f"{self.device.smem_per_program // 1024} KiB smem/program)",
+            f"  {self.rnn_mode} L={self.num_layers} D={self.num_dirs} H={self.num_units} "
+            f"P={self.num_proj} I={self.input_size} B={self.batch} T={self.max_time} "
+            f"{self.dtype}  (choice: {self.source})",
+            "  recurrences:",
+        ]
+        for i, lp in enumerate(self.layers):
+            lines.append(
+                f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
+                f"block_b={lp.block_b} block_h={lp.block_h or '-'} warps={lp.num_warps} "
+                f"programs={lp.num_programs} on-chip={lp.onchip_bytes} B"
+            )
+        lines.append("  buffers (N = B*T, the most sum(lengths) can be):")
+        for b in self.buffers:
+            lines.append(
+                f"    {b.phase:<9} {b.name:<22} {str(list(b.shape)):<20} {b.dtype:<9} "
+                f"{b.nbytes:>14,} B"
+            )
+        lines.append(f"  reserve: {self.reserve_bytes:,} B   peak: {self.peak_bytes:,} B")
+        return "\n".join(lines)
+
+
+def _buffers(cfg, B: int, T: int, dtype: torch.dtype) -> tuple[Buffer, ...]:
+    from .reserve import PAYLOAD_OFFSET
+
+    N = B * T
+    G, H, Hout, D, L, P = (cfg.num_gates, cfg.num_units, cfg.out_size, cfg.num_dirs,
+                           cfg.num_layers, cfg.num_proj)
+    item = torch.empty((), dtype=dtype).element_size()
+    dt = str(dtype).replace("torch.", "")
+    out: list[Buffer] = []
+
+    def add(name, shape, phase, itemsize=item, dtype_name=dt):
+        n = 1
+        for s in shape:
+            n *= s
+        out.append(Buffer(name, tuple(shape), dtype_name, n * itemsize, phase))
+
+    add("reserve.header", (PAYLOAD_OFFSET,), "reserve", 1, "uint8")
+    if cfg.is_lstm:
+        add("reserve.c_seq", (L * D, N, H), "reserve")
+    if L > 1:
+        add("reserve.layer_out", (L - 1, N, D * Hout), "reserve")
+    add("x_packed", (N, cfg.input_size), "forward")
+    add("xg", (N, G * H), "forward")
+    add("y_packed", (N, D * Hout), "forward")
+    add("pre_x", (N, G * H), "backward")
+    add("pre_h", (N, G * H), "backward")
+    add("dpre_x", (N, G * H), "backward")
+    if cfg.rnn_mode == "gru":
+        add("dpre_h", (N, G * H), "backward")
+    add("h_prev", (N, Hout), "backward")
+    if cfg.is_lstm:
+        add("c_prev", (N, H), "backward")
+    if P:
+        add("dh_total", (N, Hout), "backward")
+        add("m_seq", (N, H), "backward")
+    add("dx_dy (ping-pong)", (2, N, max(cfg.input_size, D * Hout)), "backward")
+    add("output_backprop slab", (T, B, D * Hout), "tensorarray")
+    return tuple(out)
+
+
+def plan_key(cfg, batch: int, max_time: int, dtype: torch.dtype, props: DeviceProperties) -> str:
+    return (
+        f"{props.name}|{cfg.rnn_mode}|I{cfg.input_size}|H{cfg.num_units}|P{cfg.num_proj}"
+        f"|L{cfg.num_layers}|D{cfg.num_dirs}|{str(dtype).replace('torch.', '')}"
+        f"|B{_bucket(batch)}|T{_bucket(max_time)}"
+    )
+
+
+def plan_for(
+    *,
+    rnn_mode: str,
+    input_size: int,
+    num_units: int,
+    num_layers: int = 1,
+    direction: str = "unidirectional",
+    num_proj: int = 0,
+    batch: int,
+    max_time: int,
+    dtype: torch.dtype,
+    device_properties: DeviceProperties | str | None = None,
+) -> Plan:
+    """Plans one RNN stack for a batch/time size on a device (a preset name, properties, or
+    None for the current device). Cached by key; T and B enter only as power-of-two buckets
+    for the kernel choice (buffer sizes use the exact values)."""
+    props = device_properties
+    if props is None:
+        props = _current_device_properties()
+    elif isinstance(props, str):
+        if props not in PRESETS:
+            raise ValueError(
+                f"device_properties: expected one of {sorted(PRESETS)} or DeviceProperties, "
+                f"got {props!r}"
+            )
+        props = PRESETS[props]
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64, got {dtype}")
+    for name, v in (("batch", batch), ("max_time", max_time)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    cfg = make_config(
+        rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units, input_size=input_size,
+        direction=direction, num_proj=num_proj,
+    )
+    constraints = _constraints.get()
+    cache = load_tuning_cache()
+    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id) -> Plan:
+    key = plan_key(cfg, batch, max_time, dtype, props)
+    choice, source = recurrence_choice(
+        cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props, key
+    )
+    return Plan(
+        key=key, rnn_mode=cfg.rnn_mode, input_size=cfg.input_size, num_units=cfg.num_units,
+        num_layers=cfg.num_layers, num_dirs=cfg.num_dirs, num_proj=cfg.num_proj, batch=batch,
+        max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
+        layers=(choice,) * cfg.pseudo_layers, source=source,
+        buffers=_buffers(cfg, batch, max_time, dtype),
+    )
+
+
+def candidates(plan: Plan) -> list[dict]:
+    """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`)."""
+    if plan.dtype == "float64":
+        return [{"family": "reference"}]
+    dtype = getattr(torch, plan.dtype)
+    H, P = plan.num_units, plan.num_proj
+    Hout = P or H
+    cell = plan.rnn_mode
+    out = []
+    for family in ("persistent_cta", "persistent_grid", "stepwise"):
+        for block_b in (16, 32, 64):
+            if block_b > max(16, _pow2(plan.batch)):
+                continue
+            for num_warps in (4, 8):
+                block_hs = (0,) if family == "persistent_cta" else (16, 32, 64, 128)
+                for block_h in block_hs:
+                    choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
+                    if block_h:
+                        if block_h > _pow2(H):
+                            continue
+                        choice["block_h"] = block_h
+                    try:
+                        with plan_constraints(**choice):
+                            recurrence_choice(cell, H, Hout, P, dtype, plan.batch, plan.device)
+                    except ValueError:
+                        continue
+                    out.append(choice)
+    return out
