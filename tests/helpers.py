@@ -1,0 +1,210 @@
+"""Test helpers: torch.nn oracles and conversion of their state dicts into flat params."""
+
+from __future__ import annotations
+
+import torch
+
+from tritonrnn.rnn import canonical_to_params
+
+GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def make_torch_rnn(mode: str, I: int, H: int, L: int, bidirectional: bool, proj: int = 0,
+                   dtype=torch.float64) -> torch.nn.RNNBase:
+    """The torch.nn module with the same equations as (mode, ...)."""
+    if mode == "lstm":
+        m = torch.nn.LSTM(I, H, L, bidirectional=bidirectional, proj_size=proj)
+    elif mode == "gru":
+        m = torch.nn.GRU(I, H, L, bidirectional=bidirectional)
+    else:
+        m = torch.nn.RNN(I, H, L, nonlinearity=mode[4:], bidirectional=bidirectional)
+    return m.to(dtype)
+
+
+def _suffixes(module: torch.nn.RNNBase) -> list[str]:
+    dirs = ["", "_reverse"] if module.bidirectional else [""]
+    return [f"l{layer}{d}" for layer in range(module.num_layers) for d in dirs]
+
+
+def canonical_from_module(module: torch.nn.RNNBase, *, skip_input: bool = False,
+                          tensors: dict | None = None):
+    """(weights, biases) canonical lists from a torch.nn module's parameters (or from
+    `tensors`, a dict with the same names, e.g. its gradients)."""
+    G = GATES[_mode(module)]
+    src = tensors if tensors is not None else dict(module.named_parameters())
+    weights, biases = [], []
+    for i, sfx in enumerate(_suffixes(module)):
+        if not (skip_input and i < (2 if module.bidirectional else 1)):
+            weights += list(src[f"weight_ih_{sfx}"].chunk(G))
+        weights += list(src[f"weight_hh_{sfx}"].chunk(G))
+        if f"weight_hr_{sfx}" in src:
+            weights.append(src[f"weight_hr_{sfx}"])
+        biases += list(src[f"bias_ih_{sfx}"].chunk(G)) + list(src[f"bias_hh_{sfx}"].chunk(G))
+    return weights, biases
+
+
+def _mode(module) -> str:
+    if isinstance(module, torch.nn.LSTM):
+        return "lstm"
+    if isinstance(module, torch.nn.GRU):
+        return "gru"
+    return "rnn_" + module.nonlinearity
+
+
+def params_from_module(module: torch.nn.RNNBase, *, skip_input: bool = False,
+                       tensors: dict | None = None) -> torch.Tensor:
+    """tritonrnn's flat params holding a torch.nn module's weights (detached copy)."""
+    weights, biases = canonical_from_module(module, skip_input=skip_input, tensors=tensors)
+    return canonical_to_params(
+        [w.detach() for w in weights], [b.detach() for b in biases],
+        rnn_mode=_mode(module), num_layers=module.num_layers, num_units=module.hidden_size,
+        input_size=module.input_size, input_mode="skip_input" if skip_input else "linear_input",
+        direction="bidirectional" if module.bidirectional else "unidirectional",
+        num_proj=getattr(module, "proj_size", 0),
+    )
+
+
+def run_torch(module, x, h0, c0, lengths, time_major: bool):
+    """torch.nn forward on padded input with lengths (via pack_padded_sequence).
+    Returns (output padded to x's time length, h_n, c_n or None); zeros at padding."""
+    T = x.shape[0] if time_major else x.shape[1]
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x, lengths.cpu(), batch_first=not time_major, enforce_sorted=False
+    )
+    hx = (h0, c0) if isinstance(module, torch.nn.LSTM) else h0
+    out, hn = module(packed, hx)
+    out, _ = torch.nn.utils.rnn.pad_packed_sequence(
+        out, batch_first=not time_major, total_length=T
+    )
+    if isinstance(module, torch.nn.LSTM):
+        return out, hn[0], hn[1]
+    return out, hn, None
+
+
+def _batch_axis(time_major: bool) -> int:
+    return 1 if time_major else 0
+
+
+def _state_axis(time_major: bool) -> int:
+    return 1 if time_major else 0
+
+
+def make_case(mode, I, H, L, bidirectional, proj, T, lengths, time_major, seed=0,
+              dtype=torch.float64):
+    """A seeded torch.nn module plus random inputs in the op's layouts (float64 leaves)."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    module = make_torch_rnn(mode, I, H, L, bidirectional, proj)
+    B = len(lengths)
+    D = 2 if bidirectional else 1
+    Hout = proj or H
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x = rnd(T, B, I) if time_major else rnd(B, T, I)
+    h0 = rnd(L * D, B, Hout) if time_major else rnd(B, L * D, Hout)
+    c0 = (rnd(L * D, B, H) if time_major else rnd(B, L * D, H)) if mode == "lstm" else None
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    return module, x, h0, c0, lens
+
+
+def torch_oracle(module, x, h0, c0, lens, time_major, grads):
+    """Outputs and input/state/param gradients of torch.nn (float64) for the op's layouts.
+
+    grads = (d_output, d_h, d_c): gradients of the op's outputs. Length-0 sequences (which
+    pack_padded_sequence rejects) are handled by hand: zero output, state passed through."""
+    bax = _batch_axis(time_major)
+    keep = (lens > 0).nonzero().flatten()
+    x_ = x.detach().clone().requires_grad_(True)
+    h0_ = h0.detach().clone().requires_grad_(True)
+    c0_ = c0.detach().clone().requires_grad_(True) if c0 is not None else None
+    tm = lambda t: t if time_major else t.transpose(0, 1)  # noqa: E731 (state layout)
+    out = torch.zeros(*x.shape[:2], grads[0].shape[2], dtype=x.dtype)
+    hn = tm(h0_).clone()
+    cn = tm(c0_).clone() if c0_ is not None else None
+    if keep.numel():
+        o, h, c = run_torch(
+            module, x_.index_select(bax, keep), tm(h0_).index_select(1, keep),
+            tm(c0_).index_select(1, keep) if c0_ is not None else None, lens[keep], time_major,
+        )
+        out = out.index_copy(bax, keep, o)
+        hn = hn.index_copy(1, keep, h)
+        if cn is not None:
+            cn = cn.index_copy(1, keep, c)
+    hn, cn = tm(hn), (tm(cn) if cn is not None else None)
+    loss = (out * grads[0]).sum() + (hn * grads[1]).sum()
+    if cn is not None:
+        loss = loss + (cn * grads[2]).sum()
+    names = [n for n, _ in module.named_parameters()]
+    leaves = [x_, h0_] + ([c0_] if c0_ is not None else []) + list(module.parameters())
+    gs = torch.autograd.grad(loss, leaves, allow_unused=True)
+    gs = [torch.zeros_like(v) if gv is None else gv for v, gv in zip(leaves, gs, strict=True)]
+    k = 3 if c0_ is not None else 2
+    return {
+        "output": out.detach(), "output_h": hn.detach(),
+        "output_c": cn.detach() if cn is not None else None,
+        "dx": gs[0], "dh0": gs[1], "dc0": gs[2] if c0_ is not None else None,
+        "dparams": dict(zip(names, gs[k:], strict=True)),
+    }
+
+
+LENGTHS = {
+    "full": lambda T: [T, T, T],
+    "varlen": lambda T: [3, T, 1, T - 2],  # unsorted
+    "zero": lambda T: [2, 0, T, 0, 1],  # length-0 sequences
+    "batch1": lambda T: [T - 1],
+}
+
+
+def compare_with_torch(mode, *, L=1, bidirectional=False, lengths="varlen", time_major=True,
+                       proj=0, I=5, H=7, T=6, backend="reference", dtype=torch.float64,
+                       rtol=1e-10, atol=1e-10, dropout_seed=None, seed=0):
+    """Runs cudnn_rnn forward + autograd backward and checks every output and gradient
+    against torch.nn in float64. Returns the max abs errors by name."""
+    from tritonrnn.rnn import cudnn_rnn
+
+    lens_list = LENGTHS[lengths](T)
+    module, x, h0, c0, lens = make_case(mode, I, H, L, bidirectional, proj, T, lens_list,
+                                        time_major, seed)
+    D = 2 if bidirectional else 1
+    Hout = proj or H
+    params = params_from_module(module)
+    g = torch.Generator().manual_seed(seed + 1)
+    out_shape = (T, len(lens_list), D * Hout) if time_major else (len(lens_list), T, D * Hout)
+    grads = (torch.randn(out_shape, generator=g, dtype=torch.float64),
+             torch.randn(h0.shape, generator=g, dtype=torch.float64),
+             torch.randn(c0.shape, generator=g, dtype=torch.float64) if c0 is not None else None)
+    want = torch_oracle(module, x, h0, c0, lens, time_major, grads)
+    leaves = [t.to(dtype).requires_grad_(True) if t is not None else None
+              for t in (x, h0, c0, params)]
+    xs, hs, cs, ps = leaves
+    res = cudnn_rnn(xs, hs, cs, ps, lens, rnn_mode=mode, time_major=time_major,
+                    direction="bidirectional" if bidirectional else "unidirectional",
+                    num_proj=proj, backend=backend)
+    loss = (res.output * grads[0].to(dtype)).sum() + (res.output_h * grads[1].to(dtype)).sum()
+    if cs is not None:
+        loss = loss + (res.output_c * grads[2].to(dtype)).sum()
+    got_grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+    dparams_want = params_from_module(module, tensors=want["dparams"])
+    pairs = {
+        "output": (res.output, want["output"]),
+        "output_h": (res.output_h, want["output_h"]),
+        "dx": (got_grads[0], want["dx"]),
+        "dh0": (got_grads[1], want["dh0"]),
+        "dparams": (got_grads[-1], dparams_want),
+    }
+    if cs is not None:
+        pairs["output_c"] = (res.output_c, want["output_c"])
+        pairs["dc0"] = (got_grads[2], want["dc0"])
+    errors = {}
+    for name, (got, exp) in pairs.items():
+        assert got.shape == exp.shape, f"{name}: shape {got.shape} != {exp.shape}"
+        assert torch.isfinite(got).all(), f"{name}: non-finite values"
+        errors[name] = (got.double() - exp).abs().max().item() if got.numel() else 0.0
+        torch.testing.assert_close(got.double(), exp, rtol=rtol, atol=atol, msg=lambda m,
+                                   n=name: f"{n}: {m}")
+    # Padded outputs are exactly zero, padded input gradients exactly zero.
+    out = res.output if time_major else res.output.transpose(0, 1)
+    dx = got_grads[0] if time_major else got_grads[0].transpose(0, 1)
+    for b, n in enumerate(lens_list):
+        assert (out[n:, b] == 0).all(), f"output at padded steps of sequence {b} is not 0"
+        assert (dx[n:, b] == 0).all(), f"input gradient at padded steps of sequence {b} is not 0"
+    return errors
