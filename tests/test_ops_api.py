@@ -1,0 +1,312 @@
+"""Op API semantics beyond the torch.nn comparison: params helpers, skip_input, dropout,
+the explicit backprop op, the reserve space, inference mode, gradcheck and every error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import GATES, compare_with_torch, make_case, params_from_module, torch_oracle
+
+from tritonrnn.rnn import (
+    canonical_to_params,
+    cudnn_rnn,
+    cudnn_rnn_backprop,
+    params_size,
+    params_to_canonical,
+)
+from tritonrnn.rnn import reserve as reserve_mod
+
+MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+F64 = torch.float64
+
+
+def _inputs(mode, T=5, B=3, I=4, H=4, L=1, D=1, P=0, seed=0, dtype=F64, skip=False):
+    g = torch.Generator().manual_seed(seed)
+    Hout = P or H
+    n = params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I, num_proj=P,
+                    input_mode="skip_input" if skip else "linear_input",
+                    direction="bidirectional" if D == 2 else "unidirectional")
+    x = torch.randn(T, B, I, generator=g, dtype=dtype)
+    h = torch.randn(L * D, B, Hout, generator=g, dtype=dtype)
+    c = torch.randn(L * D, B, H, generator=g, dtype=dtype) if mode == "lstm" else None
+    p = torch.randn(n, generator=g, dtype=dtype) * 0.5
+    return x, h, c, p
+
+
+# ----------------------------------------------------------------------------- params
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["linear", "skip"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("mode", MODES)
+def test_params_size_formula(mode, bidirectional, skip):
+    I = H = 6
+    G, D, L = GATES[mode], 2 if bidirectional else 1, 3
+    expect = 0
+    for layer in range(L):
+        in_w = 0 if (layer == 0 and skip) else (I if layer == 0 else D * H)
+        expect += D * (G * H * in_w + G * H * H + 2 * G * H)
+    got = params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
+                      input_mode="skip_input" if skip else "linear_input",
+                      direction="bidirectional" if bidirectional else "unidirectional")
+    assert got == expect
+
+
+def test_params_size_projection():
+    H, P, I, L, D = 8, 3, 5, 2, 2
+    expect = D * (4 * H * I + 4 * H * P + P * H + 8 * H) + D * (4 * H * D * P + 4 * H * P
+                                                               + P * H + 8 * H)
+    assert params_size(rnn_mode="lstm", num_layers=L, num_units=H, input_size=I,
+                       direction="bidirectional", num_proj=P) == expect
+
+
+@pytest.mark.parametrize(("mode", "proj"), [(m, 0) for m in MODES] + [("lstm", 2)])
+def test_canonical_round_trip(mode, proj):
+    kw = dict(rnn_mode=mode, num_layers=2, num_units=5, input_size=3, num_proj=proj,
+              direction="bidirectional")
+    p = torch.randn(params_size(**kw), dtype=F64)
+    w, b = params_to_canonical(p, **kw)
+    assert torch.equal(canonical_to_params(w, b, **kw), p)
+    # The canonical tensors are views in canonical order: TF's first weight is W_0 of layer 0.
+    assert w[0].shape == (5, 3) and w[0].data_ptr() == p.data_ptr()
+
+
+def test_params_match_torch_state_dict_layout():
+    m, *_ = make_case("gru", 3, 4, 2, True, 0, 5, [5], True)
+    p = params_from_module(m)
+    w, b = params_to_canonical(p, rnn_mode="gru", num_layers=2, num_units=4, input_size=3,
+                               direction="bidirectional")
+    assert torch.equal(torch.cat(w[3:6]), m.weight_hh_l0.detach())
+    assert torch.equal(torch.cat(b[-3:]), m.bias_hh_l1_reverse.detach())
+
+
+# ----------------------------------------------------------------------------- skip_input
+
+
+@pytest.mark.parametrize("input_mode", ["skip_input", "auto_select"])
+@pytest.mark.parametrize("mode", MODES)
+def test_skip_input_equals_identity_input_weights(mode, input_mode):
+    """skip_input adds x to every gate: the same as linear_input with W_g = identity."""
+    H, T = 4, 5
+    module, x, h0, c0, lens = make_case(mode, H, H, 2, True, 0, T, [5, 2, 0], True)
+    G = GATES[mode]
+    with torch.no_grad():
+        for sfx in ("l0", "l0_reverse"):
+            getattr(module, f"weight_ih_{sfx}").copy_(torch.eye(H, dtype=F64).repeat(G, 1))
+    grads = (torch.randn(T, 3, 2 * H, dtype=F64), torch.randn(h0.shape, dtype=F64),
+             torch.randn(h0.shape, dtype=F64) if c0 is not None else None)
+    want = torch_oracle(module, x, h0, c0, lens, True, grads)
+    p = params_from_module(module, skip_input=True).requires_grad_(True)
+    xs = x.clone().requires_grad_(True)
+    res = cudnn_rnn(xs, h0, c0, p, lens, rnn_mode=mode, input_mode=input_mode,
+                    direction="bidirectional", backend="reference")
+    torch.testing.assert_close(res.output, want["output"], rtol=1e-10, atol=1e-10)
+    loss = (res.output * grads[0]).sum() + (res.output_h * grads[1]).sum()
+    if c0 is not None:
+        loss = loss + (res.output_c * grads[2]).sum()
+    dx, dp = torch.autograd.grad(loss, [xs, p])
+    torch.testing.assert_close(dx, want["dx"], rtol=1e-10, atol=1e-10)
+    dp_want = params_from_module(module, skip_input=True, tensors=want["dparams"])
+    torch.testing.assert_close(dp, dp_want, rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- backprop op
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backprop_op_equals_autograd(mode):
+    """cudnn_rnn_backprop called directly (TF style) gives what autograd through cudnn_rnn
+    gives, from the reserve alone, and fresh (not accumulated) gradients each call."""
+    x, h, c, p = _inputs(mode, L=2, D=2, I=4, H=4)
+    lens = torch.tensor([5, 0, 3])
+    kw = dict(rnn_mode=mode, direction="bidirectional", backend="reference")
+    fwd = cudnn_rnn(x, h, c, p, lens, **kw)
+    dy = torch.randn_like(fwd.output)
+    dh = torch.randn_like(fwd.output_h)
+    dc = torch.randn_like(fwd.output_c) if mode == "lstm" else None
+    bp = cudnn_rnn_backprop(x, h, c, p, lens, fwd.output, fwd.output_h, fwd.output_c, dy, dh,
+                            dc, fwd.reserve_space, fwd.host_reserved, **kw)
+    bp2 = cudnn_rnn_backprop(x, h, c, p, lens, fwd.output, fwd.output_h, fwd.output_c, dy, dh,
+                             dc, fwd.reserve_space, fwd.host_reserved, **kw)
+    leaves = [t.clone().requires_grad_(True) for t in (x, h, p)]
+    cc = c.clone().requires_grad_(True) if c is not None else None
+    out = cudnn_rnn(leaves[0], leaves[1], cc, leaves[2], lens, **kw)
+    loss = (out.output * dy).sum() + (out.output_h * dh).sum()
+    if cc is not None:
+        loss = loss + (out.output_c * dc).sum()
+    ag = torch.autograd.grad(loss, leaves + ([cc] if cc is not None else []))
+    assert torch.equal(bp.input_backprop, ag[0])
+    assert torch.equal(bp.input_h_backprop, ag[1])
+    assert torch.equal(bp.params_backprop, ag[2])
+    assert torch.equal(bp.params_backprop, bp2.params_backprop)
+    if mode == "lstm":
+        assert torch.equal(bp.input_c_backprop, ag[3])
+    else:
+        assert bp.input_c_backprop.numel() == 0 and fwd.output_c.numel() == 0
+    assert bp.input_backprop.shape == x.shape and bp.params_backprop.shape == p.shape
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_reserve_size_within_budget(mode):
+    """Reserve bytes = header + N*D*(L*H [lstm] + (L-1)*H) elements; N = sum(lengths)."""
+    L, D, H = 3, 2, 4
+    x, h, c, p = _inputs(mode, T=6, B=4, L=L, D=D, H=H)
+    lens = torch.tensor([6, 1, 0, 4])
+    N = int(lens.sum())
+    fwd = cudnn_rnn(x, h, c, p, lens, rnn_mode=mode, direction="bidirectional",
+                    backend="reference")
+    elems = N * D * ((L if mode == "lstm" else 0) * H + (L - 1) * H)
+    budget = N * D * ((2 * L - 1) if mode == "lstm" else (L - 1)) * H
+    assert elems <= budget
+    assert fwd.reserve_space.numel() == reserve_mod.PAYLOAD_OFFSET + elems * 8
+    assert fwd.reserve_space.dtype == torch.uint8 and fwd.host_reserved.numel() == 64
+
+
+def test_inference_mode_keeps_no_reserve_and_backprop_says_so():
+    x, h, c, p = _inputs("lstm")
+    fwd = cudnn_rnn(x, h, c, p, rnn_mode="lstm", is_training=False, backend="reference")
+    train = cudnn_rnn(x, h, c, p, rnn_mode="lstm", backend="reference")
+    assert fwd.reserve_space.numel() == 0
+    assert torch.equal(fwd.output, train.output)
+    with pytest.raises(ValueError, match="is_training=False"):
+        cudnn_rnn_backprop(x, h, c, p, None, fwd.output, fwd.output_h, fwd.output_c,
+                           fwd.output, fwd.output_h, fwd.output_c, fwd.reserve_space,
+                           fwd.host_reserved, rnn_mode="lstm", backend="reference")
+    xs = x.clone().requires_grad_(True)
+    out = cudnn_rnn(xs, h, c, p, rnn_mode="lstm", is_training=False, backend="reference")
+    with pytest.raises(ValueError, match="is_training"):
+        out.output.sum().backward()
+
+
+def test_reserve_from_another_configuration_is_rejected():
+    x, h, c, p = _inputs("lstm", B=3)
+    a = cudnn_rnn(x, h, c, p, torch.tensor([5, 4, 3]), rnn_mode="lstm", backend="reference")
+    b = cudnn_rnn(x, h, c, p, torch.tensor([5, 3, 4]), rnn_mode="lstm", backend="reference")
+    args = (x, h, c, p, torch.tensor([5, 4, 3]), a.output, a.output_h, a.output_c, a.output,
+            a.output_h, a.output_c)
+    # Same size, other lengths: caught by the header (host copy and device copy).
+    with pytest.raises(ValueError, match="host_reserved"):
+        cudnn_rnn_backprop(*args, b.reserve_space, b.host_reserved, backend="reference")
+    with pytest.raises(ValueError, match="fingerprint"):
+        cudnn_rnn_backprop(*args, b.reserve_space, None, backend="reference")
+    with pytest.raises(ValueError, match="bytes"):
+        cudnn_rnn_backprop(*args, a.reserve_space[:-8], None, backend="reference")
+    with pytest.raises(TypeError, match="uint8"):
+        cudnn_rnn_backprop(*args, a.reserve_space.float(), None, backend="reference")
+    with pytest.raises(ValueError, match="no valid header"):
+        cudnn_rnn_backprop(*args, torch.zeros_like(a.reserve_space), None, backend="reference")
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def _dropout_run(seed, seed2, x, h, c, p):
+    return cudnn_rnn(x, h, c, p, torch.tensor([5, 2, 4]), rnn_mode="lstm", dropout=0.5,
+                     seed=seed, seed2=seed2, backend="reference")
+
+
+def test_dropout_is_deterministic_and_seeded():
+    x, h, c, p = _inputs("lstm", L=3, H=8)
+    a = _dropout_run(1, 2, x, h, c, p)
+    b = _dropout_run(1, 2, x, h, c, p)
+    other = _dropout_run(1, 3, x, h, c, p)
+    off = cudnn_rnn(x, h, c, p, torch.tensor([5, 2, 4]), rnn_mode="lstm", dropout=0.5, seed=1,
+                    seed2=2, is_training=False, backend="reference")
+    none = cudnn_rnn(x, h, c, p, torch.tensor([5, 2, 4]), rnn_mode="lstm", backend="reference")
+    assert torch.equal(a.output, b.output) and torch.equal(a.reserve_space, b.reserve_space)
+    assert not torch.equal(a.output, other.output)
+    assert torch.equal(off.output, none.output)  # no dropout when is_training=False
+    assert not torch.equal(a.output, none.output)
+
+
+def test_dropout_mask_rate_and_scale():
+    from tritonrnn.rnn import dropout as dmod
+    from tritonrnn.rnn.packing import make_pack_info
+
+    info = make_pack_info([64] * 32, 64, torch.device("cpu"))
+    for p in (0.1, 0.5, 0.9):
+        keep = dmod.keep_mask(info, 64, p, 7, 8, 0)
+        rate = 1 - keep.double().mean().item()
+        assert abs(rate - p) < 0.01, (p, rate)
+    x = torch.ones(info.N, 64, dtype=F64)
+    y = dmod.apply(x, dmod.keep_mask(info, 64, 0.25, 7, 8, 0), 0.25)
+    assert set(torch.unique(y).tolist()) == {0.0, 1 / 0.75}
+    # Independent of the other sequences' lengths: position (t, b, ch) fixes the bit.
+    short = make_pack_info([64] * 31 + [3], 64, torch.device("cpu"))
+    full = dmod.keep_mask(info, 64, 0.5, 1, 2, 1)
+    part = dmod.keep_mask(short, 64, 0.5, 1, 2, 1)
+    pairs = lambda pi: zip(pi.row_time.tolist(), pi.row_batch.tolist(), strict=True)  # noqa: E731
+    rows_full = {tb: i for i, tb in enumerate(pairs(info))}
+    for i, (t, b) in enumerate(pairs(short)):
+        assert torch.equal(part[i], full[rows_full[(t, b)]])
+
+
+def test_dropout_matches_manual_stack():
+    """Dropout sits between layers: layer 2 sees mask * y1 / (1 - p)."""
+    from tritonrnn.rnn import dropout as dmod
+    from tritonrnn.rnn.packing import make_pack_info, pack
+
+    module, x, h0, c0, lens = make_case("gru", 3, 4, 2, False, 0, 5, [5, 3], True)
+    p = params_from_module(module)
+    got = cudnn_rnn(x, h0, None, p, lens, rnn_mode="gru", dropout=0.3, seed=5, seed2=6,
+                    backend="reference")
+    l0 = torch.nn.GRU(3, 4).double()
+    l1 = torch.nn.GRU(4, 4).double()
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        getattr(l0, name + "_l0").data.copy_(getattr(module, name + "_l0"))
+        getattr(l1, name + "_l0").data.copy_(getattr(module, name + "_l1"))
+    y0 = torch.zeros(5, 2, 4, dtype=F64)
+    with torch.no_grad():
+        y0[:, 0], h_a = l0(x[:, 0], h0[0, :1])
+        y0[:3, 1], h_b = l0(x[:3, 1], h0[0, 1:])
+    info = make_pack_info([5, 3], 5, torch.device("cpu"))
+    mask = dmod.keep_mask(info, 4, 0.3, 5, 6, 0)
+    x1 = torch.zeros_like(y0).view(10, 4)
+    x1[info.padded_index] = dmod.apply(pack(y0, info), mask, 0.3)
+    x1 = x1.view(5, 2, 4)
+    with torch.no_grad():
+        out0, _ = l1(x1[:, 0], h0[1, :1])
+        out1, _ = l1(x1[:3, 1], h0[1, 1:])
+    torch.testing.assert_close(got.output[:, 0], out0, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got.output[:3, 1], out1, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gradcheck_with_dropout(mode):
+    """Finite differences of the whole op with dropout on (the mask is a function of the
+    seeds, so the op is deterministic and differentiable)."""
+    x, h, c, p = _inputs(mode, T=3, B=2, I=2, H=2, L=2, D=2)
+    lens = torch.tensor([3, 2])
+    leaves = [t.clone().requires_grad_(True) for t in (x, h, p)]
+    cc = c.clone().requires_grad_(True) if c is not None else None
+
+    def f(x_, h_, p_, *c_):
+        out = cudnn_rnn(x_, h_, c_[0] if c_ else None, p_, lens, rnn_mode=mode, dropout=0.4,
+                        seed=3, seed2=4, direction="bidirectional", backend="reference")
+        return out.output, out.output_h, *( (out.output_c,) if c_ else ())
+
+    assert torch.autograd.gradcheck(f, (*leaves, *([cc] if cc is not None else [])),
+                                    eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck_tiny(mode):
+    P = 2 if mode == "lstm" else 0  # LSTM with a projection of P = H
+    x, h, c, p = _inputs(mode, T=3, B=2, I=2, H=2, P=P)
+    lens = torch.tensor([3, 1])
+
+    def f(x_, h_, p_, *c_):
+        out = cudnn_rnn(x_, h_, c_[0] if c_ else None, p_, lens, rnn_mode=mode, num_proj=P,
+                        backend="reference")
+        return out.output, out.output_h, *((out.output_c,) if c_ else ())
+
+    leaves = [t.clone().requires_grad_(True) for t in (x, h, p)]
+    if c is not None:
+        leaves.append(c.clone().requires_grad_(True))
+    assert torch.autograd.gradcheck(f, tuple(leaves), eps=1e-6, atol=1e-6)
+
+
+def test_float32_close_to_float64_oracle():
+    errors = compare_with_torch("lstm", L=2, bidirectional=True, dtype=torch.float32,
+                                rtol=1e-5, atol=1e-5)
+    assert max(errors.values()) < 1e-5
