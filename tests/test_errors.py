@@ -1,0 +1,175 @@
+"""Every bad input of the spec's Errors section: a ValueError/TypeError naming the argument,
+the expected and the given value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonrnn.rnn import (
+    canonical_to_params,
+    cudnn_rnn,
+    cudnn_rnn_backprop,
+    params_size,
+    params_to_canonical,
+)
+
+T, B, I, H = 4, 3, 5, 6
+
+
+def _good(mode="lstm", dtype=torch.float32):
+    n = params_size(rnn_mode=mode, num_layers=1, num_units=H, input_size=I)
+    return {
+        "input": torch.randn(T, B, I, dtype=dtype),
+        "input_h": torch.randn(1, B, H, dtype=dtype),
+        "input_c": torch.randn(1, B, H, dtype=dtype),
+        "params": torch.randn(n, dtype=dtype),
+    }
+
+
+def _call(mode="lstm", lengths=None, **changes):
+    args = _good(mode)
+    kw = {"rnn_mode": mode, "backend": "reference"}
+    for k, v in changes.items():
+        (args if k in args else kw)[k] = v
+    return cudnn_rnn(args["input"], args["input_h"], args["input_c"], args["params"], lengths,
+                     **kw)
+
+
+# (changes, exception, regex naming the argument, the expected and the given value)
+FORWARD_CASES = {
+    "input_rank": ({"input": torch.randn(T, B)}, ValueError, r"input: expected a rank-3.*\[4, 3\]"),
+    "input_not_tensor": ({"input": [1.0]}, TypeError, r"input: expected a tensor, got list"),
+    "input_int_dtype": ({"input": torch.ones(T, B, I, dtype=torch.int32)}, TypeError,
+                        r"input: expected dtype float16.*got torch.int32"),
+    "input_h_rank": ({"input_h": torch.randn(B, H)}, ValueError, r"input_h: expected a rank-3"),
+    "input_h_batch": ({"input_h": torch.randn(1, B + 1, H)}, ValueError,
+                      r"input_h: expected batch 3.*got shape \[1, 4, 6\]"),
+    "input_c_shape": ({"input_c": torch.randn(1, B, H + 1)}, ValueError,
+                      r"input_c: expected last dimension 6.*got shape \[1, 3, 7\]"),
+    "input_c_batch": ({"input_c": torch.randn(1, B + 2, H)}, ValueError,
+                      r"input_c: expected shape \[1, 3, 6\].*got \[1, 5, 6\]"),
+    "input_c_missing": ({"input_c": None}, TypeError, r"input_c: expected a tensor, got NoneType"),
+    "h_dtype": ({"input_h": torch.randn(1, B, H, dtype=torch.float64)}, TypeError,
+                r"input_h: expected dtype torch.float32.*got torch.float64"),
+    "params_dtype": ({"params": torch.randn(4 * H * (I + H) + 8 * H, dtype=torch.float16)},
+                     TypeError, r"params: expected dtype torch.float32.*got torch.float16"),
+    "params_size": ({"params": torch.randn(10)}, ValueError,
+                    r"params: expected 312 elements.*got 10"),
+    "params_rank": ({"params": torch.randn(2, 156)}, ValueError,
+                    r"params: expected a 1-D tensor, got shape \[2, 156\]"),
+    "h_device": ({"input_h": torch.randn(1, B, H, device="meta")}, ValueError,
+                 r"input_h: expected a tensor on cpu.*got meta"),
+    "rnn_mode": ({"rnn_mode": "lstmx"}, ValueError, r"rnn_mode: expected one of .*got 'lstmx'"),
+    "input_mode": ({"input_mode": "skip"}, ValueError, r"input_mode: expected one of.*'skip'"),
+    "direction": ({"direction": "both"}, ValueError, r"direction: expected one of.*'both'"),
+    "backend": ({"backend": "cuda"}, ValueError, r"backend: expected one of.*'cuda'"),
+    "dropout_high": ({"dropout": 1.0}, ValueError, r"dropout: expected a float in \[0, 1\), got 1"),
+    "dropout_negative": ({"dropout": -0.1}, ValueError, r"dropout: .*got -0.1"),
+    "dropout_type": ({"dropout": "0.1"}, TypeError, r"dropout: expected a float.*got str"),
+    "skip_input_size": ({"input_mode": "skip_input"}, ValueError,
+                        r"input_mode: 'skip_input' needs input size == num_units \(6\), got .*5"),
+    "proj_too_big": ({"num_proj": 7, "input_h": torch.randn(1, B, 7)}, ValueError,
+                     r"num_proj: expected a value in \(0, num_units=6\], got 7"),
+    "proj_state": ({"num_proj": 3}, ValueError,
+                   r"input_h: expected last dimension num_proj=3.*got shape \[1, 3, 6\]"),
+    "proj_negative": ({"num_proj": -1}, ValueError, r"num_proj: expected an int >= 0, got -1"),
+    "is_training": ({"is_training": 1}, TypeError, r"is_training: expected a bool, got int"),
+    "time_major": ({"time_major": "yes"}, TypeError, r"time_major: expected a bool, got str"),
+    "seed_type": ({"seed": 1.5}, TypeError, r"seed: expected an int, got float"),
+    "layer_axis_bidir": ({"direction": "bidirectional"}, ValueError,
+                         r"input_h: expected a layer axis that is a positive multiple of 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORWARD_CASES))
+def test_forward_errors(case):
+    changes, exc, pattern = FORWARD_CASES[case]
+    with pytest.raises(exc, match=pattern):
+        _call(**changes)
+
+
+def test_num_proj_on_non_lstm():
+    with pytest.raises(ValueError, match=r"num_proj: expected 0 for rnn_mode='gru'.*got 2"):
+        _call("gru", num_proj=2, input_h=torch.randn(1, B, 2))
+
+
+LENGTH_CASES = {
+    "negative": (torch.tensor([4, -1, 2]), ValueError,
+                 r"sequence_lengths\[1\]: expected a length in \[0, 4\].*got -1"),
+    "too_long": (torch.tensor([4, 5, 2]), ValueError,
+                 r"sequence_lengths\[1\]: expected a length in \[0, 4\].*got 5"),
+    "shape": (torch.tensor([4, 4]), ValueError,
+              r"sequence_lengths: expected shape \[3\].*got \[2\]"),
+    "dtype": (torch.tensor([4.0, 4.0, 4.0]), TypeError,
+              r"sequence_lengths: expected dtype int32 or int64, got torch.float32"),
+    "list": ([4, 4, 4], TypeError, r"sequence_lengths: expected an int32/int64 tensor.*list"),
+}
+
+
+@pytest.mark.parametrize("case", list(LENGTH_CASES))
+def test_length_errors(case):
+    lengths, exc, pattern = LENGTH_CASES[case]
+    with pytest.raises(exc, match=pattern):
+        _call(lengths=lengths)
+
+
+def _backprop_args():
+    a = _good()
+    fwd = cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"], backend="reference")
+    return [a["input"], a["input_h"], a["input_c"], a["params"], None, fwd.output,
+            fwd.output_h, fwd.output_c, torch.ones_like(fwd.output),
+            torch.ones_like(fwd.output_h), torch.ones_like(fwd.output_c), fwd.reserve_space,
+            fwd.host_reserved]
+
+
+BACKPROP_CASES = {
+    "output_shape": (5, torch.randn(T, B, H + 1), r"output: expected shape \[4, 3, 6\]"),
+    "output_backprop_shape": (8, torch.randn(T + 1, B, H),
+                              r"output_backprop: expected shape \[4, 3, 6\].*got \[5, 3, 6\]"),
+    "output_h_backprop_dtype": (9, torch.randn(1, B, H, dtype=torch.float64),
+                                r"output_h_backprop: expected dtype torch.float32"),
+    "output_c_shape": (7, torch.randn(1, B + 1, H), r"output_c: expected shape \[1, 3, 6\]"),
+    "reserve_type": (11, "reserve", r"reserve_space: expected a tensor, got str"),
+    "host_reserved": (12, torch.zeros(3, dtype=torch.int8),
+                      r"host_reserved: expected the 64-byte tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(BACKPROP_CASES))
+def test_backprop_errors(case):
+    index, value, pattern = BACKPROP_CASES[case]
+    args = _backprop_args()
+    args[index] = value
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        cudnn_rnn_backprop(*args, backend="reference")
+
+
+def test_backprop_reserve_of_other_mode_rejected():
+    args = _backprop_args()
+    with pytest.raises(ValueError, match="reserve_space|host_reserved"):
+        cudnn_rnn_backprop(*args, backend="reference", num_proj=0, dropout=0.5)
+
+
+def test_params_helper_errors():
+    kw = dict(rnn_mode="gru", num_layers=1, num_units=2, input_size=3)
+    w, b = params_to_canonical(torch.zeros(params_size(**kw)), **kw)
+    with pytest.raises(ValueError, match=r"weights: expected 6 tensors, got 5"):
+        canonical_to_params(w[:5], b, **kw)
+    with pytest.raises(ValueError, match=r"biases\[0\]: expected shape \[2\], got \[3\]"):
+        canonical_to_params(w, [torch.zeros(3)] + b[1:], **kw)
+    with pytest.raises(ValueError, match=r"params: expected 42 elements.*got 41"):
+        params_to_canonical(torch.zeros(41), **kw)
+    with pytest.raises(ValueError, match=r"num_layers: expected an int >= 1, got 0"):
+        params_size(**{**kw, "num_layers": 0})
+    with pytest.raises(ValueError, match=r"rnn_mode: expected one of.*'lstm2'"):
+        params_size(**{**kw, "rnn_mode": "lstm2"})
+    with pytest.raises(TypeError, match=r"weights\[0\]: expected a tensor, got list"):
+        canonical_to_params([[0.0]] + w[1:], b, **kw)
+
+
+def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"backend: 'triton' needs CUDA tensors or "
+                                         r"TRITON_INTERPRET=1, got tensors on cpu"):
+        _call(backend="triton")
