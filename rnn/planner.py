@@ -280,18 +280,18 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
 
 def recurrence_choice(
     cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, batch: int,
-    props: DeviceProperties, key: str | None = None,
+    props: DeviceProperties,
 ) -> tuple[LayerPlan, str]:
     """(LayerPlan, source) for one recurrence; source is heuristic, tuned or constrained."""
     bucket = _bucket(batch)
+    key = recurrence_key(cell, H, P, dtype, batch, props)
     base = _heuristic(cell, H, Hout, P, dtype, bucket, props)
     forced = dict(_constraints.get())
     if forced:
         return _apply(base, forced, cell, H, Hout, P, dtype, bucket, props, True), "constrained"
-    if key is not None:
-        entry = load_tuning_cache().get(key)
-        if entry:
-            return _apply(base, entry, cell, H, Hout, P, dtype, bucket, props, False), "tuned"
+    entry = load_tuning_cache().get(key)
+    if entry:
+        return _apply(base, entry, cell, H, Hout, P, dtype, bucket, props, False), "tuned"
     return base, "heuristic"
 
 
@@ -406,12 +406,11 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype) -> tuple[Buffer, ...]:
     return tuple(out)
 
 
-def plan_key(cfg, batch: int, max_time: int, dtype: torch.dtype, props: DeviceProperties) -> str:
-    return (
-        f"{props.name}|{cfg.rnn_mode}|I{cfg.input_size}|H{cfg.num_units}|P{cfg.num_proj}"
-        f"|L{cfg.num_layers}|D{cfg.num_dirs}|{str(dtype).replace('torch.', '')}"
-        f"|B{_bucket(batch)}|T{_bucket(max_time)}"
-    )
+def recurrence_key(cell: str, H: int, P: int, dtype: torch.dtype, batch: int,
+                   props: DeviceProperties) -> str:
+    """Tuning-cache key of one recurrence: what its kernel choice depends on (B bucketed;
+    T, the input size and the layer count do not change the best recurrence kernel)."""
+    return f"{props.name}|{cell}|H{H}|P{P}|{str(dtype).replace('torch.', '')}|B{_bucket(batch)}"
 
 
 def plan_for(
@@ -456,9 +455,9 @@ def plan_for(
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id) -> Plan:
-    key = plan_key(cfg, batch, max_time, dtype, props)
+    key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props)
     choice, source = recurrence_choice(
-        cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props, key
+        cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props
     )
     return Plan(
         key=key, rnn_mode=cfg.rnn_mode, input_size=cfg.input_size, num_units=cfg.num_units,
