@@ -13,6 +13,7 @@ All tensors here are time-major and packed ([N, C], see packing.py); batch-index
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +25,19 @@ from . import reserve as reserve_mod
 from .config import RNNConfig
 from .packing import PackInfo, prev_rows
 from .params import LayerParams, layer_views
+
+
+def new_buffer(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Uninitialised workspace; NaN-filled when TRITONRNN_POISON=1 (tests set it), so a
+    kernel that forgets a write fails the comparison instead of reading stale zeros."""
+    t = torch.empty(*shape, dtype=dtype, device=device)
+    if os.environ.get("TRITONRNN_POISON") == "1" and t.is_floating_point():
+        t.fill_(float("nan"))
+    return t
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    return new_buffer(*t.shape, dtype=t.dtype, device=t.device)
 
 
 class Recurrence(Protocol):
@@ -96,8 +110,8 @@ def forward(
     perm = info.perm
     h0s = h0.index_select(1, perm)
     c0s = c0.index_select(1, perm) if lstm else None
-    hTs = torch.empty_like(h0s)
-    cTs = torch.empty_like(c0s) if lstm else None
+    hTs = poison_like(h0s)
+    cTs = poison_like(c0s) if lstm else None
     if training:
         layout = reserve_mod.reserve_layout(cfg, info, dtype)
         reserve, host_reserved = reserve_mod.allocate(layout, dev)
@@ -106,8 +120,8 @@ def forward(
         reserve = torch.empty(0, dtype=torch.uint8, device=dev)
         host_reserved = torch.empty(0, dtype=torch.int8)
         c_views = []
-        y_views = [torch.empty(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
-    ys = list(y_views) + [torch.empty(info.N, D * Hout, dtype=dtype, device=dev)]
+        y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
+    ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
     for layer in range(L):
         xl = _layer_input(cfg, info, layer, x, ys, training)
         for d in range(D):
@@ -166,14 +180,14 @@ def backward(
     c0s = c0.index_select(1, perm) if lstm else None
     dhTs = dhT.index_select(1, perm)
     dcTs = dcT.index_select(1, perm) if lstm else None
-    dh0s = torch.empty_like(h0s)
-    dc0s = torch.empty_like(c0s) if lstm else None
+    dh0s = poison_like(h0s)
+    dc0s = poison_like(c0s) if lstm else None
     prev = [prev_rows(info, reverse=bool(d)) for d in range(D)]
-    dpre_x = torch.empty(N, G * H, dtype=dtype, device=dev)
-    dpre_h = torch.empty(N, G * H, dtype=dtype, device=dev) if cfg.rnn_mode == "gru" else None
+    dpre_x = new_buffer(N, G * H, dtype=dtype, device=dev)
+    dpre_h = new_buffer(N, G * H, dtype=dtype, device=dev) if cfg.rnn_mode == "gru" else None
     proj = cfg.num_proj > 0
-    dh_total = torch.empty(N, Hout, dtype=dtype, device=dev) if proj else None
-    m_seq = torch.empty(N, H, dtype=dtype, device=dev) if proj else None
+    dh_total = new_buffer(N, Hout, dtype=dtype, device=dev) if proj else None
+    m_seq = new_buffer(N, H, dtype=dtype, device=dev) if proj else None
     dy = dy_last
     dx = x
     for layer in reversed(range(L)):

@@ -31,6 +31,7 @@ another configuration, or from another batch, is rejected with a clear error.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,8 @@ def allocate(layout: ReserveLayout, device: torch.device) -> tuple[torch.Tensor,
     """A fresh (reserve_space, host_reserved) pair with the header written."""
     header = _header(layout)
     reserve = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+    if os.environ.get("TRITONRNN_POISON") == "1":
+        reserve[PAYLOAD_OFFSET:].view(layout.dtype).fill_(float("nan"))
     reserve[:PAYLOAD_OFFSET].zero_()
     reserve[:HEADER_BYTES].copy_(header.view(torch.uint8), non_blocking=True)
     return reserve, header.clone()

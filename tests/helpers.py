@@ -156,7 +156,7 @@ LENGTHS = {
 
 def compare_with_torch(mode, *, L=1, bidirectional=False, lengths="varlen", time_major=True,
                        proj=0, I=5, H=7, T=6, backend="reference", dtype=torch.float64,
-                       rtol=1e-10, atol=1e-10, dropout_seed=None, seed=0):
+                       rtol=1e-10, atol=1e-10, seed=0, device="cpu"):
     """Runs cudnn_rnn forward + autograd backward and checks every output and gradient
     against torch.nn in float64. Returns the max abs errors by name."""
     from tritonrnn.rnn import cudnn_rnn
@@ -173,15 +173,16 @@ def compare_with_torch(mode, *, L=1, bidirectional=False, lengths="varlen", time
              torch.randn(h0.shape, generator=g, dtype=torch.float64),
              torch.randn(c0.shape, generator=g, dtype=torch.float64) if c0 is not None else None)
     want = torch_oracle(module, x, h0, c0, lens, time_major, grads)
-    leaves = [t.to(dtype).requires_grad_(True) if t is not None else None
+    leaves = [t.to(device=device, dtype=dtype).requires_grad_(True) if t is not None else None
               for t in (x, h0, c0, params)]
     xs, hs, cs, ps = leaves
     res = cudnn_rnn(xs, hs, cs, ps, lens, rnn_mode=mode, time_major=time_major,
                     direction="bidirectional" if bidirectional else "unidirectional",
                     num_proj=proj, backend=backend)
-    loss = (res.output * grads[0].to(dtype)).sum() + (res.output_h * grads[1].to(dtype)).sum()
+    gd = [t.to(device=device, dtype=dtype) if t is not None else None for t in grads]
+    loss = (res.output * gd[0]).sum() + (res.output_h * gd[1]).sum()
     if cs is not None:
-        loss = loss + (res.output_c * grads[2].to(dtype)).sum()
+        loss = loss + (res.output_c * gd[2]).sum()
     got_grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
     dparams_want = params_from_module(module, tensors=want["dparams"])
     pairs = {
@@ -198,12 +199,13 @@ def compare_with_torch(mode, *, L=1, bidirectional=False, lengths="varlen", time
     for name, (got, exp) in pairs.items():
         assert got.shape == exp.shape, f"{name}: shape {got.shape} != {exp.shape}"
         assert torch.isfinite(got).all(), f"{name}: non-finite values"
-        errors[name] = (got.double() - exp).abs().max().item() if got.numel() else 0.0
-        torch.testing.assert_close(got.double(), exp, rtol=rtol, atol=atol, msg=lambda m,
+        got = got.detach().cpu().double()
+        errors[name] = (got - exp).abs().max().item() if got.numel() else 0.0
+        torch.testing.assert_close(got, exp, rtol=rtol, atol=atol, msg=lambda m,
                                    n=name: f"{n}: {m}")
     # Padded outputs are exactly zero, padded input gradients exactly zero.
-    out = res.output if time_major else res.output.transpose(0, 1)
-    dx = got_grads[0] if time_major else got_grads[0].transpose(0, 1)
+    out = (res.output if time_major else res.output.transpose(0, 1)).cpu()
+    dx = (got_grads[0] if time_major else got_grads[0].transpose(0, 1)).cpu()
     for b, n in enumerate(lens_list):
         assert (out[n:, b] == 0).all(), f"output at padded steps of sequence {b} is not 0"
         assert (dx[n:, b] == 0).all(), f"input gradient at padded steps of sequence {b} is not 0"
