@@ -183,26 +183,35 @@ def backward(
     dh0s = poison_like(h0s)
     dc0s = poison_like(c0s) if lstm else None
     prev = [prev_rows(info, reverse=bool(d)) for d in range(D)]
-    dpre_x = new_buffer(N, G * H, dtype=dtype, device=dev)
-    dpre_h = new_buffer(N, G * H, dtype=dtype, device=dev) if cfg.rnn_mode == "gru" else None
+    # Workspaces allocated once and reused by every layer and direction (GEMMs write with
+    # out=); dx/dy ping-pong between two buffers as the gradient walks down the stack.
+    buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
+    pre_x, pre_h, h_prev = buf(N, G * H), buf(N, G * H), buf(N, Hout)
+    c_prev = buf(N, H) if lstm else None
+    dpre_x = buf(N, G * H)
+    dpre_h = buf(N, G * H) if cfg.rnn_mode == "gru" else None
     proj = cfg.num_proj > 0
-    dh_total = new_buffer(N, Hout, dtype=dtype, device=dev) if proj else None
-    m_seq = new_buffer(N, H, dtype=dtype, device=dev) if proj else None
+    dh_total = buf(N, Hout) if proj else None
+    m_seq = buf(N, H) if proj else None
+    width = max(cfg.input_size, D * Hout)
+    pingpong = (buf(N * width), buf(N * width))
+    acc = torch.float32 if dtype != torch.float64 else None
     dy = dy_last
-    dx = x
     for layer in reversed(range(L)):
         xl = _layer_input(cfg, info, layer, x, ys, True)
-        dx = torch.zeros(N, xl.shape[1], dtype=dtype, device=dev)
+        dx = pingpong[layer % 2][: N * xl.shape[1]].view(N, xl.shape[1])
         for d in range(D):
             p = layer * D + d
             lp, dlp = views[p], dviews[p]
             y_dir = ys[layer][:, d * Hout : (d + 1) * Hout]
-            h_prev = torch.cat([h0s[p], y_dir]).index_select(0, prev[d])
-            pre_x = _input_preact(cfg, lp, xl)
-            pre_h = torch.addmm(lp.bR, h_prev, lp.R.t())
-            c_prev = None
+            torch.index_select(torch.cat([h0s[p], y_dir]), 0, prev[d], out=h_prev)
+            if lp.W is None:
+                torch.add(xl.repeat(1, G), lp.bW, out=pre_x)
+            else:
+                torch.addmm(lp.bW, xl, lp.W.t(), out=pre_x)
+            torch.addmm(lp.bR, h_prev, lp.R.t(), out=pre_h)
             if lstm:
-                c_prev = torch.cat([c0s[p], c_views[p]]).index_select(0, prev[d])
+                torch.index_select(torch.cat([c0s[p], c_views[p]]), 0, prev[d], out=c_prev)
             rec.backward(
                 cfg.rnn_mode, pre_x, pre_h, lp.R, lp.Pw, y_dir, h_prev,
                 c_views[p] if lstm else None, c_prev, dy[:, d * Hout : (d + 1) * Hout],
@@ -210,22 +219,31 @@ def backward(
                 dh0s[p], dc0s[p] if lstm else None, dh_total, m_seq,
             )
             dph = dpre_h if dpre_h is not None else dpre_x
-            # Weight gradients: one GEMM each over all N rows, accumulated in fp32 by the GEMM.
-            dlp.bW.copy_(dpre_x.sum(0, dtype=torch.float32 if dtype != torch.float64 else None))
-            dlp.bR.copy_(dph.sum(0, dtype=torch.float32 if dtype != torch.float64 else None))
-            dlp.R.copy_(dph.t() @ h_prev)
+            # Weight gradients: one GEMM each over all N rows (fp32 accumulation inside the
+            # GEMM), bias sums accumulated in fp32; each cast once into dparams.
+            dlp.bW.copy_(dpre_x.sum(0, dtype=acc))
+            dlp.bR.copy_(dph.sum(0, dtype=acc))
+            torch.mm(dph.t(), h_prev, out=dlp.R)
             if proj:
-                dlp.Pw.copy_(dh_total.t() @ m_seq)
+                torch.mm(dh_total.t(), m_seq, out=dlp.Pw)
+            # dx: the first direction writes, the second accumulates (no memset).
             if lp.W is None:
-                dx += dpre_x.view(N, G, H).sum(1)
+                gate_sum = dpre_x.view(N, G, H).sum(1)
+                if d == 0:
+                    dx.copy_(gate_sum)
+                else:
+                    dx.add_(gate_sum)
             else:
-                dlp.W.copy_(dpre_x.t() @ xl)
-                dx.addmm_(dpre_x, lp.W)
+                torch.mm(dpre_x.t(), xl, out=dlp.W)
+                if d == 0:
+                    torch.mm(dpre_x, lp.W, out=dx)
+                else:
+                    dx.addmm_(dpre_x, lp.W)
         if layer > 0 and cfg.dropout > 0:
             mask = dropout_mod.keep_mask(
                 info, dx.shape[1], cfg.dropout, cfg.seed, cfg.seed2, layer - 1
             )
-            dx = dropout_mod.apply(dx, mask, cfg.dropout)
+            dx.masked_fill_(~mask, 0).mul_(1.0 / (1.0 - cfg.dropout))
         dy = dx
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(info.B, device=perm.device)
