@@ -72,11 +72,11 @@ class ForwardResult:
     host_reserved: torch.Tensor  # int8 header copy, empty when not training
 
 
-def _input_preact(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor) -> torch.Tensor:
-    """W x + bW for all packed rows, [N, G*H] (skip_input: x added to every gate)."""
+def _input_preact(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor, out: torch.Tensor):
+    """out <- W x + bW for all packed rows, [N, G*H] (skip_input: x added to every gate)."""
     if lp.W is None:
-        return x.repeat(1, cfg.num_gates) + lp.bW
-    return torch.addmm(lp.bW, x, lp.W.t())
+        return torch.add(x.repeat(1, cfg.num_gates), lp.bW, out=out)
+    return torch.addmm(lp.bW, x, lp.W.t(), out=out)
 
 
 def _layer_input(cfg, info, layer, x0, ys, training):
@@ -122,12 +122,13 @@ def forward(
         c_views = []
         y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
     ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
+    xg = new_buffer(info.N, cfg.num_gates * cfg.num_units, dtype=dtype, device=dev)
     for layer in range(L):
         xl = _layer_input(cfg, info, layer, x, ys, training)
         for d in range(D):
             p = layer * D + d
             lp = views[p]
-            xg = _input_preact(cfg, lp, xl)
+            _input_preact(cfg, lp, xl, xg)
             rec.forward(
                 cfg.rnn_mode, xg, lp.R, lp.bR, lp.Pw, h0s[p], c0s[p] if lstm else None,
                 info, d == 1, ys[layer][:, d * Hout : (d + 1) * Hout],
@@ -205,10 +206,7 @@ def backward(
             lp, dlp = views[p], dviews[p]
             y_dir = ys[layer][:, d * Hout : (d + 1) * Hout]
             torch.index_select(torch.cat([h0s[p], y_dir]), 0, prev[d], out=h_prev)
-            if lp.W is None:
-                torch.add(xl.repeat(1, G), lp.bW, out=pre_x)
-            else:
-                torch.addmm(lp.bW, xl, lp.W.t(), out=pre_x)
+            _input_preact(cfg, lp, xl, pre_x)
             torch.addmm(lp.bR, h_prev, lp.R.t(), out=pre_h)
             if lstm:
                 torch.index_select(torch.cat([c0s[p], c_views[p]]), 0, prev[d], out=c_prev)
