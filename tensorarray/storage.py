@@ -1,0 +1,71 @@
+"""Slab allocation: the single hook through which every TensorArray slab is allocated.
+
+When an array's size and element shape are known its elements live in one slab
+``[capacity, *element_shape]``. The slab comes from an :data:`Allocator`, a plain callable that
+the RNN planner can supply so that, e.g., a gradient array's slab is a buffer it planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .errors import TensorArrayError
+
+__all__ = ["Allocator", "allocate_slab", "default_allocator", "resolve_device"]
+
+Allocator = Callable[[tuple[int, ...], torch.dtype, torch.device], torch.Tensor]
+"""``allocator(shape, dtype, device) -> Tensor``.
+
+Must return a tensor of exactly ``shape`` (``(capacity, *element_shape)``), ``dtype`` and
+``device``. Contents may be anything: the array tracks which rows hold data and fills rows it
+has to read as zeros itself. The array writes rows in place, so the tensor must not be an
+expanded (stride-0) view, and it must not be shared with anything that writes it concurrently.
+"""
+
+
+def default_allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    """``torch.empty(shape, dtype=dtype, device=device)``."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def resolve_device(device: torch.device | str | int | None) -> torch.device | None:
+    """Normalise ``device`` so that equal placements compare equal (``"cuda"`` -> ``cuda:N``)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def allocate_slab(
+    allocator: Allocator | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    array_name: str,
+) -> torch.Tensor:
+    """Allocate one slab through ``allocator`` and check what it returned.
+
+    Byte size: ``shape[0] * prod(shape[1:]) * dtype.itemsize``.
+    """
+    slab = (allocator or default_allocator)(shape, dtype, device)
+    if not isinstance(slab, torch.Tensor):
+        raise TensorArrayError(
+            f"TensorArray {array_name!r}: allocator must return a torch.Tensor of shape "
+            f"{shape}, got {type(slab).__name__}"
+        )
+    if tuple(slab.shape) != shape or slab.dtype != dtype or slab.device != device:
+        raise TensorArrayError(
+            f"TensorArray {array_name!r}: allocator returned a tensor of shape "
+            f"{tuple(slab.shape)}, dtype {slab.dtype}, device {slab.device}; expected shape "
+            f"{shape}, dtype {dtype}, device {device}"
+        )
+    if slab.numel() > 1 and 0 in slab.stride():
+        raise TensorArrayError(
+            f"TensorArray {array_name!r}: allocator returned an expanded tensor (strides "
+            f"{slab.stride()}); the slab is written in place and needs distinct memory per element"
+        )
+    return slab
