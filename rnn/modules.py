@@ -1,0 +1,517 @@
+"""Drop-in nn.Modules: `LSTM`, `GRU` and `RNN` with torch.nn's constructor, parameter names,
+inputs and outputs, computed by one call into the CudnnRNN V3 op per forward.
+
+Swap `torch.nn.LSTM` for `tritonrnn.rnn.LSTM` and nothing else changes: the state dict keys
+and shapes are torch's (weight_ih_l{k}[_reverse] = W, weight_hh = R, bias_ih = bW,
+bias_hh = bR, weight_hr = P_w; the gate orders are the same), `parameters()` come in torch's
+order and are initialized as torch initializes them (same values under the same seed),
+and forward takes a padded tensor, a PackedSequence, or a padded tensor with `lengths=`.
+
+Flat params without copies
+--------------------------
+The op wants one flat buffer in the canonical order (rnn/params.py). The module owns that
+buffer (`_flat`, a plain attribute, not in the state dict) and every named nn.Parameter *is*
+a view of its slice: no copy is ever made to call the op, and an optimizer's in-place
+update of a Parameter is an update of the buffer. In a forward:
+
+- `_FlatParams` (an autograd.Function) hands the buffer to the op as a differentiable input
+  of the named Parameters; its backward cuts the op's flat gradient into per-parameter views,
+  so autograd (and DDP's hooks) see ordinary per-parameter gradients.
+- bias=False: the bias slices of the buffer stay zero and belong to no Parameter, so they get
+  no gradient (torch.nn registers no bias parameters either).
+- If a Parameter stopped being a view of the buffer (replaced by assignment,
+  `load_state_dict(assign=True)`, `.data = ...`, a conversion by `.to()`/`.half()`), the
+  buffer is rebuilt once from the current Parameters and they become views again
+  (`flatten_parameters`, which `_apply` calls after every conversion). The check is a
+  pointer comparison per Parameter.
+- Weights that are not plain Parameters (torch.nn.utils.parametrize) and traced runs under
+  torch.compile concatenate the weights instead (one copy, differentiable by autograd; the
+  compiler sees only tensor ops).
+
+Dropout and training
+--------------------
+In training mode with dropout > 0 and more than one layer, fresh dropout seeds are drawn from
+torch's default CPU generator each forward (`torch.randint`), so `torch.manual_seed` makes
+runs reproducible. In eval mode there is no dropout; the op still keeps its reserve whenever a
+gradient is required, so backward works in eval mode too (is_training=False, no reserve, only
+when nothing needs a gradient).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence
+
+from . import library
+from .config import make_config
+from .ops import BACKENDS
+from .params import params_layout
+
+_MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+_SEED_HIGH = 2**62  # seeds drawn in [0, 2**62): any int the op accepts
+
+
+class _FlatParams(torch.autograd.Function):
+    """Identity on the flat buffer whose gradient goes to the named Parameters viewing it."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, slots: tuple, *params: torch.Tensor) -> torch.Tensor:
+        ctx.slots = slots
+        return flat.view_as(flat)
+
+    @staticmethod
+    def backward(ctx, grad_flat: torch.Tensor):
+        g = grad_flat.contiguous()
+        grads = []
+        for (offset, shape, numel), needed in zip(ctx.slots, ctx.needs_input_grad[2:],
+                                                  strict=True):
+            grads.append(g[offset : offset + numel].view(shape) if needed else None)
+        return (None, None, *grads)
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+class _RNNBase(nn.Module):
+    """Shared machinery of LSTM, GRU and RNN (torch.nn.RNNBase's interface)."""
+
+    def __init__(
+        self,
+        mode: str,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        proj_size: int = 0,
+        device=None,
+        dtype=None,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_positive_int("input_size", input_size)
+        _check_positive_int("hidden_size", hidden_size)
+        _check_positive_int("num_layers", num_layers)
+        _check_positive_int("proj_size", proj_size, minimum=0)
+        _check_bool("bias", bias)
+        _check_bool("batch_first", batch_first)
+        _check_bool("bidirectional", bidirectional)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"dropout: expected a float in [0, 1), got "
+                            f"{type(dropout).__name__} {dropout!r}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout: expected a float in [0, 1), got {dropout}")
+        if proj_size > 0 and mode != "LSTM":
+            raise ValueError(f"proj_size: expected 0 for {mode} (projection is LSTM only), "
+                             f"got {proj_size}")
+        if proj_size >= hidden_size and proj_size > 0:
+            raise ValueError(f"proj_size: expected a value in [0, hidden_size={hidden_size}) "
+                             f"as torch.nn.LSTM, got {proj_size}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so non-zero "
+                f"dropout expects num_layers greater than 1, but got dropout={dropout} and "
+                f"num_layers={num_layers}",
+                stacklevel=3,
+            )
+        self.mode = mode
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        self.proj_size = proj_size
+        self.backend = backend
+        self._cfg = make_config(
+            rnn_mode=_MODES[mode], num_layers=num_layers, num_units=hidden_size,
+            input_size=input_size, direction="bidirectional" if bidirectional else
+            "unidirectional", num_proj=proj_size,
+        )
+        self._build_slots()
+        flat = torch.zeros(self._flat_numel, device=device, dtype=dtype)
+        for name, (offset, shape, numel) in zip(self._flat_weights_names, self._slots,
+                                                strict=True):
+            # A Parameter made from a view shares the buffer's storage and version counter.
+            setattr(self, name, nn.Parameter(flat[offset : offset + numel].view(shape)))
+        self._flat = flat
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ the flat buffer
+
+    def _build_slots(self) -> None:
+        """Names in torch.nn's registration order and their (offset, shape, numel) slots."""
+        cfg = self._cfg
+        layout, total = params_layout(cfg)
+        G, H, Hout, P = cfg.num_gates, cfg.num_units, cfg.out_size, cfg.num_proj
+        names, slots, all_weights = [], [], []
+        for layer in range(cfg.num_layers):
+            for d in range(cfg.num_dirs):
+                off = layout[layer * cfg.num_dirs + d]
+                sfx = f"l{layer}{'_reverse' if d else ''}"
+                entries = [(f"weight_ih_{sfx}", off.w, (G * H, off.in_w)),
+                           (f"weight_hh_{sfx}", off.r, (G * H, Hout))]
+                if self.bias:
+                    entries += [(f"bias_ih_{sfx}", off.bw, (G * H,)),
+                                (f"bias_hh_{sfx}", off.br, (G * H,))]
+                if P:
+                    entries.append((f"weight_hr_{sfx}", off.p, (P, H)))
+                for name, offset, shape in entries:
+                    names.append(name)
+                    slots.append((offset, shape, math.prod(shape)))
+                all_weights.append([e[0] for e in entries])
+        self._flat_weights_names = names
+        self._all_weights = all_weights
+        self._slots = tuple(slots)
+        self._flat_numel = total
+
+    def _flat_is_current(self) -> bool:
+        """True when every named Parameter is still the view of its slice of `_flat`."""
+        flat = self._flat
+        base, itemsize = flat.data_ptr(), flat.element_size()
+        for name, (offset, shape, _) in zip(self._flat_weights_names, self._slots,
+                                            strict=True):
+            p = self._parameters.get(name)
+            if (
+                p is None
+                or p.dtype != flat.dtype
+                or p.device != flat.device
+                or p.data_ptr() != base + offset * itemsize
+                or p.shape != shape
+                or not p.is_contiguous()
+            ):
+                return False
+        return True
+
+    def flatten_parameters(self) -> None:
+        """Makes every named Parameter a view of one fresh flat buffer again (one copy), unless
+        they already are. Parameter objects are kept, so optimizers stay valid."""
+        if self._flat_is_current():
+            return
+        params = []
+        for name in self._flat_weights_names:
+            p = self._parameters.get(name)
+            if p is None:
+                raise ValueError(
+                    f"{name}: expected a registered nn.Parameter to flatten, got "
+                    f"{type(getattr(self, name, None)).__name__} (parametrized or removed)"
+                )
+            params.append((name, p))
+        ref = params[0][1]
+        for name, p in params:
+            if p.dtype != ref.dtype or p.device != ref.device:
+                raise TypeError(
+                    f"{name}: expected dtype {ref.dtype} on {ref.device} like "
+                    f"{params[0][0]}, got {p.dtype} on {p.device}"
+                )
+        flat = torch.zeros(self._flat_numel, dtype=ref.dtype, device=ref.device)
+        with torch.no_grad():
+            for (name, p), (offset, shape, numel) in zip(params, self._slots, strict=True):
+                if tuple(p.shape) != shape:
+                    raise ValueError(f"{name}: expected shape {list(shape)}, got "
+                                     f"{list(p.shape)}")
+                view = flat[offset : offset + numel].view(shape)
+                view.copy_(p)
+                p.data = view
+        self._flat = flat
+
+    def _apply(self, fn, recurse=True):
+        ret = super()._apply(fn, recurse)
+        # .to()/.half()/.cuda() gave the Parameters new storage: rebuild the buffer from them.
+        self.flatten_parameters()
+        return ret
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        # deepcopy and unpickling copy every Parameter separately (Parameter.__deepcopy__
+        # clones): make them views of one buffer again.
+        self.flatten_parameters()
+
+    def _cat_weights(self) -> torch.Tensor:
+        """The flat buffer as a concatenation of the current weights (differentiable)."""
+        pieces = []
+        ref = getattr(self, self._flat_weights_names[0])
+        for name in self._flat_weights_names:
+            if name.startswith("weight"):
+                pieces.append(getattr(self, name).reshape(-1))
+        n_weights = sum(p.numel() for p in pieces)
+        biases = []
+        if self.bias:
+            for name in self._flat_weights_names:
+                if name.startswith("bias"):
+                    biases.append(getattr(self, name).reshape(-1))
+        else:
+            biases.append(ref.new_zeros(self._flat_numel - n_weights))
+        # Canonical order: every weight, then every bias, pseudo-layer by pseudo-layer; the
+        # registration order (w_ih, w_hh, [b_ih, b_hh], [w_hr]) per pseudo-layer keeps it
+        # once weights and biases are split (w_hr is a weight after w_hh).
+        return torch.cat(pieces + biases)
+
+    def _flat_weights_for_forward(self) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._cat_weights()
+        if not self._flat_is_current():
+            if any(self._parameters.get(n) is None for n in self._flat_weights_names):
+                return self._cat_weights()
+            self.flatten_parameters()
+        params = [self._parameters[n] for n in self._flat_weights_names]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return _FlatParams.apply(self._flat, self._slots, *params)
+        return self._flat
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        return [[getattr(self, w) for w in ws] for ws in self._all_weights]
+
+    def reset_parameters(self) -> None:
+        """torch.nn's initialization, in torch.nn's order: U(-1/sqrt(H), 1/sqrt(H))."""
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -stdv, stdv)
+
+    def extra_repr(self) -> str:
+        s = "{input_size}, {hidden_size}"
+        if self.proj_size != 0:
+            s += ", proj_size={proj_size}"
+        if self.num_layers != 1:
+            s += ", num_layers={num_layers}"
+        if self.bias is not True:
+            s += ", bias={bias}"
+        if self.batch_first is not False:
+            s += ", batch_first={batch_first}"
+        if self.dropout != 0:
+            s += ", dropout={dropout}"
+        if self.bidirectional is not False:
+            s += ", bidirectional={bidirectional}"
+        if self.backend != "auto":
+            s += ", backend={backend!r}"
+        return s.format(**self.__dict__)
+
+    # ------------------------------------------------------------------ forward
+
+    def _state_shapes(self, B: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        LD = self.num_layers * (2 if self.bidirectional else 1)
+        return (LD, B, self.proj_size or self.hidden_size), (LD, B, self.hidden_size)
+
+    def _check_state(self, name: str, t: object, shape: tuple, x: torch.Tensor,
+                     batched: bool) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        want = shape if batched else (shape[0], shape[2])
+        layout = "[num_layers*num_directions, batch, size]" if batched else \
+            "[num_layers*num_directions, size] (unbatched input)"
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name}: expected shape {list(want)} {layout}, got "
+                             f"{list(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: expected dtype {x.dtype} (the input's), got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected a tensor on {x.device} (the input's), got "
+                             f"{t.device}")
+        return t if batched else t.unsqueeze(1)
+
+    def _initial_states(self, hx, x: torch.Tensor, B: int, batched: bool):
+        h_shape, c_shape = self._state_shapes(B)
+        lstm = self.mode == "LSTM"
+        if hx is None:
+            h0 = x.new_zeros(h_shape)
+            return h0, (x.new_zeros(c_shape) if lstm else None)
+        if lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise TypeError(f"hx: expected a tuple (h_0, c_0) of tensors for LSTM, got "
+                                f"{type(hx).__name__}")
+            return (self._check_state("hx[0]", hx[0], h_shape, x, batched),
+                    self._check_state("hx[1]", hx[1], c_shape, x, batched))
+        return self._check_state("hx", hx, h_shape, x, batched), None
+
+    def _check_input(self, x: object) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input: expected a tensor or a PackedSequence, got "
+                            f"{type(x).__name__}")
+        if x.dim() not in (2, 3):
+            raise ValueError(f"input: expected a 2-D (unbatched) or 3-D tensor, got shape "
+                             f"{list(x.shape)}")
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"input: expected last dimension input_size={self.input_size}, "
+                             f"got shape {list(x.shape)}")
+        ref = getattr(self, self._flat_weights_names[0])
+        if x.dtype != ref.dtype:
+            raise TypeError(f"input: expected dtype {ref.dtype} (the module's parameters), "
+                            f"got {x.dtype}")
+        if x.device != ref.device:
+            raise ValueError(f"input: expected a tensor on {ref.device} (the module's "
+                             f"parameters), got {x.device}")
+        return x
+
+    @staticmethod
+    def _check_lengths(lengths: object, B: int) -> torch.Tensor:
+        if isinstance(lengths, (list, tuple)):
+            if not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+                raise TypeError(f"lengths: expected ints, got {lengths!r}")
+            lengths = torch.tensor(lengths, dtype=torch.int64)
+        if not isinstance(lengths, torch.Tensor):
+            raise TypeError(f"lengths: expected a 1-D int tensor or a list of ints, got "
+                            f"{type(lengths).__name__}")
+        if lengths.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"lengths: expected dtype int32 or int64, got {lengths.dtype}")
+        if tuple(lengths.shape) != (B,):
+            raise ValueError(f"lengths: expected shape [{B}] (the batch), got "
+                             f"{list(lengths.shape)}")
+        return lengths
+
+    def forward(self, input, hx=None, *, lengths=None):
+        """Same inputs and outputs as torch.nn.{LSTM,GRU,RNN}.forward, plus `lengths`.
+
+        input: [T, B, I] ([B, T, I] if batch_first), [T, I] unbatched, or a PackedSequence.
+        hx: h_0 [L*D, B, Hout] (GRU/RNN), or (h_0, c_0 [L*D, B, H]) (LSTM); zeros if None.
+        lengths: optional [B] ints (tensor or list) for a padded input: steps t >= lengths[b]
+        are padding (output exactly 0 there, h_n/c_n the state after the last valid step).
+        Returns (output, h_n) or (output, (h_n, c_n)); output is a PackedSequence when input
+        is one, else [T, B, D*Hout] ([B, T, D*Hout] if batch_first).
+        """
+        lstm = self.mode == "LSTM"
+        packed = isinstance(input, PackedSequence)
+        batched = True
+        if packed:
+            if lengths is not None:
+                raise ValueError("lengths: expected None for a PackedSequence input (it "
+                                 "carries its own lengths), got a value")
+            data, batch_sizes, sorted_indices, _ = input
+            self._check_input(data)
+            x, seq_lengths, rows = _pad_packed(data, batch_sizes, sorted_indices)
+        else:
+            x = self._check_input(input)
+            batched = x.dim() == 3
+            if not batched:
+                if lengths is not None:
+                    raise ValueError("lengths: expected None for an unbatched 2-D input, got "
+                                     "a value")
+                x = x.unsqueeze(1)
+            elif self.batch_first:
+                x = x.transpose(0, 1)
+            seq_lengths = None if lengths is None else self._check_lengths(lengths, x.shape[1])
+        B = x.shape[1]
+        h0, c0 = self._initial_states(hx, x, B, batched)
+        flat = self._flat_weights_for_forward()
+        need_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (flat, x, h0, c0)
+        )
+        use_dropout = self.training and self.dropout > 0 and self.num_layers > 1
+        seeds = torch.randint(0, _SEED_HIGH, (2,), dtype=torch.int64) if use_dropout else None
+        res = library.cudnn_rnn(
+            x, h0, c0, flat, seq_lengths, rnn_mode=self._cfg.rnn_mode,
+            direction="bidirectional" if self.bidirectional else "unidirectional",
+            dropout=self.dropout if use_dropout else 0.0, seeds=seeds,
+            num_proj=self.proj_size, is_training=need_grad or use_dropout, time_major=True,
+            backend=self.backend,
+        )
+        output, h_n = res.output, res.output_h
+        c_n = res.output_c if lstm else None
+        if packed:
+            output = PackedSequence(
+                output.reshape(-1, output.shape[2]).index_select(0, rows),
+                batch_sizes, sorted_indices, input.unsorted_indices,
+            )
+        elif not batched:
+            output, h_n = output.squeeze(1), h_n.squeeze(1)
+            c_n = c_n.squeeze(1) if lstm else None
+        elif self.batch_first:
+            output = output.transpose(0, 1).contiguous()
+        return (output, (h_n, c_n)) if lstm else (output, h_n)
+
+
+def _pad_packed(data: torch.Tensor, batch_sizes: torch.Tensor,
+                sorted_indices: torch.Tensor | None):
+    """PackedSequence pieces -> (padded [T, B, I], lengths [B] int64 on the host in the
+    original batch order, rows [N]: the padded row t*B + b of every packed row)."""
+    T = batch_sizes.numel()
+    B = int(batch_sizes[0])
+    steps = torch.arange(T)
+    t_of_row = torch.repeat_interleave(steps, batch_sizes)
+    starts = torch.cumsum(batch_sizes, 0) - batch_sizes
+    slot = torch.arange(t_of_row.numel()) - starts[t_of_row]
+    lengths_sorted = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
+    if sorted_indices is None:
+        lengths = lengths_sorted
+        rows = t_of_row * B + slot
+    else:
+        order = sorted_indices.cpu()
+        lengths = torch.empty_like(lengths_sorted)
+        lengths[order] = lengths_sorted
+        rows = t_of_row * B + order[slot]
+    rows = rows.to(data.device)
+    padded = data.new_zeros(T * B, data.shape[1]).index_copy(0, rows, data)
+    return padded.view(T, B, data.shape[1]), lengths, rows
+
+
+class LSTM(_RNNBase):
+    """torch.nn.LSTM on the CudnnRNN V3 op (see the module docstring).
+
+    LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, proj_size=0, device=None, dtype=None, *, backend="auto").
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
+                 bidirectional: bool = False, proj_size: int = 0, device=None, dtype=None,
+                 *, backend: str = "auto") -> None:
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, proj_size, device, dtype, backend=backend)
+
+
+class GRU(_RNNBase):
+    """torch.nn.GRU on the CudnnRNN V3 op ("reset after" GRU, torch's equations).
+
+    GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False, device=None, dtype=None, *, backend="auto").
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
+                 bidirectional: bool = False, device=None, dtype=None, *,
+                 backend: str = "auto") -> None:
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, 0, device, dtype, backend=backend)
+
+
+class RNN(_RNNBase):
+    """torch.nn.RNN (Elman, tanh or relu) on the CudnnRNN V3 op.
+
+    RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None, *,
+    backend="auto").
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
+                 dropout: float = 0.0, bidirectional: bool = False, device=None, dtype=None,
+                 *, backend: str = "auto") -> None:
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity: expected one of ['tanh', 'relu'], got "
+                             f"{nonlinearity!r}")
+        self.nonlinearity = nonlinearity
+        super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size,
+                         hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         0, device, dtype, backend=backend)

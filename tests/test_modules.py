@@ -1,0 +1,561 @@
+"""tritonrnn.rnn.{LSTM, GRU, RNN} against torch.nn.{LSTM, GRU, RNN} in float64 on the CPU.
+
+Both modules share one state dict, take the same inputs, and every output, final state and
+gradient (input, initial states, every named parameter) must agree.
+
+Tolerance: float64 has unit roundoff 1.1e-16. The deepest dependency chain here is
+T=6 steps x 2 layers of dot products of <= 28 terms plus the backward's sums over <= 24 packed
+rows: a few thousand roundings, i.e. errors around 1e-13 at worst (measured: <= 4e-15).
+1e-10 keeps a 1000x margin and is still eight orders of magnitude below what a wrong gate,
+a lost step or a misrouted gradient produces (>= 1e-2).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+import tritonrnn.rnn.modules as modules_mod
+from tritonrnn.rnn.modules import GRU, LSTM, RNN
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+F64 = torch.float64
+I, H, T = 5, 7, 6
+LENGTHS = [3, 6, 1, 5]  # unsorted, with the full length present
+MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+
+
+def make_pair(mode: str, backend: str = "reference", dtype=F64, **kw):
+    """(ours, torch.nn's) with the same weights; torch's is built first with its own init."""
+    if mode == "lstm":
+        theirs, cls = torch.nn.LSTM(I, H, dtype=dtype, **kw), LSTM
+    elif mode == "gru":
+        theirs, cls = torch.nn.GRU(I, H, dtype=dtype, **kw), GRU
+    else:
+        kw["nonlinearity"] = mode[4:]
+        theirs, cls = torch.nn.RNN(I, H, dtype=dtype, **kw), RNN
+    ours = cls(I, H, dtype=dtype, backend=backend, **kw)
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
+def random_like_states(module, B, gen, dtype=F64):
+    D = 2 if module.bidirectional else 1
+    Hout = module.proj_size or module.hidden_size
+    h0 = torch.randn(module.num_layers * D, B, Hout, generator=gen, dtype=dtype)
+    if isinstance(module, (LSTM, torch.nn.LSTM)):
+        c0 = torch.randn(module.num_layers * D, B, module.hidden_size, generator=gen,
+                         dtype=dtype)
+        return h0, c0
+    return h0, None
+
+
+def run(module, kind, x, h0, c0, lengths, batch_first):
+    """Forward through `module` with input `kind` ('padded', 'lengths', 'packed', 'torch_packed'
+    for torch.nn on variable lengths). Returns (padded output, h_n, c_n)."""
+    hx = None if h0 is None else ((h0, c0) if c0 is not None else h0)
+    if kind == "padded":
+        out, hn = module(x, hx)
+    elif kind == "lengths":
+        out, hn = module(x, hx, lengths=lengths)
+    else:  # packed: both modules get the same PackedSequence
+        packed = pack_padded_sequence(x, torch.tensor(lengths), batch_first=batch_first,
+                                      enforce_sorted=False)
+        out_p, hn = module(packed, hx)
+        assert isinstance(out_p, torch.nn.utils.rnn.PackedSequence)
+        assert torch.equal(out_p.batch_sizes, packed.batch_sizes)
+        assert torch.equal(out_p.sorted_indices, packed.sorted_indices)
+        assert torch.equal(out_p.unsorted_indices, packed.unsorted_indices)
+        out, _ = pad_packed_sequence(out_p, batch_first=batch_first,
+                                     total_length=x.shape[1 if batch_first else 0])
+    h_n, c_n = hn if isinstance(hn, tuple) else (hn, None)
+    return out, h_n, c_n
+
+
+def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
+            batch_first=False, proj_size=0, with_hx=True, lengths=LENGTHS, backend="reference",
+            dtype=F64, tol=TOL, train=True):
+    kw = dict(num_layers=layers, bidirectional=bidirectional, bias=bias,
+              batch_first=batch_first)
+    if proj_size:
+        kw["proj_size"] = proj_size
+    ours, theirs = make_pair(mode, backend=backend, dtype=dtype, **kw)
+    ours.train(train)
+    theirs.train(train)
+    gen = torch.Generator().manual_seed(1)
+    B = len(lengths)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    x0 = torch.randn(shape, generator=gen, dtype=dtype)
+    h00, c00 = random_like_states(ours, B, gen, dtype) if with_hx else (None, None)
+    results = []
+    for module in (ours, theirs):
+        x = x0.clone().requires_grad_(True)
+        h0 = h00.clone().requires_grad_(True) if h00 is not None else None
+        c0 = c00.clone().requires_grad_(True) if c00 is not None else None
+        # torch.nn takes variable lengths only as a PackedSequence.
+        k = "packed" if (module is theirs and kind == "lengths") else kind
+        out, h_n, c_n = run(module, k, x, h0, c0, lengths, batch_first)
+        g = torch.Generator().manual_seed(2)
+        loss = (out * torch.randn(out.shape, generator=g, dtype=dtype)).sum()
+        loss = loss + (h_n * torch.randn(h_n.shape, generator=g, dtype=dtype)).sum()
+        if c_n is not None:
+            loss = loss + (c_n * torch.randn(c_n.shape, generator=g, dtype=dtype)).sum()
+        loss.backward()
+        grads = {n: p.grad for n, p in module.named_parameters()}
+        results.append(dict(out=out, h_n=h_n, c_n=c_n, dx=x.grad, grads=grads,
+                            dh0=h0.grad if h0 is not None else None,
+                            dc0=c0.grad if c0 is not None else None))
+    got, want = results
+    assert list(got["grads"]) == list(want["grads"]), "parameter names/order differ"
+    for key in ("out", "h_n", "c_n", "dx", "dh0", "dc0"):
+        if want[key] is None:
+            assert got[key] is None, key
+            continue
+        assert got[key].shape == want[key].shape, key
+        torch.testing.assert_close(got[key], want[key], **tol, msg=lambda m, k=key: f"{k}: {m}")
+    for name, g in want["grads"].items():
+        assert got["grads"][name] is not None, f"{name}: no gradient"
+        torch.testing.assert_close(got["grads"][name], g, **tol,
+                                   msg=lambda m, n=name: f"grad {n}: {m}")
+    if kind == "lengths":  # padding is exactly zero, and so is the input gradient there
+        out = got["out"].transpose(0, 1) if batch_first else got["out"]
+        dx = got["dx"].transpose(0, 1) if batch_first else got["dx"]
+        for b, n in enumerate(lengths):
+            assert (out[n:, b] == 0).all() and (dx[n:, b] == 0).all()
+    return ours, theirs
+
+
+# ----------------------------------------------------------------------------- equality
+
+
+@pytest.mark.parametrize("kind", ["padded", "lengths", "packed"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("layers", [1, 2], ids=["L1", "L2"])
+@pytest.mark.parametrize("mode", MODES)
+def test_matches_torch(mode, layers, bidirectional, kind):
+    compare(mode, kind=kind, layers=layers, bidirectional=bidirectional)
+
+
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time_major", "batch_first"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("mode", MODES)
+def test_bias_and_batch_first(mode, bias, batch_first):
+    ours, _ = compare(mode, kind="lengths", layers=2, bidirectional=True, bias=bias,
+                      batch_first=batch_first)
+    if not bias:
+        assert not any("bias" in n for n, _ in ours.named_parameters())
+        # The zero bias slices of the flat buffer belong to no parameter and stay zero.
+        n_bias = 2 * 2 * 2 * ours._cfg.num_gates * H
+        assert (ours._flat[-n_bias:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["padded", "lengths", "packed"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("proj_size", [1, 3])
+def test_lstm_projection(proj_size, bidirectional, bias, kind):
+    compare("lstm", kind=kind, layers=2, bidirectional=bidirectional, bias=bias,
+            proj_size=proj_size, batch_first=kind == "packed")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_default_states_batch1_and_full_lengths(mode):
+    compare(mode, kind="lengths", layers=2, with_hx=False, lengths=[T])
+    compare(mode, kind="padded", layers=1, with_hx=False, lengths=[T, T])
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_eval_mode_backward_and_no_dropout(mode):
+    # dropout=0.5 is off in eval mode for both; the backward still works.
+    ours, theirs = make_pair(mode, num_layers=2, bidirectional=True, dropout=0.5)
+    ours.eval()
+    theirs.eval()
+    x = torch.randn(T, 3, I, dtype=F64, requires_grad=True)
+    out, _ = ours(x)
+    want, _ = theirs(x)
+    torch.testing.assert_close(out, want, **TOL)
+    (dx,) = torch.autograd.grad(out.pow(2).sum(), x)
+    (dx_want,) = torch.autograd.grad(want.pow(2).sum(), x)
+    torch.testing.assert_close(dx, dx_want, **TOL)
+    compare(mode, kind="lengths", layers=2, bidirectional=True, train=False)
+
+
+def test_unbatched_input():
+    for mode in MODES:
+        ours, theirs = make_pair(mode, num_layers=2)
+        x = torch.randn(T, I, dtype=F64)
+        hx = torch.randn(2, H, dtype=F64)
+        hx = (hx, torch.randn(2, H, dtype=F64)) if mode == "lstm" else hx
+        out, hn = ours(x, hx)
+        want, hn_want = theirs(x, hx)
+        torch.testing.assert_close(out, want, **TOL)
+        torch.testing.assert_close(hn, hn_want, **TOL)
+
+
+def test_zero_length_sequence():
+    """Length 0 (which torch.nn cannot take): zero output, the state passes through, and the
+    other sequences are unaffected."""
+    ours, theirs = make_pair("lstm", num_layers=2, bidirectional=True)
+    x = torch.randn(T, 3, I, dtype=F64, requires_grad=True)
+    h0, c0 = (torch.randn(4, 3, H, dtype=F64) for _ in range(2))
+    out, (hn, cn) = ours(x, (h0, c0), lengths=[4, 0, T])
+    assert (out[:, 1] == 0).all()
+    assert torch.equal(hn[:, 1], h0[:, 1]) and torch.equal(cn[:, 1], c0[:, 1])
+    keep = [0, 2]
+    packed = pack_padded_sequence(x[:, keep], torch.tensor([4, T]), enforce_sorted=False)
+    want, (hw, cw) = theirs(packed, (h0[:, keep], c0[:, keep]))
+    want, _ = pad_packed_sequence(want, total_length=T)
+    torch.testing.assert_close(out[:, keep], want, **TOL)
+    torch.testing.assert_close(hn[:, keep], hw, **TOL)
+    torch.testing.assert_close(cn[:, keep], cw, **TOL)
+    (dx,) = torch.autograd.grad(out.sum() + hn.sum(), x)
+    assert (dx[:, 1] == 0).all() and (dx[4:, 0] == 0).all()
+
+
+def test_packed_enforce_sorted_and_lengths_as_tensor():
+    ours, theirs = make_pair("gru", num_layers=2, bidirectional=True)
+    x = torch.randn(T, 3, I, dtype=F64)
+    packed = pack_padded_sequence(x, torch.tensor([T, 4, 2]))  # sorted, no indices
+    out, hn = ours(packed)
+    want, hn_want = theirs(packed)
+    assert out.sorted_indices is None and out.unsorted_indices is None
+    torch.testing.assert_close(out.data, want.data, **TOL)
+    torch.testing.assert_close(hn, hn_want, **TOL)
+    out2, hn2 = ours(x, lengths=torch.tensor([T, 4, 2], dtype=torch.int32))
+    torch.testing.assert_close(pack_padded_sequence(out2, torch.tensor([T, 4, 2])).data,
+                               want.data, **TOL)
+    torch.testing.assert_close(hn2, hn_want, **TOL)
+
+
+# ----------------------------------------------------------------------------- state dicts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_same_names_shapes_and_init(mode):
+    kw = dict(num_layers=2, bidirectional=True)
+    if mode == "lstm":
+        kw["proj_size"] = 3
+    torch.manual_seed(5)
+    theirs = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode, torch.nn.RNN)
+    cls = {"lstm": LSTM, "gru": GRU}.get(mode, RNN)
+    if mode.startswith("rnn"):
+        kw["nonlinearity"] = mode[4:]
+    theirs = theirs(I, H, **kw)
+    torch.manual_seed(5)
+    ours = cls(I, H, **kw)
+    sd, sd_want = ours.state_dict(), theirs.state_dict()
+    assert list(sd) == list(sd_want)
+    for k, v in sd_want.items():
+        # Same init under the same seed: same parameter order, same distribution.
+        assert torch.equal(sd[k], v), k
+    assert repr(ours) == repr(theirs)
+    assert [[p.shape for p in ps] for ps in ours.all_weights] == \
+        [[p.shape for p in ps] for ps in theirs.all_weights]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_dict_round_trips(mode):
+    ours, theirs = make_pair(mode, num_layers=2, bidirectional=True, bias=mode != "gru")
+    assert ours._flat_is_current()  # load_state_dict copied into the views in place
+    x = torch.randn(T, 2, I, dtype=F64)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], **TOL)
+    # ours -> torch.nn, after changing ours
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.mul_(0.5)
+    back = copy.deepcopy(theirs)
+    back.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(back(x)[0], ours(x)[0], **TOL)
+    # assign=True replaces the parameters: the flat buffer is rebuilt once, on demand.
+    fresh = make_pair(mode, num_layers=2, bidirectional=True, bias=mode != "gru")[0]
+    fresh.load_state_dict(theirs.state_dict(), assign=True)
+    assert not fresh._flat_is_current()
+    torch.testing.assert_close(fresh(x)[0], theirs(x)[0], **TOL)
+    assert fresh._flat_is_current()
+
+
+# ----------------------------------------------------------------------------- flat buffer
+
+
+def _spy_rebuilds(monkeypatch):
+    calls = {"flatten": 0, "cat": 0}
+    real_flatten = modules_mod._RNNBase.flatten_parameters
+    real_cat = modules_mod._RNNBase._cat_weights
+
+    def flatten(self):
+        if not self._flat_is_current():
+            calls["flatten"] += 1
+        return real_flatten(self)
+
+    def cat(self):
+        calls["cat"] += 1
+        return real_cat(self)
+
+    monkeypatch.setattr(modules_mod._RNNBase, "flatten_parameters", flatten)
+    monkeypatch.setattr(modules_mod._RNNBase, "_cat_weights", cat)
+    return calls
+
+
+def test_training_steps_make_no_copies_and_match_torch(monkeypatch):
+    """Parameters are views of the flat buffer: SGD steps update it in place, no forward
+    rebuilds or concatenates it, and the trained weights equal torch.nn's."""
+    ours, theirs = make_pair("lstm", num_layers=2, bidirectional=True, proj_size=3)
+    for name, p in ours.named_parameters():
+        assert p.untyped_storage().data_ptr() == ours._flat.untyped_storage().data_ptr(), name
+    flat_ptr = ours._flat.data_ptr()
+    calls = _spy_rebuilds(monkeypatch)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(T, 4, I, generator=gen, dtype=F64)
+        for module, o in ((ours, opt), (theirs, opt_t)):
+            o.zero_grad()
+            packed = pack_padded_sequence(x, torch.tensor(LENGTHS), enforce_sorted=False)
+            out, (hn, _) = module(packed)
+            (out.data.pow(2).mean() + hn.sum()).backward()
+            o.step()
+    assert calls == {"flatten": 0, "cat": 0}
+    assert ours._flat.data_ptr() == flat_ptr
+    for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        torch.testing.assert_close(p, q, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_replaced_parameter_and_conversions_rebuild(monkeypatch):
+    ours, theirs = make_pair("gru", num_layers=2)
+    calls = _spy_rebuilds(monkeypatch)
+    x = torch.randn(T, 2, I, dtype=F64)
+    new = torch.randn_like(theirs.weight_hh_l1)
+    theirs.weight_hh_l1 = torch.nn.Parameter(new.clone())
+    ours.weight_hh_l1 = torch.nn.Parameter(new.clone())
+    out = ours(x)[0]
+    assert calls["flatten"] == 1 and ours._flat_is_current()
+    torch.testing.assert_close(out, theirs(x)[0], **TOL)
+    ours(x)
+    assert calls["flatten"] == 1  # rebuilt once, not per forward
+    # .to(dtype): parameters get new storage, the buffer follows; same Parameter objects.
+    params_before = list(ours.parameters())
+    ours.float()
+    assert ours._flat.dtype == torch.float32 and ours._flat_is_current()
+    assert all(a is b for a, b in zip(params_before, ours.parameters(), strict=True))
+    torch.testing.assert_close(ours(x.float())[0], theirs(x)[0].float(), rtol=1e-5, atol=1e-5)
+    # deepcopy keeps the views-of-one-buffer structure.
+    twin = copy.deepcopy(ours)
+    assert twin._flat_is_current() and twin._flat.data_ptr() != ours._flat.data_ptr()
+    torch.testing.assert_close(twin(x.float())[0], ours(x.float())[0], rtol=0, atol=0)
+
+
+def test_parametrized_weight_falls_back_to_concatenation(monkeypatch):
+    from torch.nn.utils import parametrize
+
+    class Scale(torch.nn.Module):
+        def forward(self, w):
+            return 2.0 * w
+
+    ours, theirs = make_pair("rnn_tanh", num_layers=2, bidirectional=True)
+    calls = _spy_rebuilds(monkeypatch)
+    for m in (ours, theirs):
+        parametrize.register_parametrization(m, "weight_hh_l0", Scale())
+    x = torch.randn(T, 2, I, dtype=F64)
+    out, out_t = ours(x)[0], theirs(x)[0]
+    assert calls["cat"] == 1
+    torch.testing.assert_close(out, out_t, **TOL)
+    out.sum().backward()
+    out_t.sum().backward()
+    g = ours.parametrizations.weight_hh_l0.original.grad
+    torch.testing.assert_close(g, theirs.parametrizations.weight_hh_l0.original.grad, **TOL)
+
+
+def test_frozen_parameters_get_no_gradient():
+    ours, theirs = make_pair("lstm", num_layers=2)
+    for m in (ours, theirs):
+        m.weight_ih_l0.requires_grad_(False)
+        m.bias_hh_l1.requires_grad_(False)
+    x = torch.randn(T, 2, I, dtype=F64)
+    ours(x)[0].sum().backward()
+    theirs(x)[0].sum().backward()
+    for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
+        if q.grad is None:
+            assert p.grad is None, n
+        else:
+            torch.testing.assert_close(p.grad, q.grad, **TOL)
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def test_dropout_reproducible_under_manual_seed():
+    m = LSTM(I, H, num_layers=3, dropout=0.5, dtype=F64, backend="reference")
+    x = torch.randn(T, 3, I, dtype=F64)
+
+    def run_seeded(seed, grad=True):
+        torch.manual_seed(seed)
+        with torch.set_grad_enabled(grad):
+            return m(x, lengths=[T, 2, 5])[0]
+
+    a, b, c = run_seeded(0), run_seeded(0), run_seeded(1)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    # No-grad training forwards still drop out (as torch.nn does), with the same masks.
+    assert torch.equal(run_seeded(0, grad=False), a)
+    m.eval()
+    ev = m(x, lengths=[T, 2, 5])[0]
+    assert not torch.equal(ev, a)
+    assert torch.equal(ev, m(x, lengths=[T, 2, 5])[0])
+
+
+def test_dropout_gradient_gradcheck():
+    """Finite differences through the dropout masks (fixed by re-seeding every call)."""
+    m = GRU(3, 4, num_layers=2, dropout=0.4, bidirectional=True, dtype=F64,
+            backend="reference")
+    x = torch.randn(4, 2, 3, dtype=F64, requires_grad=True)
+
+    def f(x):
+        torch.manual_seed(7)
+        out, hn = m(x, lengths=[4, 3])
+        return out.sum() + hn.sum()
+
+    torch.autograd.gradcheck(f, (x,))
+    # A weight gradient against a central difference along a random direction (the weights
+    # are module state, so gradcheck cannot perturb them).
+    w = m.weight_ih_l1
+    w0 = w.detach().clone()
+    f(x.detach()).backward()
+    direction = torch.randn_like(w0)
+    analytic = (w.grad * direction).sum()
+    eps = 1e-6
+    with torch.no_grad():
+        w.copy_(w0 + eps * direction)
+        hi = f(x.detach())
+        w.copy_(w0 - eps * direction)
+        lo = f(x.detach())
+        w.copy_(w0)
+    # Central difference: truncation O(eps^2) ~ 1e-12 plus roundoff ~ 1e-16 / eps = 1e-10.
+    torch.testing.assert_close(analytic, (hi - lo) / (2 * eps), rtol=1e-7, atol=1e-7)
+
+
+def test_inplace_update_between_forward_and_backward_is_caught():
+    """Parameters share the flat buffer's version counter, so autograd still notices a
+    parameter modified in place before the backward (as torch.nn does)."""
+    m = LSTM(I, H, dtype=F64, backend="reference")
+    out = m(torch.randn(T, 2, I, dtype=F64))[0]
+    with torch.no_grad():
+        m.weight_hh_l0.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified"):
+        out.sum().backward()
+
+
+def test_no_grad_eval_keeps_no_reserve(monkeypatch):
+    seen = []
+    real = modules_mod.library.cudnn_rnn
+
+    def spy(*args, **kw):
+        seen.append(kw["is_training"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(modules_mod.library, "cudnn_rnn", spy)
+    m = LSTM(I, H, num_layers=2, dropout=0.3, dtype=F64, backend="reference")
+    x = torch.randn(T, 2, I, dtype=F64)
+    m.eval()
+    with torch.no_grad():
+        m(x)
+    m(x)  # eval with parameters requiring grad: reserve kept for backward
+    m.train()
+    with torch.no_grad():
+        m(x)  # dropout needs the training forward
+    assert seen == [False, True, True]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "ctor, exc, match",
+    [
+        (lambda: LSTM(0, H), ValueError, "input_size"),
+        (lambda: LSTM(2.5, H), TypeError, "input_size"),
+        (lambda: LSTM(I, -1), ValueError, "hidden_size"),
+        (lambda: LSTM(I, H, 0), ValueError, "num_layers"),
+        (lambda: LSTM(I, H, bias="yes"), TypeError, "bias"),
+        (lambda: LSTM(I, H, batch_first=1), TypeError, "batch_first"),
+        (lambda: LSTM(I, H, bidirectional=None), TypeError, "bidirectional"),
+        (lambda: LSTM(I, H, 2, dropout=1.0), ValueError, "dropout"),
+        (lambda: LSTM(I, H, 2, dropout=-0.1), ValueError, "dropout"),
+        (lambda: LSTM(I, H, 2, dropout="0.1"), TypeError, "dropout"),
+        (lambda: LSTM(I, H, proj_size=H), ValueError, "proj_size"),
+        (lambda: LSTM(I, H, proj_size=-1), ValueError, "proj_size"),
+        (lambda: GRU(I, H, proj_size=2), TypeError, "proj_size"),
+        (lambda: RNN(I, H, nonlinearity="sigmoid"), ValueError, "nonlinearity"),
+        (lambda: RNN(I, H, backend="cudnn"), ValueError, "backend"),
+    ],
+    ids=["input_size0", "input_size_float", "hidden_neg", "layers0", "bias_str",
+         "batch_first_int", "bidir_none", "dropout1", "dropout_neg", "dropout_str",
+         "proj_eq_hidden", "proj_neg", "gru_proj", "nonlinearity", "backend"],
+)
+def test_constructor_errors(ctor, exc, match):
+    with pytest.raises(exc, match=match):
+        ctor()
+
+
+def test_dropout_single_layer_warns_like_torch():
+    with pytest.warns(UserWarning, match="num_layers greater than 1"):
+        LSTM(I, H, 1, dropout=0.2)
+
+
+def _forward_cases():
+    x = torch.randn(T, 2, I, dtype=F64)
+    h = torch.zeros(1, 2, H, dtype=F64)
+    packed = pack_padded_sequence(x, torch.tensor([T, 3]))
+    return [
+        ("input_list", lambda m: m([1.0, 2.0]), TypeError, "input"),
+        ("input_4d", lambda m: m(x[None]), ValueError, "input"),
+        ("input_size", lambda m: m(x[..., :3]), ValueError, "input_size"),
+        ("input_dtype", lambda m: m(x.float()), TypeError, "dtype"),
+        ("hx_not_tuple", lambda m: m(x, h), TypeError, "hx"),
+        ("hx_shape", lambda m: m(x, (h[:, :1], h)), ValueError, r"hx\[0\]"),
+        ("cx_dtype", lambda m: m(x, (h, h.float())), TypeError, r"hx\[1\]"),
+        ("hx_2d_batched", lambda m: m(x, (h[0], h[0])), ValueError, r"hx\[0\]"),
+        ("lengths_shape", lambda m: m(x, lengths=[T]), ValueError, "lengths"),
+        ("lengths_float", lambda m: m(x, lengths=torch.ones(2)), TypeError, "lengths"),
+        ("lengths_type", lambda m: m(x, lengths="6"), TypeError, "lengths"),
+        ("lengths_too_long", lambda m: m(x, lengths=[T + 1, 2]), ValueError,
+         r"sequence_lengths\[0\]"),
+        ("lengths_negative", lambda m: m(x, lengths=[2, -1]), ValueError,
+         r"sequence_lengths\[1\]"),
+        ("lengths_with_packed", lambda m: m(packed, lengths=[T, 3]), ValueError, "lengths"),
+        ("lengths_unbatched", lambda m: m(x[:, 0], lengths=[T]), ValueError, "lengths"),
+    ]
+
+
+@pytest.mark.parametrize("case", _forward_cases(), ids=[c[0] for c in _forward_cases()])
+def test_forward_errors(case):
+    _, call, exc, match = case
+    m = LSTM(I, H, dtype=F64, backend="reference")
+    with pytest.raises(exc, match=match):
+        call(m)
+
+
+def test_gru_hx_errors():
+    m = GRU(I, H, dtype=F64, backend="reference")
+    x = torch.randn(T, 2, I, dtype=F64)
+    with pytest.raises(TypeError, match="hx"):
+        m(x, (torch.zeros(1, 2, H, dtype=F64),))
+    with pytest.raises(ValueError, match="hx"):
+        m(x, torch.zeros(2, 2, H, dtype=F64))
+
+
+# ----------------------------------------------------------------------------- triton
+
+
+FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # fp32 kernels vs fp32 torch.nn: few ulps per op
+
+
+@pytest.mark.parametrize("kind", ["lengths", "packed"])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_triton_backend_matches_torch(mode, kind):
+    """backend='triton' (the interpreter without a GPU) in float32 on tiny shapes."""
+    compare(mode, kind=kind, layers=2, bidirectional=True, backend="triton",
+            dtype=torch.float32, tol=FP32_TOL, batch_first=kind == "lengths")
