@@ -25,7 +25,8 @@ graph task, created by the first backward node that needs it and closed when the
 passes over one graph (``retain_graph=True``) therefore use separate accumulators and each gets
 the exact gradient, never a sum of both.
 
-Higher-order gradients are not supported (TensorFlow refuses the gradient of a gradient array).
+Higher-order gradients are not supported (TensorFlow refuses the gradient of a gradient array):
+a backward pass with ``create_graph=True`` through a TensorArray op raises.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import functools
 
 import torch
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
+from .errors import TensorArrayGradError
 from .resource import ArrayResource, new_flow
 
 __all__ = [
@@ -75,6 +76,24 @@ def grad_resource(res: ArrayResource) -> ArrayResource:
     return handle._res
 
 
+def _first_order(backward):
+    """Run a backward under no_grad; refuse ``create_graph=True`` instead of silently dropping
+    the second-order terms (gradient arrays store detached data)."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise TensorArrayGradError(
+                f"TensorArray {ctx.res.name!r}: backward with create_graph=True expected "
+                "first-order gradients only, got a request for a differentiable gradient; "
+                "higher-order gradients through a TensorArray are not supported"
+            )
+        with torch.no_grad():
+            return backward(ctx, *grads)
+
+    return wrapper
+
+
 class WriteFn(Function):
     """flow_out = write(flow_in, value) at ``index``."""
 
@@ -86,7 +105,7 @@ class WriteFn(Function):
         return new_flow()
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad_flow):
         g = grad_resource(ctx.res)
         with g.lock:
@@ -104,7 +123,7 @@ class ReadFn(Function):
         return res.read(index)
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
         with g.lock:
@@ -125,7 +144,7 @@ class GatherFn(Function):
         return res.gather(indices, op)
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
         with g.lock:
@@ -148,7 +167,7 @@ class ScatterFn(Function):
         return new_flow()
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad_flow):
         if not ctx.indices:
             return grad_flow, None, None, None, None
@@ -169,7 +188,7 @@ class ConcatFn(Function):
         return value
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
         with g.lock:
@@ -188,7 +207,7 @@ class SplitFn(Function):
         return new_flow()
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, grad_flow):
         if ctx.count == 0:
             return grad_flow, None, None, None

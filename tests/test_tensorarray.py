@@ -1,0 +1,687 @@
+"""Conformance tests for tritonrnn.tensorarray: forward-array rules, storage, registry, errors.
+
+Contract: shared/spec/tensor_array.md. Gradient arrays are in test_tensorarray_grad.py and
+autograd in test_tensorarray_autograd.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+
+import pytest
+import torch
+
+from tritonrnn.tensorarray import (
+    TensorArray,
+    TensorArrayClosedError,
+    TensorArrayDeviceError,
+    TensorArrayDTypeError,
+    TensorArrayError,
+    TensorArrayIndexError,
+    TensorArrayReadError,
+    TensorArrayRegistry,
+    TensorArrayShapeError,
+    TensorArrayTypeError,
+    TensorArrayWriteError,
+    default_registry,
+)
+
+DTYPES = [torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# "slab": element shape declared, storage is one slab; "list": unknown element shape.
+STORAGES = ["slab", "list"]
+
+
+def rand(shape, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=torch.float64).to(dtype=dtype, device=device)
+    return torch.randint(-1000, 1000, shape, dtype=dtype, device=device)
+
+
+def make(dtype=torch.float32, size=0, storage="list", elem=(3, 5), **kw) -> TensorArray:
+    if storage == "slab":
+        kw.setdefault("element_shape", elem)
+    return TensorArray(dtype, size, **kw)
+
+
+@contextlib.contextmanager
+def raises(exc: type[BaseException], ta: TensorArray, *fragments: str):
+    """pytest.raises plus: the message names the array and contains every fragment."""
+    with pytest.raises(exc) as info:
+        yield info
+    msg = str(info.value)
+    assert f"'{ta.handle.name}'" in msg, msg
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in {msg!r}"
+    assert isinstance(info.value, TensorArrayError)
+
+
+def nan_allocator(calls: list | None = None):
+    """Slab allocator that poisons fresh memory, so a row the array forgets to zero shows up."""
+
+    def alloc(shape, dtype, device):
+        if calls is not None:
+            calls.append(shape)
+        if dtype.is_floating_point:
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.full(shape, -777, dtype=dtype, device=device)
+
+    return alloc
+
+
+@pytest.fixture
+def registry() -> TensorArrayRegistry:
+    return TensorArrayRegistry()
+
+
+# ---------------------------------------------------------------------------- objects
+
+
+def test_handle_name_is_name_plus_process_wide_counter():
+    a = TensorArray(torch.float32, name="foo")
+    b = TensorArray(torch.float32, name="foo")
+    c = TensorArray(torch.float32)
+    assert re.fullmatch(r"foo_\d+", a.handle.name)
+    assert re.fullmatch(r"TensorArray_\d+", c.handle.name)
+    assert a.handle.name != b.handle.name
+    # The counter is process-wide: another registry never reuses a name.
+    d = TensorArray(torch.float32, name="foo", registry=TensorArrayRegistry())
+    assert d.handle.name not in {a.handle.name, b.handle.name}
+
+
+def test_flow_is_scalar_float32():
+    ta = TensorArray(torch.float16, 2)
+    assert ta.flow.shape == () and ta.flow.dtype == torch.float32
+    ta2 = ta.write(0, rand((2,), torch.float16))
+    assert ta2.flow.shape == () and ta2.flow.dtype == torch.float32
+
+
+def test_mutators_return_new_object_sharing_the_handle():
+    ta = TensorArray(torch.float32, 3, clear_after_read=False)
+    x = rand((4,))
+    ta2 = ta.write(0, x)
+    assert ta2 is not ta and ta2.handle is ta.handle
+    # The old object stays usable and sees the shared storage.
+    torch.testing.assert_close(ta.read(0), x)
+    for mutated in (ta.scatter([1], x[None]), ta.unstack(x[None].expand(0, 4))):
+        assert mutated is not ta and mutated.handle is ta.handle
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_read_roundtrip(dtype, storage, device):
+    xs = [rand((3, 5), dtype, device) for _ in range(7)]
+    ta = make(dtype, 7, storage)
+    for i, x in enumerate(xs):
+        ta = ta.write(i, x)
+    assert ta.size() == 7
+    assert ta.device.type == device
+    for i in (4, 0, 6, 1, 2, 3, 5):
+        out = ta.read(i)
+        assert out.dtype == dtype and out.device.type == device
+        assert torch.equal(out, xs[i])
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_unstack_stack_roundtrip(dtype, storage, device):
+    x = rand((7, 3, 5), dtype, device)
+    ta = make(dtype, 7, storage).unstack(x)
+    assert torch.equal(ta.stack(), x)
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scatter_gather(dtype, storage):
+    x = rand((5, 3, 5), dtype)
+    perm = [3, 0, 4, 1, 2]
+    ta = make(dtype, 5, storage, clear_after_read=False).scatter(perm, x)
+    expect = torch.empty_like(x)
+    expect[perm] = x
+    assert torch.equal(ta.stack(), expect)
+    assert torch.equal(ta.gather([4, 1, 1, 0]), expect[[4, 1, 1, 0]])
+    assert torch.equal(ta.gather([1, 2, 3]), expect[1:4])  # contiguous range
+    if storage == "slab":
+        assert ta.gather([]).shape == (0, 3, 5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_concat(dtype):
+    x = rand((10, 3), dtype)
+    lengths = [3, 0, 5, 2]
+    ta = TensorArray(dtype, 4, clear_after_read=False).split(x, lengths)
+    offsets = [0, 3, 3, 8, 10]
+    for k in range(4):
+        assert torch.equal(ta.read(k), x[offsets[k] : offsets[k + 1]])
+    assert torch.equal(ta.concat(), x)
+
+
+def test_split_into_slab_and_concat_is_a_view():
+    x = rand((6, 3))
+    ta = TensorArray(torch.float32, 3, element_shape=(2, 3)).split(x, [2, 2, 2])
+    slab = ta.slab
+    out = ta.concat()
+    assert torch.equal(out, x) and out.data_ptr() == slab.data_ptr()
+
+
+def test_concat_of_written_elements():
+    a, b = rand((2, 4)), rand((3, 4))
+    ta = TensorArray(torch.float32, 2).write(0, a).write(1, b)
+    assert torch.equal(ta.concat(), torch.cat([a, b]))
+
+
+def test_index_arguments_accept_tensors():
+    x = rand((4, 2))
+    ta = TensorArray(torch.float32, 4, clear_after_read=False)
+    ta = ta.write(torch.tensor(0), x[0]).scatter(torch.tensor([1, 2], dtype=torch.int32), x[1:3])
+    ta = ta.write(torch.tensor(3, dtype=torch.int16), x[3])
+    assert torch.equal(ta.read(torch.tensor(2)), x[2])
+    assert torch.equal(ta.gather(torch.tensor([3, 0])), x[[3, 0]])
+    sp = TensorArray(torch.float32, 2).split(x, torch.tensor([1, 3]))
+    assert torch.equal(sp.concat(), x)
+    assert TensorArray(torch.float32, torch.tensor(5)).size() == 5
+
+
+def test_size_counts_dynamic_growth():
+    ta = TensorArray(torch.float32, 2, dynamic_size=True)
+    assert ta.size() == 2
+    ta = ta.write(6, rand((1,)))
+    assert ta.size() == 7
+    ta = ta.scatter([9, 8], rand((2, 1)))
+    assert ta.size() == 10
+
+
+# ------------------------------------------------------------------- reads and zeros
+
+
+def test_unwritten_index_reads_zeros_when_shape_fully_known():
+    ta = TensorArray(torch.float32, 3, element_shape=(2, 3), allocator=nan_allocator())
+    ta = ta.write(1, rand((2, 3)))
+    assert torch.equal(ta.read(0), torch.zeros(2, 3))
+    stacked = TensorArray(torch.float32, 3, element_shape=(2,), allocator=nan_allocator())
+    stacked = stacked.write(2, torch.ones(2))
+    assert torch.equal(stacked.stack(), torch.tensor([[0.0, 0], [0, 0], [1, 1]]))
+
+
+def test_unwritten_index_read_counts_as_written():
+    ta = TensorArray(torch.float32, 2, element_shape=(1,))
+    ta.read(0)
+    with raises(TensorArrayWriteError, ta, "index 0", "already read"):
+        ta.write(0, torch.ones(1))
+
+
+def test_clear_after_read_false_allows_rereads():
+    x = rand((2,))
+    ta = TensorArray(torch.float32, 1, clear_after_read=False).write(0, x)
+    for _ in range(3):
+        assert torch.equal(ta.read(0), x)
+    assert torch.equal(ta.stack(), x[None])
+
+
+def test_read_with_matching_dtype_argument():
+    ta = TensorArray(torch.float64, 1).write(0, rand((2,), torch.float64))
+    assert ta.read(0, dtype=torch.float64).dtype == torch.float64
+
+
+def test_gather_with_duplicates_when_not_cleared():
+    x = rand((3, 2))
+    ta = TensorArray(torch.float32, 3, clear_after_read=False).unstack(x)
+    assert torch.equal(ta.gather([2, 2, 0]), x[[2, 2, 0]])
+
+
+# ------------------------------------------------------------------- element shapes
+
+
+def test_identical_element_shapes_infers_the_first_shape_and_uses_a_slab():
+    ta = TensorArray(torch.float32, 3, identical_element_shapes=True)
+    assert ta.element_shape is None
+    ta = ta.write(0, rand((2, 4)))
+    assert ta.element_shape == (2, 4)
+    assert ta.slab is not None and ta.slab.shape == (3, 2, 4)
+    # Fully known now: unwritten indices read as zeros.
+    assert torch.equal(ta.read(2), torch.zeros(2, 4))
+
+
+def test_partial_element_shape_accepts_compatible_values():
+    ta = TensorArray(torch.float32, 2, element_shape=(None, 3))
+    ta = ta.write(0, rand((1, 3))).write(1, rand((4, 3)))
+    assert ta.concat().shape == (5, 3)
+    ta2 = TensorArray(torch.float32, 1, element_shape=[-1, 3])
+    assert ta2.element_shape == (None, 3)
+
+
+def test_element_shape_none_allows_any_shapes_and_concat():
+    ta = TensorArray(torch.float32, 3)
+    ta = ta.write(0, rand((1, 2))).write(1, rand((5, 2))).write(2, rand((0, 2)))
+    assert ta.concat().shape == (6, 2)
+
+
+# -------------------------------------------------------------------------- storage
+
+
+def test_fixed_size_known_shape_allocates_one_slab_through_the_hook():
+    calls: list = []
+    ta = TensorArray(torch.float32, 5, element_shape=(2, 3), allocator=nan_allocator(calls))
+    for i in range(5):
+        ta = ta.write(i, rand((2, 3)))
+    assert calls == [(5, 2, 3)]
+    assert ta.slab.shape == (5, 2, 3)
+
+
+def test_stack_and_contiguous_gather_are_views_of_the_slab():
+    x = rand((6, 2))
+    ta = TensorArray(torch.float32, 6, element_shape=(2,), clear_after_read=False)
+    for i in range(6):
+        ta = ta.write(i, x[i])
+    slab = ta.slab
+    stacked = ta.stack()
+    assert torch.equal(stacked, x) and stacked.data_ptr() == slab.data_ptr()
+    part = ta.gather([2, 3, 4])
+    assert torch.equal(part, x[2:5]) and part.data_ptr() == slab[2].data_ptr()
+    picked = ta.gather([4, 0])  # not a range: one index_select copy
+    assert torch.equal(picked, x[[4, 0]])
+
+
+def test_from_slab_adopts_the_tensor_without_copy():
+    y = rand((7, 3, 4))
+    ta = TensorArray.from_slab(y, clear_after_read=False)
+    assert ta.size() == 7 and ta.element_shape == (3, 4)
+    assert ta.slab.data_ptr() == y.data_ptr()
+    assert ta.read(2).data_ptr() == y[2].data_ptr()
+    assert ta.stack().data_ptr() == y.data_ptr()
+
+
+def test_unstack_into_fresh_shaped_array_adopts_value():
+    calls: list = []
+    y = rand((4, 2))
+    ta = TensorArray(torch.float32, 4, element_shape=(2,), allocator=nan_allocator(calls))
+    ta = ta.unstack(y)
+    assert calls == [] and ta.slab.data_ptr() == y.data_ptr()
+    # A partial unstack into a fixed array of size 5 cannot adopt: it copies into a slab.
+    ta5 = TensorArray(torch.float32, 5, element_shape=(2,), allocator=nan_allocator(calls))
+    ta5 = ta5.unstack(y)
+    assert calls == [(5, 2)]
+    assert torch.equal(ta5.stack(), torch.cat([y, torch.zeros(1, 2)]))
+
+
+def test_list_storage_has_no_slab():
+    ta = TensorArray(torch.float32, 2).write(0, rand((3,)))
+    assert ta.slab is None
+
+
+def test_dynamic_slab_grows_geometrically():
+    calls: list = []
+    ta = TensorArray(
+        torch.float32, 0, dynamic_size=True, element_shape=(2,), allocator=nan_allocator(calls)
+    )
+    xs = rand((100, 2))
+    for i in range(100):
+        ta = ta.write(i, xs[i])
+    assert ta.size() == 100
+    assert len(calls) <= 8  # 1, 2, 4, ..., 128
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    assert torch.equal(ta.stack(), xs)
+
+
+def test_dynamic_list_array_with_holes_and_known_shape_reads_zeros():
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, element_shape=(3,))
+    ta = ta.write(3, torch.ones(3))
+    assert torch.equal(ta.stack(), torch.tensor([[0.0] * 3] * 3 + [[1.0] * 3]))
+
+
+def test_registry_allocator_is_the_default(registry):
+    calls: list = []
+    registry.allocator = nan_allocator(calls)
+    TensorArray(torch.float32, 2, element_shape=(1,), registry=registry).write(0, torch.ones(1))
+    assert calls == [(2, 1)]
+
+
+def test_allocator_returning_a_wrong_tensor_raises():
+    bad = lambda shape, dtype, device: torch.empty(shape[1:], dtype=dtype, device=device)
+    ta = TensorArray(torch.float32, 2, element_shape=(3,), allocator=bad)
+    with raises(TensorArrayError, ta, "allocator", "(2, 3)"):
+        ta.write(0, torch.ones(3))
+
+
+def test_device_none_takes_the_first_value_device():
+    ta = TensorArray(torch.float32, 1)
+    assert ta.device is None
+    ta = ta.write(0, torch.ones(1))
+    assert ta.device == torch.device("cpu")
+
+
+# ------------------------------------------------------------------------- registry
+
+
+def test_default_registry_indexes_arrays_by_name():
+    ta = TensorArray(torch.float32, 1)
+    assert ta.handle.registry is default_registry
+    assert default_registry.lookup(ta.handle.name) is ta.handle
+
+
+def test_explicit_registry_isolates(registry):
+    mine = TensorArray(torch.float32, 1, registry=registry)
+    other = TensorArray(torch.float32, 1)
+    assert registry.names() == [mine.handle.name]
+    assert other.handle.name not in registry and other.handle.name in default_registry
+    assert len(registry) == 1
+
+
+def test_close_removes_from_registry_and_frees_storage(registry):
+    ta = TensorArray(torch.float32, 2, element_shape=(3,), registry=registry)
+    ta = ta.write(0, torch.ones(3))
+    g = ta.grad("gradients")
+    assert set(registry.names()) == {ta.handle.name, g.handle.name}
+    ta.close()
+    assert registry.names() == [] and ta.handle.closed and g.handle.closed
+    assert ta.slab is None
+    ta.close()  # closing twice is a no-op
+
+
+def test_registry_close_all(registry):
+    tas = [TensorArray(torch.float32, 1, registry=registry) for _ in range(3)]
+    registry.close_all()
+    assert len(registry) == 0 and all(t.handle.closed for t in tas)
+
+
+def test_registry_holds_arrays_weakly(registry):
+    ta = TensorArray(torch.float32, 2, registry=registry).write(0, rand((3,)))
+    name = ta.handle.name
+    del ta
+    gc.collect()
+    assert name not in registry
+    with pytest.raises(TensorArrayClosedError, match=re.escape(f"'{name}'")):
+        registry.lookup(name)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_error_write_twice():
+    ta = TensorArray(torch.float32, 3).write(2, torch.ones(1))
+    with raises(TensorArrayWriteError, ta, "write(index=2)", "index 2", "already written"):
+        ta.write(2, torch.ones(1))
+
+
+def test_error_scatter_into_written_index():
+    ta = TensorArray(torch.float32, 3).write(1, torch.ones(1))
+    with raises(TensorArrayWriteError, ta, "index 1", "already written"):
+        ta.scatter([0, 1], torch.ones(2, 1))
+
+
+def test_error_scatter_duplicate_indices_in_forward_array():
+    ta = TensorArray(torch.float32, 3)
+    with raises(TensorArrayWriteError, ta, "index 2", "already written"):
+        ta.scatter([2, 0, 2], torch.ones(3, 1))
+
+
+def test_error_write_after_read():
+    ta = TensorArray(torch.float32, 3, clear_after_read=False).write(0, torch.ones(1))
+    ta.read(0)
+    with raises(TensorArrayWriteError, ta, "index 0", "already read"):
+        ta.write(0, torch.ones(1))
+
+
+def test_error_read_cleared_index_suggests_clear_after_read_false():
+    ta = TensorArray(torch.float32, 2).write(0, torch.ones(1)).write(1, torch.ones(1))
+    ta.read(0)
+    with raises(TensorArrayReadError, ta, "index 0", "cleared", "clear_after_read=False"):
+        ta.read(0)
+    ta.read(1)
+    with raises(TensorArrayReadError, ta, "index 0", "clear_after_read=False"):
+        ta.stack()
+
+
+def test_error_gather_repeated_index_with_clear_after_read():
+    ta = TensorArray(torch.float32, 2).unstack(torch.ones(2, 1))
+    with raises(TensorArrayReadError, ta, "index 1", "clear_after_read=False"):
+        ta.gather([1, 1])
+
+
+@pytest.mark.parametrize("index", [3, 7, -1], ids=["at_size", "past_size", "negative"])
+def test_error_index_out_of_range_on_fixed_array(index):
+    ta = TensorArray(torch.float32, 3, element_shape=(1,))
+    with raises(TensorArrayIndexError, ta, f"got {index}", "size 3"):
+        ta.write(index, torch.ones(1))
+    with raises(TensorArrayIndexError, ta, f"got {index}", "size 3"):
+        ta.read(index)
+    with raises(TensorArrayIndexError, ta, str(index)):
+        ta.gather([0, index])
+
+
+def test_error_negative_index_on_dynamic_array_and_read_past_end():
+    ta = TensorArray(torch.float32, 0, dynamic_size=True)
+    with raises(TensorArrayIndexError, ta, "got -1"):
+        ta.write(-1, torch.ones(1))
+    with raises(TensorArrayIndexError, ta, "got 0", "reads never grow"):
+        ta.read(0)
+    with raises(TensorArrayIndexError, ta, "-2"):
+        ta.scatter([1, -2], torch.ones(2, 1))
+
+
+def test_error_read_unwritten_index_without_full_shape():
+    ta = TensorArray(torch.float32, 3, element_shape=(None, 2))
+    with raises(TensorArrayReadError, ta, "index 1", "never written", "(None, 2)"):
+        ta.read(1)
+    ta2 = TensorArray(torch.float32, 2).write(0, torch.ones(1))
+    with raises(TensorArrayReadError, ta2, "index 1", "<unknown>"):
+        ta2.stack()
+
+
+@pytest.mark.parametrize("op", ["write", "scatter", "unstack", "split"])
+def test_error_value_dtype_mismatch(op):
+    ta = TensorArray(torch.float32, 2)
+    v = torch.ones(2, 1, dtype=torch.float64)
+    call = {
+        "write": lambda: ta.write(0, v[0]),
+        "scatter": lambda: ta.scatter([0, 1], v),
+        "unstack": lambda: ta.unstack(v),
+        "split": lambda: ta.split(v, [1, 1]),
+    }[op]
+    with raises(TensorArrayDTypeError, ta, "torch.float32", "torch.float64"):
+        call()
+
+
+@pytest.mark.parametrize("op", ["read", "gather", "stack", "concat"])
+def test_error_requested_dtype_mismatch(op):
+    ta = TensorArray(torch.float32, 1, clear_after_read=False).write(0, torch.ones(2))
+    call = {
+        "read": lambda: ta.read(0, dtype=torch.int32),
+        "gather": lambda: ta.gather([0], dtype=torch.int32),
+        "stack": lambda: ta.stack(dtype=torch.int32),
+        "concat": lambda: ta.concat(dtype=torch.int32),
+    }[op]
+    with raises(TensorArrayDTypeError, ta, "torch.float32", "torch.int32"):
+        call()
+    assert isinstance(pytest.raises(TypeError, call).value, TensorArrayError)
+
+
+def test_error_element_shape_incompatible_with_declared():
+    ta = TensorArray(torch.float32, 3, element_shape=(2, 3))
+    with raises(TensorArrayShapeError, ta, "(2, 4)", "(2, 3)", "declared"):
+        ta.write(0, torch.ones(2, 4))
+    with raises(TensorArrayShapeError, ta, "(3,)", "(2, 3)"):
+        ta.scatter([0, 1], torch.ones(2, 3))
+    partial = TensorArray(torch.float32, 1, element_shape=(None, 3))
+    with raises(TensorArrayShapeError, partial, "(2, 4)", "(None, 3)"):
+        partial.write(0, torch.ones(2, 4))
+
+
+def test_error_element_shape_incompatible_with_inferred():
+    ta = TensorArray(torch.float32, 3, identical_element_shapes=True).write(0, torch.ones(2, 3))
+    with raises(TensorArrayShapeError, ta, "(3, 2)", "(2, 3)", "inferred"):
+        ta.write(1, torch.ones(3, 2))
+    sp = TensorArray(torch.float32, 2, identical_element_shapes=True)
+    with raises(TensorArrayShapeError, sp, "(1, 2)", "(2, 2)"):
+        sp.split(torch.ones(3, 2), [1, 2])
+
+
+def test_error_stack_of_different_shapes():
+    ta = TensorArray(torch.float32, 3).write(0, torch.ones(2)).write(1, torch.ones(2))
+    ta = ta.write(2, torch.ones(3))
+    with raises(TensorArrayShapeError, ta, "index 0 has shape (2,)", "index 2 has shape (3,)"):
+        ta.stack()
+    with raises(TensorArrayShapeError, ta, "(2,)", "(3,)"):
+        ta.gather([2, 1])
+
+
+def test_error_stack_error_leaves_the_array_unread():
+    ta = TensorArray(torch.float32, 2).write(0, torch.ones(2)).write(1, torch.ones(3))
+    with pytest.raises(TensorArrayShapeError):
+        ta.stack()
+    assert torch.equal(ta.read(0), torch.ones(2))  # the failed stack cleared nothing
+
+
+def test_error_concat_of_scalars():
+    ta = TensorArray(torch.float32, 2).write(0, torch.tensor(1.0)).write(1, torch.tensor(2.0))
+    with raises(TensorArrayShapeError, ta, "index 0 has shape ()", "stack()"):
+        ta.concat()
+    empty = TensorArray(torch.float32, 0, element_shape=())
+    with raises(TensorArrayShapeError, empty, "shape ()"):
+        empty.concat()
+
+
+def test_error_concat_shapes_differ_beyond_dim0():
+    ta = TensorArray(torch.float32, 2).write(0, torch.ones(1, 2)).write(1, torch.ones(3, 4))
+    with raises(TensorArrayShapeError, ta, "beyond dimension 0", "(1, 2)", "index 1", "(3, 4)"):
+        ta.concat()
+
+
+def test_error_split_lengths_not_a_vector():
+    ta = TensorArray(torch.float32, 2)
+    with raises(TensorArrayShapeError, ta, "lengths", "vector", "(1, 2)"):
+        ta.split(torch.ones(3), torch.tensor([[1, 2]]))
+    with raises(TensorArrayShapeError, ta, "lengths", "vector"):
+        ta.split(torch.ones(3), 3)
+    with raises(TensorArrayShapeError, ta, "lengths", "vector"):
+        ta.split(torch.ones(3), [[1], [2]])
+
+
+def test_error_split_lengths_do_not_sum_to_value_rows():
+    ta = TensorArray(torch.float32, 2)
+    with raises(TensorArrayShapeError, ta, "sum(lengths)", "sum 4", "(3, 2)"):
+        ta.split(torch.ones(3, 2), [1, 3])
+    with raises(TensorArrayShapeError, ta, "lengths must be >= 0", "-1"):
+        ta.split(torch.ones(3, 2), [4, -1])
+
+
+def test_error_split_value_not_a_vector():
+    ta = TensorArray(torch.float32, 1)
+    with raises(TensorArrayShapeError, ta, "at least a vector", "()"):
+        ta.split(torch.tensor(1.0), [1])
+
+
+def test_error_split_count_differs_from_fixed_size():
+    ta = TensorArray(torch.float32, 3)
+    with raises(TensorArrayShapeError, ta, "size 3", "got 2 lengths"):
+        ta.split(torch.ones(4), [1, 3])
+    dyn = TensorArray(torch.float32, 1, dynamic_size=True).split(torch.ones(4), [1, 3])
+    assert dyn.size() == 2
+
+
+def test_error_scatter_indices_count_differs_from_value_rows():
+    ta = TensorArray(torch.float32, 4)
+    with raises(TensorArrayShapeError, ta, "len(indices)", "3 indices", "(2, 5)"):
+        ta.scatter([0, 1, 2], torch.ones(2, 5))
+
+
+def test_error_scatter_max_index_past_fixed_size():
+    ta = TensorArray(torch.float32, 3)
+    with raises(TensorArrayIndexError, ta, "max index", "size 3", "got 5"):
+        ta.scatter([0, 5], torch.ones(2, 1))
+    with raises(TensorArrayIndexError, ta, "size 3", "got 3"):
+        ta.unstack(torch.ones(4, 1))
+
+
+def test_error_unstack_scatter_of_scalar_value():
+    ta = TensorArray(torch.float32, 3)
+    with raises(TensorArrayShapeError, ta, "unstack", "at least a vector", "()"):
+        ta.unstack(torch.tensor(1.0))
+    with raises(TensorArrayShapeError, ta, "scatter", "at least a vector"):
+        ta.scatter([], torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("op", ["stack", "concat"])
+def test_error_size0_with_unknown_element_shape(op):
+    ta = TensorArray(torch.float32, 0)
+    with raises(TensorArrayShapeError, ta, f"{op}()", "size-0", "<unknown>"):
+        getattr(ta, op)()
+    partial = TensorArray(torch.float32, 0, element_shape=(2, None))
+    with raises(TensorArrayShapeError, partial, "(2, None)"):
+        getattr(partial, op)()
+
+
+def test_size0_with_known_element_shape_stacks_and_concats_empty():
+    ta = TensorArray(torch.float64, 0, element_shape=(2, 3))
+    assert ta.stack().shape == (0, 2, 3) and ta.stack().dtype == torch.float64
+    assert ta.concat().shape == (0, 3)
+    assert TensorArray(torch.float32, 0, element_shape=(None, 3)).concat().shape == (0, 3)
+
+
+def test_error_gather_of_no_indices_without_full_shape():
+    ta = TensorArray(torch.float32, 2)
+    with raises(TensorArrayShapeError, ta, "gather of zero indices", "<unknown>"):
+        ta.gather([])
+
+
+OPS_AFTER_CLOSE = {
+    "write": lambda ta: ta.write(0, torch.ones(1)),
+    "read": lambda ta: ta.read(0),
+    "gather": lambda ta: ta.gather([0]),
+    "scatter": lambda ta: ta.scatter([0], torch.ones(1, 1)),
+    "stack": lambda ta: ta.stack(),
+    "unstack": lambda ta: ta.unstack(torch.ones(1, 1)),
+    "concat": lambda ta: ta.concat(),
+    "split": lambda ta: ta.split(torch.ones(1), [1]),
+    "size": lambda ta: ta.size(),
+    "grad": lambda ta: ta.grad("gradients"),
+}
+
+
+@pytest.mark.parametrize("op", list(OPS_AFTER_CLOSE))
+def test_error_any_op_after_close(op):
+    ta = TensorArray(torch.float32, 1, element_shape=(1,))
+    old = ta
+    ta = ta.write(0, torch.ones(1))
+    ta.close()
+    for obj in (ta, old):  # every object sharing the handle
+        with raises(TensorArrayClosedError, ta, "close"):
+            OPS_AFTER_CLOSE[op](obj)
+
+
+def test_error_value_on_another_device():
+    ta = TensorArray(torch.float32, 2, device="cpu")
+    with raises(TensorArrayDeviceError, ta, "cpu", "meta"):
+        ta.write(0, torch.ones(1, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda ta: ta.write(1.0, torch.ones(1)), "float"),
+        (lambda ta: ta.write(True, torch.ones(1)), "bool"),
+        (lambda ta: ta.read(torch.tensor(0.0)), "torch.float32"),
+        (lambda ta: ta.gather([0.5]), "float"),
+        (lambda ta: ta.write(0, [1.0]), "torch.Tensor"),
+        (lambda ta: ta.grad(3), "source"),
+    ],
+    ids=["float_index", "bool_index", "float_tensor_index", "float_in_indices", "list_value",
+         "int_source"],
+)
+def test_error_argument_types(call, fragment):
+    ta = TensorArray(torch.float32, 2)
+    with raises(TensorArrayTypeError, ta, fragment):
+        call(ta)
+
+
+def test_error_constructor_arguments():
+    with pytest.raises(TensorArrayTypeError, match="dtype must be a torch.dtype"):
+        TensorArray("float32")
+    with pytest.raises(TensorArrayShapeError, match="size must be >= 0, got -1"):
+        TensorArray(torch.float32, -1)
+    with pytest.raises(TensorArrayShapeError, match="element_shape"):
+        TensorArray(torch.float32, 1, element_shape=(2, -3))
