@@ -446,12 +446,13 @@ def _pad_packed(data: torch.Tensor, batch_sizes: torch.Tensor,
                 sorted_indices: torch.Tensor | None):
     """PackedSequence pieces -> (padded [T, B, I], lengths [B] int64 on the host in the
     original batch order, rows [N]: the padded row t*B + b of every packed row)."""
-    T = batch_sizes.numel()
-    B = int(batch_sizes[0])
+    # Sizes from shapes where possible (no host read of data, so torch.compile traces it).
+    T, N = batch_sizes.numel(), data.shape[0]
+    B = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
     steps = torch.arange(T)
-    t_of_row = torch.repeat_interleave(steps, batch_sizes)
+    t_of_row = torch.repeat_interleave(steps, batch_sizes, output_size=N)
     starts = torch.cumsum(batch_sizes, 0) - batch_sizes
-    slot = torch.arange(t_of_row.numel()) - starts[t_of_row]
+    slot = torch.arange(N) - starts[t_of_row]
     lengths_sorted = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
     if sorted_indices is None:
         lengths = lengths_sorted
