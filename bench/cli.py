@@ -1,0 +1,369 @@
+"""The `tritonrnn` command: bench, check, tune and plan.
+
+    tritonrnn bench [--preset NAME | shape options] [--pass fwd|bwd|fwdbwd|all] [--out DIR]
+    tritonrnn check [--backend B] [--dtype D] [small shape options]
+    tritonrnn tune  [--preset NAME | shape options] [--force]
+    tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
+
+Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
+the CPU and says so. Exit codes: 0 success, 1 a failed check/benchmark, 2 a bad option (one
+line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .presets import CPU_PRESETS, MODES, PRESETS, BenchShape
+
+EPILOG = "Exit codes: 0 success, 1 a failed check or benchmark, 2 a bad option."
+
+
+class UsageError(Exception):
+    """A bad option: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # instead of argparse's usage + message: one line
+        command = self.prog.removeprefix("tritonrnn").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+# ----------------------------------------------------------------------------- options
+
+_SHAPE_FIELDS = ("mode", "hidden", "input_size", "batch", "time", "layers", "bidirectional",
+                 "proj", "dtype", "varlen")
+
+
+def _add_shape_options(p: argparse.ArgumentParser, presets: bool = True) -> None:
+    g = p.add_argument_group("shape (override every shape of a preset when both are given)")
+    if presets:
+        g.add_argument("--preset", choices=sorted(PRESETS),
+                       help="named sweep (default: anchor on a GPU, smoke on the CPU)")
+    g.add_argument("--mode", choices=MODES, help="cell (default lstm)")
+    g.add_argument("--hidden", type=int, metavar="H", help="num_units")
+    g.add_argument("--input-size", type=int, metavar="I", help="input size (default H)")
+    g.add_argument("--batch", type=int, metavar="B")
+    g.add_argument("--time", type=int, metavar="T", help="max time")
+    g.add_argument("--layers", type=int, metavar="L")
+    g.add_argument("--bidirectional", action="store_true", default=None)
+    g.add_argument("--proj", type=int, metavar="P", help="LSTM projection size (0 = off)")
+    g.add_argument("--dtype", help="bf16 | fp16 | fp32 | fp64")
+    g.add_argument("--varlen", metavar="DIST",
+                   help="none | uniform (lengths uniform in [T/8, T]) | uniform:F ([F*T, T])")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when there is one, else the CPU with the interpreter")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warmup", type=int, default=25, metavar="MS",
+                   help="do_bench warm-up in ms (GPU)")
+    p.add_argument("--rep", type=int, default=100, metavar="MS",
+                   help="do_bench repetition time in ms (GPU)")
+    p.add_argument("--cpu-rep", type=int, default=3, metavar="N",
+                   help="timed repetitions on the CPU")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tritonrnn", description="tritonrnn benchmark, check, tuning and "
+                     "planning tools.", epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tune,plan}")
+
+    b = sub.add_parser("bench", help="time tritonrnn against cuDNN (and FlashRNN)",
+                       description="Times tritonrnn against torch.nn (cuDNN) on padded and "
+                       "packed input, and FlashRNN when importable; writes JSON and a PNG.",
+                       epilog=EPILOG)
+    _add_shape_options(b)
+    b.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "fwdbwd", "all"),
+                   default="all", help="which pass to time (default all)")
+    b.add_argument("--impl", action="append", choices=("tritonrnn", "torch", "torch-packed",
+                                                       "flashrnn"),
+                   help="implementations to run (repeatable; default all that apply)")
+    b.add_argument("--backend", choices=("auto", "triton", "reference"), default="auto",
+                   help="tritonrnn backend (default auto: Triton on a GPU or the interpreter)")
+    b.add_argument("--out", type=Path, default=Path("tritonrnn-results"), metavar="DIR",
+                   help="where the JSON and the PNG go (default ./tritonrnn-results)")
+    b.add_argument("--no-tune", action="store_true",
+                   help="GPU: do not tune missing plan keys before timing")
+    b.add_argument("--allow-slow", action="store_true",
+                   help="CPU: allow shapes larger than the interpreter budget")
+    _add_timing_options(b)
+    _add_run_options(b)
+
+    c = sub.add_parser("check", help="every mode/direction/varlen combination vs float64",
+                       description="Runs every mode x direction x varlen combination (plus "
+                       "projection and 2-layer stacks) through cudnn_rnn/cudnn_rnn_backprop "
+                       "and compares outputs and gradients with torch.nn in float64.",
+                       epilog=EPILOG)
+    c.add_argument("--backend", choices=("auto", "triton", "reference"), default="auto")
+    c.add_argument("--dtype", default="fp32", help="bf16 | fp16 | fp32 | fp64 (default fp32)")
+    c.add_argument("--mode", action="append", choices=MODES,
+                   help="restrict to these modes (repeatable; default all)")
+    c.add_argument("--hidden", type=int, default=20, metavar="H")
+    c.add_argument("--input-size", type=int, default=12, metavar="I")
+    c.add_argument("--batch", type=int, default=5, metavar="B")
+    c.add_argument("--time", type=int, default=6, metavar="T")
+    _add_run_options(c)
+
+    t = sub.add_parser("tune", help="time the planner's candidates, cache the best",
+                       description="Times every candidate choice of the planner for each "
+                       "shape's plan key on the GPU and keeps the best in the tuning cache "
+                       "($TRITONRNN_CACHE_DIR/tuning.json, default ~/.cache/tritonrnn). "
+                       "Resumable.", epilog=EPILOG)
+    _add_shape_options(t)
+    t.add_argument("--force", action="store_true", help="retune keys already in the cache")
+    t.add_argument("--allow-cpu", action="store_true",
+                   help="tune in the interpreter without a GPU (exercises the machinery only)")
+    _add_timing_options(t)
+    _add_run_options(t)
+
+    pl = sub.add_parser("plan", help="print the planner's Plan.explain() for a shape",
+                        epilog=EPILOG)
+    _add_shape_options(pl)
+    pl.add_argument("--device-preset", default="current",
+                    help="current | h100 | h200 | interpreter (default: this machine)")
+    return parser
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _device(choice: str):
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU found")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cpu":
+        # Triton kernels run on the CPU only through the interpreter, which is chosen when
+        # the kernels are imported (lazily, later): set it before anything imports them.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device(choice)
+
+
+def resolve_shapes(args, default_preset: str) -> tuple[str, list[BenchShape]]:
+    """(preset name or 'custom', validated shapes) from --preset and the shape options."""
+    overrides = {f: getattr(args, f) for f in _SHAPE_FIELDS if getattr(args, f) is not None}
+    preset = getattr(args, "preset", None)
+    if preset is None and not overrides:
+        preset = default_preset
+    base = PRESETS[preset] if preset else [BenchShape()]
+    try:
+        shapes = [replace(s, **overrides).validated() for s in base]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return preset or "custom", shapes
+
+
+def _effective_backend(backend: str, device) -> str:
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" or interpret else "reference"
+    if backend == "triton" and device.type != "cuda":
+        return "triton (interpreter)"
+    return backend
+
+
+def _cpu_work(s: BenchShape) -> int:
+    gates = {"lstm": 4, "gru": 3}.get(s.mode, 1)
+    return s.time * s.batch * gates * s.hidden * (s.input + s.hidden) * s.layers * s.num_dirs
+
+
+CPU_WORK_BUDGET = 50_000_000  # multiply-adds per step set: ~a minute in the interpreter
+
+
+def _timing(args):
+    from .timing import TimingConfig
+
+    for name in ("warmup", "rep", "cpu_rep"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected an int >= 1, got "
+                             f"{getattr(args, name)}")
+    return TimingConfig(warmup_ms=args.warmup, rep_ms=args.rep, cpu_rep=args.cpu_rep)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_bench(args, argv) -> int:
+    from .harness import IMPLS, BenchOptions, format_table, run_benchmark, write_report
+    from .plot import plot_report
+
+    device = _device(args.device)
+    cpu = device.type == "cpu"
+    preset, shapes = resolve_shapes(args, "smoke" if cpu else "anchor")
+    timing = _timing(args)
+    if cpu and not args.allow_slow:
+        if preset not in CPU_PRESETS and preset != "custom":
+            raise UsageError(
+                f"--preset {preset}: needs a CUDA GPU (none found; the interpreter would take "
+                f"hours). Use --preset smoke, a small custom shape, or --allow-slow"
+            )
+        big = [s.label for s in shapes if _cpu_work(s) > CPU_WORK_BUDGET]
+        if big:
+            raise UsageError(f"shape '{big[0]}' is too large for the CPU interpreter (no GPU "
+                             "found); use smaller sizes, --preset smoke, or --allow-slow")
+    passes = ("fwd", "bwd", "fwdbwd") if args.passes == "all" else (args.passes,)
+    impls = tuple(args.impl) if args.impl else IMPLS
+    impls = tuple(i for i in IMPLS if i in impls)  # fixed order: tritonrnn first
+    backend = _effective_backend(args.backend, device)
+    if cpu:
+        print("tritonrnn: no CUDA GPU found" if not _gpu() else "tritonrnn: --device cpu")
+        print(f"  Running preset '{preset}' on the CPU: tritonrnn ({backend}) against torch.nn "
+              "on the CPU.")
+        print("  CPU timings say nothing about GPU speed; correctness is still checked "
+              "against torch.nn in float64.")
+    else:
+        import torch
+
+        print(f"tritonrnn bench '{preset}' on {torch.cuda.get_device_name(device)}, tritonrnn "
+              f"backend {backend}")
+        if not args.no_tune and args.backend != "reference":
+            _tune_before_bench(shapes, device, timing, args)
+    opts = BenchOptions(device=device, backend=args.backend, passes=passes, impls=impls,
+                        timing=timing, seed=args.seed)
+    report = run_benchmark(shapes, opts, progress=not args.no_progress, preset=preset,
+                           argv=argv)
+    report["tritonrnn_backend"] = backend
+    json_path = write_report(report, args.out)
+    png_path = plot_report(report, json_path.with_suffix(".png"))
+    print(format_table(report))
+    print(f"\nwrote {json_path}\nwrote {png_path}")
+    if report["failures"]:
+        print(f"FAILED ({len(report['failures'])}):")
+        for f in report["failures"]:
+            print(f"  {f}")
+        return 1
+    return 0
+
+
+def _gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _tune_before_bench(shapes, device, timing, args) -> None:
+    """Tunes plan keys that are not in the cache yet (timings are taken after tuning)."""
+    from .tune import tune_shapes
+
+    try:
+        summaries = tune_shapes(shapes, device, timing, progress=not args.no_progress,
+                                seed=args.seed)
+    except (ImportError, ValueError, RuntimeError) as e:
+        print(f"  tuning skipped: {type(e).__name__}: {e}".splitlines()[0])
+        return
+    for s in summaries:
+        if s["status"] == "tuned":
+            print(f"  tuned {s['label']}: {s['best']}")
+
+
+def cmd_check(args) -> int:
+    from .check import check_cases, format_check, run_check
+    from .presets import dtype_name, parse_dtype
+
+    device = _device(args.device)
+    try:
+        dtype = dtype_name(parse_dtype(args.dtype))
+        base = BenchShape(mode="lstm", hidden=args.hidden, input_size=args.input_size,
+                          batch=args.batch, time=args.time, dtype=dtype).validated()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    modes = tuple(m for m in MODES if not args.mode or m in args.mode)
+    rows = run_check(check_cases(base, modes), device, args.backend, args.seed,
+                     progress=not args.no_progress)
+    name = "CPU" if device.type == "cpu" else _cuda_name(device)
+    print(format_check(rows, name, _effective_backend(args.backend, device), dtype))
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def _cuda_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+def cmd_tune(args) -> int:
+    from tritonrnn.rnn.planner import tuning_cache_path
+
+    from .tune import format_tune, tune_shapes
+
+    device = _device(args.device)
+    if device.type == "cpu" and not args.allow_cpu:
+        raise UsageError("no CUDA GPU found: tuning times kernels on a GPU (interpreter "
+                         "timings say nothing about GPU speed); --allow-cpu exercises the "
+                         "tuner in the interpreter anyway")
+    preset, shapes = resolve_shapes(args, "smoke" if device.type == "cpu" else "anchor")
+    summaries = tune_shapes(shapes, device, _timing(args), force=args.force,
+                            progress=not args.no_progress, seed=args.seed)
+    print(format_tune(summaries, tuning_cache_path()))
+    return 0 if all(s["status"] != "failed" for s in summaries) else 1
+
+
+def cmd_plan(args) -> int:
+    from tritonrnn.rnn.planner import PRESETS as DEVICE_PRESETS
+    from tritonrnn.rnn.planner import plan_for
+
+    choices = ("current", *sorted(DEVICE_PRESETS))
+    if args.device_preset not in choices:
+        raise UsageError(f"--device-preset: expected one of {list(choices)}, got "
+                         f"{args.device_preset!r}")
+    _, shapes = resolve_shapes(args, "anchor")
+    props = None if args.device_preset == "current" else args.device_preset
+    for i, s in enumerate(shapes):
+        plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
+                        num_layers=s.layers, direction=s.direction, num_proj=s.proj,
+                        batch=s.batch, max_time=s.time, dtype=s.torch_dtype,
+                        device_properties=props)
+        if i:
+            print()
+        print(plan.explain())
+    return 0
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tritonrnn` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help
+            return int(e.code or 0)
+        if args.command is None:
+            raise UsageError("expected a command: bench, check, tune or plan (see --help)")
+        if args.command == "bench":
+            return cmd_bench(args, argv)
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "tune":
+            return cmd_tune(args)
+        return cmd_plan(args)
+    except UsageError as e:
+        print(f"tritonrnn: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as e:
+        # The library validates at its boundary; its message names the argument.
+        print(f"tritonrnn: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"tritonrnn: error: a required module is missing: {e}".splitlines()[0],
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tritonrnn: interrupted", file=sys.stderr)
+        return 130
+

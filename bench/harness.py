@@ -1,0 +1,409 @@
+"""The benchmark harness: runs a sweep of shapes, times every implementation and pass, checks
+correctness against the float64 oracle, and assembles the JSON report.
+
+Per shape: build the data once (runners.Case); compute the float64 torch.nn oracle on the
+same device; for each implementation run every pass once (warm-up, Triton compilation and the
+correctness figures), then time each pass (timing.measure), then take its peak memory in one
+more, separate call (torch.cuda.max_memory_allocated above what was allocated before it).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import runners
+from .oracle import tolerance
+from .presets import BenchShape, dtype_name
+from .roofline import PASSES, Ceilings, flops, measure_ceilings, min_bytes
+from .timing import TimingConfig, measure, synchronize
+
+SCHEMA = "tritonrnn.bench/1"
+IMPLS = ("tritonrnn", "torch", "torch-packed", "flashrnn")
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def environment(device: torch.device) -> dict:
+    """Device, commit and versions that tag a report."""
+    import triton
+
+    cuda = device.type == "cuda"
+    name = torch.cuda.get_device_name(device) if cuda else f"CPU {platform.machine()}"
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    try:
+        import flashrnn  # noqa: F401
+
+        flash = getattr(flashrnn, "__version__", "installed")
+    except Exception:  # optional dependency, any failure means absent
+        flash = None
+    return {
+        "device": name,
+        "device_type": device.type,
+        "gpu_found": torch.cuda.is_available(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "cpu": platform.processor() or platform.machine(),
+        "commit": _git("rev-parse", "HEAD") or "unknown",
+        "dirty": bool(status) if status is not None else None,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "flashrnn": flash,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass
+class BenchOptions:
+    device: torch.device
+    backend: str = "auto"
+    passes: tuple[str, ...] = PASSES
+    impls: tuple[str, ...] = IMPLS
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    seed: int = 0
+
+
+def _peak_bytes(fn, device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    synchronize("cuda")
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    result = fn()
+    synchronize("cuda")
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del result
+    return int(peak)
+
+
+def _plan_summary(shape: BenchShape) -> dict:
+    """The planner's choice for a shape on the current device (or why there is none)."""
+    try:
+        from tritonrnn.rnn.planner import plan_for
+
+        plan = plan_for(
+            rnn_mode=shape.mode, input_size=shape.input, num_units=shape.hidden,
+            num_layers=shape.layers, direction=shape.direction, num_proj=shape.proj,
+            batch=shape.batch, max_time=shape.time, dtype=shape.torch_dtype,
+        )
+    except Exception as e:  # reported in the JSON, never fatal to a run
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {
+        "key": plan.key,
+        "source": plan.source,
+        "families": sorted({lp.family for lp in plan.layers}),
+        "reserve_bytes": plan.reserve_bytes,
+        "peak_bytes": plan.peak_bytes,
+    }
+
+
+def _runner(impl: str, case: runners.Case, opts: BenchOptions) -> runners.Runner | str:
+    """A runner, or the reason this implementation does not run on this case."""
+    if impl == "torch-packed" and case.lengths is None:
+        return "skip: fixed-length input (torch-packed is the varlen baseline)"
+    if impl == "flashrnn":
+        why = runners.flashrnn_unsupported(case)
+        if why:
+            return f"skip: {why}"
+    try:
+        if impl == "tritonrnn":
+            return runners.tritonrnn_runner(case, opts.backend)
+        if impl in ("torch", "torch-packed"):
+            return runners.torch_runner(case, packed=impl == "torch-packed")
+        return runners.flashrnn_runner(case)
+    except Exception as e:  # one failing implementation must not end the run
+        return f"error: {type(e).__name__}: {e}".splitlines()[0]
+
+
+def run_shape(shape: BenchShape, opts: BenchOptions, ceilings: Ceilings, tick=None) -> dict:
+    """Benchmarks one shape; returns its JSON record (see `SCHEMA` in the README)."""
+    tick = tick or (lambda _msg: None)
+    dev = opts.device
+    case = runners.build_case(shape, dev, opts.seed)
+    tick(f"{shape.label}: float64 oracle")
+    runners.compute_oracle(case)
+    record: dict = {
+        "label": shape.label,
+        "shape": shape.as_dict(),
+        "tokens": case.tokens,
+        "lengths": None if case.lengths is None else {
+            "min": min(case.lengths), "max": max(case.lengths),
+            "mean": sum(case.lengths) / len(case.lengths),
+        },
+        "plan": _plan_summary(shape),
+        "implementations": {},
+        "runs": [],
+    }
+    for impl in opts.impls:
+        runner = _runner(impl, case, opts)
+        entry: dict = {}
+        record["implementations"][impl] = entry
+        if isinstance(runner, str):
+            entry["status"] = runner.split(":", 1)[0]
+            entry["reason"] = runner.split(":", 1)[1].strip()
+            for p in opts.passes:
+                tick(f"{shape.label}: {impl} {p} ({entry['status']})")
+            continue
+        entry.update(status="ok", correctness=runner.correctness,
+                     correctness_note=runner.correctness_note or None,
+                     reserve_bytes=runner.reserve_bytes, reserve_note=runner.reserve_note,
+                     **runner.info)
+        if impl == "tritonrnn":
+            entry["backend"] = opts.backend
+        for p in opts.passes:
+            tick(f"{shape.label}: {impl} {p}")
+            fn = runner.passes[p]
+            run = {"impl": impl, "pass": p}
+            try:
+                fn()  # one more warm-up, right before timing
+                t = measure(fn, dev.type, opts.timing)
+                run.update(status="ok", **t.as_dict(), peak_bytes=_peak_bytes(fn, dev))
+            except Exception as e:  # recorded, the sweep goes on
+                run.update(status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0])
+            record["runs"].append(run)
+        del runner
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    _compare_with_baseline(record, case)
+    _derive(record, case, ceilings)
+    return record
+
+
+BASELINE_FACTOR = 4.0
+
+
+def _compare_with_baseline(record: dict, case: runners.Case) -> None:
+    """Holds tritonrnn's errors to the baseline's (torch.nn in the same dtype, on the same
+    data): each scaled error must be <= max(4 x the baseline's, one step's rounding bound).
+
+    The dtype bound alone grows with sqrt(T) and is vacuous for bf16 at T = 1024 (the cells'
+    contraction keeps real errors far below it); an implementation that is a few times less
+    accurate than cuDNN in the same dtype is a bug worth a failure."""
+    tr = record["implementations"].get("tritonrnn", {})
+    name = "torch-packed" if case.lengths is not None else "torch"
+    base = record["implementations"].get(name, {})
+    if not (tr.get("correctness") and base.get("correctness")):
+        return
+    s = case.shape
+    K = max(s.input, s.num_dirs * s.out_size) + s.out_size
+    floor = tolerance(s.torch_dtype, K=K, steps=1, device_type=case.device.type)
+    verdicts = {}
+    for key, err in tr["correctness"]["scaled_error"].items():
+        b = base["correctness"]["scaled_error"].get(key)
+        if b is not None:
+            verdicts[key] = {"ratio": err / b if b > 0 else None,
+                             "ok": err <= max(BASELINE_FACTOR * b, floor)}
+    ok = all(v["ok"] for v in verdicts.values())
+    tr["correctness"]["vs_baseline"] = {
+        "baseline": name, "factor": BASELINE_FACTOR, "floor": floor, "tensors": verdicts,
+        "ok": ok,
+    }
+    tr["correctness"]["within_tolerance"] = tr["correctness"]["ok"]
+    tr["correctness"]["ok"] = tr["correctness"]["ok"] and ok
+
+
+def _derive(record: dict, case: runners.Case, ceilings: Ceilings) -> None:
+    """TFLOP/s, % of roofline and speedups of every timed run."""
+    shape = case.shape
+    by_key = {(r["impl"], r["pass"]): r for r in record["runs"] if r["status"] == "ok"}
+    for run in record["runs"]:
+        if run["status"] != "ok":
+            continue
+        f = flops(shape, case.tokens, run["pass"])
+        b = min_bytes(shape, case.tokens, run["pass"])
+        roof_ms, bound = ceilings.roofline(f, b, shape.dtype)
+        run["flops"] = f
+        run["bytes"] = b
+        run["tflops"] = f / (run["ms"] * 1e-3) / 1e12
+        run["roofline_ms"] = roof_ms
+        run["bound"] = bound
+        run["pct_roofline"] = 100.0 * roof_ms / run["ms"]
+        for base in ("torch", "torch-packed"):
+            other = by_key.get((base, run["pass"]))
+            key = "speedup_vs_" + base.replace("-", "_")
+            run[key] = other["ms"] / run["ms"] if other else None
+
+
+def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: bool = True,
+                  preset: str = "custom", argv: list[str] | None = None) -> dict:
+    """Runs every shape and returns the whole report."""
+    from tqdm import tqdm
+
+    dtypes = sorted({s.torch_dtype for s in shapes}, key=str)
+    per_shape = 1 + len(opts.impls) * len(opts.passes)
+    bar = tqdm(total=1 + per_shape * len(shapes), desc="tritonrnn bench", unit="step",
+               disable=not progress, leave=False)
+
+    def tick(msg: str) -> None:
+        bar.set_postfix_str(msg[:60], refresh=False)
+        bar.update(1)
+
+    try:
+        tick("measuring the roofline (copy, matmul)")
+        ceilings = measure_ceilings(opts.device, dtypes, opts.timing)
+        results = [run_shape(s, opts, ceilings, tick) for s in shapes]
+    finally:
+        bar.close()
+    env = environment(opts.device)
+    failures = []
+    for r in results:
+        tr = r["implementations"].get("tritonrnn", {})
+        if tr.get("status") != "ok":
+            failures.append(f"{r['label']}: tritonrnn {tr.get('status')}: {tr.get('reason')}")
+        elif tr["correctness"] and not tr["correctness"]["ok"]:
+            c = tr["correctness"]
+            why = []
+            if not c.get("within_tolerance", c["ok"]):
+                why.append("outside the dtype tolerance")
+            if c.get("vs_baseline") and not c["vs_baseline"]["ok"]:
+                why.append("more than 4x the baseline's error")
+            failures.append(f"{r['label']}: tritonrnn {' and '.join(why)}")
+        failures += [f"{r['label']}: tritonrnn {run['pass']} {run['reason']}"
+                     for run in r["runs"] if run["impl"] == "tritonrnn"
+                     and run["status"] != "ok"]
+    return {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": ["tritonrnn", *(argv or [])],
+        "preset": preset,
+        "environment": env,
+        "backend": opts.backend,
+        "dtypes": [dtype_name(d) for d in dtypes],
+        "timing": opts.timing.describe(opts.device.type),
+        "roofline": ceilings.as_dict(),
+        "formulas": {
+            "flops": "fwd = sum over layers, directions of 2*N*G*H*(in_l + Hout) + 2*N*P*H; "
+            "bwd = 2*fwd; fwdbwd = 3*fwd; N = sum(lengths) (padding is not useful work)",
+            "bytes": "compulsory traffic: inputs, outputs, LSTM cell states, params (and "
+            "their gradients), states; see tritonrnn.bench.roofline",
+            "pct_roofline": "100 * max(flops/matrix_peak, bytes/memory_peak) / measured time",
+            "speedup": "baseline ms / implementation ms, same pass",
+            "peak_bytes": "torch.cuda.max_memory_allocated during one call, above the "
+            "memory allocated before it",
+        },
+        "results": results,
+        "failures": failures,
+    }
+
+
+def write_report(report: dict, out_dir: Path) -> Path:
+    """Writes <device>-<date>-<preset>.json under out_dir; returns its path."""
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    date = report["created"][:10]
+    stem = f"{device_slug(report['environment']['device'])}-{date}-{report['preset']}"
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def _fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def display_name(impl: str, report: dict) -> str:
+    gpu = report["environment"]["device_type"] == "cuda"
+    return {
+        "torch": "cuDNN" if gpu else "torch-cpu",
+        "torch-packed": "cuDNN-packed" if gpu else "torch-cpu-packed",
+    }.get(impl, impl)
+
+
+def format_table(report: dict) -> str:
+    """The human-readable summary printed after a run."""
+    lines = []
+    header = (f"{'pass':<7}{'impl':<17}{'ms (p20-p80)':>24}{'TFLOP/s':>9}{'%roof':>7}"
+              f"{'speedup':>9}{'peak mem':>11}")
+    for r in report["results"]:
+        lines.append("")
+        lines.append(f"== {r['label']}  (N={r['tokens']} tokens)")
+        lines.append(header)
+        for run in r["runs"]:
+            name = display_name(run["impl"], report)
+            if run["status"] != "ok":
+                lines.append(f"{run['pass']:<7}{name:<17}  error: {run['reason']}")
+                continue
+            ms = f"{run['ms']:.3f} ({run['ms_p20']:.3f}-{run['ms_p80']:.3f})"
+            sp = run.get("speedup_vs_torch")
+            lines.append(
+                f"{run['pass']:<7}{name:<17}{ms:>24}{run['tflops']:>9.3g}"
+                f"{run['pct_roofline']:>6.1f}%{(f'{sp:.2f}x' if sp else '-'):>9}"
+                f"{_fmt_bytes(run['peak_bytes']):>11}"
+            )
+        for impl, e in r["implementations"].items():
+            name = display_name(impl, report)
+            if e["status"] != "ok":
+                lines.append(f"  {name}: {e['status']} ({e['reason']})")
+                continue
+            c = e.get("correctness")
+            if c:
+                verdict = "ok" if c["ok"] else "FAIL"
+                acc = (f"max scaled error {c['max_scaled_error']:.2e} "
+                       f"(tol out {c['tolerance']['output']:.1e} / grad "
+                       f"{c['tolerance']['gradient']:.1e}")
+                vs = c.get("vs_baseline")
+                if vs:
+                    ratios = [v["ratio"] for v in vs["tensors"].values() if v["ratio"]]
+                    acc += (f"; <= max({vs['factor']:g}x {display_name(vs['baseline'], report)}"
+                            f", {vs['floor']:.1e}), worst ratio {max(ratios, default=0):.2f}")
+                acc += f") {verdict}"
+            else:
+                acc = e.get("correctness_note") or "not compared"
+            lines.append(f"  {name}: reserve {_fmt_bytes(e.get('reserve_bytes'))}; {acc}")
+        plan = r["plan"]
+        if "error" in plan:
+            lines.append(f"  plan: n/a ({plan['error']})")
+        else:
+            lines.append(f"  plan: {', '.join(plan['families'])} ({plan['source']}), planned "
+                         f"reserve {_fmt_bytes(plan['reserve_bytes'])}")
+    roof = report["roofline"]
+    lines.append("")
+    lines.append(
+        "roofline: memory {:.1f} GB/s, matrix {}".format(
+            roof["memory_bytes_per_s"] / 1e9,
+            ", ".join(f"{k} {v / 1e12:.3g} TFLOP/s"
+                      for k, v in roof["matrix_flops_per_s"].items()),
+        )
+    )
+    if report["environment"]["device_type"] != "cuda":
+        lines.append("(CPU: tiny shapes run from caches that the ceilings do not measure, so "
+                     "%roof can pass 100; no CPU figure says anything about GPU speed)")
+    return "\n".join(lines)

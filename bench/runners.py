@@ -1,0 +1,348 @@
+"""The implementations a benchmark compares, behind one small interface.
+
+Every runner turns one `Case` (the data of one shape on one device) into three callables,
+`fwd`, `bwd` and `fwdbwd`, each doing a whole pass, plus what it knows about correctness and
+its reserve space:
+
+- tritonrnn: the op API (cudnn_rnn with is_training=True, then cudnn_rnn_backprop) with the
+  requested backend, on packed-by-lengths input (sequence_lengths).
+- torch: torch.nn.LSTM/GRU/RNN in the same dtype (cuDNN on a GPU, torch's native kernels on
+  the CPU) on the padded input: for variable lengths it runs every sequence to T.
+- torch-packed: the same module on a PackedSequence (variable lengths only).
+- flashrnn: NX-AI's FlashRNN when importable (LSTM/GRU, one unidirectional layer, no
+  projection, no lengths), including the input projection GEMM that it leaves to the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
+
+from .oracle import (
+    OracleResult,
+    make_torch_rnn,
+    oracle,
+    params_from_torch,
+    scaled_error,
+    tolerance,
+)
+from .presets import BenchShape, make_lengths
+
+
+@dataclass
+class Case:
+    """Inputs of one benchmark shape: same weights and data for every implementation.
+
+    Weights are drawn by torch's default initialisation in float64, rounded to the benchmark
+    dtype, and the float64 oracle uses the rounded values: every implementation and the
+    oracle compute the same function of the same numbers."""
+
+    shape: BenchShape
+    device: torch.device
+    lengths: list[int] | None
+    module64: torch.nn.RNNBase
+    params: torch.Tensor  # flat, benchmark dtype
+    x: torch.Tensor  # [T, B, I]
+    h0: torch.Tensor  # [L*D, B, Hout]
+    c0: torch.Tensor | None  # [L*D, B, H]
+    dy: torch.Tensor  # [T, B, D*Hout], zero at padding
+    dhT: torch.Tensor
+    dcT: torch.Tensor | None
+    ref: OracleResult | None = None
+
+    @property
+    def tokens(self) -> int:
+        """N = sum(lengths): the valid (time, batch) positions."""
+        return sum(self.lengths) if self.lengths is not None else self.shape.time * self.shape.batch
+
+    @property
+    def seq_lengths(self) -> torch.Tensor | None:
+        # On the host: the op reads lengths on the host once, and a device tensor would cost
+        # a device-to-host sync per call that a caller holding host lengths never pays.
+        if self.lengths is None:
+            return None
+        return torch.tensor(self.lengths, dtype=torch.int32)
+
+
+def build_case(shape: BenchShape, device: torch.device, seed: int = 0,
+               lengths: list[int] | None = None) -> Case:
+    """Seeded data for a shape; `lengths` overrides the shape's length distribution."""
+    dtype = shape.torch_dtype
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    module64 = make_torch_rnn(
+        shape.mode, shape.input, shape.hidden, num_layers=shape.layers,
+        bidirectional=shape.bidirectional, num_proj=shape.proj, dtype=torch.float64,
+        device=device,
+    )
+    with torch.no_grad():
+        for p in module64.parameters():
+            p.copy_(p.to(dtype).to(torch.float64))
+    params = params_from_torch(module64).to(dtype)
+    T, B = shape.time, shape.batch
+    LD = shape.layers * shape.num_dirs
+    if lengths is None:
+        lengths = make_lengths(shape.varlen, B, T, seed)
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float32).to(device, dtype)
+
+    x = randn(T, B, shape.input)
+    h0 = randn(LD, B, shape.out_size)
+    c0 = randn(LD, B, shape.hidden) if shape.mode == "lstm" else None
+    dy = randn(T, B, shape.num_dirs * shape.out_size)
+    if lengths is not None:
+        # Gradients arriving at padded positions are ignored by the op; zero them so that
+        # the padded torch run, which does read them, sees the same loss.
+        valid = torch.arange(T).unsqueeze(1) < torch.tensor(lengths).unsqueeze(0)
+        dy = dy * valid.to(device, dtype).unsqueeze(-1)
+    dhT = randn(LD, B, shape.out_size)
+    dcT = randn(LD, B, shape.hidden) if shape.mode == "lstm" else None
+    return Case(shape, device, lengths, module64, params, x, h0, c0, dy, dhT, dcT)
+
+
+def compute_oracle(case: Case) -> OracleResult:
+    """The float64 torch.nn forward and backward of a case (cached on the case)."""
+    if case.ref is None:
+        case.ref = oracle(case.module64, case.x, case.h0, case.c0, case.lengths,
+                          (case.dy, case.dhT, case.dcT))
+    return case.ref
+
+
+def tolerances(case: Case) -> dict[str, float]:
+    """Tolerances of `scaled_error` for outputs and gradients (oracle.tolerance)."""
+    s = case.shape
+    K = max(s.input, s.num_dirs * s.out_size) + s.out_size
+    steps = s.time * s.layers
+    out = tolerance(s.torch_dtype, K=K, steps=steps, device_type=case.device.type)
+    # Weight gradients sum over all N packed rows: dot products of length N.
+    grad = tolerance(s.torch_dtype, K=max(K, case.tokens), steps=steps,
+                     device_type=case.device.type)
+    return {"output": out, "gradient": grad}
+
+
+def compare(case: Case, got: dict[str, torch.Tensor | None]) -> dict:
+    """Scaled errors of every tensor in `got` against the oracle, with the verdict."""
+    ref = compute_oracle(case)
+    tols = tolerances(case)
+    errors: dict[str, float] = {}
+    ok = True
+    for name, tensor in got.items():
+        expected = getattr(ref, name)
+        if tensor is None or expected is None:
+            continue
+        err = scaled_error(tensor, expected)
+        errors[name] = err
+        kind = "gradient" if name.startswith("d") else "output"
+        if not err <= tols[kind]:
+            ok = False
+    return {"scaled_error": errors, "max_scaled_error": max(errors.values(), default=0.0),
+            "tolerance": tols, "ok": ok}
+
+
+@dataclass
+class Runner:
+    """Callables of one implementation on one case (see the module docstring)."""
+
+    impl: str
+    passes: dict[str, Callable[[], object]] = field(default_factory=dict)
+    correctness: dict | None = None
+    correctness_note: str = ""
+    reserve_bytes: int | None = None
+    reserve_note: str = ""
+    info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- tritonrnn
+
+
+def tritonrnn_runner(case: Case, backend: str) -> Runner:
+    s = case.shape
+    attrs = dict(rnn_mode=s.mode, direction=s.direction, num_proj=s.proj)
+    sl = case.seq_lengths
+
+    def fwd():
+        return cudnn_rnn(case.x, case.h0, case.c0, case.params, sl, is_training=True,
+                         backend=backend, **attrs)
+
+    def bwd_of(out):
+        return cudnn_rnn_backprop(
+            case.x, case.h0, case.c0, case.params, sl, out.output, out.output_h,
+            out.output_c if s.mode == "lstm" else None, case.dy, case.dhT, case.dcT,
+            out.reserve_space, out.host_reserved, backend=backend, **attrs,
+        )
+
+    with torch.no_grad():
+        out = fwd()
+        grads = bwd_of(out)
+    runner = Runner("tritonrnn")
+    runner.passes = {
+        "fwd": fwd,
+        "bwd": lambda: bwd_of(out),
+        "fwdbwd": lambda: bwd_of(fwd()),
+    }
+    runner.correctness = compare(case, {
+        "y": out.output, "hT": out.output_h,
+        "cT": out.output_c if s.mode == "lstm" else None,
+        "dx": grads.input_backprop, "dh0": grads.input_h_backprop,
+        "dc0": grads.input_c_backprop if s.mode == "lstm" else None,
+        "dparams": grads.params_backprop,
+    })
+    runner.reserve_bytes = int(out.reserve_space.numel() * out.reserve_space.element_size())
+    runner.reserve_note = "reserve_space returned by cudnn_rnn (format v1)"
+    return runner
+
+
+# ----------------------------------------------------------------------------- torch.nn
+
+
+def cudnn_reserve_bytes(outputs: list[torch.Tensor]) -> tuple[int | None, str]:
+    """cuDNN's reserve space, read from the autograd graph of a torch.nn RNN forward.
+
+    torch's _cudnn_rnn returns (output, hy, cy, reserve, weight_buf) and its backward node
+    CudnnRnnBackward0 saves `reserve` as result3, exposed as `_saved_result3`."""
+    stack = [o.grad_fn for o in outputs if o is not None and o.grad_fn is not None]
+    seen: set[int] = set()
+    total, found = 0, 0
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__.startswith("CudnnRnnBackward"):
+            reserve = getattr(node, "_saved_result3", None)
+            if isinstance(reserve, torch.Tensor):
+                total += reserve.numel() * reserve.element_size()
+                found += 1
+        stack.extend(fn for fn, _ in node.next_functions)
+    if found:
+        return total, "CudnnRnnBackward0._saved_result3 in the autograd graph (cuDNN reserve)"
+    if not outputs or outputs[0].device.type != "cuda":
+        return None, "n/a: torch ran its native CPU kernels (no cuDNN, no reserve space)"
+    return None, "n/a: no CudnnRnnBackward node in the autograd graph (cuDNN not used here)"
+
+
+def torch_runner(case: Case, packed: bool) -> Runner:
+    s = case.shape
+    impl = "torch-packed" if packed else "torch"
+    module = copy.deepcopy(case.module64).to(s.torch_dtype).train()
+    leaf = lambda t: None if t is None else t.detach().clone().requires_grad_()  # noqa: E731
+    x, h0, c0 = leaf(case.x), leaf(case.h0), leaf(case.c0)
+    inputs = [t for t in (x, h0, c0) if t is not None]
+    names, params = zip(*module.named_parameters(), strict=True)
+    params = list(params)
+    lengths = case.lengths if packed else None
+
+    def fwd():
+        from .oracle import torch_forward
+
+        y, hT, cT = torch_forward(module, x, h0, c0, lengths)
+        return [t for t in (y, hT, cT) if t is not None]
+
+    grad_outs = [t for t in (case.dy, case.dhT, case.dcT) if t is not None]
+
+    def grads_of(outs, retain):
+        return torch.autograd.grad(outs, inputs + params, grad_outs, retain_graph=retain,
+                                   allow_unused=True)
+
+    outs = fwd()
+    reserve, note = cudnn_reserve_bytes(outs)
+    grads = grads_of(outs, retain=True)
+    runner = Runner(impl)
+    runner.passes = {
+        "fwd": fwd,
+        # retain_graph keeps the forward for the next repetition; cuDNN's backward then
+        # clones its reserve once per call (torch's retain_variables path), a small extra.
+        "bwd": lambda: grads_of(outs, retain=True),
+        "fwdbwd": lambda: grads_of(fwd(), retain=False),
+    }
+    runner.reserve_bytes, runner.reserve_note = reserve, note
+    runner.info["rnn_backend"] = (
+        f"cuDNN {torch.backends.cudnn.version()}" if reserve is not None
+        else ("native CPU" if case.device.type == "cpu" else "torch native CUDA")
+    )
+    if case.lengths is not None and not packed:
+        runner.correctness_note = (
+            "not compared: padded input runs every sequence to T (not the varlen semantics)"
+        )
+        return runner
+    n_in = len(inputs)
+    pgrads = dict(zip(names, grads[n_in:], strict=True))
+    runner.correctness = compare(case, {
+        "y": outs[0], "hT": outs[1], "cT": outs[2] if c0 is not None else None,
+        "dx": grads[0], "dh0": grads[1], "dc0": grads[2] if c0 is not None else None,
+        "dparams": params_from_torch(module, pgrads),
+    })
+    return runner
+
+
+# ----------------------------------------------------------------------------- FlashRNN
+
+
+def _import_flashrnn():
+    try:
+        from flashrnn import flashrnn
+    except ImportError:
+        from flashrnn.flashrnn import flashrnn
+    return flashrnn
+
+
+def flashrnn_unsupported(case: Case) -> str | None:
+    """Why FlashRNN cannot run this case, or None."""
+    s = case.shape
+    if case.device.type != "cuda":
+        return "FlashRNN needs CUDA"
+    if s.mode not in ("lstm", "gru"):
+        return f"FlashRNN has no {s.mode} cell in this comparison (LSTM/GRU only)"
+    if s.layers > 1 or s.bidirectional or s.proj or s.varlen != "none":
+        return "FlashRNN runs one unidirectional layer without projection or lengths"
+    if s.dtype == "float64":
+        return "FlashRNN has no float64 kernels"
+    try:
+        _import_flashrnn()
+    except Exception as e:  # any import failure means "not available"
+        return f"FlashRNN not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def flashrnn_runner(case: Case) -> Runner:
+    """FlashRNN's fused CUDA backend, timed only: its weights follow its own gate layout, so
+    its outputs are not compared with the oracle."""
+    flashrnn = _import_flashrnn()
+    s = case.shape
+    G = {"lstm": 4, "gru": 3}[s.mode]
+    H, I, B, T = s.hidden, s.input, s.batch, s.time
+    dtype, dev = s.torch_dtype, case.device
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    W = (torch.randn(G * H, I, generator=gen) / math.sqrt(I)).to(dev, dtype).requires_grad_()
+    R = (torch.randn(G, 1, H, H, generator=gen) / math.sqrt(H)).to(dev, dtype).requires_grad_()
+    b = torch.zeros(G, 1, H, device=dev, dtype=dtype, requires_grad=True)
+    x = case.x.transpose(0, 1).contiguous().requires_grad_()  # FlashRNN is batch-first
+    dtype_arg = str(dtype).replace("torch.", "")
+
+    def fwd():
+        wx = (x @ W.t()).view(B, T, G, 1, H)
+        h, _ = flashrnn(wx, R, b, function=s.mode, backend="cuda_fused", dtype=dtype_arg)
+        return h[0]
+
+    out = fwd()
+    g = torch.randn_like(out)
+
+    def grads_of(o, retain):
+        return torch.autograd.grad(o, [x, W, R, b], g, retain_graph=retain)
+
+    runner = Runner("flashrnn")
+    runner.passes = {
+        "fwd": fwd,
+        "bwd": lambda: grads_of(out, retain=True),
+        "fwdbwd": lambda: grads_of(fwd(), retain=False),
+    }
+    runner.correctness_note = "not compared: FlashRNN uses its own weight layout (timed only)"
+    runner.reserve_note = "n/a: FlashRNN keeps its states for the backward (no reserve API)"
+    return runner

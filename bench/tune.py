@@ -1,0 +1,196 @@
+"""`tritonrnn tune`: times the planner's candidate choices and keeps the best per plan key.
+
+For each shape the planner gives a Plan (its key buckets T and B, so one entry serves every
+nearby length); `candidates(plan)` lists the choices that can run on the device. Each choice
+is forced with `plan_constraints`, checked once against the float64 oracle (a choice that
+computes wrong numbers is never kept) and timed on a forward+backward step. The best one is
+written with `store_tuning_entry` into the persistent cache that `plan_for` reads.
+
+Resumable: every measured choice is recorded at once in `tuning.partial.json` next to the
+cache; an interrupted run picks up where it stopped. Keys already in the cache are skipped
+unless --force.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .presets import BenchShape
+from .timing import TimingConfig, measure
+
+
+def partial_path() -> Path:
+    from tritonrnn.rnn.planner import tuning_cache_path
+
+    return tuning_cache_path().with_name("tuning.partial.json")
+
+
+def _read_partial(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_partial(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def choice_id(choice: dict) -> str:
+    return json.dumps(choice, sort_keys=True)
+
+
+def tune_key(
+    key: str,
+    choices: list[dict],
+    measure_choice: Callable[[dict], float],
+    device_name: str,
+    *,
+    force: bool = False,
+    tick: Callable[[str], None] | None = None,
+) -> dict:
+    """Times `choices` for one plan key and stores the best (the machinery, device-agnostic).
+
+    measure_choice(choice) returns milliseconds, or raises: any Exception records the choice
+    as failed with its reason (a compile error, out of resources, wrong numbers), while
+    KeyboardInterrupt stops the run with every finished measurement kept. Returns a summary
+    dict with status 'cached' | 'tuned' | 'failed'."""
+    from tritonrnn.rnn.planner import load_tuning_cache, store_tuning_entry
+
+    tick = tick or (lambda _msg: None)
+    cached = load_tuning_cache().get(key)
+    if cached and not force:
+        for _ in choices:
+            tick(f"{key}: cached")
+        return {"key": key, "status": "cached", "best": cached}
+    path = partial_path()
+    partial = _read_partial(path)
+    done: dict = dict(partial.get(key, {})) if not force else {}
+    for choice in choices:
+        cid = choice_id(choice)
+        if cid in done:
+            tick(f"{cid}: resumed")
+            continue
+        tick(cid)
+        try:
+            done[cid] = {"ms": float(measure_choice(choice))}
+        except Exception as e:  # a failing candidate is a data point, not the end
+            done[cid] = {"ms": None, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        partial = _read_partial(path)
+        partial[key] = done
+        _write_partial(path, partial)
+    timed = {cid: r["ms"] for cid, r in done.items() if r.get("ms") is not None
+             and math.isfinite(r["ms"])}
+    summary = {"key": key, "candidates": len(choices), "measured": done}
+    if not timed:
+        summary["status"] = "failed"
+        return summary
+    best_id = min(timed, key=timed.get)
+    best = json.loads(best_id)
+    store_tuning_entry(key, best, timed[best_id], device_name)
+    partial = _read_partial(path)
+    partial.pop(key, None)
+    _write_partial(path, partial)
+    summary.update(status="tuned", best={**best, "ms": timed[best_id]})
+    return summary
+
+
+def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig,
+                   seed: int = 0) -> Callable[[dict], float]:
+    """measure_choice for a shape: forced choice -> oracle check -> forward+backward time."""
+    from tritonrnn.rnn.planner import plan_constraints
+
+    from . import runners
+
+    case = runners.build_case(shape, device, seed)
+    runners.compute_oracle(case)
+
+    def measure_choice(choice: dict) -> float:
+        with plan_constraints(**choice):
+            runner = runners.tritonrnn_runner(case, "triton")
+        if not runner.correctness["ok"]:
+            raise ValueError(
+                f"outside tolerance (max scaled error {runner.correctness['max_scaled_error']:.2e})"
+            )
+        step = runner.passes["fwdbwd"]
+
+        def fn():
+            with plan_constraints(**choice):
+                return step()
+
+        fn()
+        return measure(fn, device.type, timing).ms
+
+    return measure_choice
+
+
+def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingConfig, *,
+                force: bool = False, progress: bool = True, seed: int = 0) -> list[dict]:
+    """Tunes every shape's plan key on `device` (see the module docstring)."""
+    from tqdm import tqdm
+
+    from tritonrnn.rnn.planner import candidates, device_properties, plan_for
+
+    plans = []
+    for s in shapes:
+        plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
+                        num_layers=s.layers, direction=s.direction, num_proj=s.proj,
+                        batch=s.batch, max_time=s.time, dtype=s.torch_dtype)
+        plans.append((s, plan, candidates(plan)))
+    total = sum(len(c) for _, _, c in plans)
+    name = device_properties(device).name
+    out = []
+    with tqdm(total=total, desc="tritonrnn tune", disable=not progress, leave=False) as bar:
+
+        def tick(msg: str) -> None:
+            bar.set_postfix_str(msg[:60], refresh=False)
+            bar.update(1)
+
+        seen: set[str] = set()
+        for s, plan, choices in plans:
+            if plan.key in seen:  # two shapes in one bucket share a key: tune it once
+                for _ in choices:
+                    tick(f"{plan.key}: same key")
+                continue
+            seen.add(plan.key)
+            cached = not force and plan.key in _cached_keys()
+            measurer = (lambda _c: math.nan) if cached else shape_measurer(s, device, timing,
+                                                                           seed)
+            summary = tune_key(plan.key, choices, measurer, name, force=force, tick=tick)
+            summary["label"] = s.label
+            out.append(summary)
+    return out
+
+
+def _cached_keys() -> set[str]:
+    from tritonrnn.rnn.planner import load_tuning_cache
+
+    return set(load_tuning_cache())
+
+
+def format_tune(summaries: list[dict], cache: Path) -> str:
+    lines = [f"tuning cache: {cache}"]
+    for s in summaries:
+        if s["status"] == "cached":
+            lines.append(f"  {s['label']}: cached {s['best']} (use --force to retune)")
+        elif s["status"] == "tuned":
+            bad = sum(1 for r in s["measured"].values() if r.get("ms") is None)
+            lines.append(f"  {s['label']}: best {s['best']} of {s['candidates']} candidates"
+                         + (f" ({bad} failed)" if bad else ""))
+        else:
+            reasons = "; ".join(sorted({str(r.get("error")) for r in s["measured"].values()}))
+            lines.append(f"  {s['label']}: FAILED, no candidate ran ({reasons})")
+        lines.append(f"    key {s['key']}")
+    return "\n".join(lines)

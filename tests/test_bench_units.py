@@ -1,0 +1,288 @@
+"""Pieces of tritonrnn.bench: the torch.nn <-> params mapping, the oracle, FLOP/byte formulas,
+presets and length distributions, the cuDNN reserve probe, timing quantiles and the resumable
+tuner."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tritonrnn.bench import oracle, presets, roofline, runners, timing, tune
+from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop, params_size
+
+# ----------------------------------------------------------------------------- oracle
+
+CONFIGS = [
+    ("lstm", False, 1, 0),
+    ("lstm", True, 2, 0),
+    ("lstm", True, 1, 5),
+    ("gru", True, 2, 0),
+    ("rnn_tanh", False, 2, 0),
+    ("rnn_relu", True, 1, 0),
+]
+
+
+def _cfg_id(c):
+    mode, bi, L, P = c
+    return f"{mode}-{'bi' if bi else 'uni'}-L{L}-P{P}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_params_from_torch_layout_and_roundtrip(cfg):
+    mode, bi, L, P = cfg
+    m = oracle.make_torch_rnn(mode, 6, 9, num_layers=L, bidirectional=bi, num_proj=P)
+    flat = oracle.params_from_torch(m)
+    attrs = oracle.params_attributes(m)
+    assert flat.shape == (params_size(**attrs),)
+    # Canonical order: the first tensor is W_0 of layer 0 = the first H rows of weight_ih_l0,
+    # the first bias is bW_0 = the first H entries of bias_ih_l0 (after all weights).
+    H = 9
+    assert torch.equal(flat[: H * 6], m.weight_ih_l0[:H].reshape(-1))
+    n_bias = 2 * {"lstm": 4, "gru": 3}.get(mode, 1) * H * L * (2 if bi else 1)
+    assert torch.equal(flat[-n_bias:][:H], m.bias_ih_l0[:H])
+    m2 = oracle.make_torch_rnn(mode, 6, 9, num_layers=L, bidirectional=bi, num_proj=P)
+    oracle.load_params_into_torch(m2, flat)
+    for (n1, p1), (n2, p2) in zip(m.named_parameters(), m2.named_parameters(), strict=True):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_cfg_id)
+def test_oracle_matches_reference_backend_in_float64(cfg):
+    """torch.nn float64 (with length-0 and unsorted lengths) and tritonrnn's float64 reference
+    engine are independent implementations of the spec: they agree to fp64 rounding."""
+    mode, bi, L, P = cfg
+    torch.manual_seed(0)
+    m = oracle.make_torch_rnn(mode, 6, 9, num_layers=L, bidirectional=bi, num_proj=P)
+    T, B, D, Hout = 5, 4, 2 if bi else 1, P or 9
+    f64 = dict(dtype=torch.float64)
+    x = torch.randn(T, B, 6, **f64)
+    h0 = torch.randn(L * D, B, Hout, **f64)
+    c0 = torch.randn(L * D, B, 9, **f64) if mode == "lstm" else None
+    lengths = [5, 0, 3, 1]
+    dy = torch.randn(T, B, D * Hout, **f64)
+    dh = torch.randn_like(h0)
+    dc = torch.randn_like(c0) if c0 is not None else None
+    ref = oracle.oracle(m, x, h0, c0, lengths, (dy, dh, dc))
+    params = oracle.params_from_torch(m)
+    sl = torch.tensor(lengths)
+    kw = dict(backend="reference", **oracle.op_attributes(m))
+    out = cudnn_rnn(x, h0, c0, params, sl, **kw)
+    g = cudnn_rnn_backprop(x, h0, c0, params, sl, out.output, out.output_h, out.output_c, dy,
+                           dh, dc, out.reserve_space, out.host_reserved, **kw)
+    pairs = [(out.output, ref.y), (out.output_h, ref.hT), (g.input_backprop, ref.dx),
+             (g.input_h_backprop, ref.dh0), (g.params_backprop, ref.dparams)]
+    if c0 is not None:
+        pairs += [(out.output_c, ref.cT), (g.input_c_backprop, ref.dc0)]
+    tol = oracle.tolerance(torch.float64, K=6 + 2 * 9 + 20, steps=T * L)
+    for got, want in pairs:
+        assert oracle.scaled_error(got, want) <= tol
+    # Length 0: state passes through, output zero, input gradient zero.
+    assert torch.equal(ref.hT[:, 1], h0[:, 1])
+    assert torch.count_nonzero(ref.y[:, 1]) == 0
+    assert torch.count_nonzero(ref.dx[:, 1]) == 0
+
+
+def test_tolerance_orders_dtypes_and_grows_with_work():
+    args = dict(K=64, steps=16)
+    t = {d: oracle.tolerance(d, **args) for d in (torch.float64, torch.float32,
+                                                   torch.float16, torch.bfloat16)}
+    assert t[torch.float64] < t[torch.float32] < t[torch.float16] < t[torch.bfloat16]
+    assert oracle.tolerance(torch.float32, K=64, steps=64) > t[torch.float32]
+    assert oracle.tolerance(torch.float32, K=64, steps=16, device_type="cuda") > t[torch.float32]
+    # fp32 on the CPU: 8 * (2^-24 * sqrt(17) + 2^-24 * sqrt(1024))
+    assert t[torch.float32] == pytest.approx(8 * 2.0**-24 * (math.sqrt(17) + 32))
+
+
+def test_scaled_error_flags_nan_and_scales_large_references():
+    ref = torch.tensor([4.0, -8.0], dtype=torch.float64)
+    assert oracle.scaled_error(torch.tensor([4.0, -7.0]), ref) == pytest.approx(1 / 8)
+    assert oracle.scaled_error(torch.tensor([4.0, float("nan")]), ref) == math.inf
+    assert oracle.scaled_error(torch.tensor([0.5]), torch.tensor([0.25], dtype=torch.float64)) \
+        == pytest.approx(0.25)
+
+
+# ----------------------------------------------------------------------------- formulas
+
+
+def test_flops_anchor_by_hand():
+    s = presets.PRESETS["anchor"][0]
+    N = 1024 * 16
+    fwd = 2 * N * 4 * 768 * (768 + 768)
+    assert roofline.flops(s, N, "fwd") == fwd
+    assert roofline.flops(s, N, "bwd") == 2 * fwd
+    assert roofline.flops(s, N, "fwdbwd") == 3 * fwd
+
+
+def test_flops_bidirectional_stack_with_projection():
+    s = presets.BenchShape(mode="lstm", hidden=8, input_size=5, proj=3, layers=2,
+                           bidirectional=True, batch=2, time=3, dtype="float32")
+    N = 6
+    layer0 = 2 * N * 4 * 8 * (5 + 3) + 2 * N * 3 * 8
+    layer1 = 2 * N * 4 * 8 * (2 * 3 + 3) + 2 * N * 3 * 8
+    assert roofline.flops(s, N, "fwd") == 2 * (layer0 + layer1)
+
+
+def test_param_count_matches_params_size():
+    for s in (presets.BenchShape(mode="gru", hidden=7, input_size=5, layers=3,
+                                 bidirectional=True),
+              presets.BenchShape(mode="lstm", hidden=8, input_size=5, proj=3, layers=2)):
+        assert roofline.param_count(s) == params_size(
+            rnn_mode=s.mode, num_layers=s.layers, num_units=s.hidden, input_size=s.input,
+            direction=s.direction, num_proj=s.proj)
+
+
+def test_min_bytes_gru_by_hand():
+    s = presets.BenchShape(mode="gru", hidden=4, input_size=3, batch=2, time=5,
+                           dtype="float32")
+    N, Pn, S = 7, 3 * 4 * (3 + 4) + 2 * 3 * 4, 2 * 4
+    assert roofline.min_bytes(s, N, "fwd") == 4 * (N * (3 + 4) + Pn + 2 * S)
+    assert roofline.min_bytes(s, N, "bwd") == 4 * (N * (2 * 3 + 2 * 4) + 2 * Pn + 3 * S)
+
+
+def test_roofline_picks_the_binding_ceiling():
+    c = roofline.Ceilings("cuda", 1e12, {"bfloat16": 1e15})
+    assert c.roofline(1e12, 1e9, "bfloat16") == (pytest.approx(1.0), "compute")
+    assert c.roofline(1e9, 1e10, "bfloat16") == (pytest.approx(10.0), "memory")
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def test_presets_are_valid_and_anchor_is_the_design_point():
+    for name, shapes in presets.PRESETS.items():
+        assert shapes, name
+        for s in shapes:
+            assert s.validated() == s, (name, s)
+    (anchor,) = presets.PRESETS["anchor"]
+    assert (anchor.mode, anchor.hidden, anchor.batch, anchor.time, anchor.dtype) == (
+        "lstm", 768, 16, 1024, "bfloat16")
+    for name in ("small-batch", "large-batch", "varlen", "gru", "smoke"):
+        assert name in presets.PRESETS
+    assert all(s.varlen == "uniform" for s in presets.PRESETS["varlen"])
+    assert all(s.batch >= 256 for s in presets.PRESETS["large-batch"])
+
+
+@pytest.mark.parametrize("dist", ["uniform", "uniform:0", "uniform:0.5", "uniform:1"])
+def test_lengths_distributions(dist):
+    T, B = 40, 64
+    a = presets.make_lengths(dist, B, T, seed=3)
+    assert a == presets.make_lengths(dist, B, T, seed=3)
+    frac = 1 / 8 if dist == "uniform" else float(dist.split(":")[1])
+    assert max(a) == T and min(a) >= math.ceil(frac * T)
+    assert len(a) == B
+    if dist != "uniform:1":
+        assert len(set(a)) > 1
+
+
+@pytest.mark.parametrize("bad", ["zipf", "uniform:", "uniform:-1", "uniform:x"])
+def test_parse_varlen_rejects(bad):
+    with pytest.raises(ValueError, match="--varlen"):
+        presets.parse_varlen(bad)
+
+
+def test_shape_validation_names_the_option():
+    with pytest.raises(ValueError, match="--proj"):
+        presets.BenchShape(mode="rnn_relu", proj=3).validated()
+    with pytest.raises(ValueError, match="--batch"):
+        presets.BenchShape(batch=0).validated()
+    s = presets.BenchShape(dtype="bf16", varlen="uniform:0.50").validated()
+    assert (s.dtype, s.varlen) == ("bfloat16", "uniform:0.5")
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+class _Node:
+    def __init__(self, name, children=(), reserve=None):
+        self.__class__ = type(name, (_Node,), {})
+        self.next_functions = tuple((c, 0) for c in children)
+        if reserve is not None:
+            self._saved_result3 = reserve
+
+
+def test_cudnn_reserve_probe_walks_the_graph():
+    reserve = torch.empty(1000, dtype=torch.uint8)
+    leaf = _Node("AccumulateGrad")
+    cudnn = _Node("CudnnRnnBackward0", [leaf, None], reserve)
+    top = _Node("IndexCopyBackward0", [_Node("TransposeBackward0", [cudnn]), cudnn])
+    out = torch.zeros(1)
+
+    class _Out:
+        grad_fn = top
+        device = out.device
+
+    nbytes, note = runners.cudnn_reserve_bytes([_Out()])
+    assert nbytes == 1000 and "CudnnRnnBackward0" in note
+    plain = torch.zeros(2, requires_grad=True) * 2
+    nbytes, note = runners.cudnn_reserve_bytes([plain])
+    assert nbytes is None and note.startswith("n/a")
+
+
+def test_cpu_timing_quantiles_are_ordered():
+    t = timing.measure(lambda: sum(range(1000)), "cpu", timing.TimingConfig(cpu_rep=7))
+    assert 0 < t.ms_p20 <= t.ms <= t.ms_p80
+    assert timing._quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.2) == pytest.approx(1.8)
+
+
+# ----------------------------------------------------------------------------- tuner
+
+
+class _Stop(KeyboardInterrupt):
+    pass
+
+
+def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    from tritonrnn.rnn.planner import load_tuning_cache
+
+    choices = [{"family": "persistent_cta", "block_b": 16, "num_warps": w} for w in (1, 2, 4)]
+    choices.append({"family": "stepwise", "block_b": 16, "num_warps": 8, "block_h": 16})
+    ms = {1: 3.0, 2: 1.5, 4: 2.0}
+    calls = []
+
+    def measure(choice, stop_after=None):
+        calls.append(choice["num_warps"])
+        if stop_after is not None and len(calls) > stop_after:
+            raise _Stop
+        if choice["family"] == "stepwise":
+            raise RuntimeError("out of resources")
+        return ms[choice["num_warps"]]
+
+    with pytest.raises(_Stop):
+        tune.tune_key("k", choices, lambda c: measure(c, stop_after=2), "dev")
+    assert calls == [1, 2, 4]
+    partial = json.loads(tune.partial_path().read_text())["k"]
+    assert len(partial) == 2  # the two finished measurements survived the interrupt
+    assert "k" not in load_tuning_cache()
+
+    calls.clear()
+    summary = tune.tune_key("k", choices, measure, "dev")
+    assert calls == [4, 8]  # only the unfinished choices ran
+    assert summary["status"] == "tuned"
+    assert summary["best"] == {**choices[1], "ms": 1.5}
+    failed = summary["measured"][tune.choice_id(choices[3])]
+    assert failed["ms"] is None and "out of resources" in failed["error"]
+    entry = load_tuning_cache()["k"]
+    assert entry["num_warps"] == 2 and entry["ms"] == 1.5 and entry["device"] == "dev"
+    assert "k" not in json.loads(tune.partial_path().read_text())
+
+    calls.clear()
+    assert tune.tune_key("k", choices, measure, "dev")["status"] == "cached"
+    assert calls == []
+    tune.tune_key("k", choices, measure, "dev", force=True)
+    assert calls == [1, 2, 4, 8]
+
+
+def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    from tritonrnn.rnn.planner import load_tuning_cache
+
+    def measure(_choice):
+        raise ValueError("outside tolerance")
+
+    summary = tune.tune_key("k2", [{"family": "stepwise"}], measure, "dev")
+    assert summary["status"] == "failed"
+    assert "k2" not in load_tuning_cache()

@@ -1,0 +1,278 @@
+"""The `tritonrnn` command in-process: check, bench, tune, plan and the one-line errors.
+
+Shapes are tiny: the Triton kernels run in the interpreter when there is no GPU. Every test
+points the tuning cache at a temporary directory so nothing touches the user's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from tritonrnn.bench import cli
+from tritonrnn.bench.cli import main
+from tritonrnn.rnn import engine, reference
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path / "cache"))
+    # `--device cpu` sets TRITON_INTERPRET for the process; restore it after each test.
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tritonrnn: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def test_check_reference_every_combination_passes(capsys):
+    rc = main(["check", "--backend", "reference", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "20/20 combinations pass" in out
+    for mode in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        for d in ("uni", "bi"):
+            for lens in ("full", "varlen"):
+                assert any(line.split()[:2] == [mode, d] and lens in line
+                           for line in out.splitlines()), (mode, d, lens)
+
+
+def test_check_fails_with_nonzero_exit_on_a_wrong_backend(capsys, monkeypatch):
+    """A recurrence whose output is off by 1e-3 (far above fp32 rounding) must fail check."""
+
+    def broken(self, *args):
+        reference.recurrence_forward(*args)
+        args[9].add_(1e-3)  # y, the layer output
+
+    monkeypatch.setattr(engine.ReferenceRecurrence, "forward", broken)
+    rc = main(["check", "--backend", "reference", "--mode", "gru", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL" in out and "FAILED" in out
+
+
+def test_check_triton_backend_small(capsys):
+    """The Triton kernels (interpreter without a GPU) on every direction x varlen case."""
+    rc = main(["check", "--backend", "triton", "--mode", "rnn_tanh", "--time", "3",
+               "--batch", "3", "--hidden", "16", "--input-size", "16", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "4/4 combinations pass" in out
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _load_report(out_dir):
+    files = sorted(out_dir.glob("*.json"))
+    assert len(files) == 1, files
+    report = json.loads(files[0].read_text())
+    png = files[0].with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return report
+
+
+def test_bench_smoke_writes_json_and_plot(tmp_path, capsys):
+    out_dir = tmp_path / "results"
+    rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--out", str(out_dir),
+               "--no-progress", "--no-tune", "--cpu-rep", "1", "--rep", "20", "--warmup", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = _load_report(out_dir)
+    assert report["schema"] == "tritonrnn.bench/1"
+    assert report["preset"] == "smoke"
+    env = report["environment"]
+    for key in ("device", "device_type", "commit", "torch", "triton", "cuda", "python"):
+        assert key in env
+    assert env["torch"] == torch.__version__
+    assert report["roofline"]["memory_bytes_per_s"] > 0
+    assert report["roofline"]["matrix_flops_per_s"]["float32"] > 0
+    assert report["timing"]["quantiles"] == [0.5, 0.2, 0.8]
+    assert len(report["results"]) == 2
+    assert report["failures"] == []
+    for r in report["results"]:
+        impls = r["implementations"]
+        assert impls["tritonrnn"]["correctness"]["ok"]
+        assert impls["tritonrnn"]["reserve_bytes"] > 0
+        assert impls["flashrnn"]["status"] == "skip"
+        varlen = r["shape"]["varlen"] != "none"
+        expect = {"tritonrnn", "torch"} | ({"torch-packed"} if varlen else set())
+        timed = {run["impl"] for run in r["runs"]}
+        assert timed == expect
+        for run in r["runs"]:
+            assert run["status"] == "ok"
+            assert run["ms_p20"] <= run["ms"] <= run["ms_p80"]
+            for key in ("tflops", "pct_roofline", "bound", "flops", "bytes",
+                        "speedup_vs_torch", "peak_bytes"):
+                assert key in run
+            assert run["tflops"] > 0
+        if varlen:
+            assert impls["torch-packed"]["correctness"]["ok"]
+            assert impls["torch"]["correctness"] is None  # padded run, other semantics
+        else:
+            assert impls["torch"]["correctness"]["ok"]
+    if env["device_type"] == "cpu":
+        assert "no CUDA GPU found" in out or "--device cpu" in out
+        assert "say nothing about GPU speed" in out
+
+
+@pytest.mark.parametrize(("offset", "why"), [
+    (8e-6, "more than 4x the baseline's error"),
+    (1e-3, "outside the dtype tolerance"),
+], ids=["4x-worse-than-torch", "beyond-dtype-tolerance"])
+def test_bench_fails_when_tritonrnn_is_inaccurate(tmp_path, capsys, monkeypatch, offset, why):
+    """fp32 smoke: torch's own error is ~1e-7, one step's rounding bound ~4e-6 and the dtype
+    bound ~1.2e-5; an 8e-6 offset passes the dtype bound but not the baseline comparison."""
+
+    def off(self, *args):
+        reference.recurrence_forward(*args)
+        args[9].add_(offset)
+
+    monkeypatch.setattr(engine.ReferenceRecurrence, "forward", off)
+    rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--impl", "tritonrnn",
+               "--impl", "torch", "--impl", "torch-packed", "--pass", "fwd", "--out",
+               str(tmp_path), "--no-progress", "--no-tune", "--cpu-rep", "1", "--rep", "20",
+               "--warmup", "5"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "FAILED" in out and why in out
+    report = _load_report(tmp_path)
+    assert report["failures"]
+    assert not report["results"][0]["implementations"]["tritonrnn"]["correctness"]["ok"]
+
+
+def test_bench_default_backend_small_varlen(tmp_path, capsys):
+    """The default backend (Triton: interpreter without a GPU) on one tiny varlen shape."""
+    out_dir = tmp_path / "r"
+    rc = main(["bench", "--mode", "gru", "--hidden", "16", "--input-size", "16", "--batch",
+               "3", "--time", "4", "--dtype", "fp32", "--varlen", "uniform", "--pass",
+               "fwdbwd", "--impl", "tritonrnn", "--impl", "torch-packed", "--out",
+               str(out_dir), "--no-progress", "--no-tune", "--cpu-rep", "1", "--rep", "20",
+               "--warmup", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = _load_report(out_dir)
+    assert report["preset"] == "custom"
+    assert report["tritonrnn_backend"].startswith("triton")
+    (r,) = report["results"]
+    assert r["implementations"]["tritonrnn"]["correctness"]["ok"]
+    assert {(run["impl"], run["pass"]) for run in r["runs"]} == {
+        ("tritonrnn", "fwdbwd"), ("torch-packed", "fwdbwd")}
+
+
+# ----------------------------------------------------------------------------- plan, tune
+
+
+def test_plan_prints_explain(capsys):
+    rc = main(["plan", "--preset", "anchor", "--device-preset", "h100"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.startswith("Plan ")
+    assert "H=768" in out and "B=16" in out and "T=1024" in out
+    assert "reserve:" in out and "NVIDIA H100" in out
+
+
+def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
+    """End to end: tune (two forced candidates, interpreter/GPU) stores the best in the cache
+    and `plan` then reports the tuned choice."""
+    from tritonrnn.rnn import planner
+
+    picks = [{"family": "persistent_cta", "block_b": 16, "num_warps": 4},
+             {"family": "stepwise", "block_b": 16, "num_warps": 4, "block_h": 16}]
+    monkeypatch.setattr(planner, "candidates", lambda plan: list(picks))
+    shape = ["--mode", "rnn_relu", "--hidden", "16", "--input-size", "16", "--batch", "2",
+             "--time", "3", "--dtype", "fp32"]
+    rc = main(["tune", *shape, "--allow-cpu", "--no-progress", "--cpu-rep", "1",
+               "--rep", "20", "--warmup", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "best" in out
+    entries = json.loads(planner.tuning_cache_path().read_text())["entries"]
+    assert len(entries) == 1
+    (entry,) = entries.values()
+    assert entry["family"] in {"persistent_cta", "stepwise"} and entry["ms"] > 0
+    rc = main(["plan", *shape])
+    assert rc == 0
+    assert "(choice: tuned)" in capsys.readouterr().out
+    rc = main(["tune", *shape, "--allow-cpu", "--no-progress"])
+    assert rc == 0
+    assert "cached" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["bench", "--mode", "foo"],
+        ["bench", "--hidden", "0"],
+        ["bench", "--hidden", "abc"],
+        ["bench", "--preset", "nope"],
+        ["bench", "--dtype", "int8"],
+        ["bench", "--varlen", "zipf"],
+        ["bench", "--varlen", "uniform:2"],
+        ["bench", "--mode", "gru", "--proj", "4"],
+        ["bench", "--hidden", "10", "--proj", "11"],
+        ["bench", "--pass", "sideways"],
+        ["bench", "--rep", "0"],
+        ["check", "--dtype", "fp8"],
+        ["check", "--time", "0"],
+        ["plan", "--device-preset", "tpu"],
+        ["plan", "--layers", "-1"],
+        ["tune", "--batch", "0", "--allow-cpu"],
+    ],
+    ids=lambda a: " ".join(a) or "no-command",
+)
+def test_bad_options_are_one_line_exit_2(argv, capsys):
+    assert main(argv) == 2
+    _one_line_error(capsys)
+
+
+def test_cpu_refuses_gpu_presets_and_tuning(capsys):
+    assert main(["bench", "--device", "cpu", "--preset", "anchor"]) == 2
+    assert "needs a CUDA GPU" in _one_line_error(capsys)
+    assert main(["bench", "--device", "cpu", "--hidden", "1024", "--time", "1024"]) == 2
+    assert "too large for the CPU interpreter" in _one_line_error(capsys)
+    assert main(["tune", "--device", "cpu"]) == 2
+    assert "no CUDA GPU found" in _one_line_error(capsys)
+
+
+def test_library_errors_are_one_line_exit_2(capsys, monkeypatch):
+    from tritonrnn.rnn import planner
+
+    def bad(**_kw):
+        raise ValueError("num_units: expected an int >= 1, got 0")
+
+    monkeypatch.setattr(planner, "plan_for", bad)
+    assert main(["plan"]) == 2
+    assert _one_line_error(capsys) == "tritonrnn: error: num_units: expected an int >= 1, got 0"
+
+
+def test_help_exits_zero(capsys):
+    assert main(["--help"]) == 0
+    assert "bench" in capsys.readouterr().out
+    assert main(["bench", "--help"]) == 0
+    assert "--preset" in capsys.readouterr().out
+
+
+def test_console_script_entry_point():
+    """pyproject's `tritonrnn = tritonrnn.bench.cli:main` resolves to this function."""
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "tritonrnn"]
+    assert ep.value == "tritonrnn.bench.cli:main"
+    assert ep.load() is cli.main
