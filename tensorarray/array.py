@@ -18,8 +18,7 @@ __all__ = ["TensorArray", "TensorArrayGradResult", "tensor_array_grad"]
 
 def _not_tensor(res: ArrayResource, op: str, what: str, got: object) -> TensorArrayTypeError:
     return TensorArrayTypeError(
-        f"TensorArray {res.name!r}: {op}: {what} must be a torch.Tensor, got "
-        f"{type(got).__name__}"
+        f"TensorArray {res.name!r}: {op}: {what} must be a torch.Tensor, got {type(got).__name__}"
     )
 
 

@@ -77,8 +77,8 @@ def grad_resource(res: ArrayResource) -> ArrayResource:
 
 
 def _first_order(backward):
-    """Run a backward under no_grad; refuse ``create_graph=True`` instead of silently dropping
-    the second-order terms (gradient arrays store detached data)."""
+    """Refuse ``create_graph=True`` instead of silently dropping the second-order terms
+    (gradient arrays store detached data). Otherwise grad mode is already off in a backward."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
@@ -88,8 +88,7 @@ def _first_order(backward):
                 "first-order gradients only, got a request for a differentiable gradient; "
                 "higher-order gradients through a TensorArray are not supported"
             )
-        with torch.no_grad():
-            return backward(ctx, *grads)
+        return backward(ctx, *grads)
 
     return wrapper
 
@@ -102,7 +101,7 @@ class WriteFn(Function):
         res.write(index, value, hist=True)
         ctx.res = res
         ctx.index = index
-        return new_flow()
+        return new_flow(flow)
 
     @staticmethod
     @_first_order
@@ -164,7 +163,7 @@ class ScatterFn(Function):
         else:
             res.scatter(indices, value, op=op, hist=True)
         ctx.indices = indices
-        return new_flow()
+        return new_flow(flow)
 
     @staticmethod
     @_first_order
@@ -204,7 +203,7 @@ class SplitFn(Function):
         res.split(value, lengths, hist=True)
         ctx.res = res
         ctx.count = len(lengths)
-        return new_flow()
+        return new_flow(flow)
 
     @staticmethod
     @_first_order

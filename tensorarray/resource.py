@@ -48,12 +48,16 @@ _ONE = b"\x01"
 _ZERO = b"\x00"
 
 
-def new_flow() -> torch.Tensor:
-    """A fresh flow scalar: float32 zero on the CPU.
+def new_flow(flow_in: torch.Tensor | None = None) -> torch.Tensor:
+    """A new flow scalar: float32 zero on the CPU.
 
     The flow only carries autograd ordering edges, never data, so it stays on the CPU whatever
-    the array's device: a new flow per write then costs no device allocation or kernel launch.
+    the array's device. A flow derived from ``flow_in`` is a detached alias of it (a new tensor
+    object, no allocation): every op output needs its own tensor to carry its autograd node, and
+    nothing ever writes a flow.
     """
+    if flow_in is not None:
+        return flow_in.detach()
     return torch.zeros((), dtype=torch.float32)
 
 
@@ -306,8 +310,7 @@ class ArrayResource:
         """
         if self.read_[i]:
             raise TensorArrayWriteError(
-                f"{self._prefix(op)}index {i} must be unread to be written, but it was already "
-                "read"
+                f"{self._prefix(op)}index {i} must be unread to be written, but it was already read"
             )
         if self.written[i] or dup:
             if not self.aggregate:
@@ -324,6 +327,37 @@ class ArrayResource:
 
     def write(self, i: int, value: torch.Tensor, hist: bool = False) -> None:
         """Write (or, in a gradient array, add) ``value`` at index ``i``."""
+        # Fast path, the per-step write of a loop: an open array, a fresh in-range index, the
+        # array's dtype and device, and a shape that needs no inference. Anything else takes
+        # the checked path below, which raises the precise error.
+        if (
+            not self.closed
+            and 0 <= i < self.size
+            and not self.written[i]
+            and not self.read_[i]
+            and value.dtype == self.dtype
+            and value.device == self.device
+        ):
+            if self.slab_shape is not None:
+                if value.shape == self.slab_shape:
+                    slab = self.slab
+                    if slab is None:
+                        slab = self._ensure_capacity(self.size)
+                    slab[i].copy_(value)
+                    self.written[i] = 1
+                    if hist:
+                        self.hist[i] = 1
+                    return
+            elif self.element_shape is None and not self.identical_element_shapes:
+                self.items[i] = value.detach()  # type: ignore[index]
+                self.shapes[i] = value.shape  # type: ignore[index]
+                self.written[i] = 1
+                if hist:
+                    self.hist[i] = 1
+                return
+        self._write_checked(i, value, hist)
+
+    def _write_checked(self, i: int, value: torch.Tensor, hist: bool) -> None:
         op = f"write(index={i})"
         if self.closed:
             self.check_open(op)
@@ -385,8 +419,7 @@ class ArrayResource:
             raise TensorArrayIndexError(f"{self._prefix(op)}indices must be >= 0, got {lo}")
         if hi >= self.size and not self.dynamic_size:
             raise TensorArrayIndexError(
-                f"{self._prefix(op)}max index must be < the fixed array size {self.size}, got "
-                f"{hi}"
+                f"{self._prefix(op)}max index must be < the fixed array size {self.size}, got {hi}"
             )
         contiguous = hi - lo + 1 == n and indices == list(range(lo, hi + 1))
         if contiguous:
@@ -705,8 +738,7 @@ class ArrayResource:
         es = self.element_shape
         if not is_fully_defined(es):
             raise TensorArrayShapeError(
-                f"{self._prefix(op)}{what} needs a fully defined element shape, got "
-                f"{fmt_shape(es)}"
+                f"{self._prefix(op)}{what} needs a fully defined element shape, got {fmt_shape(es)}"
             )
         return torch.empty((0, *es), dtype=self.dtype, device=self._resolve_device())  # type: ignore[misc]
 

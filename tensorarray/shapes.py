@@ -108,9 +108,7 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
                 f"{prefix} must be a vector, got a tensor of shape {tuple(indices.shape)}"
             )
         if indices.dtype not in _INT_DTYPES:
-            raise TensorArrayTypeError(
-                f"{prefix} must have an integer dtype, got {indices.dtype}"
-            )
+            raise TensorArrayTypeError(f"{prefix} must have an integer dtype, got {indices.dtype}")
         return indices.tolist()
     if isinstance(indices, range):
         return list(indices)
