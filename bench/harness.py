@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import runners
-from .oracle import tolerance
+from .oracle import tolerance, uses_tf32
 from .presets import BenchShape, dtype_name
 from .roofline import PASSES, Ceilings, flops, measure_ceilings, min_bytes
 from .timing import TimingConfig, measure, synchronize
@@ -214,7 +214,7 @@ def _compare_with_baseline(record: dict, case: runners.Case) -> None:
         return
     s = case.shape
     K = max(s.input, s.num_dirs * s.out_size) + s.out_size
-    floor = tolerance(s.torch_dtype, K=K, steps=1, device_type=case.device.type)
+    floor = tolerance(s.torch_dtype, K=K, steps=1, tf32=uses_tf32(case.device))
     verdicts = {}
     for key, err in tr["correctness"]["scaled_error"].items():
         b = base["correctness"]["scaled_error"].get(key)
@@ -233,6 +233,13 @@ def _compare_with_baseline(record: dict, case: runners.Case) -> None:
 def _derive(record: dict, case: runners.Case, ceilings: Ceilings) -> None:
     """TFLOP/s, % of roofline and speedups of every timed run."""
     shape = case.shape
+    impls = record["implementations"]
+    mine = impls.get("tritonrnn", {}).get("reserve_bytes")
+    record["reserve_ratio"] = {
+        base: mine / impls[base]["reserve_bytes"]
+        for base in ("torch", "torch-packed")
+        if mine and impls.get(base, {}).get("reserve_bytes")
+    }
     by_key = {(r["impl"], r["pass"]): r for r in record["runs"] if r["status"] == "ok"}
     for run in record["runs"]:
         if run["status"] != "ok":
@@ -307,7 +314,9 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
             "pct_roofline": "100 * max(flops/matrix_peak, bytes/memory_peak) / measured time",
             "speedup": "baseline ms / implementation ms, same pass",
             "peak_bytes": "torch.cuda.max_memory_allocated during one call, above the "
-            "memory allocated before it",
+            "memory allocated before it (null on the CPU)",
+            "reserve_ratio": "tritonrnn's reserve_space bytes / cuDNN's reserve (from "
+            "CudnnRnnBackward0._saved_result3); the design's target is <= 0.3",
         },
         "results": results,
         "failures": failures,
@@ -388,6 +397,8 @@ def format_table(report: dict) -> str:
             else:
                 acc = e.get("correctness_note") or "not compared"
             lines.append(f"  {name}: reserve {_fmt_bytes(e.get('reserve_bytes'))}; {acc}")
+        for base, ratio in r.get("reserve_ratio", {}).items():
+            lines.append(f"  reserve tritonrnn / {display_name(base, report)}: {ratio:.3f}")
         plan = r["plan"]
         if "error" in plan:
             lines.append(f"  plan: n/a ({plan['error']})")

@@ -205,14 +205,15 @@ _UNIT_ROUNDOFF = {
 }
 
 
-def tolerance(dtype: torch.dtype, *, K: int, steps: int, device_type: str = "cpu") -> float:
+def tolerance(dtype: torch.dtype, *, K: int, steps: int, tf32: bool = False) -> float:
     """Allowed `scaled_error` for results in `dtype` after `steps` sequential cell steps
     whose pre-activations are dot products of length K.
 
     Derivation (first-order rounding model, Higham & Mary's probabilistic bounds): every
     stored value rounds once with the storage unit roundoff u_s (bf16 2^-8, fp16 2^-11, fp32
     2^-24, fp64 2^-53); every step forms length-K dot products in the compute precision u_c
-    (fp64 for fp64 data, else fp32; on a GPU tl.dot rounds fp32 operands to tf32, u = 2^-11).
+    (fp64 for fp64 data, else fp32; `tf32`: fp32 GEMMs round their operands to tf32, u = 2^-11,
+    as torch does on a GPU under torch.backends.cuda.matmul.allow_tf32).
     Independent rounding errors grow like the square root of their count (sqrt(K) inside a dot
     product, sqrt(steps) along the sequence, since the cells' derivatives are at most 1), so
 
@@ -224,11 +225,17 @@ def tolerance(dtype: torch.dtype, *, K: int, steps: int, device_type: str = "cpu
     u_s = _UNIT_ROUNDOFF[dtype]
     if dtype == torch.float64:
         u_c = _UNIT_ROUNDOFF[torch.float64]
-    elif dtype == torch.float32 and device_type == "cuda":
+    elif dtype == torch.float32 and tf32:
         u_c = 2.0**-11
     else:
         u_c = _UNIT_ROUNDOFF[torch.float32]
     return 8.0 * (u_s * math.sqrt(1 + steps) + u_c * math.sqrt(K * steps))
+
+
+def uses_tf32(device: torch.device) -> bool:
+    """Whether float32 GEMMs on `device` run in tf32 (torch's global switch; tritonrnn's
+    kernels use IEEE fp32 dots unless asked otherwise)."""
+    return device.type == "cuda" and bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def scaled_error(got: torch.Tensor, ref: torch.Tensor) -> float:

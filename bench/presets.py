@@ -190,4 +190,15 @@ PRESETS: dict[str, list[BenchShape]] = {
              varlen="uniform"),
 }
 
+
+def _union(*names: str) -> list[BenchShape]:
+    out: list[BenchShape] = []
+    for name in names:
+        out += [s for s in PRESETS[name] if s not in out]
+    return out
+
+
+# Every design target in one run (the evidence sweep of a GPU session).
+PRESETS["targets"] = _union("anchor", "small-batch", "large-batch", "varlen", "gru")
+
 CPU_PRESETS = ("smoke",)

@@ -31,6 +31,7 @@ from .oracle import (
     params_from_torch,
     scaled_error,
     tolerance,
+    uses_tf32,
 )
 from .presets import BenchShape, make_lengths
 
@@ -120,10 +121,10 @@ def tolerances(case: Case) -> dict[str, float]:
     s = case.shape
     K = max(s.input, s.num_dirs * s.out_size) + s.out_size
     steps = s.time * s.layers
-    out = tolerance(s.torch_dtype, K=K, steps=steps, device_type=case.device.type)
+    tf32 = uses_tf32(case.device)
+    out = tolerance(s.torch_dtype, K=K, steps=steps, tf32=tf32)
     # Weight gradients sum over all N packed rows: dot products of length N.
-    grad = tolerance(s.torch_dtype, K=max(K, case.tokens), steps=steps,
-                     device_type=case.device.type)
+    grad = tolerance(s.torch_dtype, K=max(K, case.tokens), steps=steps, tf32=tf32)
     return {"output": out, "gradient": grad}
 
 

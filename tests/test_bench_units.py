@@ -91,7 +91,8 @@ def test_tolerance_orders_dtypes_and_grows_with_work():
                                                    torch.float16, torch.bfloat16)}
     assert t[torch.float64] < t[torch.float32] < t[torch.float16] < t[torch.bfloat16]
     assert oracle.tolerance(torch.float32, K=64, steps=64) > t[torch.float32]
-    assert oracle.tolerance(torch.float32, K=64, steps=16, device_type="cuda") > t[torch.float32]
+    assert oracle.tolerance(torch.float32, K=64, steps=16, tf32=True) > t[torch.float32]
+    assert not oracle.uses_tf32(torch.device("cpu"))
     # fp32 on the CPU: 8 * (2^-24 * sqrt(17) + 2^-24 * sqrt(1024))
     assert t[torch.float32] == pytest.approx(8 * 2.0**-24 * (math.sqrt(17) + 32))
 
@@ -162,6 +163,10 @@ def test_presets_are_valid_and_anchor_is_the_design_point():
     for name in ("small-batch", "large-batch", "varlen", "gru", "smoke"):
         assert name in presets.PRESETS
     assert all(s.varlen == "uniform" for s in presets.PRESETS["varlen"])
+    targets = presets.PRESETS["targets"]
+    assert len(set(targets)) == len(targets)
+    for name in ("anchor", "small-batch", "large-batch", "varlen", "gru"):
+        assert set(presets.PRESETS[name]) <= set(targets)
     assert all(s.batch >= 256 for s in presets.PRESETS["large-batch"])
 
 
