@@ -38,7 +38,8 @@ def run(benchmark, fn, setup, ops: int = OPS):
     """Benchmark ``fn(*setup())`` and record the median per-op microseconds."""
     benchmark.pedantic(fn, setup=lambda: (setup(), {}), rounds=ROUNDS, warmup_rounds=3)
     benchmark.extra_info["ops_per_call"] = ops
-    benchmark.extra_info["us_per_op"] = benchmark.stats.stats.median / ops * 1e6
+    if benchmark.stats is not None:  # None under --benchmark-disable (one plain run)
+        benchmark.extra_info["us_per_op"] = benchmark.stats.stats.median / ops * 1e6
 
 
 @pytest.fixture(autouse=True)
