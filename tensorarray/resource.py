@@ -244,12 +244,20 @@ class ArrayResource:
         self.size = new_size
 
     def _check_range(self, i: int, op: str, for_write: bool) -> None:
-        if i < 0 or (i >= self.size and not (for_write and self.dynamic_size)):
-            kind = "dynamic" if self.dynamic_size else "fixed"
-            hint = " (reads never grow an array)" if self.dynamic_size else ""
+        if for_write and self.dynamic_size:
+            if i < 0:
+                raise TensorArrayIndexError(
+                    f"{self._prefix(op)}index must be >= 0 (a dynamic array grows on writes past "
+                    f"its end), got {i}"
+                )
+            return
+        if i < 0 or i >= self.size:
+            if self.dynamic_size:
+                what = f"the current size {self.size} of this dynamic array (reads never grow it)"
+            else:
+                what = f"this fixed-size array of size {self.size}"
             raise TensorArrayIndexError(
-                f"{self._prefix(op)}index must be in [0, {self.size}) for this {kind}-size array"
-                f" of size {self.size}{hint}, got {i}"
+                f"{self._prefix(op)}index must be in [0, {self.size}) for {what}, got {i}"
             )
 
     # ------------------------------------------------------------ flag helpers

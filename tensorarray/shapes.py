@@ -94,6 +94,12 @@ def as_index(index: object, what: str, array_name: str) -> int:
     )
 
 
+def _is_int_scalar(i: object) -> bool:
+    if isinstance(i, torch.Tensor):
+        return i.dim() == 0 and i.dtype in _INT_DTYPES
+    return isinstance(i, numbers.Integral) and not isinstance(i, bool)
+
+
 def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
     """A list of ints from a list/tuple/range of ints or a 1-d integer tensor.
 
@@ -117,7 +123,7 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
         for i in indices:
             if type(i) is int:
                 out.append(i)
-            elif isinstance(i, numbers.Integral) and not isinstance(i, bool):
+            elif _is_int_scalar(i):
                 out.append(int(i))
             elif isinstance(i, (list, tuple, torch.Tensor)):
                 raise TensorArrayShapeError(

@@ -186,6 +186,12 @@ def test_index_arguments_accept_tensors():
     assert TensorArray(torch.float32, torch.tensor(5)).size() == 5
 
 
+def test_index_lists_may_hold_0d_integer_tensors():
+    x = rand((3, 2))
+    ta = TensorArray(torch.float32, 3).scatter([torch.tensor(2), 0, torch.tensor(1)], x)
+    assert torch.equal(ta.gather([torch.tensor(2), 0, 1]), x)
+
+
 def test_size_counts_dynamic_growth():
     ta = TensorArray(torch.float32, 2, dynamic_size=True)
     assert ta.size() == 2
@@ -325,6 +331,16 @@ def test_dynamic_slab_grows_geometrically():
     assert len(calls) <= 8  # 1, 2, 4, ..., 128
     assert [c[0] for c in calls] == sorted(c[0] for c in calls)
     assert torch.equal(ta.stack(), xs)
+
+
+def test_dynamic_array_grows_past_an_adopted_slab():
+    y = rand((3, 2))
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, element_shape=(2,)).unstack(y)
+    assert ta.slab.data_ptr() == y.data_ptr()
+    z = rand((2,))
+    ta = ta.write(4, z)
+    assert ta.size() == 5 and ta.slab.data_ptr() != y.data_ptr()
+    assert torch.equal(ta.stack(), torch.cat([y, torch.zeros(1, 2), z[None]]))
 
 
 def test_dynamic_list_array_with_holes_and_known_shape_reads_zeros():
@@ -669,8 +685,14 @@ def test_error_value_on_another_device():
         (lambda ta: ta.write(0, [1.0]), "torch.Tensor"),
         (lambda ta: ta.grad(3), "source"),
     ],
-    ids=["float_index", "bool_index", "float_tensor_index", "float_in_indices", "list_value",
-         "int_source"],
+    ids=[
+        "float_index",
+        "bool_index",
+        "float_tensor_index",
+        "float_in_indices",
+        "list_value",
+        "int_source",
+    ],
 )
 def test_error_argument_types(call, fragment):
     ta = TensorArray(torch.float32, 2)

@@ -387,8 +387,11 @@ def rnn_tensorarray(x, h0, w_ih, w_hh, b, storage):
 
 @pytest.mark.parametrize("storage", ["slab", "list", "dynamic", "identical"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("T, B, I, H", [(7, 3, 5, 33), (1, 1, 2, 3), (5, 1, 4, 8)],
-                         ids=["T7_B3_I5_H33", "T1_B1", "T5_B1"])
+@pytest.mark.parametrize(
+    "T, B, I, H",
+    [(7, 3, 5, 33), (1, 1, 2, 3), (5, 1, 4, 8)],
+    ids=["T7_B3_I5_H33", "T1_B1", "T5_B1"],
+)
 @pytest.mark.parametrize("device", DEVICES)
 def test_rnn_loop_matches_plain_torch(T, B, I, H, dtype, storage, device):
     params = [

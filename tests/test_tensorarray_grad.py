@@ -253,6 +253,22 @@ def test_soft_copy_mixed_with_unwritten_indices_and_full_shape():
     assert torch.equal(g.stack(), expect)
 
 
+def test_scattered_soft_rows_of_a_gradient_slab_read_as_zeros():
+    ta = forward("slab", elem=(2,), size=5)  # gradient slab memory is NaN-poisoned
+    g = ta.grad("gradients").write(0, torch.ones(2)).write(2, torch.ones(2))
+    g = g.write(4, torch.ones(2))
+    expect = torch.tensor([[1.0, 1], [0, 0], [1, 1], [0, 0], [1, 1]])
+    assert torch.equal(g.stack(), expect)
+
+
+def test_gradient_array_reads_past_its_size_are_errors():
+    g = forward("slab").grad("gradients")
+    with raises(TensorArrayIndexError, g, "got 3", "size 3"):
+        g.read(3)
+    with raises(TensorArrayIndexError, g, "got 5"):
+        g.gather([0, 5])
+
+
 def test_soft_copy_covers_forward_indices_read_as_zeros():
     ta = TensorArray(torch.float32, 2, element_shape=(3,))
     ta.read(0)  # unwritten + full shape: zeros, and the index counts as written
