@@ -170,8 +170,15 @@ def _effective_backend(backend: str, device) -> str:
     if backend == "auto":
         backend = "triton" if device.type == "cuda" or interpret else "reference"
     if backend == "triton" and device.type != "cuda":
-        return "triton (interpreter)"
+        return "triton-interpreter"
     return backend
+
+
+_BACKEND_WORDS = {
+    "triton": "tritonrnn's Triton kernels",
+    "triton-interpreter": "tritonrnn's Triton kernels in the Triton interpreter",
+    "reference": "tritonrnn's pure-PyTorch reference engine",
+}
 
 
 def _cpu_work(s: BenchShape) -> int:
@@ -219,8 +226,8 @@ def cmd_bench(args, argv) -> int:
     backend = _effective_backend(args.backend, device)
     if cpu:
         print("tritonrnn: no CUDA GPU found" if not _gpu() else "tritonrnn: --device cpu")
-        print(f"  Running preset '{preset}' on the CPU: tritonrnn ({backend}) against torch.nn "
-              "on the CPU.")
+        print(f"  Running preset '{preset}' on the CPU: {_BACKEND_WORDS[backend]} against "
+              "torch.nn on the CPU.")
         print("  CPU timings say nothing about GPU speed; correctness is still checked "
               "against torch.nn in float64.")
     else:
