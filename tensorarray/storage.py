@@ -22,6 +22,11 @@ Must return a tensor of exactly ``shape`` (``(capacity, *element_shape)``), ``dt
 ``device``. Contents may be anything: the array tracks which rows hold data and fills rows it
 has to read as zeros itself. The array writes rows in place, so the tensor must not be an
 expanded (stride-0) view, and it must not be shared with anything that writes it concurrently.
+
+Gradient arrays (made per backward pass) inherit their forward array's allocator, and a
+write's backward returns a view of the gradient slab (no copy); a leaf's ``.grad`` may keep
+such a view. An allocator that recycles a buffer must therefore not hand it out again while the
+gradients of the pass that used it are still alive.
 """
 
 

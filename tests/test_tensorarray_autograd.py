@@ -353,6 +353,22 @@ def test_graph_keeps_the_storage_alive_until_backward_and_no_longer():
     assert res() is None  # no reference cycle keeps it
 
 
+def test_device_placement_on_a_non_cpu_device():
+    """The meta device stands in for an accelerator on the CPU: storage, reads and gradients
+    stay on the array's device, the flow on the CPU."""
+    x = leaf((4, 2, 3)).to("meta").detach().requires_grad_()
+    ta = TensorArray(torch.float32, 4, element_shape=(2, 3), device="meta")
+    for t in range(4):
+        ta = ta.write(t, x[t] * 2)
+    y = ta.stack()
+    assert y.device.type == ta.slab.device.type == "meta"
+    assert ta.flow.device.type == "cpu"
+    y.sum().backward()
+    assert x.grad.device.type == "meta" and x.grad.shape == x.shape
+    empty = TensorArray(torch.float32, 2, element_shape=(3,), device="meta")
+    assert empty.stack().device.type == "meta"
+
+
 # ---------------------------------------------------------------- RNN-style loop
 
 
