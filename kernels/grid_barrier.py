@@ -1,0 +1,96 @@
+"""In-kernel grid barrier for persistent multi-program kernels.
+
+A launch whose programs are all co-resident (grid <= SM count, one program per SM) can
+synchronise all of them inside the kernel: every program arrives on one global int32 counter
+and spins until the counter reaches the barrier's target. The counter is monotonic within a
+launch (zeroed by the launcher), so barrier k of the launch waits for (k + 1) * num_programs
+arrivals and no reset or generation flag is needed.
+
+Memory ordering (the CUDA cooperative-groups pattern, expressed with Triton atomics):
+- `tl.debug_barrier()` (bar.sync) first, so every warp of the program has issued its stores of
+  this step before the arrival;
+- arrival: one `atomic_add(+1, sem="release", scope="gpu")`: the program's stores become
+  visible at GPU scope before the arrival can be observed;
+- wait: `atomic_add(+0, sem="acquire", scope="gpu")` polls. Every arrival is a
+  read-modify-write of the counter, so an acquire that reads a value >= target synchronises
+  with all the releases counted in it; then a bar.sync hands that ordering to every warp.
+  A scalar Triton atomic runs on one thread and broadcasts its result through shared memory,
+  so the spin loop's condition is uniform across the program (no divergent bar.sync).
+
+Bounded spin: a program that polls `max_spin` times without seeing the target (or that sees
+the error flag set by another program) sets the error flag (sync[1]) and reports failure; the
+caller stops its time loop and the host launcher raises instead of hanging the GPU.
+
+`sync` is an int32 tensor [2]: counter, error flag. A barrier deadlocks in the interpreter
+(programs run one after another): callers compile it out there (a constexpr) and launch one
+step per launch instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Polls before a barrier gives up. One poll is an L2 round trip (~0.5-1 us under contention),
+# so this is several seconds: far above any legitimate wait (microseconds per step, or the
+# duration of another kernel still holding some SMs), far below "hung forever".
+DEFAULT_MAX_SPIN = 1 << 23
+
+# How often a waiting program also reads the error flag (a power of two, in polls).
+_ERR_POLL_MASK = tl.constexpr(1023)
+
+
+@triton.jit
+def grid_sync(sync_ptr, target, max_spin):
+    """Arrive at the grid barrier and wait until `target` arrivals are counted.
+
+    sync_ptr: int32 [2] (counter, error flag); target: int32 scalar.
+    Returns an int32 scalar: 0 on success, 1 if the wait timed out or another program failed.
+    """
+    # Every warp's stores of this step are issued before the (single-thread) release.
+    tl.debug_barrier()
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    err = seen * 0
+    spins = seen * 0
+    while (seen < target) & (err == 0) & (spins < max_spin):
+        seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+        if (spins & _ERR_POLL_MASK) == 0:
+            err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+    failed = (seen < target).to(tl.int32)
+    if failed != 0:
+        tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
+    # The acquire above was done by one thread; bar.sync orders every warp's later loads.
+    tl.debug_barrier()
+    return failed
+
+
+@triton.jit(do_not_specialize=["n_barriers", "max_spin"])
+def _bare_barriers_kernel(SYNC, n_barriers, max_spin):
+    """Only barriers: the per-step floor of a persistent-grid kernel on this GPU."""
+    failed = n_barriers * 0
+    k = n_barriers * 0
+    while (k < n_barriers) & (failed == 0):
+        failed = grid_sync(SYNC, (k + 1) * tl.num_programs(0), max_spin)
+        k += 1
+
+
+def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
+                      num_warps: int = 4, max_spin: int = DEFAULT_MAX_SPIN) -> torch.Tensor:
+    """Launches `programs` co-resident programs that meet at `n_barriers` grid barriers and do
+    nothing else (benchmark floor and barrier test). Returns the int32 sync tensor [2]
+    (counter, error flag) without synchronising; the counter ends at n_barriers * programs.
+    GPU only: the programs must all be resident (programs <= SM count)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or torch.device(device).type != "cuda":
+        raise ValueError("run_bare_barriers needs a CUDA device (a barrier deadlocks in the "
+                         "interpreter)")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs > sms:
+        raise ValueError(f"{programs} programs cannot all be resident on {sms} SMs")
+    sync = torch.zeros(2, dtype=torch.int32, device=device)
+    _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps)
+    return sync

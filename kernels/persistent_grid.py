@@ -1,0 +1,925 @@
+"""Multi-program recurrent kernels: the persistent-grid and stepwise families.
+
+One kernel per direction of computation (`_grid_fwd_kernel`, `_grid_bwd_kernel`) serves both
+families. The kernel runs the sub-steps [u_begin, u_end) of the recurrence given as runtime
+arguments:
+
+- persistent-grid (GPU): one launch runs every sub-step; the programs stay resident and meet
+  at an in-kernel grid barrier (kernels/grid_barrier.py) after each sub-step's publish.
+- stepwise, and persistent under TRITON_INTERPRET=1 (programs run one after another, so a
+  barrier would deadlock): one launch per sub-step, the barrier compiled out (USE_BARRIER is a
+  constexpr). The launch boundary is the barrier; the math is the same code.
+
+Contract: exactly rnn/reference.py's `recurrence_forward` / `recurrence_backward` (packed rows,
+sorted batch order, per-sequence reversal, outputs written in place).
+
+Work split (G gates, H units, Hout = P with a projection else H, B batch)
+--------------------------------------------------------------------------
+The grid is NH x NB programs, NH = cdiv(H, BLOCK_H) hidden slices times NB = cdiv(B, BLOCK_B)
+batch tiles. Program (p, b) owns
+- the hidden slice hs = [p*BLOCK_H, (p+1)*BLOCK_H) of every gate (gate rows k*H + hs), and
+- the output slice os = [p*BLOCK_O, (p+1)*BLOCK_O) of Hout: os = hs without a projection;
+  with one, BLOCK_O = max(16, next_pow2(cdiv(P, NH))) so the NH programs cover the P outputs
+  (programs past P own an empty slice),
+- the batch rows [b*BLOCK_B, (b+1)*BLOCK_B).
+Tiles are hidden-major, [units, batch]: the weight slice is the dot's A operand (M = units,
+K = reduction) and stays in registers; the batch is the N dimension, so a batch of 16 is a
+full MMA tile.
+
+Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
+  phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
+           the fp32 state buffer), cell pointwise on the own slice, c kept in registers.
+           No projection: publish h = m (own slice) to the state buffer and y.
+           Projection: publish m (own slice) to the m buffer; barrier;
+  phase 1: h[os] = Pw[os, :] @ m^T, publish h (own slice) to the state buffer and y.
+  barrier.
+  On chip per program: R rows [G, BLOCK_H, Hout] (+ bR slice) and, with a projection,
+  Pw rows [BLOCK_O, H].
+Backward, per step s in reverse order (dh_carry: gradient on h_s from step s+1):
+  phase A: dh_carry[os] = sum_k R[k*H + :, os]^T @ dph_{s+1,k}^T (+ GRU's direct term, own
+           slice, kept from phase B) for rows active at s+1; dh = dy[row, os] + dh_carry.
+           Projection: publish dh (own out slice) and write dh_total; barrier;
+  phase B: dm[hs] = Pw[:, hs]^T @ dh^T (projection) or dm = dh; cell backward on the own
+           slice; write dpre_x/dpre_h/m_seq; publish dph (own slice, all gates) to the
+           ping-pong dph buffer; dc kept in registers.
+  barrier. After step 0 a final phase A forms dh0 = dh_carry.
+  On chip per program: R columns [G, H, BLOCK_O] (as [BLOCK_O, H] tiles) and, with a
+  projection, Pw columns [P, BLOCK_H].
+Barriers per step: 1 without a projection, 2 with one (both are true data dependencies; the
+ping-pong h / dph buffers make the single barrier sufficient: a program can only overwrite a
+buffer after the barrier that follows every read of it).
+
+Workspaces (fp32, allocated per call; bytes):
+  forward  h state [2, B, Hout] (8*B*Hout), c state [B, H] (4*B*H, LSTM),
+           m [B, H] (4*B*H, projection), sync int32 [2]
+  backward dph [2, B, G*H] (8*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H] (LSTM),
+           dh [B, P] (projection), sync int32 [2]
+Stepwise launches load the c / dh_carry / dc state tiles at launch start and store them at
+launch end (so they live in global memory between steps); the persistent launch does the same
+once, keeping them in registers for all T steps.
+
+Formulas (for the planner)
+  grid_programs      = cdiv(H, block_h) * cdiv(B, block_b)           (<= SM count to persist)
+  grid_onchip_bytes  = shared memory per program, max over the two directions, e = dtype
+                       bytes, HP = pad(H), OP = pad(Hout), BO = output-slice width:
+    forward  = e*(G*bh*OP + [P] BO*HP) + 4*bb*max(OP, [P] HP)   weights + fp32 operand stage
+    backward = e*(G*BO*HP + [P] bh*OP) + 4*bb*max(HP, [P] OP)
+  The weights stay in shared memory for all steps and are read into registers for each
+  step's dots (an L2 round trip costs far more than that read); their load sits inside a
+  runtime branch on purpose (see `_fwd_cell_phase`).
+
+Precision: loads in the tensors' dtype, fp32 math, states and workspaces, stores cast. tl.dot
+takes operands in the weights' dtype with fp32 accumulation on GPU (input_precision="ieee" for
+fp32); under the interpreter the operands are upcast to fp32 (its bf16 dot is wrong).
+float64 is refused (the backend routes it to the reference).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..rnn.packing import PackInfo
+from . import cells
+from .grid_barrier import DEFAULT_MAX_SPIN, grid_sync
+
+# --------------------------------------------------------------------------------------------
+# Shared tile helpers
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mm(a, b, FP32_DOT: tl.constexpr):
+    """[M, K] @ [K, N] with fp32 accumulation; fp32 operands in IEEE precision (no tf32)."""
+    if FP32_DOT:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _tile(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, DT: tl.constexpr):
+    """tile[i, k] = W[a_idx[i] * a_stride + b_idx[k] * b_stride], zero outside, cast to DT."""
+    ptr = W + a_idx[:, None].to(tl.int64) * a_stride + b_idx[None, :].to(tl.int64) * b_stride
+    return tl.load(ptr, mask=a_ok[:, None] & b_ok[None, :], other=0.0).to(DT)
+
+
+@triton.jit
+def _gate_w(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, k: tl.constexpr, G: tl.constexpr,
+            DT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Gate k's weight tile (see `_tile`), or a zero placeholder for gates the cell lacks
+    (never read; the compiler drops it)."""
+    if k < G:
+        return _tile(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, DT)
+    else:
+        return tl.zeros([BM, BK], DT)
+
+
+@triton.jit
+def _load_rows(ptr, stride, rows, cols, mask):
+    """[units, batch] tile of a packed [N, C] tensor: tile[h, j] = ptr[rows[j], cols[h]]."""
+    return tl.load(ptr + rows[None, :] * stride + cols[:, None], mask=mask, other=0.0).to(
+        tl.float32)
+
+
+@triton.jit
+def _store_rows(ptr, stride, rows, cols, val, mask):
+    tl.store(ptr + rows[None, :] * stride + cols[:, None], val.to(ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _load_gate(ptr, stride, rows, hs, mask, k: tl.constexpr, G: tl.constexpr,
+               H: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+    """Gate k's [units, batch] tile of a packed [N, G*H] tensor, zeros for missing gates."""
+    if k < G:
+        return _load_rows(ptr, stride, rows, k * H + hs, mask)
+    else:
+        return tl.zeros([BH, BB], tl.float32)
+
+
+@triton.jit
+def _store_gate(ptr, stride, rows, hs, val, mask, k: tl.constexpr, G: tl.constexpr,
+                H: tl.constexpr):
+    if k < G:
+        _store_rows(ptr, stride, rows, k * H + hs, val, mask)
+
+
+@triton.jit
+def _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE: tl.constexpr):
+    """Active mask and packed rows (int64) of the batch tile at step s."""
+    sv = lens * 0 + s  # as a tensor: the interpreter mis-types `scalar >= 0` in a mask
+    act = b_ok & (lens > sv) & (sv >= 0)  # s = -1 is the backward's final carry update
+    if REVERSE:
+        t = lens - 1 - sv
+    else:
+        t = sv
+    rows = tl.load(OFFS + t, mask=act, other=0).to(tl.int64) + jb64
+    return act, rows
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gate_pre(w, h_op, bias, k: tl.constexpr, G: tl.constexpr, FP32_DOT: tl.constexpr,
+              BH: tl.constexpr, BB: tl.constexpr):
+    """Recurrent pre-activation of gate k: R_k[hs, :] @ h^T + bR_k[hs], [BH, BB] fp32."""
+    if k < G:
+        return _mm(w, h_op, FP32_DOT) + bias[:, None]
+    else:
+        return tl.zeros([BH, BB], tl.float32)
+
+
+@triton.jit
+def _gate_b(BR, hs, h_ok, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
+            BH: tl.constexpr):
+    """Gate k's recurrent bias slice bR[k*H + hs] in fp32, zeros for missing gates."""
+    if k < G:
+        return tl.load(BR + k * H + hs, mask=h_ok, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros([BH], tl.float32)
+
+
+@triton.jit
+def _fwd_cell_phase(
+    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, hs, h_ok,
+    kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last, tile_on,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
+    HAS_CSEQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
+    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    """Phase 0: gates and cell of the own hidden slice; publishes h (no projection) or m."""
+    # A batch tile whose rows have all finished skips the matmuls (it only carries its state
+    # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
+    # register load out of the step loop, which spills once the slice outgrows registers.
+    if tile_on:
+        # h_{s-1} of the whole batch tile, all Hout columns, written by every program.
+        h_op = tl.load(src + jb64[None, :] * HOUT + kin[:, None],
+                       mask=kin_ok[:, None] & b_ok[None, :], other=0.0,
+                       cache_modifier=".cg").to(DOT_DT)
+        p0 = _gate_pre(w0, h_op, b0, 0, G, FP32_DOT, BLOCK_H, BLOCK_B)
+        p1 = _gate_pre(w1, h_op, b1, 1, G, FP32_DOT, BLOCK_H, BLOCK_B)
+        p2 = _gate_pre(w2, h_op, b2, 2, G, FP32_DOT, BLOCK_H, BLOCK_B)
+        p3 = _gate_pre(w3, h_op, b3, 3, G, FP32_DOT, BLOCK_H, BLOCK_B)
+    else:
+        p0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+        p1 = p0
+        p2 = p0
+        p3 = p0
+    m2 = h_ok[:, None] & act[None, :]
+    x0 = _load_gate(XG, s_xg, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+    x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+    x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+    x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    keep = h_ok[:, None] & b_ok[None, :]
+    own = jb64[None, :] * HOUT + hs[:, None]
+    if P == 0:
+        # Own slice of h_{s-1}: GRU's z * h term, and the value inactive rows keep.
+        h_old = tl.load(src + own, mask=keep, other=0.0, cache_modifier=".cg")
+    else:
+        h_old = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # projection is LSTM-only
+    m, c_new = cells.cell_forward(CELL, x0, x1, x2, x3, p0, p1, p2, p3, h_old, c)
+    if CELL == 0:
+        c = tl.where(act[None, :], c_new, c)
+        if HAS_CSEQ:
+            _store_rows(CSEQ, s_cseq, rows, hs, c_new, m2)
+    if P == 0:
+        h_new = tl.where(act[None, :], m, h_old)
+        tl.store(dst + own, h_new, mask=keep)
+        _store_rows(Y, s_y, rows, hs, m, m2)
+        tl.store(HT + jb64[None, :] * s_ht + hs[:, None], h_new.to(HT.dtype.element_ty),
+                 mask=keep & is_last[None, :])
+    else:
+        tl.store(MWS + jb64[None, :] * H + hs[:, None], m, mask=m2)
+    return c
+
+
+@triton.jit
+def _fwd_proj_phase(
+    Y, s_y, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, os_, o_ok, kh, kh_ok, pw, is_last,
+    tile_on, H: tl.constexpr, HOUT: tl.constexpr, DOT_DT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice."""
+    if tile_on:
+        m_op = tl.load(MWS + jb64[None, :] * H + kh[:, None],
+                       mask=kh_ok[:, None] & act[None, :], other=0.0,
+                       cache_modifier=".cg").to(DOT_DT)
+        hp = _mm(pw, m_op, FP32_DOT)
+    else:
+        hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
+    keep = o_ok[:, None] & b_ok[None, :]
+    own = jb64[None, :] * HOUT + os_[:, None]
+    h_old = tl.load(src + own, mask=keep, other=0.0, cache_modifier=".cg")
+    h_new = tl.where(act[None, :], hp, h_old)
+    tl.store(dst + own, h_new, mask=keep)
+    _store_rows(Y, s_y, rows, os_, hp, o_ok[:, None] & act[None, :])
+    tl.store(HT + jb64[None, :] * s_ht + os_[:, None], h_new.to(HT.dtype.element_ty),
+             mask=keep & is_last[None, :])
+
+
+@triton.jit(do_not_specialize=["B", "n_sub", "u_begin", "u_end", "max_spin", "sync_extra"])
+def _grid_fwd_kernel(
+    XG, s_xg, R, s_r, BR, PW, s_pw, Y, s_y, CSEQ, s_cseq, HT, s_ht, CT, s_ct,
+    LENS, OFFS, HWS, CWS, MWS, SYNC,
+    B, n_sub, u_begin, u_end, max_spin, sync_extra,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_CSEQ: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+    H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
+    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+):
+    """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
+
+    HWS: fp32 [2, B, HOUT] ping-pong h state (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c
+    state (LSTM); MWS: fp32 [B, H] m (projection); SYNC: int32 [2] barrier counter, error.
+    """
+    pid = tl.program_id(0)
+    p = pid % NH
+    hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = hs < H
+    os_ = p * BLOCK_O + tl.arange(0, BLOCK_O)
+    o_ok = os_ < HOUT
+    jb = (pid // NH) * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_ok = jb < B
+    jb64 = jb.to(tl.int64)
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
+    kin = tl.arange(0, HOUT_PAD)
+    kin_ok = kin < HOUT
+    kh = tl.arange(0, H_PAD)
+    kh_ok = kh < H
+
+    # The program's weight slice, loaded once per launch and kept on chip.
+    w0 = _gate_w(R, hs, h_ok, s_r, kin, kin_ok, 1, 0, G, DOT_DT, BLOCK_H, HOUT_PAD)
+    w1 = _gate_w(R + H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 1, G, DOT_DT, BLOCK_H, HOUT_PAD)
+    w2 = _gate_w(R + 2 * H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 2, G, DOT_DT, BLOCK_H,
+                 HOUT_PAD)
+    w3 = _gate_w(R + 3 * H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 3, G, DOT_DT, BLOCK_H,
+                 HOUT_PAD)
+    b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
+    b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
+    b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
+    b3 = _gate_b(BR, hs, h_ok, 3, G, H, BLOCK_H)
+    if P > 0:
+        pw = _tile(PW, os_, o_ok, s_pw, kh, kh_ok, 1, DOT_DT)
+    else:
+        pw = tl.zeros([BLOCK_O, H_PAD], DOT_DT)  # unused placeholder
+
+    keep_h = h_ok[:, None] & b_ok[None, :]
+    c_at = jb64[None, :] * H + hs[:, None]
+    if CELL == 0:
+        c = tl.load(CWS + c_at, mask=keep_h, other=0.0)
+    else:
+        c = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+
+    failed = u_begin * 0
+    u = u_begin
+    while (u < u_end) & (failed == 0):
+        s = u // NPH
+        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE)
+        src = HWS + (s % 2).to(tl.int64) * B * HOUT
+        dst = HWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
+        # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
+        is_last = (jb * 0 + u) == n_sub - 1
+        tile_on = s < tile_len
+        if NPH == 1:
+            c = _fwd_cell_phase(
+                XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok,
+                hs, h_ok, kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last, tile_on,
+                CELL, G, H, HOUT, P, HAS_CSEQ, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+        else:
+            if u % NPH == 0:
+                c = _fwd_cell_phase(
+                    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64,
+                    b_ok, hs, h_ok, kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last,
+                    tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+            else:
+                _fwd_proj_phase(Y, s_y, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, os_,
+                                o_ok, kh, kh_ok, pw, is_last, tile_on, H, HOUT, DOT_DT,
+                                FP32_DOT, BLOCK_O, BLOCK_B)
+        # Nested: the constexpr test must compile the barrier out entirely (interpreter).
+        if USE_BARRIER:  # noqa: SIM102
+            if u + 1 < u_end:
+                failed = grid_sync(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
+                                   max_spin)
+        u += 1
+
+    if CELL == 0:
+        tl.store(CWS + c_at, c, mask=keep_h)
+        done = (jb * 0 + u_end) == n_sub
+        tl.store(CT + jb64[None, :] * s_ct + hs[:, None], c.to(CT.dtype.element_ty),
+                 mask=keep_h & done[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _carry_term(w, base, mask, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
+                DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BO: tl.constexpr,
+                BB: tl.constexpr):
+    """R[k*H + :, os]^T @ dph_k^T for gate k ([BO, BB] fp32), zeros for missing gates."""
+    if k < G:
+        op = tl.load(base + k * H, mask=mask, other=0.0, cache_modifier=".cg").to(DOT_DT)
+        return _mm(w, op, FP32_DOT)
+    else:
+        return tl.zeros([BO, BB], tl.float32)
+
+
+@triton.jit
+def _bwd_carry(carry, w0, w1, w2, w3, src, jb64, act1, kh, kh_ok,
+               G: tl.constexpr, H: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+               BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
+    """dh_carry[os] += dph_{s+1} @ R[:, os] for the rows active at step s+1.
+
+    src: the dph buffer [B, G*H] of step s+1; carry already holds GRU's direct term."""
+    base = src + jb64[None, :] * (G * H) + kh[:, None]
+    mask = kh_ok[:, None] & act1[None, :]
+    acc = _carry_term(w0, base, mask, 0, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    acc += _carry_term(w1, base, mask, 1, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    acc += _carry_term(w2, base, mask, 2, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    acc += _carry_term(w3, base, mask, 3, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    return tl.where(act1[None, :], carry + acc, carry)
+
+
+@triton.jit
+def _bwd_cell_phase(
+    dm, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp,
+    DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dst, rows, act, jb64, hs, h_ok,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, P: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    """Phase B: cell backward of the own hidden slice; writes dpre_x/dpre_h/m_seq, publishes
+    dph to dst ([B, G*H]) and updates the carried dc and GRU's direct term."""
+    m2 = h_ok[:, None] & act[None, :]
+    x0 = _load_gate(PREX, s_px, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+    x1 = _load_gate(PREX, s_px, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+    x2 = _load_gate(PREX, s_px, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+    x3 = _load_gate(PREX, s_px, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    q0 = _load_gate(PREH, s_ph, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+    q1 = _load_gate(PREH, s_ph, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+    q2 = _load_gate(PREH, s_ph, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+    q3 = _load_gate(PREH, s_ph, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    zero = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+    h_new = zero
+    h_prev = zero
+    c = zero
+    c_prev = zero
+    if CELL == 2:
+        h_new = _load_rows(Y, s_y, rows, hs, m2)
+    if CELL == 1:
+        h_prev = _load_rows(HPREV, s_hp, rows, hs, m2)
+    if CELL == 0:
+        c = _load_rows(CSEQ, s_cs, rows, hs, m2)
+        c_prev = _load_rows(CPREV, s_cp, rows, hs, m2)
+    dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
+        CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
+    _store_gate(DPREX, s_dpx, rows, hs, dx0, m2, 0, G, H)
+    _store_gate(DPREX, s_dpx, rows, hs, dx1, m2, 1, G, H)
+    _store_gate(DPREX, s_dpx, rows, hs, dx2, m2, 2, G, H)
+    _store_gate(DPREX, s_dpx, rows, hs, dx3, m2, 3, G, H)
+    if CELL == 1:
+        _store_gate(DPREH, s_dph, rows, hs, dx0, m2, 0, G, H)
+        _store_gate(DPREH, s_dph, rows, hs, dx1, m2, 1, G, H)
+        _store_gate(DPREH, s_dph, rows, hs, dh2, m2, 2, G, H)
+    if P > 0:
+        _store_rows(MSEQ, s_ms, rows, hs, m, m2)
+    # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
+    base = dst + jb64[None, :] * (G * H) + hs[:, None]
+    tl.store(base, dx0, mask=m2)
+    if G > 1:
+        tl.store(base + H, dx1, mask=m2)
+        tl.store(base + 2 * H, dh2, mask=m2)
+    if G > 3:
+        tl.store(base + 3 * H, dx3, mask=m2)
+    if CELL == 0:
+        dc = tl.where(act[None, :], dcp, dc)
+    # The carry of an active row restarts from the part of dh_{s-1} that bypasses R.
+    if P == 0:
+        carry = tl.where(act[None, :], direct, carry)
+    else:
+        carry = tl.where(act[None, :], 0.0, carry)
+    return carry, dc
+
+
+@triton.jit(do_not_specialize=["B", "S", "n_sub", "u_begin", "u_end", "max_spin",
+                               "sync_extra"])
+def _grid_bwd_kernel(
+    PREX, s_px, PREH, s_ph, R, s_r, PW, s_pw, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp,
+    DY, s_dy, DH0, s_dh0, DC0, s_dc0, DPREX, s_dpx, DPREH, s_dph, DHTOT, s_dht, MSEQ, s_ms,
+    LENS, OFFS, DPHWS, CARRYWS, DCWS, DHWS, SYNC,
+    B, S, n_sub, u_begin, u_end, max_spin, sync_extra,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
+    REVERSE: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+    H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
+    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+):
+    """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
+    processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
+    carry update that writes dh0.
+
+    DPHWS: fp32 [2, B, G*H] ping-pong dph (step with index q in slot q % 2); CARRYWS: fp32
+    [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state (LSTM); DHWS: fp32 [B, P] dh
+    (projection); SYNC: int32 [2] barrier counter, error flag.
+    """
+    pid = tl.program_id(0)
+    p = pid % NH
+    hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = hs < H
+    os_ = p * BLOCK_O + tl.arange(0, BLOCK_O)
+    o_ok = os_ < HOUT
+    jb = (pid // NH) * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_ok = jb < B
+    jb64 = jb.to(tl.int64)
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
+    kin = tl.arange(0, HOUT_PAD)
+    kin_ok = kin < HOUT
+    kh = tl.arange(0, H_PAD)
+    kh_ok = kh < H
+
+    # R columns of the own output slice, as [BLOCK_O, H] tiles per gate: tile[o, i] =
+    # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
+    w0 = _gate_w(R, os_, o_ok, 1, kh, kh_ok, s_r, 0, G, DOT_DT, BLOCK_O, H_PAD)
+    w1 = _gate_w(R + H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 1, G, DOT_DT, BLOCK_O, H_PAD)
+    w2 = _gate_w(R + 2 * H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 2, G, DOT_DT, BLOCK_O, H_PAD)
+    w3 = _gate_w(R + 3 * H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 3, G, DOT_DT, BLOCK_O, H_PAD)
+    if P > 0:
+        pwc = _tile(PW, hs, h_ok, 1, kin, kin_ok, s_pw, DOT_DT)
+    else:
+        pwc = tl.zeros([BLOCK_H, HOUT_PAD], DOT_DT)  # unused placeholder
+
+    keep_o = o_ok[:, None] & b_ok[None, :]
+    keep_h = h_ok[:, None] & b_ok[None, :]
+    carry_at = jb64[None, :] * HOUT + os_[:, None]
+    dc_at = jb64[None, :] * H + hs[:, None]
+    carry = tl.load(CARRYWS + carry_at, mask=keep_o, other=0.0)
+    if CELL == 0:
+        dc = tl.load(DCWS + dc_at, mask=keep_h, other=0.0)
+    else:
+        dc = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+
+    dph_size = B * (G * H)
+    failed = u_begin * 0
+    u = u_begin
+    while (u < u_end) & (failed == 0):
+        q = u // NPH
+        s = S - 1 - q
+        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE)
+        act1 = b_ok & (lens > s + 1)
+        dph_src = DPHWS + ((q + 1) % 2).to(tl.int64) * dph_size  # written at index q - 1
+        dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
+        if NPH == 1:
+            if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
+                carry = _bwd_carry(carry, w0, w1, w2, w3, dph_src, jb64, act1, kh, kh_ok,
+                                   G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+            if q < S:
+                dh = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & act[None, :]) + carry
+                carry, dc = _bwd_cell_phase(
+                    dh, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs,
+                    CPREV, s_cp, DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dph_dst, rows, act,
+                    jb64, hs, h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B)
+            else:
+                tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
+                         carry.to(DH0.dtype.element_ty), mask=keep_o)
+        else:
+            if u % NPH == 0:
+                if (q > 0) & (s + 1 < tile_len):
+                    carry = _bwd_carry(carry, w0, w1, w2, w3, dph_src, jb64, act1, kh, kh_ok,
+                                       G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                if q < S:
+                    mo = o_ok[:, None] & act[None, :]
+                    dh = _load_rows(DY, s_dy, rows, os_, mo) + carry
+                    tl.store(DHWS + jb64[None, :] * HOUT + os_[:, None], dh, mask=mo)
+                    _store_rows(DHTOT, s_dht, rows, os_, dh, mo)
+                else:
+                    tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
+                             carry.to(DH0.dtype.element_ty), mask=keep_o)
+            else:
+                if s < tile_len:
+                    dh_op = tl.load(DHWS + jb64[None, :] * HOUT + kin[:, None],
+                                    mask=kin_ok[:, None] & act[None, :], other=0.0,
+                                    cache_modifier=".cg").to(DOT_DT)
+                    dm = _mm(pwc, dh_op, FP32_DOT)
+                else:
+                    dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+                carry, dc = _bwd_cell_phase(
+                    dm, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs,
+                    CPREV, s_cp, DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dph_dst, rows, act,
+                    jb64, hs, h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B)
+        # Nested: the constexpr test must compile the barrier out entirely (interpreter).
+        if USE_BARRIER:  # noqa: SIM102
+            if u + 1 < u_end:
+                failed = grid_sync(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
+                                   max_spin)
+        u += 1
+
+    tl.store(CARRYWS + carry_at, carry, mask=keep_o)
+    if CELL == 0:
+        tl.store(DCWS + dc_at, dc, mask=keep_h)
+        done = (jb * 0 + u_end) == n_sub
+        tl.store(DC0 + jb64[None, :] * s_dc0 + hs[:, None], dc.to(DC0.dtype.element_ty),
+                 mask=keep_h & done[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+_DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _pad(n: int) -> int:
+    return max(16, triton.next_power_of_2(max(n, 1)))
+
+
+def _block_o(H: int, P: int, block_h: int) -> int:
+    """Output-slice width: block_h without a projection, else enough for NH programs."""
+    if P == 0:
+        return block_h
+    return _pad(triton.cdiv(P, triton.cdiv(H, block_h)))
+
+
+def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int) -> int:
+    """Programs one launch uses: cdiv(H, block_h) hidden slices x cdiv(B, block_b) batch tiles.
+
+    A persistent launch needs them all co-resident: the planner checks this is <= SM count.
+    (Hout and P do not change it: the output slices are spread over the hidden programs.)"""
+    return triton.cdiv(H, block_h) * triton.cdiv(B, block_b)
+
+
+def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
+                      block_b: int) -> int:
+    """Per-program shared-memory bytes of the larger direction: the resident weight slice
+    (kept for all steps) plus the largest fp32 operand tile staged per step.
+
+    The compiler keeps each weight tile in shared memory for the whole launch and stages the
+    per-step dot operand (read from the fp32 state buffers) through shared memory as fp32;
+    the staging buffers of different phases share space. With e = dtype bytes, HP = pad(H),
+    OP = pad(Hout), BO = output-slice width, pad(n) = max(16, next power of two):
+      forward  = e*(G*bh*OP + [P] BO*HP) + 4*bb*max(OP, [P] HP)
+      backward = e*(G*BO*HP + [P] bh*OP) + 4*bb*max(HP, [P] OP)
+    This matches the `shared` size Triton 3.9 allocates for sm_90 bf16 kernels (checked for
+    LSTM/GRU/tanh, H 256..1024, with and without projection). The rest (state tiles,
+    accumulators, the dot operands of one gate) lives in registers.
+    """
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    bh, bb = block_h, block_b
+    HP, OP, BO = _pad(H), _pad(Hout), _block_o(H, P, block_h)
+    proj = P > 0
+    fwd = e * (G * bh * OP + (BO * HP if proj else 0)) + 4 * bb * max(OP, HP if proj else 0)
+    bwd = e * (G * BO * HP + (bh * OP if proj else 0)) + 4 * bb * max(HP, OP if proj else 0)
+    return max(fwd, bwd)
+
+
+def check_coresident(programs: int, sm_count: int) -> None:
+    """Refuses a persistent launch that cannot have every program resident at once (the grid
+    barrier would wait forever for programs that never start)."""
+    if programs > sm_count:
+        raise ValueError(
+            f"persistent-grid launch needs all {programs} programs co-resident (one per SM), "
+            f"but the device has {sm_count} SMs; use larger block_h/block_b or "
+            "persistent=False (stepwise)"
+        )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
+    """Sub-step ranges, one per launch. A barrier cannot run in the interpreter, so there a
+    persistent launch covers all sub-steps only when one program needs no barrier."""
+    if persistent and (on_gpu or programs == 1):
+        return [(0, n_sub)]
+    return [(u, u + 1) for u in range(n_sub)]
+
+
+def _check_common(name_tensors, cell, block_h, block_b, num_warps):
+    if cell not in cells.CELL_IDS:
+        raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+    dtype = name_tensors[0][1].dtype
+    if dtype == torch.float64:
+        raise ValueError("grid kernels do not run float64: route float64 to the reference")
+    if dtype not in _DOT_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype}")
+    for name, t in name_tensors:
+        if t is not None and t.dtype != dtype:
+            raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    for name, v in (("block_h", block_h), ("block_b", block_b)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    if num_warps < 1 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two, got {num_warps}")
+    dev = name_tensors[0][1].device
+    interp = _interpreting()
+    if not interp and dev.type != "cuda":
+        raise ValueError("grid kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+    return dtype, dev, not interp
+
+
+def _check_shape(name, t, shape):
+    if t is None:
+        raise ValueError(f"{name} is required here")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def _inp(t):
+    """Input with unit column stride (row strides are passed to the kernel)."""
+    if t is None or t.dim() < 2 or t.stride(-1) == 1 or t.numel() == 0:
+        return t
+    return t.contiguous()
+
+
+class _Outs:
+    """Outputs written in place; ones without unit column stride go through a temporary."""
+
+    def __init__(self):
+        self._back = []
+
+    def __call__(self, t):
+        if t is None or t.stride(-1) == 1 or t.numel() == 0:
+            return t
+        buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        self._back.append((t, buf))
+        return buf
+
+    def finish(self):
+        for t, buf in self._back:
+            t.copy_(buf)
+
+
+def _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype):
+    use_barrier = persistent and on_gpu
+    if use_barrier:
+        check_coresident(programs, torch.cuda.get_device_properties(dev).multi_processor_count)
+    dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
+    return use_barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)
+
+
+def _check_sync(sync, use_barrier):
+    if use_barrier and int(sync[1].item()) != 0:
+        raise RuntimeError(
+            "persistent-grid kernel: a grid barrier timed out (programs not co-resident, or the "
+            "GPU is shared with a kernel that holds SMs); the outputs are invalid. Retry with "
+            "persistent=False (stepwise)."
+        )
+
+
+def grid_forward(
+    cell: str,
+    xg: torch.Tensor,
+    R: torch.Tensor,
+    bR: torch.Tensor,
+    Pw: torch.Tensor | None,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    info: PackInfo,
+    reverse: bool,
+    y: torch.Tensor,
+    c_seq: torch.Tensor | None,
+    hT: torch.Tensor,
+    cT: torch.Tensor | None,
+    *,
+    persistent: bool,
+    block_h: int = 32,
+    block_b: int = 16,
+    num_warps: int = 4,
+    _max_spin: int = DEFAULT_MAX_SPIN,
+    _barrier_extra: int = 0,
+) -> None:
+    """Forward recurrence of one layer/direction, the contract of
+    `rnn.reference.recurrence_forward` (writes y [N, Hout], c_seq [N, H], hT [B, Hout],
+    cT [B, H] in place).
+
+    persistent=True: one launch with a grid barrier per sub-step on GPU (refused when the grid
+    exceeds the SM count); persistent=False: one launch per step (and per projection phase).
+    `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path."""
+    cid = cells.CELL_IDS.get(cell)
+    dtype, dev, on_gpu = _check_common(
+        [("xg", xg), ("R", R), ("bR", bR), ("Pw", Pw), ("h0", h0), ("c0", c0), ("y", y),
+         ("c_seq", c_seq), ("hT", hT), ("cT", cT)], cell, block_h, block_b, num_warps)
+    G = cells.NUM_GATES[cid]
+    lstm = cid == cells.CELL_LSTM
+    GH, Hout = R.shape
+    H = GH // G
+    P = Pw.shape[0] if Pw is not None else 0
+    if P and not lstm:
+        raise ValueError(f"a projection (Pw) is LSTM-only, got cell {cell!r}")
+    B, N, S = info.B, info.N, info.max_len
+    _check_shape("R", R, (G * H, P or H))
+    _check_shape("xg", xg, (N, G * H))
+    _check_shape("bR", bR, (G * H,))
+    if P:
+        _check_shape("Pw", Pw, (P, H))
+    _check_shape("h0", h0, (B, Hout))
+    _check_shape("y", y, (N, Hout))
+    _check_shape("hT", hT, (B, Hout))
+    if lstm:
+        _check_shape("c0", c0, (B, H))
+        _check_shape("cT", cT, (B, H))
+        if c_seq is not None:
+            _check_shape("c_seq", c_seq, (N, H))
+    if S == 0:
+        hT.copy_(h0)
+        if lstm:
+            cT.copy_(c0)
+        return
+
+    outs = _Outs()
+    y_, hT_ = outs(y), outs(hT)
+    cT_ = outs(cT) if lstm else None
+    c_seq_ = outs(c_seq) if lstm else None
+    xg_, R_, Pw_ = _inp(xg), _inp(R), _inp(Pw)
+
+    f32 = dict(dtype=torch.float32, device=dev)
+    h_ws = torch.empty(2, B, Hout, **f32)
+    h_ws[0].copy_(h0)
+    c_ws = c0.to(torch.float32).contiguous().clone() if lstm else h_ws
+    m_ws = torch.empty(B, H, **f32) if P else h_ws
+    sync = torch.zeros(2, dtype=torch.int32, device=dev)
+
+    nph = 2 if P else 1
+    n_sub = nph * S
+    programs = grid_programs(H, Hout, P, B, block_h, block_b)
+    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype)
+    dummy = h_ws
+    c_seq_arg = c_seq_ if c_seq_ is not None else dummy
+    for u0, u1 in ranges:
+        _grid_fwd_kernel[(programs,)](
+            xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
+            Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
+            hT_, hT_.stride(0), cT_ if lstm else dummy, cT_.stride(0) if lstm else 0,
+            info.lengths_sorted, info.offsets, h_ws, c_ws, m_ws, sync,
+            B, n_sub, u0, u1, _max_spin, _barrier_extra,
+            CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse),
+            HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
+            BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
+            H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
+            FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+        )
+    _check_sync(sync, use_barrier)
+    outs.finish()
+
+
+def grid_backward(
+    cell: str,
+    pre_x: torch.Tensor,
+    pre_h: torch.Tensor,
+    R: torch.Tensor,
+    Pw: torch.Tensor | None,
+    y: torch.Tensor,
+    h_prev: torch.Tensor,
+    c_seq: torch.Tensor | None,
+    c_prev: torch.Tensor | None,
+    dy: torch.Tensor,
+    dhT: torch.Tensor,
+    dcT: torch.Tensor | None,
+    info: PackInfo,
+    reverse: bool,
+    dpre_x: torch.Tensor,
+    dpre_h: torch.Tensor | None,
+    dh0: torch.Tensor,
+    dc0: torch.Tensor | None,
+    dh_total: torch.Tensor | None,
+    m_seq: torch.Tensor | None,
+    *,
+    persistent: bool,
+    block_h: int = 32,
+    block_b: int = 16,
+    num_warps: int = 4,
+    _max_spin: int = DEFAULT_MAX_SPIN,
+    _barrier_extra: int = 0,
+) -> None:
+    """Backward recurrence of one layer/direction, the contract of
+    `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU),
+    dh0 [B, Hout], dc0 [B, H] (LSTM), dh_total [N, P] and m_seq [N, H] (projection) in place).
+    No atomics on results: bit-identical run to run."""
+    cid = cells.CELL_IDS.get(cell)
+    dtype, dev, on_gpu = _check_common(
+        [("pre_x", pre_x), ("pre_h", pre_h), ("R", R), ("Pw", Pw), ("y", y),
+         ("h_prev", h_prev), ("c_seq", c_seq), ("c_prev", c_prev), ("dy", dy), ("dhT", dhT),
+         ("dcT", dcT), ("dpre_x", dpre_x), ("dpre_h", dpre_h), ("dh0", dh0), ("dc0", dc0),
+         ("dh_total", dh_total), ("m_seq", m_seq)], cell, block_h, block_b, num_warps)
+    G = cells.NUM_GATES[cid]
+    lstm, gru = cid == cells.CELL_LSTM, cid == cells.CELL_GRU
+    GH, Hout = R.shape
+    H = GH // G
+    P = Pw.shape[0] if Pw is not None else 0
+    if P and not lstm:
+        raise ValueError(f"a projection (Pw) is LSTM-only, got cell {cell!r}")
+    B, N, S = info.B, info.N, info.max_len
+    _check_shape("R", R, (G * H, P or H))
+    for name, t in (("pre_x", pre_x), ("pre_h", pre_h), ("dpre_x", dpre_x)):
+        _check_shape(name, t, (N, G * H))
+    for name, t in (("y", y), ("h_prev", h_prev), ("dy", dy)):
+        _check_shape(name, t, (N, Hout))
+    _check_shape("dhT", dhT, (B, Hout))
+    _check_shape("dh0", dh0, (B, Hout))
+    if gru:
+        _check_shape("dpre_h", dpre_h, (N, G * H))
+    if lstm:
+        for name, t in (("c_seq", c_seq), ("c_prev", c_prev)):
+            _check_shape(name, t, (N, H))
+        _check_shape("dcT", dcT, (B, H))
+        _check_shape("dc0", dc0, (B, H))
+    if P:
+        _check_shape("Pw", Pw, (P, H))
+        _check_shape("dh_total", dh_total, (N, P))
+        _check_shape("m_seq", m_seq, (N, H))
+    if S == 0:
+        dh0.copy_(dhT)
+        if lstm:
+            dc0.copy_(dcT)
+        return
+
+    outs = _Outs()
+    dpre_x_, dh0_ = outs(dpre_x), outs(dh0)
+    dpre_h_ = outs(dpre_h) if gru else None
+    dc0_ = outs(dc0) if lstm else None
+    dh_total_, m_seq_ = (outs(dh_total), outs(m_seq)) if P else (None, None)
+    pre_x_, pre_h_, R_, Pw_, y_, h_prev_, dy_ = (
+        _inp(t) for t in (pre_x, pre_h, R, Pw, y, h_prev, dy))
+    c_seq_, c_prev_ = (_inp(c_seq), _inp(c_prev)) if lstm else (None, None)
+
+    f32 = dict(dtype=torch.float32, device=dev)
+    dph_ws = torch.empty(2, B, G * H, **f32)
+    carry_ws = dhT.to(torch.float32).contiguous().clone()
+    dc_ws = dcT.to(torch.float32).contiguous().clone() if lstm else carry_ws
+    dh_ws = torch.empty(B, P, **f32) if P else carry_ws
+    sync = torch.zeros(2, dtype=torch.int32, device=dev)
+
+    nph = 2 if P else 1
+    n_sub = nph * S + 1
+    programs = grid_programs(H, Hout, P, B, block_h, block_b)
+    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype)
+
+    def arg(t):  # (pointer, row stride) of an optional row-indexed tensor
+        return (t, t.stride(0)) if t is not None else (carry_ws, 0)
+
+    for u0, u1 in ranges:
+        _grid_bwd_kernel[(programs,)](
+            *arg(pre_x_), *arg(pre_h_), *arg(R_), *arg(Pw_ if P else None), *arg(y_),
+            *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
+            *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
+            info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
+            B, S, n_sub, u0, u1, _max_spin, _barrier_extra,
+            CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NPH=nph,
+            NH=triton.cdiv(H, block_h), BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h),
+            BLOCK_B=block_b, H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
+            FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+        )
+    _check_sync(sync, use_barrier)
+    outs.finish()
