@@ -23,8 +23,10 @@ batch tiles. Program (p, b) owns
   (programs past P own an empty slice),
 - the batch rows [b*BLOCK_B, (b+1)*BLOCK_B).
 Tiles are hidden-major, [units, batch]: the weight slice is the dot's A operand (M = units,
-K = reduction) and stays in registers; the batch is the N dimension, so a batch of 16 is a
-full MMA tile.
+K = reduction), loaded once per launch and kept on chip (shared memory, see Formulas); the
+batch is the N dimension, so a batch of 16 is a full MMA tile. A batch tile whose rows have
+all finished (sorted lengths: from step max(len in tile) on) skips its matmuls and only
+carries its state over.
 
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
@@ -76,6 +78,7 @@ float64 is refused (the backend routes it to the reference).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -634,6 +637,10 @@ def check_coresident(programs: int, sm_count: int) -> None:
         )
 
 
+def _device(dev: torch.device, on_gpu: bool):
+    return torch.cuda.device(dev) if on_gpu else contextlib.nullcontext()
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -782,7 +789,7 @@ def grid_forward(
     y_, hT_ = outs(y), outs(hT)
     cT_ = outs(cT) if lstm else None
     c_seq_ = outs(c_seq) if lstm else None
-    xg_, R_, Pw_ = _inp(xg), _inp(R), _inp(Pw)
+    xg_, R_, Pw_, bR = _inp(xg), _inp(R), _inp(Pw), bR.contiguous()
 
     f32 = dict(dtype=torch.float32, device=dev)
     h_ws = torch.empty(2, B, Hout, **f32)
@@ -797,19 +804,20 @@ def grid_forward(
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype)
     dummy = h_ws
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
-    for u0, u1 in ranges:
-        _grid_fwd_kernel[(programs,)](
-            xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
-            Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
-            hT_, hT_.stride(0), cT_ if lstm else dummy, cT_.stride(0) if lstm else 0,
-            info.lengths_sorted, info.offsets, h_ws, c_ws, m_ws, sync,
-            B, n_sub, u0, u1, _max_spin, _barrier_extra,
-            CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse),
-            HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
-            BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
-            H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
-            FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
-        )
+    with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
+        for u0, u1 in ranges:
+            _grid_fwd_kernel[(programs,)](
+                xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
+                Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
+                hT_, hT_.stride(0), cT_ if lstm else dummy, cT_.stride(0) if lstm else 0,
+                info.lengths_sorted, info.offsets, h_ws, c_ws, m_ws, sync,
+                B, n_sub, u0, u1, _max_spin, _barrier_extra,
+                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse),
+                HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
+                BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
+                H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
+                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+            )
     _check_sync(sync, use_barrier)
     outs.finish()
 
@@ -909,17 +917,18 @@ def grid_backward(
     def arg(t):  # (pointer, row stride) of an optional row-indexed tensor
         return (t, t.stride(0)) if t is not None else (carry_ws, 0)
 
-    for u0, u1 in ranges:
-        _grid_bwd_kernel[(programs,)](
-            *arg(pre_x_), *arg(pre_h_), *arg(R_), *arg(Pw_ if P else None), *arg(y_),
-            *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
-            *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
-            info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
-            B, S, n_sub, u0, u1, _max_spin, _barrier_extra,
-            CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NPH=nph,
-            NH=triton.cdiv(H, block_h), BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h),
-            BLOCK_B=block_b, H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
-            FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
-        )
+    with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
+        for u0, u1 in ranges:
+            _grid_bwd_kernel[(programs,)](
+                *arg(pre_x_), *arg(pre_h_), *arg(R_), *arg(Pw_ if P else None), *arg(y_),
+                *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
+                *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
+                info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
+                B, S, n_sub, u0, u1, _max_spin, _barrier_extra,
+                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NPH=nph,
+                NH=triton.cdiv(H, block_h), BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h),
+                BLOCK_B=block_b, H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
+                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+            )
     _check_sync(sync, use_barrier)
     outs.finish()

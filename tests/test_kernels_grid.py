@@ -241,6 +241,15 @@ def test_finished_batch_tile_is_skipped_correctly(proj):
     _check_backward(ins, outs, True)
 
 
+@PERSIST
+def test_lstm_without_c_seq(persistent):
+    # Inference: c_seq=None (no reserve); everything else still written.
+    ins, outs = _forward_problem("lstm", 33, 0, [3, 1], 3)
+    outs["c_seq"] = None
+    _run_forward(ins, outs, False, persistent=persistent, block_h=16)
+    _check_forward(ins, outs, False)
+
+
 def test_all_sequences_empty_copies_states():
     ins, outs = _forward_problem("lstm", 16, 0, [0, 0], 3)
     _run_forward(ins, outs, False, persistent=True, block_h=16)
