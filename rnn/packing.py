@@ -16,6 +16,7 @@ tensor is shared by the two directions and by consecutive layers without any gat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,33 +45,41 @@ class PackInfo:
 
 
 def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo:
-    """Builds the packed layout from host lengths (each in [0, T])."""
+    """The packed layout of a batch, cached by (lengths, T, device): a backprop after its
+    forward, or a training loop that repeats a batch shape, reuses the index tensors."""
+    return _make_pack_info(tuple(lengths), T, torch.device(device))
+
+
+@functools.lru_cache(maxsize=32)
+def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> PackInfo:
+    """Builds the packed layout from host lengths (each in [0, T]) with tensor ops on the host
+    (O(N) vectorised work, no Python loop over rows), then moves the index tensors once."""
     B = len(lengths)
-    order = sorted(range(B), key=lambda b: -lengths[b])
-    sorted_lens = [lengths[b] for b in order]
-    max_len = sorted_lens[0] if B else 0
-    batch_sizes = [sum(1 for n in sorted_lens if n > s) for s in range(max_len)]
-    offsets = [0]
-    for bs in batch_sizes:
-        offsets.append(offsets[-1] + bs)
-    if len(offsets) == 1:
-        offsets.append(0)
-    N = offsets[-1] if max_len else 0
-    row_time = [t for t in range(max_len) for _ in range(batch_sizes[t])]
-    row_batch = [order[j] for t in range(max_len) for j in range(batch_sizes[t])]
-    as_long = dict(dtype=torch.int64, device=device)
-    rt = torch.tensor(row_time, **as_long)
-    rb = torch.tensor(row_batch, **as_long)
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    order = torch.argsort(-lens, stable=True)
+    sorted_lens = lens[order]
+    max_len = int(sorted_lens[0]) if B else 0
+    # batch_sizes[s] = #{b : len_b > s} = reversed cumulative count of lengths above s.
+    counts = torch.bincount(lens, minlength=max_len + 1)
+    batch_sizes = counts.flip(0).cumsum(0).flip(0)[1:]
+    offsets = torch.zeros(max(max_len, 1) + 1, dtype=torch.int64)
+    offsets[1 : max_len + 1] = batch_sizes.cumsum(0)
+    N = int(offsets[max_len]) if max_len else 0
+    row_time = torch.repeat_interleave(torch.arange(max_len), batch_sizes)
+    row_sorted = torch.arange(N) - offsets[row_time]
+    row_batch = order[row_sorted]
+    as_dev = lambda t, dtype=torch.int64: t.to(device=device, dtype=dtype)  # noqa: E731
+    rt, rb = as_dev(row_time), as_dev(row_batch)
     return PackInfo(
         T=T,
         B=B,
         N=N,
         max_len=max_len,
         lengths=tuple(lengths),
-        batch_sizes=tuple(batch_sizes),
-        perm=torch.tensor(order, **as_long),
-        lengths_sorted=torch.tensor(sorted_lens, dtype=torch.int32, device=device),
-        offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+        batch_sizes=tuple(batch_sizes.tolist()),
+        perm=as_dev(order),
+        lengths_sorted=as_dev(sorted_lens, torch.int32),
+        offsets=as_dev(offsets, torch.int32),
         row_time=rt,
         row_batch=rb,
         padded_index=rt * B + rb,
