@@ -28,6 +28,11 @@ update of a Parameter is an update of the buffer. In a forward:
   torch.compile concatenate the weights instead (one copy, differentiable by autograd; the
   compiler sees only tensor ops).
 
+Autocast
+--------
+Under torch.autocast (float16/bfloat16) the input, states and a cast of the weights go to
+the op in the autocast dtype (the fp32 Parameters stay the masters, as torch.nn does on CUDA).
+
 Dropout and training
 --------------------
 In training mode with dropout > 0 and more than one layer, fresh dropout seeds are drawn from
@@ -319,6 +324,8 @@ class _RNNBase(nn.Module):
                      batched: bool) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if _autocast_dtype(x.device) == x.dtype and t.is_floating_point():
+            t = t.to(x.dtype)
         want = shape if batched else (shape[0], shape[2])
         layout = "[num_layers*num_directions, batch, size]" if batched else \
             "[num_layers*num_directions, size] (unbatched input)"
@@ -357,7 +364,8 @@ class _RNNBase(nn.Module):
             raise ValueError(f"input: expected last dimension input_size={self.input_size}, "
                              f"got shape {list(x.shape)}")
         ref = getattr(self, self._flat_weights_names[0])
-        if x.dtype != ref.dtype:
+        autocast = _autocast_dtype(x.device) is not None and x.is_floating_point()
+        if x.dtype != ref.dtype and not autocast:
             raise TypeError(f"input: expected dtype {ref.dtype} (the module's parameters), "
                             f"got {x.dtype}")
         if x.device != ref.device:
@@ -413,8 +421,13 @@ class _RNNBase(nn.Module):
                 x = x.transpose(0, 1)
             seq_lengths = None if lengths is None else self._check_lengths(lengths, x.shape[1])
         B = x.shape[1]
+        cast = _autocast_dtype(x.device)
+        if cast is not None:  # autocast: input, states and weights in its dtype (fp32 masters)
+            x = x.to(cast)
         h0, c0 = self._initial_states(hx, x, B, batched)
         flat = self._flat_weights_for_forward()
+        if cast is not None:
+            flat = flat.to(cast)
         need_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (flat, x, h0, c0)
         )
@@ -440,6 +453,15 @@ class _RNNBase(nn.Module):
         elif self.batch_first:
             output = output.transpose(0, 1).contiguous()
         return (output, (h_n, c_n)) if lstm else (output, h_n)
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for `device` (a float16/bfloat16 dtype)."""
+    if torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)
+        if dtype in (torch.float16, torch.bfloat16):
+            return dtype
+    return None
 
 
 def _pad_packed(data: torch.Tensor, batch_sizes: torch.Tensor,

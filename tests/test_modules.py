@@ -559,3 +559,49 @@ def test_triton_backend_matches_torch(mode, kind):
     """backend='triton' (the interpreter without a GPU) in float32 on tiny shapes."""
     compare(mode, kind=kind, layers=2, bidirectional=True, backend="triton",
             dtype=torch.float32, tol=FP32_TOL, batch_first=kind == "lengths")
+
+
+# ----------------------------------------------------------------------------- autocast
+
+
+def test_autocast_bfloat16():
+    """Under autocast the op runs in bfloat16 and the fp32 parameters get fp32 gradients.
+    Tolerance: inputs and weights rounded to bf16 (2^-9 relative each) through ~10-term sums
+    and 6 steps, outputs stored in bf16: within 8 x 2^-9 = 1.6e-2 of fp32 at |values| <= 1."""
+    ours, theirs = make_pair("lstm", dtype=torch.float32, num_layers=2, bidirectional=True)
+    x = torch.randn(T, 3, I)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (hn, cn) = ours(x, (torch.zeros(4, 3, H), torch.zeros(4, 3, H)))
+    assert out.dtype == hn.dtype == cn.dtype == torch.bfloat16
+    want, _ = theirs(x)
+    torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1.6e-2)
+    out.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ours.parameters())
+
+
+# ----------------------------------------------------------------------------- example
+
+
+def test_example_trains_a_few_steps(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_varlen.py"
+    spec = importlib.util.spec_from_file_location("train_varlen", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    results = example.main(["--device", "cpu", "--steps", "4", "--warmup", "1",
+                            "--eval-batches", "1", "--batch-size", "8", "--hidden", "8",
+                            "--layers", "2", "--bidirectional", "--dropout", "0.1",
+                            "--backend", "reference", "--compare-torch", "--quiet"])
+    assert set(results) == {"tritonrnn", "torch.nn"}
+    for r in results.values():
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["tokens_per_s"] > 0
+    printed = capsys.readouterr().out
+    assert "tokens/s" in printed and "speedup" in printed
+    # --packed feeds PackedSequences through the same model.
+    packed = example.main(["--device", "cpu", "--steps", "2", "--warmup", "0",
+                           "--eval-batches", "1", "--batch-size", "4", "--hidden", "8",
+                           "--cell", "gru", "--packed", "--backend", "reference", "--quiet",
+                           "--no-compare-torch"])
+    assert set(packed) == {"tritonrnn"}
