@@ -1,0 +1,591 @@
+"""Persistent-CTA recurrent kernels: one program per batch tile, all of R on chip for all steps.
+
+Each program owns `BLOCK_B` consecutive rows of the length-sorted batch. Before the time loop it
+loads the recurrent weights R (all G gates), bR and, with an LSTM projection, Pw once and keeps
+them on chip; the states (forward h, c; backward the carried dh, dc) live in registers across
+steps. Programs never talk to each other, so there is no grid barrier and no atomic, and every
+result is bit-identical from run to run.
+
+Both launchers have exactly the contract of `rnn.reference.recurrence_forward` /
+`recurrence_backward` (sorted batch order for batch-indexed tensors, packed rows for the rest,
+per-sequence reversal in the reverse direction, outputs written in place), plus tile keywords.
+
+Per-step cost inside a program: G dots [BLOCK_B, Hout] x [Hout, H] (forward) or
+[BLOCK_B, H] x [H, Hout] (backward), plus one [H, P] / [P, H] dot with a projection. The family
+is only worth it while the weights fit one SM; `cta_onchip_bytes` gives the footprint the
+planner compares against the SM's budget.
+
+Layouts of the on-chip tiles (padded to powers of two >= 16 and masked, so any size works):
+
+    forward   R_k^T  [BLOCK_HO, BLOCK_H]  (ph_k = h @ R_k^T)     Pw^T [BLOCK_H, BLOCK_HO]
+    backward  R_k    [BLOCK_H, BLOCK_HO]  (dh += dph_k @ R_k)    Pw   [BLOCK_HO, BLOCK_H]
+
+with R_k = R[k*H:(k+1)*H, :] and BLOCK_HO the padded Hout (= P with a projection).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonrnn.rnn.packing import PackInfo
+
+from . import cells
+
+_HALF = (torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, *_HALF)
+
+
+# ----------------------------------------------------------------------------------------------
+# Small @triton.jit helpers: gate tiles, gate dots, gate loads/stores. Gates k >= G return
+# zeros and cost nothing (constexpr branches), so one kernel body serves 1, 3 and 4 gates.
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gate_weight(R, K: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr,
+                 TRANS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """Gate K's recurrent tile of R [G*H, HOUT] (row-major, contiguous): R_K^T [BLOCK_HO, BLOCK_H]
+    if TRANS else R_K [BLOCK_H, BLOCK_HO]; zeros in the padding. UPCAST: fp32 (interpreter)."""
+    if TRANS:
+        i = tl.arange(0, BLOCK_HO)[:, None]  # Hout index
+        j = tl.arange(0, BLOCK_H)[None, :]  # unit index inside gate K
+        ptrs = R + (K * H + j) * HOUT + i
+        mask = (i < HOUT) & (j < H)
+    else:
+        i = tl.arange(0, BLOCK_H)[:, None]
+        j = tl.arange(0, BLOCK_HO)[None, :]
+        ptrs = R + (K * H + i) * HOUT + j
+        mask = (i < H) & (j < HOUT)
+    if K < G:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        w = tl.zeros(ptrs.shape, R.dtype.element_ty)  # never read: dead code
+    if UPCAST:
+        w = w.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _mm(a, w, acc, IEEE: tl.constexpr):
+    """acc + a [M, K] @ w [K, N] with fp32 accumulation (acc: fp32 [M, N] or None).
+
+    Callers round a to the weights' storage dtype (bf16/fp16 operands on the tensor cores);
+    under the interpreter w is fp32 and a is upcast again, which reproduces the GPU's exact
+    half x half products. IEEE keeps fp32 x fp32 exact instead of tf32."""
+    if IEEE:
+        out = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a.to(w.dtype), w, acc)
+    return out
+
+
+@triton.jit
+def _gate_mm(a, w, K: tl.constexpr, G: tl.constexpr, IEEE: tl.constexpr,
+             BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    if K < G:
+        out = _mm(a, w, None, IEEE)
+    else:
+        out = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    return out
+
+
+@triton.jit
+def _gate_bias(BR, K: tl.constexpr, G: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr):
+    """bR of gate K as a [1, BLOCK_H] fp32 row (zeros in the padding and for K >= G)."""
+    j = tl.arange(0, BLOCK_H)
+    if K < G:
+        b = tl.load(BR + K * H + j, mask=j < H, other=0.0).to(tl.float32)
+    else:
+        b = tl.zeros([BLOCK_H], tl.float32)
+    return b[None, :]
+
+
+@triton.jit
+def _gate_load(ptrs, K: tl.constexpr, G: tl.constexpr, H: tl.constexpr, mask,
+               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Gate K's columns (K*H + j) of a [N, G*H] row block as fp32; zeros for K >= G."""
+    if K < G:
+        v = tl.load(ptrs + K * H, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    return v
+
+
+@triton.jit
+def _gate_store(ptrs, K: tl.constexpr, G: tl.constexpr, H: tl.constexpr, v, mask):
+    if K < G:
+        tl.store(ptrs + K * H, v.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _step_rows(OFFS, lens, s, offs_b, active, REVERSE: tl.constexpr):
+    """int64 packed row of each tile row at step s: offsets[t] + j with t = s (forward) or
+    t = len_j - 1 - s (reverse, per-sequence reversal)."""
+    if REVERSE:
+        t = lens - 1 - s
+        off = tl.load(OFFS + t, mask=active, other=0)
+    else:
+        off = tl.load(OFFS + s)
+    return off.to(tl.int64) + offs_b.to(tl.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["B"])
+def _cta_forward_kernel(
+    XG, R, BR, PW, H0, C0, LENS, OFFS, Y, CSEQ, HT, CT,
+    B,
+    stride_xg, stride_y, stride_cseq, stride_h0, stride_c0, stride_ht, stride_ct,
+    H: tl.constexpr, HOUT: tl.constexpr,
+    CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, HAS_CSEQ: tl.constexpr,
+    REVERSE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
+):
+    IS_LSTM: tl.constexpr = CELL == 0
+    pid = tl.program_id(0)
+    offs_b = pid * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_b = offs_b < B
+    cols_h = tl.arange(0, BLOCK_H)[None, :]
+    cols_o = tl.arange(0, BLOCK_HO)[None, :]
+    lens = tl.load(LENS + offs_b, mask=in_b, other=0)
+    # Sorted longest first, so the tile's first row bounds its loop; finished tiles stop early.
+    n_steps = tl.max(lens, axis=0)
+
+    # On-chip for all steps: R_k^T, bR_k (and Pw^T).
+    w0 = _gate_weight(R, 0, G, H, HOUT, True, BLOCK_H, BLOCK_HO, UPCAST)
+    w1 = _gate_weight(R, 1, G, H, HOUT, True, BLOCK_H, BLOCK_HO, UPCAST)
+    w2 = _gate_weight(R, 2, G, H, HOUT, True, BLOCK_H, BLOCK_HO, UPCAST)
+    w3 = _gate_weight(R, 3, G, H, HOUT, True, BLOCK_H, BLOCK_HO, UPCAST)
+    b0 = _gate_bias(BR, 0, G, H, BLOCK_H)
+    b1 = _gate_bias(BR, 1, G, H, BLOCK_H)
+    b2 = _gate_bias(BR, 2, G, H, BLOCK_H)
+    b3 = _gate_bias(BR, 3, G, H, BLOCK_H)
+    if HAS_PROJ:
+        # Pw [HOUT, H] read transposed: tile (i, j) = Pw[j, i].
+        pi = tl.arange(0, BLOCK_H)[:, None]
+        pw = tl.load(PW + cols_o * H + pi, mask=(pi < H) & (cols_o < HOUT), other=0.0)
+        if UPCAST:
+            pw = pw.to(tl.float32)
+
+    b64 = offs_b.to(tl.int64)[:, None]
+    mask_bo = in_b[:, None] & (cols_o < HOUT)
+    mask_bh = in_b[:, None] & (cols_h < H)
+    h = tl.load(H0 + b64 * stride_h0 + cols_o, mask=mask_bo, other=0.0).to(tl.float32)
+    if IS_LSTM:
+        c = tl.load(C0 + b64 * stride_c0 + cols_h, mask=mask_bh, other=0.0).to(tl.float32)
+    else:
+        c = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+
+    for s in range(0, n_steps):
+        active = lens > s  # false for rows past B too (their lens load as 0)
+        rows = _step_rows(OFFS, lens, s, offs_b, active, REVERSE)[:, None]
+        act_h = active[:, None] & (cols_h < H)
+        act_o = active[:, None] & (cols_o < HOUT)
+        xp = XG + rows * stride_xg + cols_h
+        x0 = _gate_load(xp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
+        x1 = _gate_load(xp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
+        x2 = _gate_load(xp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
+        x3 = _gate_load(xp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
+        h_op = h.to(R.dtype.element_ty)
+        p0 = _gate_mm(h_op, w0, 0, G, IEEE, BLOCK_B, BLOCK_H) + b0
+        p1 = _gate_mm(h_op, w1, 1, G, IEEE, BLOCK_B, BLOCK_H) + b1
+        p2 = _gate_mm(h_op, w2, 2, G, IEEE, BLOCK_B, BLOCK_H) + b2
+        p3 = _gate_mm(h_op, w3, 3, G, IEEE, BLOCK_B, BLOCK_H) + b3
+        # h is [BLOCK_B, BLOCK_HO]; only GRU reads h_prev, and GRU has Hout == H.
+        m, c_new = cells.cell_forward(CELL, x0, x1, x2, x3, p0, p1, p2, p3, h, c)
+        if HAS_PROJ:
+            h_new = _mm(m.to(PW.dtype.element_ty), pw, None, IEEE)
+        else:
+            h_new = m
+        tl.store(Y + rows * stride_y + cols_o, h_new.to(Y.dtype.element_ty), mask=act_o)
+        # Finished rows keep their state, so the final store holds each row's own last step.
+        h = tl.where(active[:, None], h_new, h)
+        if IS_LSTM:
+            if HAS_CSEQ:
+                tl.store(CSEQ + rows * stride_cseq + cols_h, c_new.to(CSEQ.dtype.element_ty),
+                         mask=act_h)
+            c = tl.where(active[:, None], c_new, c)
+
+    tl.store(HT + b64 * stride_ht + cols_o, h.to(HT.dtype.element_ty), mask=mask_bo)
+    if IS_LSTM:
+        tl.store(CT + b64 * stride_ct + cols_h, c.to(CT.dtype.element_ty), mask=mask_bh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["B"])
+def _cta_backward_kernel(
+    PX, PH, R, PW, Y, HPREV, CSEQ, CPREV, DY, DHT, DCT, LENS, OFFS,
+    DPX, DPH, DH0, DC0, DHTOT, MSEQ,
+    B,
+    stride_px, stride_ph, stride_y, stride_hp, stride_cs, stride_cp, stride_dy,
+    stride_dht, stride_dct, stride_dpx, stride_dph, stride_dh0, stride_dc0,
+    stride_dhtot, stride_mseq,
+    H: tl.constexpr, HOUT: tl.constexpr,
+    CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, REVERSE: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
+):
+    IS_LSTM: tl.constexpr = CELL == 0
+    IS_GRU: tl.constexpr = CELL == 1
+    pid = tl.program_id(0)
+    offs_b = pid * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_b = offs_b < B
+    cols_h = tl.arange(0, BLOCK_H)[None, :]
+    cols_o = tl.arange(0, BLOCK_HO)[None, :]
+    lens = tl.load(LENS + offs_b, mask=in_b, other=0)
+    n_steps = tl.max(lens, axis=0)
+
+    # On-chip for all steps: R_k (dh_prev = sum_k dph_k @ R_k) and Pw (dm = dh @ Pw).
+    w0 = _gate_weight(R, 0, G, H, HOUT, False, BLOCK_H, BLOCK_HO, UPCAST)
+    w1 = _gate_weight(R, 1, G, H, HOUT, False, BLOCK_H, BLOCK_HO, UPCAST)
+    w2 = _gate_weight(R, 2, G, H, HOUT, False, BLOCK_H, BLOCK_HO, UPCAST)
+    w3 = _gate_weight(R, 3, G, H, HOUT, False, BLOCK_H, BLOCK_HO, UPCAST)
+    if HAS_PROJ:
+        pi = tl.arange(0, BLOCK_HO)[:, None]
+        pw = tl.load(PW + pi * H + cols_h, mask=(pi < HOUT) & (cols_h < H), other=0.0)
+        if UPCAST:
+            pw = pw.to(tl.float32)
+
+    b64 = offs_b.to(tl.int64)[:, None]
+    mask_bo = in_b[:, None] & (cols_o < HOUT)
+    mask_bh = in_b[:, None] & (cols_h < H)
+    # Reverse time: row j is inactive for s >= len_j, then active down to s = 0. Its carries
+    # take dhT/dcT at its first step (s = len_j - 1) and are updated unconditionally: an
+    # inactive row has zero carries and loads only zeros, so it computes exact zeros (and
+    # rows never mix in a dot). Selecting the input instead of freezing the carried state
+    # also avoids an LLVM SLP-vectorizer crash (Triton 3.9, sm_90, fp32 FMA dots).
+    dh_T = tl.load(DHT + b64 * stride_dht + cols_o, mask=mask_bo, other=0.0).to(tl.float32)
+    dh_carry = tl.zeros([BLOCK_B, BLOCK_HO], tl.float32)
+    dc_carry = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+    if IS_LSTM:
+        dc_T = tl.load(DCT + b64 * stride_dct + cols_h, mask=mask_bh, other=0.0).to(tl.float32)
+
+    for i in range(0, n_steps):
+        s = n_steps - 1 - i
+        active = lens > s
+        rows = _step_rows(OFFS, lens, s, offs_b, active, REVERSE)[:, None]
+        act_h = active[:, None] & (cols_h < H)
+        act_o = active[:, None] & (cols_o < HOUT)
+        dy = tl.load(DY + rows * stride_dy + cols_o, mask=act_o, other=0.0).to(tl.float32)
+        first = (lens == s + 1)[:, None]
+        dh = dy + tl.where(first, dh_T, dh_carry)
+        if HAS_PROJ:
+            dm = _mm(dh.to(PW.dtype.element_ty), pw, None, IEEE)
+        else:
+            dm = dh
+        xp = PX + rows * stride_px + cols_h
+        hp = PH + rows * stride_ph + cols_h
+        x0 = _gate_load(xp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
+        x1 = _gate_load(xp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
+        x2 = _gate_load(xp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
+        x3 = _gate_load(xp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
+        p0 = _gate_load(hp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
+        p1 = _gate_load(hp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
+        p2 = _gate_load(hp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
+        p3 = _gate_load(hp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
+        # Only the tensors the cell reads are loaded (h_t: tanh; h_{t-1}: GRU; c: LSTM);
+        # the others are placeholders of the right shape. Non-LSTM cells have Hout == H.
+        if CELL == 2:
+            h_new = tl.load(Y + rows * stride_y + cols_o, mask=act_o, other=0.0)
+            h_new = h_new.to(tl.float32)
+        else:
+            h_new = dm
+        if IS_GRU:
+            h_prev = tl.load(HPREV + rows * stride_hp + cols_o, mask=act_o, other=0.0)
+            h_prev = h_prev.to(tl.float32)
+        else:
+            h_prev = dm
+        if IS_LSTM:
+            c = tl.load(CSEQ + rows * stride_cs + cols_h, mask=act_h, other=0.0).to(tl.float32)
+            c_prev = tl.load(CPREV + rows * stride_cp + cols_h, mask=act_h, other=0.0)
+            c_prev = c_prev.to(tl.float32)
+            dc_carry = tl.where(first, dc_T, dc_carry)
+        else:
+            c = dm
+            c_prev = dm
+        d0, d1, d2, d3, dn, direct, dc_prev, m = cells.cell_backward(
+            CELL, x0, x1, x2, x3, p0, p1, p2, p3, dm, h_new, h_prev, c, c_prev, dc_carry
+        )
+        gx = DPX + rows * stride_dpx + cols_h
+        _gate_store(gx, 0, G, H, d0, act_h)
+        _gate_store(gx, 1, G, H, d1, act_h)
+        _gate_store(gx, 2, G, H, d2, act_h)
+        _gate_store(gx, 3, G, H, d3, act_h)
+        if IS_GRU:
+            gh = DPH + rows * stride_dph + cols_h
+            _gate_store(gh, 0, G, H, d0, act_h)
+            _gate_store(gh, 1, G, H, d1, act_h)
+            _gate_store(gh, 2, G, H, dn, act_h)
+        if HAS_PROJ:
+            tl.store(DHTOT + rows * stride_dhtot + cols_o, dh.to(DHTOT.dtype.element_ty),
+                     mask=act_o)
+            tl.store(MSEQ + rows * stride_mseq + cols_h, m.to(MSEQ.dtype.element_ty),
+                     mask=act_h)
+        # The h-side gradient of gate 2 is dn (GRU: dx2 * r; the other cells: dx2).
+        # Accumulated in a fixed order (direct, gates 0..G-1) inside the dots' fp32 accumulator.
+        if IS_GRU:
+            carry = direct
+        else:
+            carry = tl.zeros([BLOCK_B, BLOCK_HO], tl.float32)
+        odt = R.dtype.element_ty
+        carry = _mm(d0.to(odt), w0, carry, IEEE)
+        if G > 1:
+            carry = _mm(d1.to(odt), w1, carry, IEEE)
+            carry = _mm(dn.to(odt), w2, carry, IEEE)
+        if G > 3:
+            carry = _mm(d3.to(odt), w3, carry, IEEE)
+        dh_carry = carry
+        dc_carry = dc_prev
+
+    # Every row of length >= 1 is active at s = 0; length-0 rows pass dhT/dcT through.
+    never = (lens == 0)[:, None]
+    dh0 = tl.where(never, dh_T, dh_carry)
+    tl.store(DH0 + b64 * stride_dh0 + cols_o, dh0.to(DH0.dtype.element_ty), mask=mask_bo)
+    if IS_LSTM:
+        dc0 = tl.where(never, dc_T, dc_carry)
+        tl.store(DC0 + b64 * stride_dc0 + cols_h, dc0.to(DC0.dtype.element_ty), mask=mask_bh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+
+def _block(n: int) -> int:
+    """Padded tile size: power of two >= 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _row_stride(name: str, t: torch.Tensor | None) -> int:
+    """Row stride of a [rows, C] tensor whose columns are unit-stride (column slices of a wider
+    tensor are fine); 0 for an absent tensor."""
+    if t is None:
+        return 0
+    if t.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor, got shape {list(t.shape)}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name}: expected unit column stride, got strides {list(t.stride())}")
+    return t.stride(0)
+
+
+def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int, others):
+    if cell not in cells.CELL_IDS:
+        raise ValueError(f"cell: expected one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+    if xg.dtype not in _SUPPORTED:
+        raise ValueError(
+            f"dtype: the persistent-CTA kernels take float32/float16/bfloat16, got {xg.dtype} "
+            "(float64 runs on the reference backend)"
+        )
+    for name, t in others.items():
+        if t is not None and t.dtype != xg.dtype:
+            raise ValueError(f"{name}: expected dtype {xg.dtype}, got {t.dtype}")
+    if block_b < 16 or block_b & (block_b - 1):
+        raise ValueError(f"block_b: expected a power of two >= 16 (tl.dot), got {block_b}")
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    if R.dim() != 2 or R.shape[0] % G:
+        raise ValueError(f"R: expected [{G}*H, Hout] for cell {cell!r}, got {list(R.shape)}")
+    if Pw is not None and cell != "lstm":
+        raise ValueError(f"Pw: a projection needs cell 'lstm', got {cell!r}")
+
+
+def _dot_flags(dtype: torch.dtype, allow_tf32: bool) -> tuple[bool, bool]:
+    """(UPCAST, IEEE). The interpreter's bf16 tl.dot is broken: run its dots in fp32."""
+    upcast = _interpreting()
+    ieee = (upcast or dtype == torch.float32) and not allow_tf32
+    return upcast, ieee
+
+
+def cta_forward(
+    cell: str,
+    xg: torch.Tensor,
+    R: torch.Tensor,
+    bR: torch.Tensor,
+    Pw: torch.Tensor | None,
+    h0: torch.Tensor,
+    c0: torch.Tensor | None,
+    info: PackInfo,
+    reverse: bool,
+    y: torch.Tensor,
+    c_seq: torch.Tensor | None,
+    hT: torch.Tensor,
+    cT: torch.Tensor | None,
+    *,
+    block_b: int = 16,
+    num_warps: int = 4,
+    allow_tf32: bool = False,
+) -> None:
+    """Persistent-CTA forward of one layer/direction; contract of
+    `rnn.reference.recurrence_forward`, writing y [N, Hout], c_seq [N, H] (LSTM, may be None),
+    hT [B, Hout] and cT [B, H] (LSTM) in place.
+
+    xg: [N, G*H] input-side pre-activations (W x + bW); R: [G*H, Hout]; bR: [G*H];
+    Pw: [P, H] or None (Hout = P); h0: [B, Hout]; c0: [B, H] or None (sorted batch order).
+    y may be a column slice of a wider [N, D*Hout] tensor. block_b: batch rows per program
+    (power of two >= 16); allow_tf32: tf32 dots for float32 inputs (default: exact fp32).
+    """
+    _check_common(cell, xg, R, Pw, block_b,
+                  dict(R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT))
+    cid = cells.CELL_IDS[cell]
+    G = cells.NUM_GATES[cid]
+    H = R.shape[0] // G
+    Hout = R.shape[1]
+    lstm = cid == cells.CELL_LSTM
+    if info.B == 0:
+        return
+    R, bR = R.contiguous(), bR.contiguous()
+    Pw = Pw.contiguous() if Pw is not None else None
+    upcast, ieee = _dot_flags(xg.dtype, allow_tf32)
+    grid = (triton.cdiv(info.B, block_b),)
+    _cta_forward_kernel[grid](
+        xg, R, bR, Pw if Pw is not None else R, h0, c0 if lstm else h0,
+        info.lengths_sorted, info.offsets, y, c_seq if c_seq is not None else y,
+        hT, cT if lstm else hT,
+        info.B,
+        _row_stride("xg", xg), _row_stride("y", y), _row_stride("c_seq", c_seq),
+        _row_stride("h0", h0), _row_stride("c0", c0), _row_stride("hT", hT),
+        _row_stride("cT", cT),
+        H, Hout,
+        CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
+        REVERSE=bool(reverse), UPCAST=upcast, IEEE=ieee,
+        BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
+        num_warps=num_warps,
+    )
+
+
+def cta_backward(
+    cell: str,
+    pre_x: torch.Tensor,
+    pre_h: torch.Tensor,
+    R: torch.Tensor,
+    Pw: torch.Tensor | None,
+    y: torch.Tensor,
+    h_prev: torch.Tensor,
+    c_seq: torch.Tensor | None,
+    c_prev: torch.Tensor | None,
+    dy: torch.Tensor,
+    dhT: torch.Tensor,
+    dcT: torch.Tensor | None,
+    info: PackInfo,
+    reverse: bool,
+    dpre_x: torch.Tensor,
+    dpre_h: torch.Tensor | None,
+    dh0: torch.Tensor,
+    dc0: torch.Tensor | None,
+    dh_total: torch.Tensor | None,
+    m_seq: torch.Tensor | None,
+    *,
+    block_b: int = 16,
+    num_warps: int = 4,
+    allow_tf32: bool = False,
+) -> None:
+    """Persistent-CTA backward of one layer/direction; contract of
+    `rnn.reference.recurrence_backward`, writing dpre_x [N, G*H], dpre_h [N, G*H] (GRU only),
+    dh0 [B, Hout], dc0 [B, H] (LSTM), and with a projection dh_total [N, P] and m_seq [N, H].
+
+    pre_x, pre_h: [N, G*H] recomputed pre-activations; R: [G*H, Hout]; Pw: [P, H] or None;
+    y, h_prev: [N, Hout]; c_seq, c_prev: [N, H] (LSTM); dy: [N, Hout] (may be a column slice of
+    a wider tensor, like y); dhT: [B, Hout]; dcT: [B, H] (LSTM).
+    """
+    _check_common(cell, pre_x, R, Pw, block_b, dict(
+        pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq, c_prev=c_prev, dy=dy,
+        dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0, dc0=dc0, dh_total=dh_total,
+        m_seq=m_seq,
+    ))
+    cid = cells.CELL_IDS[cell]
+    G = cells.NUM_GATES[cid]
+    H = R.shape[0] // G
+    Hout = R.shape[1]
+    lstm = cid == cells.CELL_LSTM
+    gru = cid == cells.CELL_GRU
+    proj = Pw is not None
+    if gru and dpre_h is None:
+        raise ValueError("dpre_h: expected a [N, G*H] buffer for cell 'gru', got None")
+    if proj and (dh_total is None or m_seq is None):
+        raise ValueError("dh_total, m_seq: expected [N, P] and [N, H] buffers with Pw, got None")
+    if info.B == 0:
+        return
+    R = R.contiguous()
+    Pw = Pw.contiguous() if proj else None
+    upcast, ieee = _dot_flags(pre_x.dtype, allow_tf32)
+    grid = (triton.cdiv(info.B, block_b),)
+    dummy = pre_x  # stands in for absent tensors; never dereferenced (constexpr branches)
+    _cta_backward_kernel[grid](
+        pre_x, pre_h, R, Pw if proj else dummy, y, h_prev,
+        c_seq if lstm else dummy, c_prev if lstm else dummy, dy, dhT,
+        dcT if lstm else dummy, info.lengths_sorted, info.offsets,
+        dpre_x, dpre_h if gru else dummy, dh0, dc0 if lstm else dummy,
+        dh_total if proj else dummy, m_seq if proj else dummy,
+        info.B,
+        _row_stride("pre_x", pre_x), _row_stride("pre_h", pre_h), _row_stride("y", y),
+        _row_stride("h_prev", h_prev), _row_stride("c_seq", c_seq if lstm else None),
+        _row_stride("c_prev", c_prev if lstm else None), _row_stride("dy", dy),
+        _row_stride("dhT", dhT), _row_stride("dcT", dcT if lstm else None),
+        _row_stride("dpre_x", dpre_x), _row_stride("dpre_h", dpre_h if gru else None),
+        _row_stride("dh0", dh0), _row_stride("dc0", dc0 if lstm else None),
+        _row_stride("dh_total", dh_total if proj else None),
+        _row_stride("m_seq", m_seq if proj else None),
+        H, Hout,
+        CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), UPCAST=upcast, IEEE=ieee,
+        BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
+        num_warps=num_warps,
+    )
+
+
+class CtaFootprint(NamedTuple):
+    """On-chip bytes of one program (the larger of the forward and backward kernels)."""
+
+    smem: int  # recurrent weights, resident in shared memory for the whole loop
+    regs: int  # fp32 bias, carried states and one step's gate tiles, in registers
+
+
+def cta_onchip_parts(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                     block_b: int) -> CtaFootprint:
+    """The footprint split by where it lives (see `cta_onchip_bytes` for the formula)."""
+    if cell not in cells.CELL_IDS:
+        raise ValueError(f"cell: expected one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    BH, BO = _block(H), _block(Hout)
+    e = 4 if dtype in (torch.float32, torch.float64) else 2
+    weights = (G * BH * BO + (BO * BH if P > 0 else 0)) * e
+    bias = G * BH * 4
+    states = block_b * (BO + (BH if cell == "lstm" else 0)) * 4
+    per_step = 2 * G * block_b * BH * 4
+    return CtaFootprint(smem=weights, regs=bias + states + per_step)
+
+
+def cta_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                     block_b: int) -> int:
+    """On-chip bytes one program of the larger of the two kernels holds for the whole loop.
+
+    With BH = pad(H), BO = pad(Hout) (powers of two >= 16, the tiles' real sizes), G gates,
+    e = weight element size (2 for fp16/bf16, 4 for fp32), BB = block_b:
+
+        weights  = (G * BH * BO + [P > 0] * BO * BH) * e    R_k tiles (+ Pw): shared memory
+        bias     = G * BH * 4                              bR (forward), fp32 registers
+        states   = BB * (BO + [lstm] * BH) * 4             h, c / dh, dc carries, registers
+        per_step = 2 * G * BB * BH * 4                     x- and h-side gate tiles, registers
+
+    total = weights + bias + states + per_step (`cta_onchip_parts` gives weights and the
+    register part apart). Compiled for sm_90, the weights' shared-memory allocation is the
+    weights exactly (half) or up to ~1.75x them (fp32, whose exact dots run on FMA units and
+    stage operands); the compiler's registers are ~3x the register part (temporaries).
+    """
+    parts = cta_onchip_parts(cell, H, Hout, P, dtype, block_b)
+    return parts.smem + parts.regs
