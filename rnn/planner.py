@@ -496,3 +496,37 @@ def candidates(plan: Plan) -> list[dict]:
                         continue
                     out.append(choice)
     return out
+
+
+# ----------------------------------------------------------------------------- TensorArrays
+
+
+def tensorarray_allocator(shape: tuple[int, ...], dtype: torch.dtype,
+                          device: torch.device) -> torch.Tensor:
+    """The planner's TensorArray slab allocator: one contiguous [size, *element] block, laid
+    out exactly as the fused backward reads output_backprop ([T, B, D*Hout] time-major), so a
+    gradient array's slab is handed to the backward as is (listed in Plan.buffers as the
+    "output_backprop slab"). NaN-poisoned under TRITONRNN_POISON=1 like every workspace."""
+    from .engine import new_buffer
+
+    return new_buffer(*shape, dtype=dtype, device=device)
+
+
+def output_tensor_array(output: torch.Tensor, *, name: str | None = None):
+    """A TensorArray of per-step RNN outputs whose slab IS `output` (time-major [T, B, C], no
+    copy). Its gradient array is allocated by `tensorarray_allocator`, and the backward of the
+    RNN receives that gradient slab itself as output_backprop."""
+    from tritonrnn.tensorarray import TensorArray
+
+    if not isinstance(output, torch.Tensor) or output.dim() != 3:
+        raise ValueError(
+            f"output: expected the time-major [T, B, D*Hout] output of cudnn_rnn, got "
+            f"{list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__}"
+        )
+    if not output.is_contiguous():
+        raise ValueError(
+            "output: expected a contiguous time-major tensor (time_major=True), got strides "
+            f"{output.stride()}"
+        )
+    return TensorArray.from_slab(output, name=name or "rnn_output",
+                                 allocator=tensorarray_allocator)
