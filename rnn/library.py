@@ -28,10 +28,9 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .reserve import PAYLOAD_OFFSET
+from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
-HEADER_BYTES = 64
 
 
 def _batch_major_like(t: torch.Tensor) -> torch.Tensor:

@@ -149,35 +149,55 @@ def test_packed_sequence_fullgraph():
     torch.testing.assert_close(dx, dx_e, **TOL)
 
 
-def _sample_args(mode, lengths, training):
+def _sample_args(mode, lengths, training, time_major=True):
     g = torch.Generator().manual_seed(0)
     L, D, B, T = 2, 2, 3, 4
     Hout = 2 if mode == "lstm" else H
-    rnd = lambda *s: torch.randn(*s, generator=g, dtype=F64, requires_grad=True)  # noqa: E731
+    tm = (lambda a, b, c: (a, b, c)) if time_major else (lambda a, b, c: (b, a, c))
+    rnd = lambda *s: torch.randn(*tm(*s), generator=g, dtype=F64, requires_grad=True)  # noqa: E731
     from tritonrnn.rnn import params_size
 
     n = params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
                     direction="bidirectional", num_proj=2 if mode == "lstm" else 0)
+    params = torch.randn(n, generator=g, dtype=F64, requires_grad=True)
     return (
         rnd(T, B, I), rnd(L * D, B, Hout), rnd(L * D, B, H) if mode == "lstm" else None,
-        rnd(n), torch.tensor(lengths) if lengths else None,
+        params, torch.tensor(lengths) if lengths else None,
         torch.tensor([5, 9]), mode, "linear_input", "bidirectional", 0.3, 0, 0,
-        2 if mode == "lstm" else 0, training, True, "reference",
+        2 if mode == "lstm" else 0, training, time_major, "reference",
     )
 
 
 @pytest.mark.parametrize(
-    "mode, lengths, training",
-    [("lstm", [4, 0, 2], True), ("gru", None, True), ("rnn_tanh", [1, 4, 3], False)],
-    ids=["lstm-varlen", "gru-full", "tanh-inference"],
+    "mode, lengths, training, time_major",
+    [("lstm", [4, 0, 2], True, True), ("gru", None, True, True),
+     ("rnn_tanh", [1, 4, 3], False, True), ("lstm", [3, 4, 1], True, False)],
+    ids=["lstm-varlen", "gru-full", "tanh-inference", "lstm-batch-major"],
 )
-def test_opcheck_forward_op(mode, lengths, training):
-    """torch.library.opcheck: schema, fake implementation vs real, autograd registration."""
-    args = _sample_args(mode, lengths, training)
+def test_opcheck_forward_op(mode, lengths, training, time_major):
+    """torch.library.opcheck: schema, fake implementation (shapes and strides) vs real,
+    autograd registration, and AOT dispatch with dynamic shapes."""
+    args = _sample_args(mode, lengths, training, time_major)
     tests = ["test_schema", "test_faketensor", "test_autograd_registration"]
     if training:
         tests.append("test_aot_dispatch_dynamic")
     torch.library.opcheck(torch.ops.tritonrnn.cudnn_rnn.default, args, test_utils=tests)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_opcheck_backprop_op(mode):
+    args = _sample_args(mode, [4, 1, 3], True)
+    with torch.no_grad():
+        fwd = torch.ops.tritonrnn.cudnn_rnn(*args)
+    x, h0, c0, p, lens, seeds = (a.detach() if isinstance(a, torch.Tensor) else a
+                                 for a in args[:6])
+    out, out_h, out_c, reserve, host = fwd
+    grads = [torch.randn_like(t) for t in (out, out_h)]
+    d_c = torch.randn_like(out_c) if mode == "lstm" else None
+    bp_args = (x, h0, c0, p, lens, out, out_h, out_c if mode == "lstm" else None, *grads, d_c,
+               reserve, host, seeds, *args[6:13], args[14], args[15])
+    torch.library.opcheck(torch.ops.tritonrnn.cudnn_rnn_backprop.default, bp_args,
+                          test_utils=["test_schema", "test_faketensor"])
 
 
 def test_library_op_matches_ops_and_rejects_inference_backward():
