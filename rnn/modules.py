@@ -24,8 +24,9 @@ update of a Parameter is an update of the buffer. In a forward:
   buffer is rebuilt once from the current Parameters and they become views again
   (`flatten_parameters`, which `_apply` calls after every conversion). The check is a
   pointer comparison per Parameter.
-- Weights that are not plain Parameters (torch.nn.utils.parametrize) and traced runs under
-  torch.compile concatenate the weights instead (one copy, differentiable by autograd; the
+- Weights that are not plain Parameters (torch.nn.utils.parametrize,
+  torch.func.functional_call) and traced runs under torch.compile concatenate the weights
+  instead (one copy, differentiable by autograd; the
   compiler sees only tensor ops).
 
 Autocast
@@ -278,7 +279,12 @@ class _RNNBase(nn.Module):
         if torch.compiler.is_compiling():
             return self._cat_weights()
         if not self._flat_is_current():
-            if any(self._parameters.get(n) is None for n in self._flat_weights_names):
+            # Only plain leaf Parameters can be re-pointed at a new buffer; anything else
+            # (parametrizations, torch.func.functional_call's tensors) is concatenated.
+            if not all(
+                isinstance(p, nn.Parameter) and p.is_leaf
+                for p in (self._parameters.get(n) for n in self._flat_weights_names)
+            ):
                 return self._cat_weights()
             self.flatten_parameters()
         params = [self._parameters[n] for n in self._flat_weights_names]

@@ -369,6 +369,23 @@ def test_parametrized_weight_falls_back_to_concatenation(monkeypatch):
     torch.testing.assert_close(g, theirs.parametrizations.weight_hh_l0.original.grad, **TOL)
 
 
+def test_functional_call_uses_the_given_tensors(monkeypatch):
+    ours, theirs = make_pair("lstm", num_layers=2, proj_size=2)
+    calls = _spy_rebuilds(monkeypatch)
+    flat_before = ours._flat.clone()
+    given = {n: (p.detach() * 1.5).requires_grad_(True) for n, p in theirs.named_parameters()}
+    x = torch.randn(T, 2, I, dtype=F64)
+    out = torch.func.functional_call(ours, given, (x,))[0]
+    want = torch.func.functional_call(theirs, given, (x,))[0]
+    torch.testing.assert_close(out, want, **TOL)
+    assert calls == {"flatten": 0, "cat": 1}
+    assert torch.equal(ours._flat, flat_before) and ours._flat_is_current()
+    got = torch.autograd.grad(out.sum(), list(given.values()))
+    exp = torch.autograd.grad(want.sum(), list(given.values()))
+    for (n, _), a, b in zip(given.items(), got, exp, strict=True):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+
+
 def test_frozen_parameters_get_no_gradient():
     ours, theirs = make_pair("lstm", num_layers=2)
     for m in (ours, theirs):
