@@ -1,0 +1,113 @@
+"""backend="triton" end to end (Triton interpreter on the CPU, or a GPU) against torch.nn in
+float64, with each kernel family forced through plan_constraints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import compare_with_torch
+
+from tritonrnn.rnn import cudnn_rnn, params_size
+from tritonrnn.rnn.planner import plan_constraints
+
+MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+FAMILIES = ["persistent_cta", "persistent_grid", "stepwise"]
+# fp32 kernels vs the float64 oracle on fp32-rounded inputs: a few ulps per operation over
+# T <= 7 steps and sums of <= 40 products; the reference engine in fp32 stays below 1e-5.
+FP32 = dict(dtype=torch.float32, rtol=2e-5, atol=2e-5)
+
+
+def _family(family):
+    # block_h=16 splits H=33 over three programs, so the grid families really exchange h.
+    extra = {} if family == "persistent_cta" else {"block_h": 16}
+    return plan_constraints(family=family, **extra)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unidirectional_varlen_zero_lengths(family, mode):
+    with _family(family):
+        compare_with_torch(mode, L=1, lengths="zero", I=4, H=33, T=5, backend="triton", **FP32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bidirectional_two_layers_batch_major(family, mode):
+    with _family(family):
+        compare_with_torch(mode, L=2, bidirectional=True, lengths="varlen", time_major=False,
+                           I=3, H=17, T=6, backend="triton", **FP32)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("lengths", ["batch1", "full"])
+def test_lstm_projection(family, lengths):
+    with _family(family):
+        compare_with_torch("lstm", L=2, bidirectional=True, lengths=lengths, proj=5, I=4, H=18,
+                           T=5, backend="triton", **FP32)
+
+
+def _run(mode, backend, dropout=0.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    T, B, I, H, L = 5, 3, 4, 16, 3
+    n = params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
+                    direction="bidirectional")
+    x = torch.randn(T, B, I, generator=g).to(dtype).requires_grad_(True)
+    h = torch.randn(2 * L, B, H, generator=g).to(dtype).requires_grad_(True)
+    c = torch.randn(2 * L, B, H, generator=g).to(dtype) if mode == "lstm" else None
+    p = (torch.randn(n, generator=g) * 0.3).to(dtype).requires_grad_(True)
+    lens = torch.tensor([5, 0, 3])
+    out = cudnn_rnn(x, h, c, p, lens, rnn_mode=mode, direction="bidirectional",
+                    dropout=dropout, seed=11, seed2=12, backend=backend)
+    loss = out.output.square().sum() + out.output_h.sum()
+    grads = torch.autograd.grad(loss, [x, h, p])
+    return (out.output, out.output_h, *grads)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_dropout_matches_reference_backend(mode):
+    """The same counter-based mask in both backends: the results agree to fp32 rounding."""
+    got = _run(mode, "triton", dropout=0.4)
+    want = _run(mode, "reference", dropout=0.4)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bit_identical_runs(family):
+    with _family(family):
+        a = _run("lstm", "triton")
+        b = _run("lstm", "triton")
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_float64_routes_to_reference_family():
+    a = _run("gru", "triton", dtype=torch.float64)
+    b = _run("gru", "reference", dtype=torch.float64)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_extreme_inputs_stay_finite(family):
+    g = torch.Generator().manual_seed(0)
+    T, B, I, H = 4, 2, 3, 16
+    n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
+    x = torch.randn(T, B, I, generator=g) * 1e3
+    p = (torch.randn(n, generator=g) * 50).requires_grad_(True)
+    h = torch.zeros(1, B, H)
+    with _family(family):
+        out = cudnn_rnn(x, h, h.clone(), p, rnn_mode="lstm", backend="triton")
+        (dp,) = torch.autograd.grad(out.output.sum() + out.output_c.sum(), [p])
+    assert torch.isfinite(out.output).all() and torch.isfinite(dp).all()
+    assert out.output.abs().max() <= 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+def test_half_precision_on_gpu(mode, dtype):
+    errors = compare_with_torch(mode, L=2, bidirectional=True, lengths="zero", I=32, H=64,
+                                T=16, backend="triton", dtype=dtype, rtol=3e-2, atol=3e-2,
+                                device="cuda")
+    assert max(errors.values()) < 3e-2
