@@ -24,7 +24,7 @@ import functools
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -212,6 +212,33 @@ def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps) -
     )
 
 
+_GRID_TILES = (16, 32, 64, 128)
+# Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
+_SMEM_SLACK = 7 * 1024
+
+
+def _grid_warps(onchip: int, block_h: int, block_b: int) -> int:
+    """8 warps once a program holds a large slice or tile (keeps registers per thread low)."""
+    return 8 if onchip > 64 * 1024 or block_h * block_b >= 512 else 4
+
+
+def _grid_fit(cell, H, Hout, P, dtype, batch, props) -> LayerPlan | None:
+    """The persistent-grid tiles: the smallest hidden slice, then the smallest batch tile,
+    whose grid is co-resident (<= SMs) and whose weight slice fits on chip."""
+    for block_h in _GRID_TILES:
+        if block_h > max(16, _pow2(H)):
+            break
+        for block_b in (16, 32, 64):
+            if block_b > max(16, _pow2(batch)):
+                break
+            lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, 4)
+            if lp.num_programs <= props.sm_count and (
+                lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
+            ):
+                return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h, block_b))
+    return None
+
+
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
     """Smallest power-of-two hidden slice whose grid is co-resident (<= SMs)."""
     block_h = 16
@@ -231,9 +258,8 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props) -> LayerPlan:
     cta = _cta(cell, H, Hout, P, dtype, block_b, batch_bucket, 4)
     if cta.onchip_bytes <= props.smem_per_program:
         return cta
-    block_h = _grid_block_h(cell, H, Hout, P, dtype, block_b, batch_bucket, props)
-    grid = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch_bucket, 4)
-    if grid.num_programs <= props.sm_count and grid.onchip_bytes <= props.smem_per_program:
+    grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props)
+    if grid is not None:
         return grid
     return _grid("stepwise", cell, H, Hout, P, dtype, block_b, 64, batch_bucket, 4)
 
@@ -273,6 +299,16 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                 f"plan_constraints: family 'persistent_grid' needs {plan.num_programs} "
                 f"co-resident programs for H={H}, block_h={block_h}, B={batch}; "
                 f"{props.name} has {props.sm_count} SMs"
+            )
+        return base
+    if family == "persistent_grid" and not props.interpreter and (
+        plan.onchip_bytes > props.smem_per_program - _SMEM_SLACK
+    ):
+        if strict:
+            raise ValueError(
+                f"plan_constraints: family 'persistent_grid' needs {plan.onchip_bytes} bytes on "
+                f"chip per program for H={H}, block_h={block_h}, {dtype}; {props.name} allows "
+                f"{props.smem_per_program - _SMEM_SLACK}"
             )
         return base
     return plan

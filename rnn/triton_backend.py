@@ -8,6 +8,8 @@ reference recurrence for float64.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from . import reference
@@ -36,8 +38,7 @@ class TritonRecurrence:
         else:
             from tritonrnn.kernels.persistent_grid import grid_forward
 
-            grid_forward(*args, persistent=lp.family == "persistent_grid",
-                         block_h=lp.block_h, block_b=lp.block_b, num_warps=lp.num_warps)
+            _with_stepwise_fallback(grid_forward, args, lp)
 
     def backward(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                  reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
@@ -53,8 +54,23 @@ class TritonRecurrence:
         else:
             from tritonrnn.kernels.persistent_grid import grid_backward
 
-            grid_backward(*args, persistent=lp.family == "persistent_grid",
-                          block_h=lp.block_h, block_b=lp.block_b, num_warps=lp.num_warps)
+            _with_stepwise_fallback(grid_backward, args, lp)
+
+
+def _with_stepwise_fallback(launch, args, lp: LayerPlan) -> None:
+    """Runs a grid-family launcher. A persistent launch whose grid barrier timed out (the
+    launcher raises RuntimeError instead of hanging, e.g. when another process occupies SMs)
+    is rerun stepwise: every output is rewritten, so the result is the same."""
+    tiles = dict(block_h=lp.block_h, block_b=lp.block_b, num_warps=lp.num_warps)
+    if lp.family != "persistent_grid":
+        launch(*args, persistent=False, **tiles)
+        return
+    try:
+        launch(*args, persistent=True, **tiles)
+    except RuntimeError as err:
+        warnings.warn(f"tritonrnn: persistent-grid launch failed ({err}); rerunning stepwise",
+                      RuntimeWarning, stacklevel=3)
+        launch(*args, persistent=False, **tiles)
 
 
 _BACKEND = TritonRecurrence()
