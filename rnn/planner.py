@@ -7,8 +7,9 @@ described by a `DeviceProperties` value that tests fake (`PRESETS`), read once p
 
 Family rule (documented in `recurrence_choice`):
   1. float64 -> "reference" (the pure-PyTorch recurrence; Triton's fp64 dot is not a fast path).
-  2. "persistent_cta" when one program can keep all of R (and P_w) on chip next to its batch
-     tile: footprint <= the shared memory one program may use.
+  2. "persistent_cta" when one program (16 batch rows, 8 warps) can keep all of R (and P_w)
+     in shared memory and its states in registers without spilling (`_cta_fits`; on an H100
+     padded H <= 128 for half LSTM/GRU, 256 for half tanh/relu, half that for fp32).
   3. "persistent_grid" when R split in hidden slices over at most one program per SM fits on
      chip per program, and the grid is co-resident (programs <= SMs).
   4. "stepwise" otherwise (one launch per step; R streamed from L2/HBM). Never fails.
@@ -202,6 +203,23 @@ def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps) -> LayerPlan:
     )
 
 
+# Persistent-CTA budgets per program at 8 warps, measured from sm_90 compiles of the kernels
+# (shared memory for the resident weights; registers for biases, states and one step's gate
+# tiles, whose real use is about 3x the bytes counted): beyond them the kernel spills.
+_CTA_SMEM = {2: 200 * 1024, 4: 128 * 1024}
+_CTA_REGS = {2: 84 * 1024, 4: 42 * 1024}
+
+
+def _cta_fits(cell, H, Hout, P, dtype, props) -> bool:
+    from tritonrnn.kernels.persistent_cta import cta_onchip_parts
+
+    parts = cta_onchip_parts(cell, H, Hout, P, dtype, 16)
+    item = torch.empty((), dtype=dtype).element_size()
+    return parts.smem <= min(_CTA_SMEM[item], props.smem_per_program) and (
+        parts.regs <= _CTA_REGS[item]
+    )
+
+
 def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps) -> LayerPlan:
     from tritonrnn.kernels.persistent_grid import grid_onchip_bytes, grid_programs
 
@@ -254,10 +272,9 @@ def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
 def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props) -> LayerPlan:
     if dtype == torch.float64:
         return LayerPlan("reference")
+    if _cta_fits(cell, H, Hout, P, dtype, props):
+        return _cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8)
     block_b = _block_b(batch_bucket)
-    cta = _cta(cell, H, Hout, P, dtype, block_b, batch_bucket, 4)
-    if cta.onchip_bytes <= props.smem_per_program:
-        return cta
     grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props)
     if grid is not None:
         return grid
@@ -280,12 +297,15 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
     num_warps = choice.get("num_warps", base.num_warps)
     if family == "persistent_cta":
+        from tritonrnn.kernels.persistent_cta import cta_onchip_parts
+
         plan = _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps)
-        if not props.interpreter and plan.onchip_bytes > props.smem_per_program:
+        smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
+        if not props.interpreter and smem > props.smem_per_program:
             if strict:
                 raise ValueError(
-                    f"plan_constraints: family 'persistent_cta' needs {plan.onchip_bytes} bytes "
-                    f"on chip for H={H}, Hout={Hout}, {dtype}; {props.name} allows "
+                    f"plan_constraints: family 'persistent_cta' needs {smem} bytes of shared "
+                    f"memory for H={H}, Hout={Hout}, {dtype}; {props.name} allows "
                     f"{props.smem_per_program} per program"
                 )
             return base

@@ -83,7 +83,7 @@ def test_constraints_force_each_family():
 
 def test_constraints_that_cannot_apply_raise():
     with plan_constraints(family="persistent_cta"), pytest.raises(
-        ValueError, match=r"persistent_cta' needs \d+ bytes on chip for H=4096"
+        ValueError, match=r"persistent_cta' needs \d+ bytes of shared memory for H=4096"
     ):
         _plan(H=4096)
     with plan_constraints(family="persistent_grid", block_h=16), pytest.raises(
