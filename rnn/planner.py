@@ -124,20 +124,24 @@ def current_constraints() -> dict:
 
 def tuning_cache_path() -> Path:
     """$TRITONRNN_CACHE_DIR/tuning.json (default ~/.cache/tritonrnn/tuning.json)."""
-    root = os.environ.get("TRITONRNN_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tritonrnn"
-    )
-    return Path(root) / "tuning.json"
+    return Path(_cache_file(os.environ.get("TRITONRNN_CACHE_DIR", "")))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_file(root: str) -> str:
+    root = root or os.path.join(os.path.expanduser("~"), ".cache", "tritonrnn")
+    return os.path.join(root, "tuning.json")
 
 
 def load_tuning_cache() -> dict:
-    """{key: entry}; a missing or unreadable cache is empty (the planner's heuristic runs)."""
-    path = tuning_cache_path()
+    """{key: entry}; a missing or unreadable cache is empty (the planner's heuristic runs).
+    Re-read only when the file's mtime changes (one stat per call)."""
+    path = _cache_file(os.environ.get("TRITONRNN_CACHE_DIR", ""))
     try:
-        stat = path.stat()
+        mtime = os.stat(path).st_mtime_ns
     except OSError:
         return {}
-    return _load_cache(str(path), stat.st_mtime_ns)
+    return _load_cache(path, mtime)
 
 
 @functools.lru_cache(maxsize=4)
