@@ -4,6 +4,7 @@
     tritonrnn check [--backend B] [--dtype D] [small shape options]
     tritonrnn tune  [--preset NAME | shape options] [--force]
     tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
+    tritonrnn barrier [--time T] [--dtype D] [--out DIR]   (GPU only)
 
 Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
 the CPU and says so. Exit codes: 0 success, 1 a failed check/benchmark, 2 a bad option (one
@@ -76,7 +77,7 @@ def _add_timing_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tritonrnn", description="tritonrnn benchmark, check, tuning and "
                      "planning tools.", epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tune,plan}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tune,plan,barrier}")
 
     b = sub.add_parser("bench", help="time tritonrnn against cuDNN (and FlashRNN)",
                        description="Times tritonrnn against torch.nn (cuDNN) on padded and "
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_options(pl)
     pl.add_argument("--device-preset", default="current",
                     help="current | h100 | h200 | interpreter (default: this machine)")
+    br = sub.add_parser("barrier", help="persistent-grid per-step latency vs a bare grid "
+                        "barrier (GPU only)", epilog=EPILOG)
+    br.add_argument("--time", type=int, default=1024, metavar="T", help="steps (default 1024)")
+    br.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32")
+    br.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="also write barrier-<device>-<date>.json there")
+    _add_timing_options(br)
     return parser
 
 
@@ -338,6 +346,36 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_barrier(args) -> int:
+    import datetime as _dt
+    import json
+
+    import torch
+
+    from .barrier import format_rows, run
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if args.dtype not in dtypes:
+        raise UsageError(f"--dtype: expected one of {list(dtypes)}, got {args.dtype!r}")
+    if args.time < 1:
+        raise UsageError(f"--time: expected an int >= 1, got {args.time}")
+    if not torch.cuda.is_available():
+        raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
+                         "interpreter); none found")
+    rows = run(args.time, dtypes[args.dtype], _timing(args))
+    print(f"persistent-grid step vs bare grid barrier on {torch.cuda.get_device_name()}, "
+          f"T={args.time}, {args.dtype} (target: ratio <= 2)")
+    print(format_rows(rows))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        name = torch.cuda.get_device_name().replace(" ", "-")
+        path = args.out / f"barrier-{name}-{_dt.date.today().isoformat()}.json"
+        path.write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                    "rows": rows}, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -351,13 +389,15 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help
             return int(e.code or 0)
         if args.command is None:
-            raise UsageError("expected a command: bench, check, tune or plan (see --help)")
+            raise UsageError("expected a command: bench, check, tune, plan or barrier (see --help)")
         if args.command == "bench":
             return cmd_bench(args, argv)
         if args.command == "check":
             return cmd_check(args)
         if args.command == "tune":
             return cmd_tune(args)
+        if args.command == "barrier":
+            return cmd_barrier(args)
         return cmd_plan(args)
     except UsageError as e:
         print(f"tritonrnn: error: {e}", file=sys.stderr)

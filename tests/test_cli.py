@@ -276,3 +276,21 @@ def test_console_script_entry_point():
     (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "tritonrnn"]
     assert ep.value == "tritonrnn.bench.cli:main"
     assert ep.load() is cli.main
+
+
+def test_barrier_needs_a_gpu(capsys):
+    assert main(["barrier"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tritonrnn: error: barrier: needs a CUDA GPU (a grid barrier deadlocks in "
+                   "the interpreter); none found"]
+    assert main(["barrier", "--dtype", "fp64"]) == 2
+    assert "--dtype: expected one of ['bf16', 'fp16', 'fp32'], got 'fp64'" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.gpu
+def test_barrier_measures_on_gpu(tmp_path, capsys):
+    assert main(["barrier", "--time", "64", "--out", str(tmp_path)]) == 0
+    assert "ratio" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("barrier-*.json"))) == 1

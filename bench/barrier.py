@@ -1,0 +1,88 @@
+"""Per-step latency of the persistent-grid recurrence against the bare grid barrier.
+
+At small batch a persistent-grid step is bound by the exchange of h_t between programs, and
+the floor of that exchange is one grid barrier. This measures, on the same GPU in one run:
+
+- bare barrier: `n` barriers of the same number of co-resident programs doing nothing else
+  (kernels/grid_barrier.run_bare_barriers), in microseconds per barrier;
+- kernel step: the persistent-grid forward recurrence of one layer (the planner's tiles), in
+  microseconds per time step (input projection excluded: it is one GEMM outside the loop);
+
+and reports their ratio (design target: within 2x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .timing import TimingConfig
+from .timing import measure as time_callable
+
+SHAPES = [(mode, H, B) for mode in ("lstm", "gru") for H in (512, 768, 1024) for B in (1, 16, 64)]
+
+
+def _recurrence_inputs(mode: str, H: int, B: int, T: int, dtype, device):
+    from tritonrnn.rnn.packing import make_pack_info
+
+    G = {"lstm": 4, "gru": 3}[mode]
+    info = make_pack_info([T] * B, T, device)
+    N = info.N
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: (torch.randn(*s, generator=g) * 0.1).to(device=device, dtype=dtype)  # noqa: E731
+    lstm = mode == "lstm"
+    return dict(
+        cell=mode, xg=rnd(N, G * H), R=rnd(G * H, H), bR=rnd(G * H), Pw=None, h0=rnd(B, H),
+        c0=rnd(B, H) if lstm else None, info=info, reverse=False,
+        y=torch.empty(N, H, dtype=dtype, device=device),
+        c_seq=torch.empty(N, H, dtype=dtype, device=device) if lstm else None,
+        hT=torch.empty(B, H, dtype=dtype, device=device),
+        cT=torch.empty(B, H, dtype=dtype, device=device) if lstm else None,
+    )
+
+
+def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: TimingConfig) -> dict:
+    """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio."""
+    from tritonrnn.kernels.grid_barrier import run_bare_barriers
+    from tritonrnn.kernels.persistent_grid import grid_forward
+    from tritonrnn.rnn.planner import device_properties, recurrence_choice
+
+    props = device_properties(device)
+    lp, _ = recurrence_choice(mode, H, H, 0, dtype, B, props)
+    row = {"mode": mode, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
+           "family": lp.family, "programs": lp.num_programs, "block_h": lp.block_h,
+           "block_b": lp.block_b, "num_warps": lp.num_warps}
+    if lp.family != "persistent_grid":
+        row["note"] = f"planner picks {lp.family} for this shape: no barrier in the loop"
+        return row
+    kw = _recurrence_inputs(mode, H, B, T, dtype, device)
+    step = time_callable(
+        lambda: grid_forward(*kw.values(), persistent=True, block_h=lp.block_h,
+                             block_b=lp.block_b, num_warps=lp.num_warps),
+        "cuda", timing,
+    )
+    bare = time_callable(lambda: run_bare_barriers(T, lp.num_programs, device), "cuda", timing)
+    row["step_us"] = step.ms * 1e3 / T
+    row["barrier_us"] = bare.ms * 1e3 / T
+    row["ratio"] = row["step_us"] / row["barrier_us"]
+    return row
+
+
+def run(T: int, dtype, timing: TimingConfig, shapes=SHAPES) -> list[dict]:
+    if not torch.cuda.is_available():
+        raise ValueError("barrier: expected a CUDA GPU (a grid barrier deadlocks in the "
+                         "interpreter), got none")
+    device = torch.device("cuda")
+    return [measure_shape(mode, H, B, T, dtype, device, timing) for mode, H, B in shapes]
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'mode':<5} {'H':>5} {'B':>3} {'family':<16} {'progs':>5} "
+             f"{'step us':>9} {'barrier us':>10} {'ratio':>6}"]
+    for r in rows:
+        if "step_us" in r:
+            tail = f"{r['step_us']:>9.2f} {r['barrier_us']:>10.2f} {r['ratio']:>6.2f}"
+        else:
+            tail = f"  ({r['note']})"
+        lines.append(f"{r['mode']:<5} {r['H']:>5} {r['B']:>3} {r['family']:<16} "
+                     f"{r['programs']:>5} {tail}")
+    return "\n".join(lines)
