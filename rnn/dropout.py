@@ -8,6 +8,8 @@ bits come out of this torch version on any device and of a Triton version of it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .packing import PackInfo
@@ -66,5 +68,26 @@ def keep_mask(
 
 
 def apply(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
-    """Inverted dropout: kept elements scaled by 1 / (1 - p), dropped ones exactly 0."""
-    return torch.where(mask, x * (1.0 / (1.0 - p)), torch.zeros((), dtype=x.dtype, device=x.device))
+    """Inverted dropout: kept elements scaled by 1 / (1 - p) in fp32 (float64 for float64)
+    and cast once to x's dtype, dropped ones exactly 0."""
+    opmath = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scaled = (x.to(opmath) * (1.0 / (1.0 - p))).to(x.dtype)
+    return torch.where(mask, scaled, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def apply_packed(x: torch.Tensor, info: PackInfo, p: float, seed: int, seed2: int, layer: int,
+                 *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Dropout of a packed [N, C] tensor (into `out`, which may be x; default a new tensor).
+
+    On CUDA or under TRITON_INTERPRET=1 (and not float64) one fused Triton kernel generates
+    the mask and applies it (kernels/dropout.py); otherwise this module's torch path, which
+    is the oracle the kernel is tested to match bit for bit."""
+    if out is None:
+        out = torch.empty_like(x)
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if x.dtype != torch.float64 and (x.is_cuda or interpret) and x.stride(1) == 1:
+        from tritonrnn.kernels.dropout import dropout_apply
+
+        return dropout_apply(x, out, info.padded_index, p, layer_key(seed, seed2, layer))
+    mask = keep_mask(info, x.shape[1], p, seed, seed2, layer)
+    return out.copy_(apply(x, mask, p))
