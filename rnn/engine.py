@@ -79,16 +79,15 @@ def _input_preact(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor, out: torch.T
     return torch.addmm(lp.bW, x, lp.W.t(), out=out)
 
 
-def _layer_input(cfg, info, layer, x0, ys, training):
-    """Input of `layer`: the packed input, or the previous layer's output after dropout."""
+def _layer_input(cfg, info, layer, x0, ys, training, dropped=None):
+    """Input of `layer`: the packed input, or the previous layer's output after dropout
+    (fused mask + scale, written into the reusable `dropped` workspace when given)."""
     if layer == 0:
         return x0
     y = ys[layer - 1]
     if training and cfg.dropout > 0:
-        mask = dropout_mod.keep_mask(
-            info, y.shape[1], cfg.dropout, cfg.seed, cfg.seed2, layer - 1
-        )
-        return dropout_mod.apply(y, mask, cfg.dropout)
+        return dropout_mod.apply_packed(y, info, cfg.dropout, cfg.seed, cfg.seed2, layer - 1,
+                                        out=dropped)
     return y
 
 
@@ -123,8 +122,9 @@ def forward(
         y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
     ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
     xg = new_buffer(info.N, cfg.num_gates * cfg.num_units, dtype=dtype, device=dev)
+    dropped = new_buffer(info.N, D * Hout, dtype=dtype, device=dev) if L > 1 else None
     for layer in range(L):
-        xl = _layer_input(cfg, info, layer, x, ys, training)
+        xl = _layer_input(cfg, info, layer, x, ys, training, dropped)
         for d in range(D):
             p = layer * D + d
             lp = views[p]
@@ -134,10 +134,8 @@ def forward(
                 info, d == 1, ys[layer][:, d * Hout : (d + 1) * Hout],
                 c_views[p] if c_views else None, hTs[p], cTs[p] if lstm else None,
             )
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(info.B, device=perm.device)
-    hT = hTs.index_select(1, inv)
-    cT = cTs.index_select(1, inv) if lstm else None
+    hT = hTs.index_select(1, info.inv_perm)
+    cT = cTs.index_select(1, info.inv_perm) if lstm else None
     return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
 
 
@@ -197,9 +195,10 @@ def backward(
     width = max(cfg.input_size, D * Hout)
     pingpong = (buf(N * width), buf(N * width))
     acc = torch.float32 if dtype != torch.float64 else None
+    dropped = buf(N, D * Hout) if L > 1 else None
     dy = dy_last
     for layer in reversed(range(L)):
-        xl = _layer_input(cfg, info, layer, x, ys, True)
+        xl = _layer_input(cfg, info, layer, x, ys, True, dropped)
         dx = pingpong[layer % 2][: N * xl.shape[1]].view(N, xl.shape[1])
         for d in range(D):
             p = layer * D + d
@@ -238,13 +237,9 @@ def backward(
                 else:
                     dx.addmm_(dpre_x, lp.W)
         if layer > 0 and cfg.dropout > 0:
-            mask = dropout_mod.keep_mask(
-                info, dx.shape[1], cfg.dropout, cfg.seed, cfg.seed2, layer - 1
-            )
-            dx.masked_fill_(~mask, 0).mul_(1.0 / (1.0 - cfg.dropout))
+            dropout_mod.apply_packed(dx, info, cfg.dropout, cfg.seed, cfg.seed2, layer - 1,
+                                     out=dx)
         dy = dx
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(info.B, device=perm.device)
-    dh0 = dh0s.index_select(1, inv)
-    dc0 = dc0s.index_select(1, inv) if lstm else None
+    dh0 = dh0s.index_select(1, info.inv_perm)
+    dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
     return BackwardResult(dx, dh0, dc0, dparams)

@@ -33,6 +33,7 @@ class PackInfo:
     lengths: tuple[int, ...]  # original order, on the host
     batch_sizes: tuple[int, ...]  # active rows at step s, s < max_len
     perm: torch.Tensor  # [B] int64, sorted row -> original batch index
+    inv_perm: torch.Tensor  # [B] int64, original batch index -> sorted row
     lengths_sorted: torch.Tensor  # [B] int32 (device): lengths in sorted order
     offsets: torch.Tensor  # [max(max_len, 1) + 1] int32 (device): packed offset of step t
     row_time: torch.Tensor  # [N] int64 (device): t of each packed row
@@ -78,6 +79,7 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
         lengths=tuple(lengths),
         batch_sizes=tuple(batch_sizes.tolist()),
         perm=as_dev(order),
+        inv_perm=as_dev(torch.argsort(order)),
         lengths_sorted=as_dev(sorted_lens, torch.int32),
         offsets=as_dev(offsets, torch.int32),
         row_time=rt,
