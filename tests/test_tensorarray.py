@@ -6,12 +6,12 @@ autograd in test_tensorarray_autograd.py.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import re
 
 import pytest
 import torch
+from ta_helpers import nan_allocator, raises
 
 from tritonrnn.tensorarray import (
     TensorArray,
@@ -46,29 +46,6 @@ def make(dtype=torch.float32, size=0, storage="list", elem=(3, 5), **kw) -> Tens
     return TensorArray(dtype, size, **kw)
 
 
-@contextlib.contextmanager
-def raises(exc: type[BaseException], ta: TensorArray, *fragments: str):
-    """pytest.raises plus: the message names the array and contains every fragment."""
-    with pytest.raises(exc) as info:
-        yield info
-    msg = str(info.value)
-    assert f"'{ta.handle.name}'" in msg, msg
-    for fragment in fragments:
-        assert fragment in msg, f"{fragment!r} not in {msg!r}"
-    assert isinstance(info.value, TensorArrayError)
-
-
-def nan_allocator(calls: list | None = None):
-    """Slab allocator that poisons fresh memory, so a row the array forgets to zero shows up."""
-
-    def alloc(shape, dtype, device):
-        if calls is not None:
-            calls.append(shape)
-        if dtype.is_floating_point:
-            return torch.full(shape, float("nan"), dtype=dtype, device=device)
-        return torch.full(shape, -777, dtype=dtype, device=device)
-
-    return alloc
 
 
 @pytest.fixture

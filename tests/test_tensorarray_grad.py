@@ -6,15 +6,13 @@ Contract: shared/spec/tensor_array.md, section "TensorArrayGrad (the heart)".
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
+from ta_helpers import nan_allocator, raises
 
 from tritonrnn.tensorarray import (
     TensorArray,
     TensorArrayClosedError,
-    TensorArrayError,
     TensorArrayGradError,
     TensorArrayGradResult,
     TensorArrayHandle,
@@ -31,27 +29,6 @@ DTYPES = [*FLOAT_DTYPES, torch.int32, torch.int64]
 STORAGES = ["slab", "list"]
 
 
-@contextlib.contextmanager
-def raises(exc: type[BaseException], ta: TensorArray, *fragments: str):
-    """pytest.raises plus: the message names the array and contains every fragment."""
-    with pytest.raises(exc) as info:
-        yield info
-    msg = str(info.value)
-    assert f"'{ta.handle.name}'" in msg, msg
-    for fragment in fragments:
-        assert fragment in msg, f"{fragment!r} not in {msg!r}"
-    assert isinstance(info.value, TensorArrayError)
-
-
-def nan_allocator(calls: list | None = None):
-    def alloc(shape, dtype, device):
-        if calls is not None:
-            calls.append(shape)
-        if dtype.is_floating_point:
-            return torch.full(shape, float("nan"), dtype=dtype, device=device)
-        return torch.full(shape, -777, dtype=dtype, device=device)
-
-    return alloc
 
 
 def forward(storage: str, dtype=torch.float32, size=3, elem=(2, 3), **kw) -> TensorArray:
