@@ -21,6 +21,12 @@ Bounded spin: a program that polls `max_spin` times without seeing the target (o
 the error flag set by another program) sets the error flag (sync[1]) and reports failure; the
 caller stops its time loop and the host launcher raises instead of hanging the GPU.
 
+Independent groups: programs that never exchange data need not wait for each other. A launch
+may split its programs into groups, each with its own `sync` pair and `target` counted in the
+group's programs only (the bidirectional pair launch of kernels/persistent_grid.py: one group
+per direction, grid axis 1, so one direction's barrier never waits on the other's programs).
+Every program of every group must still be co-resident.
+
 `sync` is an int32 tensor [2]: counter, error flag. A barrier deadlocks in the interpreter
 (programs run one after another): callers compile it out there (a constexpr) and launch one
 step per launch instead.

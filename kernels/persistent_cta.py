@@ -10,6 +10,13 @@ Both launchers have exactly the contract of `rnn.reference.recurrence_forward` /
 `recurrence_backward` (sorted batch order for batch-indexed tensors, packed rows for the rest,
 per-sequence reversal in the reverse direction, outputs written in place), plus tile keywords.
 
+Bidirectional layers: `cta_forward_pair` / `cta_backward_pair` run both directions in one
+launch, grid [cdiv(B, BLOCK_B), 2]. The same kernels with NUM_DIRS = 2: program (b, d) works on
+direction d, whose tensors are direction 0's at element offsets (`direction_offsets`: halves of
+one workspace, adjacent state slices, two weight views into one params buffer), and reverses
+time when d = 1 (a runtime select instead of the REVERSE constexpr). Per direction the
+arithmetic is unchanged, so a pair gives the per-direction launches' results bit for bit.
+
 Per-step cost inside a program: G dots [BLOCK_B, Hout] x [Hout, H] (forward) or
 [BLOCK_B, H] x [H, Hout] (backward), plus one [H, P] / [P, H] dot with a projection. The family
 is only worth it while the weights fit one SM; `cta_onchip_bytes` gives the footprint the
@@ -124,10 +131,15 @@ def _gate_store(ptrs, K: tl.constexpr, G: tl.constexpr, H: tl.constexpr, v, mask
 
 
 @triton.jit
-def _step_rows(OFFS, lens, s, offs_b, active, REVERSE: tl.constexpr):
+def _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE: tl.constexpr,
+               NUM_DIRS: tl.constexpr):
     """int64 packed row of each tile row at step s: offsets[t] + j with t = s (forward) or
-    t = len_j - 1 - s (reverse, per-sequence reversal)."""
-    if REVERSE:
+    t = len_j - 1 - s (reverse, per-sequence reversal). One direction: REVERSE (constexpr);
+    two: the program's direction rev (0 or 1, runtime), t = s + rev * (len_j - 1 - 2s)."""
+    if NUM_DIRS == 2:
+        t = s + rev * (lens - 1 - 2 * s)
+        off = tl.load(OFFS + t, mask=active, other=0)
+    elif REVERSE:
         t = lens - 1 - s
         off = tl.load(OFFS + t, mask=active, other=0)
     else:
@@ -145,13 +157,29 @@ def _cta_forward_kernel(
     XG, R, BR, PW, H0, C0, LENS, OFFS, Y, CSEQ, HT, CT,
     B,
     stride_xg, stride_y, stride_cseq, stride_h0, stride_c0, stride_ht, stride_ct,
+    dir_xg, dir_r, dir_br, dir_pw, dir_h0, dir_c0, dir_y, dir_cseq, dir_ht, dir_ct,
     H: tl.constexpr, HOUT: tl.constexpr,
     CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, HAS_CSEQ: tl.constexpr,
-    REVERSE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
 ):
     IS_LSTM: tl.constexpr = CELL == 0
     pid = tl.program_id(0)
+    rev = 0
+    if NUM_DIRS == 2:
+        # Direction axis: program (b, 1) runs the second direction (reversed in time) on its
+        # own tensors, each at an element offset dir_* from the first direction's.
+        rev = tl.program_id(1)
+        XG += rev * dir_xg
+        R += rev * dir_r
+        BR += rev * dir_br
+        PW += rev * dir_pw
+        H0 += rev * dir_h0
+        C0 += rev * dir_c0
+        Y += rev * dir_y
+        CSEQ += rev * dir_cseq
+        HT += rev * dir_ht
+        CT += rev * dir_ct
     offs_b = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     in_b = offs_b < B
     cols_h = tl.arange(0, BLOCK_H)[None, :]
@@ -187,7 +215,7 @@ def _cta_forward_kernel(
 
     for s in range(0, n_steps):
         active = lens > s  # false for rows past B too (their lens load as 0)
-        rows = _step_rows(OFFS, lens, s, offs_b, active, REVERSE)[:, None]
+        rows = _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE, NUM_DIRS)[:, None]
         act_h = active[:, None] & (cols_h < H)
         act_o = active[:, None] & (cols_o < HOUT)
         xp = XG + rows * stride_xg + cols_h
@@ -233,14 +261,37 @@ def _cta_backward_kernel(
     stride_px, stride_ph, stride_y, stride_hp, stride_cs, stride_cp, stride_dy,
     stride_dht, stride_dct, stride_dpx, stride_dph, stride_dh0, stride_dc0,
     stride_dhtot, stride_mseq,
+    dir_px, dir_ph, dir_r, dir_pw, dir_y, dir_hp, dir_cs, dir_cp, dir_dy, dir_dht, dir_dct,
+    dir_dpx, dir_dph, dir_dh0, dir_dc0, dir_dhtot, dir_mseq,
     H: tl.constexpr, HOUT: tl.constexpr,
     CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, REVERSE: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    NUM_DIRS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
 ):
     IS_LSTM: tl.constexpr = CELL == 0
     IS_GRU: tl.constexpr = CELL == 1
     pid = tl.program_id(0)
+    rev = 0
+    if NUM_DIRS == 2:
+        # Direction axis, as in the forward: program (b, 1) runs the second direction.
+        rev = tl.program_id(1)
+        PX += rev * dir_px
+        PH += rev * dir_ph
+        R += rev * dir_r
+        PW += rev * dir_pw
+        Y += rev * dir_y
+        HPREV += rev * dir_hp
+        CSEQ += rev * dir_cs
+        CPREV += rev * dir_cp
+        DY += rev * dir_dy
+        DHT += rev * dir_dht
+        DCT += rev * dir_dct
+        DPX += rev * dir_dpx
+        DPH += rev * dir_dph
+        DH0 += rev * dir_dh0
+        DC0 += rev * dir_dc0
+        DHTOT += rev * dir_dhtot
+        MSEQ += rev * dir_mseq
     offs_b = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     in_b = offs_b < B
     cols_h = tl.arange(0, BLOCK_H)[None, :]
@@ -276,7 +327,7 @@ def _cta_backward_kernel(
     for i in range(0, n_steps):
         s = n_steps - 1 - i
         active = lens > s
-        rows = _step_rows(OFFS, lens, s, offs_b, active, REVERSE)[:, None]
+        rows = _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE, NUM_DIRS)[:, None]
         act_h = active[:, None] & (cols_h < H)
         act_o = active[:, None] & (cols_o < HOUT)
         dy = tl.load(DY + rows * stride_dy + cols_o, mask=act_o, other=0.0).to(tl.float32)
@@ -413,6 +464,58 @@ def _dot_flags(dtype: torch.dtype, allow_tf32: bool) -> tuple[bool, bool]:
     return upcast, ieee
 
 
+def split_pair(name: str, pair) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(direction 0, direction 1) of a pair argument; None stands for (None, None)."""
+    if pair is None:
+        return None, None
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise ValueError(
+            f"{name}: expected a pair (direction 0, direction 1) or None, got {type(pair).__name__}"
+        )
+    a, b = pair
+    if (a is None) != (b is None):
+        raise ValueError(f"{name}: expected both directions' tensors or neither, got one None")
+    return a, b
+
+
+def direction_offsets(pairs: dict, contiguous: tuple[str, ...] = (),
+                      outputs: tuple[str, ...] = ()) -> dict[str, int] | None:
+    """Element offset of direction 1's tensor from direction 0's, per name (0 when absent), or
+    None when some pair is not one base pointer plus an offset.
+
+    A pair qualifies when both tensors live in one storage with the same dtype, shape and
+    strides and a unit last-dim stride, are contiguous where named in `contiguous`, and are
+    not the same memory where named in `outputs` (both directions would write it; other
+    overlaps of output pairs are the caller's to avoid). The engine's pairs always qualify
+    (halves of one workspace, adjacent slices of the [L*D, B, C] states and of the reserve,
+    views into one params buffer: no copy of the weights); the pair launchers run one launch
+    per direction otherwise."""
+    offs = {}
+    for name, pair in pairs.items():
+        a, b = split_pair(name, pair)
+        if a is None:
+            offs[name] = 0
+            continue
+        off = b.storage_offset() - a.storage_offset()
+        if not (
+            a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and (a.dim() < 2 or a.stride(-1) == 1)
+            and (name not in contiguous or a.is_contiguous())
+            and (name not in outputs or off != 0)
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        ):
+            return None
+        offs[name] = off
+    return offs
+
+
+# The launchers' tensor arguments in signature order (pair launchers: the pairs' names); the
+# inputs come first, then the outputs (FORWARD_TENSORS[6:], BACKWARD_TENSORS[11:]).
+FORWARD_TENSORS = ("xg", "R", "bR", "Pw", "h0", "c0", "y", "c_seq", "hT", "cT")
+BACKWARD_TENSORS = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dhT",
+                    "dcT", "dpre_x", "dpre_h", "dh0", "dc0", "dh_total", "m_seq")
+
+
 def cta_forward(
     cell: str,
     xg: torch.Tensor,
@@ -441,8 +544,36 @@ def cta_forward(
     y may be a column slice of a wider [N, D*Hout] tensor. block_b: batch rows per program
     (power of two >= 16); allow_tf32: tf32 dots for float32 inputs (default: exact fp32).
     """
-    _check_common(cell, xg, R, Pw, block_b,
-                  dict(R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT))
+    t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
+    _forward(cell, t, info, reverse, None, block_b, num_warps, allow_tf32)
+
+
+def cta_forward_pair(
+    cell: str, xg, R, bR, Pw, h0, c0, info: PackInfo, y, c_seq, hT, cT, *,
+    block_b: int = 16, num_warps: int = 4, allow_tf32: bool = False,
+) -> None:
+    """Both directions of a bidirectional layer in one launch (grid [cdiv(B, block_b), 2]:
+    program (b, d) runs batch tile b of direction d; d = 1 runs reversed in time).
+
+    Every tensor argument is a pair (direction 0, direction 1) with `cta_forward`'s shapes, or
+    None where both are absent (Pw, c0, c_seq, cT). Each direction gets exactly
+    `cta_forward`'s result. Pairs that are not base + offset (`direction_offsets`) run as two
+    `cta_forward` launches instead."""
+    pairs = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
+    dirs = direction_offsets(pairs, contiguous=("R", "bR", "Pw"), outputs=FORWARD_TENSORS[6:])
+    if dirs is None:
+        for d in range(2):
+            cta_forward(cell, info=info, reverse=d == 1, block_b=block_b, num_warps=num_warps,
+                        allow_tf32=allow_tf32, **{k: split_pair(k, v)[d] for k, v in pairs.items()})
+        return
+    first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
+    _forward(cell, first, info, False, dirs, block_b, num_warps, allow_tf32)
+
+
+def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> None:
+    """One launch: direction `reverse` (dirs None) or both directions (dirs: offsets)."""
+    xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
+    _check_common(cell, xg, R, Pw, block_b, {k: t[k] for k in FORWARD_TENSORS[1:]})
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G
@@ -453,7 +584,9 @@ def cta_forward(
     R, bR = R.contiguous(), bR.contiguous()
     Pw = Pw.contiguous() if Pw is not None else None
     upcast, ieee = _dot_flags(xg.dtype, allow_tf32)
-    grid = (triton.cdiv(info.B, block_b),)
+    num_dirs = 1 if dirs is None else 2
+    dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
+    grid = (triton.cdiv(info.B, block_b), num_dirs)
     _cta_forward_kernel[grid](
         xg, R, bR, Pw if Pw is not None else R, h0, c0 if lstm else h0,
         info.lengths_sorted, info.offsets, y, c_seq if c_seq is not None else y,
@@ -462,9 +595,10 @@ def cta_forward(
         _row_stride("xg", xg), _row_stride("y", y), _row_stride("c_seq", c_seq),
         _row_stride("h0", h0), _row_stride("c0", c0), _row_stride("hT", hT),
         _row_stride("cT", cT),
+        *(dirs[k] for k in FORWARD_TENSORS),
         H, Hout,
         CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
-        REVERSE=bool(reverse), UPCAST=upcast, IEEE=ieee,
+        REVERSE=bool(reverse), NUM_DIRS=num_dirs, UPCAST=upcast, IEEE=ieee,
         BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
         num_warps=num_warps,
     )
@@ -504,11 +638,38 @@ def cta_backward(
     y, h_prev: [N, Hout]; c_seq, c_prev: [N, H] (LSTM); dy: [N, Hout] (may be a column slice of
     a wider tensor, like y); dhT: [B, Hout]; dcT: [B, H] (LSTM).
     """
-    _check_common(cell, pre_x, R, Pw, block_b, dict(
-        pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq, c_prev=c_prev, dy=dy,
-        dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0, dc0=dc0, dh_total=dh_total,
-        m_seq=m_seq,
-    ))
+    t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
+             c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
+             dc0=dc0, dh_total=dh_total, m_seq=m_seq)
+    _backward(cell, t, info, reverse, None, block_b, num_warps, allow_tf32)
+
+
+def cta_backward_pair(
+    cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info: PackInfo,
+    dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
+    block_b: int = 16, num_warps: int = 4, allow_tf32: bool = False,
+) -> None:
+    """Both directions' backward in one launch; pairs as in `cta_forward_pair`, shapes and
+    results per direction those of `cta_backward` (direction 1 reversed in time)."""
+    pairs = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
+                 c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
+                 dc0=dc0, dh_total=dh_total, m_seq=m_seq)
+    dirs = direction_offsets(pairs, contiguous=("R", "Pw"), outputs=BACKWARD_TENSORS[11:])
+    if dirs is None:
+        for d in range(2):
+            cta_backward(cell, info=info, reverse=d == 1, block_b=block_b, num_warps=num_warps,
+                         allow_tf32=allow_tf32,
+                         **{k: split_pair(k, v)[d] for k, v in pairs.items()})
+        return
+    first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
+    _backward(cell, first, info, False, dirs, block_b, num_warps, allow_tf32)
+
+
+def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> None:
+    """One launch: direction `reverse` (dirs None) or both directions (dirs: offsets)."""
+    (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
+     dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
+    _check_common(cell, pre_x, R, Pw, block_b, {k: t[k] for k in BACKWARD_TENSORS[1:]})
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G
@@ -525,7 +686,9 @@ def cta_backward(
     R = R.contiguous()
     Pw = Pw.contiguous() if proj else None
     upcast, ieee = _dot_flags(pre_x.dtype, allow_tf32)
-    grid = (triton.cdiv(info.B, block_b),)
+    num_dirs = 1 if dirs is None else 2
+    dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
+    grid = (triton.cdiv(info.B, block_b), num_dirs)
     dummy = pre_x  # stands in for absent tensors; never dereferenced (constexpr branches)
     _cta_backward_kernel[grid](
         pre_x, pre_h, R, Pw if proj else dummy, y, h_prev,
@@ -542,9 +705,10 @@ def cta_backward(
         _row_stride("dh0", dh0), _row_stride("dc0", dc0 if lstm else None),
         _row_stride("dh_total", dh_total if proj else None),
         _row_stride("m_seq", m_seq if proj else None),
+        *(dirs[k] for k in BACKWARD_TENSORS),
         H, Hout,
-        CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), UPCAST=upcast, IEEE=ieee,
-        BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
+        CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), NUM_DIRS=num_dirs,
+        UPCAST=upcast, IEEE=ieee, BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
         num_warps=num_warps,
     )
 

@@ -13,6 +13,14 @@ arguments:
 Contract: exactly rnn/reference.py's `recurrence_forward` / `recurrence_backward` (packed rows,
 sorted batch order, per-sequence reversal, outputs written in place).
 
+Bidirectional layers (`grid_forward_pair` / `grid_backward_pair`): the same kernels with
+NUM_DIRS = 2 and a second grid axis for the direction, so both directions share every launch
+(persistent: one launch in all; stepwise: one per sub-step). Direction d's programs address its
+tensors at element offsets from direction 0's (`persistent_cta.direction_offsets`), its own
+half of each stacked workspace, and d = 1 runs reversed in time. The directions never exchange
+data, so each has its own barrier counter and waits only for its own programs; a persistent
+pair needs both directions' programs co-resident (2 * grid_programs <= SM count).
+
 Work split (G gates, H units, Hout = P with a projection else H, B batch)
 --------------------------------------------------------------------------
 The grid is NH x NB programs, NH = cdiv(H, BLOCK_H) hidden slices times NB = cdiv(B, BLOCK_B)
@@ -51,7 +59,7 @@ Barriers per step: 1 without a projection, 2 with one (both are true data depend
 ping-pong h / dph buffers make the single barrier sufficient: a program can only overwrite a
 buffer after the barrier that follows every read of it).
 
-Workspaces (fp32, allocated per call; bytes):
+Workspaces (fp32, allocated per call; bytes per direction, times D for a pair launch):
   forward  h state [2, B, Hout] (8*B*Hout), c state [B, H] (4*B*H, LSTM),
            m [B, H] (4*B*H, projection), sync int32 [2]
   backward dph [2, B, G*H] (8*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H] (LSTM),
@@ -61,7 +69,8 @@ launch end (so they live in global memory between steps); the persistent launch 
 once, keeping them in registers for all T steps.
 
 Formulas (for the planner)
-  grid_programs      = cdiv(H, block_h) * cdiv(B, block_b)           (<= SM count to persist)
+  grid_programs      = cdiv(H, block_h) * cdiv(B, block_b) * D        (<= SM count to persist;
+                       D = 2 for a bidirectional pair launch, else 1)
   grid_onchip_bytes  = shared memory per program, max over the two directions, e = dtype
                        bytes, HP = pad(H), OP = pad(Hout), BO = output-slice width:
     forward  = e*(G*bh*OP + [P] BO*HP) + 4*bb*max(OP, [P] HP)   weights + fp32 operand stage
@@ -88,6 +97,7 @@ import triton.language as tl
 from ..rnn.packing import PackInfo
 from . import cells
 from .grid_barrier import DEFAULT_MAX_SPIN, grid_sync
+from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets, split_pair
 
 # --------------------------------------------------------------------------------------------
 # Shared tile helpers
@@ -152,11 +162,14 @@ def _store_gate(ptr, stride, rows, hs, val, mask, k: tl.constexpr, G: tl.constex
 
 
 @triton.jit
-def _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE: tl.constexpr):
-    """Active mask and packed rows (int64) of the batch tile at step s."""
+def _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr):
+    """Active mask and packed rows (int64) of the batch tile at step s. One direction: REVERSE
+    (constexpr); two: the program's direction rev (0 or 1, runtime) selects the reversal."""
     sv = lens * 0 + s  # as a tensor: the interpreter mis-types `scalar >= 0` in a mask
     act = b_ok & (lens > sv) & (sv >= 0)  # s = -1 is the backward's final carry update
-    if REVERSE:
+    if NUM_DIRS == 2:
+        t = sv + rev * (lens - 1 - 2 * sv)
+    elif REVERSE:
         t = lens - 1 - sv
     else:
         t = sv
@@ -272,18 +285,39 @@ def _grid_fwd_kernel(
     XG, s_xg, R, s_r, BR, PW, s_pw, Y, s_y, CSEQ, s_cseq, HT, s_ht, CT, s_ct,
     LENS, OFFS, HWS, CWS, MWS, SYNC,
     B, n_sub, u_begin, u_end, max_spin, sync_extra,
+    dir_xg, dir_r, dir_br, dir_pw, dir_y, dir_cseq, dir_ht, dir_ct,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
-    REVERSE: tl.constexpr, HAS_CSEQ: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
+    REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, HAS_CSEQ: tl.constexpr,
+    NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
     DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
-    HWS: fp32 [2, B, HOUT] ping-pong h state (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c
-    state (LSTM); MWS: fp32 [B, H] m (projection); SYNC: int32 [2] barrier counter, error.
+    Per direction: HWS: fp32 [2, B, HOUT] ping-pong h state (h_{s-1} in slot s % 2); CWS:
+    fp32 [B, H] c state (LSTM); MWS: fp32 [B, H] m (projection); SYNC: int32 [2] barrier
+    counter, error flag. NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in
+    time) reads its tensors at element offsets dir_* and its workspaces, stacked [2, ...],
+    one direction further; each direction meets at its own barrier (they share no data).
     """
     pid = tl.program_id(0)
+    rev = 0
+    if NUM_DIRS == 2:
+        rev = tl.program_id(1)
+        d64 = rev.to(tl.int64)
+        XG += d64 * dir_xg
+        R += d64 * dir_r
+        BR += d64 * dir_br
+        PW += d64 * dir_pw
+        Y += d64 * dir_y
+        CSEQ += d64 * dir_cseq
+        HT += d64 * dir_ht
+        CT += d64 * dir_ct
+        HWS += d64 * 2 * B * HOUT
+        CWS += d64 * B * H
+        MWS += d64 * B * H
+        SYNC += rev * 2
     p = pid % NH
     hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = hs < H
@@ -326,7 +360,7 @@ def _grid_fwd_kernel(
     u = u_begin
     while (u < u_end) & (failed == 0):
         s = u // NPH
-        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE)
+        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE, NUM_DIRS)
         src = HWS + (s % 2).to(tl.int64) * B * HOUT
         dst = HWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
@@ -461,8 +495,10 @@ def _grid_bwd_kernel(
     DY, s_dy, DH0, s_dh0, DC0, s_dc0, DPREX, s_dpx, DPREH, s_dph, DHTOT, s_dht, MSEQ, s_ms,
     LENS, OFFS, DPHWS, CARRYWS, DCWS, DHWS, SYNC,
     B, S, n_sub, u_begin, u_end, max_spin, sync_extra,
+    dir_px, dir_ph, dir_r, dir_pw, dir_y, dir_hp, dir_cs, dir_cp, dir_dy, dir_dh0, dir_dc0,
+    dir_dpx, dir_dph, dir_dht, dir_ms,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
-    REVERSE: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
+    REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
     DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
@@ -471,11 +507,36 @@ def _grid_bwd_kernel(
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
     carry update that writes dh0.
 
-    DPHWS: fp32 [2, B, G*H] ping-pong dph (step with index q in slot q % 2); CARRYWS: fp32
-    [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state (LSTM); DHWS: fp32 [B, P] dh
-    (projection); SYNC: int32 [2] barrier counter, error flag.
+    Per direction: DPHWS: fp32 [2, B, G*H] ping-pong dph (step with index q in slot q % 2);
+    CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state (LSTM); DHWS: fp32
+    [B, P] dh (projection); SYNC: int32 [2] barrier counter, error flag. NUM_DIRS = 2: as in
+    the forward (direction axis, dir_* offsets, stacked workspaces, one barrier each).
     """
     pid = tl.program_id(0)
+    rev = 0
+    if NUM_DIRS == 2:
+        rev = tl.program_id(1)
+        d64 = rev.to(tl.int64)
+        PREX += d64 * dir_px
+        PREH += d64 * dir_ph
+        R += d64 * dir_r
+        PW += d64 * dir_pw
+        Y += d64 * dir_y
+        HPREV += d64 * dir_hp
+        CSEQ += d64 * dir_cs
+        CPREV += d64 * dir_cp
+        DY += d64 * dir_dy
+        DH0 += d64 * dir_dh0
+        DC0 += d64 * dir_dc0
+        DPREX += d64 * dir_dpx
+        DPREH += d64 * dir_dph
+        DHTOT += d64 * dir_dht
+        MSEQ += d64 * dir_ms
+        DPHWS += d64 * 2 * B * (G * H)
+        CARRYWS += d64 * B * HOUT
+        DCWS += d64 * B * H
+        DHWS += d64 * B * P
+        SYNC += rev * 2
     p = pid % NH
     hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = hs < H
@@ -518,7 +579,7 @@ def _grid_bwd_kernel(
     while (u < u_end) & (failed == 0):
         q = u // NPH
         s = S - 1 - q
-        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, REVERSE)
+        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE, NUM_DIRS)
         act1 = b_ok & (lens > s + 1)
         dph_src = DPHWS + ((q + 1) % 2).to(tl.int64) * dph_size  # written at index q - 1
         dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
@@ -593,12 +654,15 @@ def _block_o(H: int, P: int, block_h: int) -> int:
     return _pad(triton.cdiv(P, triton.cdiv(H, block_h)))
 
 
-def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int) -> int:
-    """Programs one launch uses: cdiv(H, block_h) hidden slices x cdiv(B, block_b) batch tiles.
+def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
+                  num_dirs: int = 1) -> int:
+    """Programs one launch uses: cdiv(H, block_h) hidden slices x cdiv(B, block_b) batch tiles
+    per direction, times num_dirs (2 when both directions of a bidirectional layer share the
+    launch, `grid_forward_pair`).
 
     A persistent launch needs them all co-resident: the planner checks this is <= SM count.
     (Hout and P do not change it: the output slices are spread over the hidden programs.)"""
-    return triton.cdiv(H, block_h) * triton.cdiv(B, block_b)
+    return triton.cdiv(H, block_h) * triton.cdiv(B, block_b) * num_dirs
 
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
@@ -708,16 +772,20 @@ class _Outs:
             t.copy_(buf)
 
 
-def _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype):
+def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype):
+    """(USE_BARRIER, DOT_DT, launch ranges). `programs` is one direction's grid (the group that
+    meets at a barrier); a persistent launch needs programs * num_dirs co-resident."""
     use_barrier = persistent and on_gpu
     if use_barrier:
-        check_coresident(programs, torch.cuda.get_device_properties(dev).multi_processor_count)
+        check_coresident(programs * num_dirs,
+                         torch.cuda.get_device_properties(dev).multi_processor_count)
     dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
     return use_barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)
 
 
 def _check_sync(sync, use_barrier):
-    if use_barrier and int(sync[1].item()) != 0:
+    """sync: int32 [D, 2] (per direction: counter, error flag)."""
+    if use_barrier and bool(sync[:, 1].any().item()):
         raise RuntimeError(
             "persistent-grid kernel: a grid barrier timed out (programs not co-resident, or the "
             "GPU is shared with a kernel that holds SMs); the outputs are invalid. Retry with "
@@ -754,10 +822,56 @@ def grid_forward(
     persistent=True: one launch with a grid barrier per sub-step on GPU (refused when the grid
     exceeds the SM count); persistent=False: one launch per step (and per projection phase).
     `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path."""
+    t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
+    _forward(cell, t, info, reverse, None, persistent, block_h, block_b, num_warps, _max_spin,
+             _barrier_extra)
+
+
+def grid_forward_pair(
+    cell: str, xg, R, bR, Pw, h0, c0, info: PackInfo, y, c_seq, hT, cT, *,
+    persistent: bool, block_h: int = 32, block_b: int = 16, num_warps: int = 4,
+    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
+) -> None:
+    """Both directions of a bidirectional layer in the same launches: grid
+    [grid_programs(...), 2], grid axis 1 = direction (1: reversed in time), so persistent=True
+    is one launch in all on GPU and persistent=False one launch per sub-step for both.
+
+    Every tensor argument is a pair (direction 0, direction 1) with `grid_forward`'s shapes,
+    or None where both are absent; each direction gets exactly `grid_forward`'s result. The
+    directions share no data: each meets at its own barrier, so a persistent launch needs
+    2 * grid_programs(...) co-resident programs (refused with ValueError beyond the SM
+    count). Pairs that are not base + offset (`direction_offsets`) run per direction."""
+    pairs = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
+    dirs = direction_offsets(pairs, contiguous=("bR",), outputs=FORWARD_TENSORS[6:])
+    if dirs is None or info.max_len == 0:
+        for d in range(2):
+            grid_forward(cell, info=info, reverse=d == 1, persistent=persistent,
+                         block_h=block_h, block_b=block_b, num_warps=num_warps,
+                         _max_spin=_max_spin, _barrier_extra=_barrier_extra,
+                         **{k: split_pair(k, v)[d] for k, v in pairs.items()})
+        return
+    first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
+    _forward(cell, first, info, False, dirs, persistent, block_h, block_b, num_warps, _max_spin,
+             _barrier_extra)
+
+
+def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
+    """The [D, ...] stack of a state: t itself (off None: one direction), or t and the
+    same-shaped tensor `off` elements after it (a view when off >= 0)."""
+    if off is None:
+        return t.unsqueeze(0)
+    if off >= 0:
+        return t.as_strided((2, *t.shape), (off, *t.stride()), t.storage_offset())
+    return torch.stack((t, t.as_strided(t.shape, t.stride(), t.storage_offset() + off)))
+
+
+def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_warps, max_spin,
+             barrier_extra) -> None:
+    """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
+    xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
-    dtype, dev, on_gpu = _check_common(
-        [("xg", xg), ("R", R), ("bR", bR), ("Pw", Pw), ("h0", h0), ("c0", c0), ("y", y),
-         ("c_seq", c_seq), ("hT", hT), ("cT", cT)], cell, block_h, block_b, num_warps)
+    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, block_h, block_b,
+                                       num_warps)
     G = cells.NUM_GATES[cid]
     lstm = cid == cells.CELL_LSTM
     GH, Hout = R.shape
@@ -785,34 +899,42 @@ def grid_forward(
             cT.copy_(c0)
         return
 
+    # A pair has unit column strides (direction_offsets): no temporaries, no copies.
     outs = _Outs()
     y_, hT_ = outs(y), outs(hT)
     cT_ = outs(cT) if lstm else None
     c_seq_ = outs(c_seq) if lstm else None
     xg_, R_, Pw_, bR = _inp(xg), _inp(R), _inp(Pw), bR.contiguous()
 
+    nd = 1 if dirs is None else 2
+    off = dirs or {}
     f32 = dict(dtype=torch.float32, device=dev)
-    h_ws = torch.empty(2, B, Hout, **f32)
-    h_ws[0].copy_(h0)
-    c_ws = c0.to(torch.float32).contiguous().clone() if lstm else h_ws
-    m_ws = torch.empty(B, H, **f32) if P else h_ws
-    sync = torch.zeros(2, dtype=torch.int32, device=dev)
+    h_ws = torch.empty(nd, 2, B, Hout, **f32)
+    h_ws[:, 0].copy_(_both(h0, off.get("h0")))
+    c_ws = torch.empty(nd, B, H, **f32) if lstm else h_ws
+    if lstm:
+        c_ws.copy_(_both(c0, off.get("c0")))
+    m_ws = torch.empty(nd, B, H, **f32) if P else h_ws
+    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
 
     nph = 2 if P else 1
     n_sub = nph * S
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
-    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype)
+    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
+                                                dtype)
+    dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_ws
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
-            _grid_fwd_kernel[(programs,)](
+            _grid_fwd_kernel[(programs, nd)](
                 xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
                 Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
                 hT_, hT_.stride(0), cT_ if lstm else dummy, cT_.stride(0) if lstm else 0,
                 info.lengths_sorted, info.offsets, h_ws, c_ws, m_ws, sync,
-                B, n_sub, u0, u1, _max_spin, _barrier_extra,
-                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse),
+                B, n_sub, u0, u1, max_spin, barrier_extra,
+                *(dirs[k] for k in ("xg", "R", "bR", "Pw", "y", "c_seq", "hT", "cT")),
+                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
                 H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
@@ -855,12 +977,45 @@ def grid_backward(
     `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU),
     dh0 [B, Hout], dc0 [B, H] (LSTM), dh_total [N, P] and m_seq [N, H] (projection) in place).
     No atomics on results: bit-identical run to run."""
+    t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
+             c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
+             dc0=dc0, dh_total=dh_total, m_seq=m_seq)
+    _backward(cell, t, info, reverse, None, persistent, block_h, block_b, num_warps, _max_spin,
+              _barrier_extra)
+
+
+def grid_backward_pair(
+    cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info: PackInfo,
+    dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
+    persistent: bool, block_h: int = 32, block_b: int = 16, num_warps: int = 4,
+    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
+) -> None:
+    """Both directions' backward in the same launches; pairs, grid and barriers as in
+    `grid_forward_pair`, shapes and results per direction those of `grid_backward`."""
+    pairs = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
+                 c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
+                 dc0=dc0, dh_total=dh_total, m_seq=m_seq)
+    dirs = direction_offsets(pairs, outputs=BACKWARD_TENSORS[11:])
+    if dirs is None or info.max_len == 0:
+        for d in range(2):
+            grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
+                          block_h=block_h, block_b=block_b, num_warps=num_warps,
+                          _max_spin=_max_spin, _barrier_extra=_barrier_extra,
+                          **{k: split_pair(k, v)[d] for k, v in pairs.items()})
+        return
+    first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
+    _backward(cell, first, info, False, dirs, persistent, block_h, block_b, num_warps,
+              _max_spin, _barrier_extra)
+
+
+def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_warps, max_spin,
+              barrier_extra) -> None:
+    """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
+    (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
+     dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
-    dtype, dev, on_gpu = _check_common(
-        [("pre_x", pre_x), ("pre_h", pre_h), ("R", R), ("Pw", Pw), ("y", y),
-         ("h_prev", h_prev), ("c_seq", c_seq), ("c_prev", c_prev), ("dy", dy), ("dhT", dhT),
-         ("dcT", dcT), ("dpre_x", dpre_x), ("dpre_h", dpre_h), ("dh0", dh0), ("dc0", dc0),
-         ("dh_total", dh_total), ("m_seq", m_seq)], cell, block_h, block_b, num_warps)
+    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in BACKWARD_TENSORS], cell, block_h,
+                                       block_b, num_warps)
     G = cells.NUM_GATES[cid]
     lstm, gru = cid == cells.CELL_LSTM, cid == cells.CELL_GRU
     GH, Hout = R.shape
@@ -870,17 +1025,17 @@ def grid_backward(
         raise ValueError(f"a projection (Pw) is LSTM-only, got cell {cell!r}")
     B, N, S = info.B, info.N, info.max_len
     _check_shape("R", R, (G * H, P or H))
-    for name, t in (("pre_x", pre_x), ("pre_h", pre_h), ("dpre_x", dpre_x)):
-        _check_shape(name, t, (N, G * H))
-    for name, t in (("y", y), ("h_prev", h_prev), ("dy", dy)):
-        _check_shape(name, t, (N, Hout))
+    for name, x in (("pre_x", pre_x), ("pre_h", pre_h), ("dpre_x", dpre_x)):
+        _check_shape(name, x, (N, G * H))
+    for name, x in (("y", y), ("h_prev", h_prev), ("dy", dy)):
+        _check_shape(name, x, (N, Hout))
     _check_shape("dhT", dhT, (B, Hout))
     _check_shape("dh0", dh0, (B, Hout))
     if gru:
         _check_shape("dpre_h", dpre_h, (N, G * H))
     if lstm:
-        for name, t in (("c_seq", c_seq), ("c_prev", c_prev)):
-            _check_shape(name, t, (N, H))
+        for name, x in (("c_seq", c_seq), ("c_prev", c_prev)):
+            _check_shape(name, x, (N, H))
         _check_shape("dcT", dcT, (B, H))
         _check_shape("dc0", dc0, (B, H))
     if P:
@@ -899,36 +1054,47 @@ def grid_backward(
     dc0_ = outs(dc0) if lstm else None
     dh_total_, m_seq_ = (outs(dh_total), outs(m_seq)) if P else (None, None)
     pre_x_, pre_h_, R_, Pw_, y_, h_prev_, dy_ = (
-        _inp(t) for t in (pre_x, pre_h, R, Pw, y, h_prev, dy))
+        _inp(x) for x in (pre_x, pre_h, R, Pw, y, h_prev, dy))
     c_seq_, c_prev_ = (_inp(c_seq), _inp(c_prev)) if lstm else (None, None)
 
+    nd = 1 if dirs is None else 2
+    off = dirs or {}
     f32 = dict(dtype=torch.float32, device=dev)
-    dph_ws = torch.empty(2, B, G * H, **f32)
-    carry_ws = dhT.to(torch.float32).contiguous().clone()
-    dc_ws = dcT.to(torch.float32).contiguous().clone() if lstm else carry_ws
-    dh_ws = torch.empty(B, P, **f32) if P else carry_ws
-    sync = torch.zeros(2, dtype=torch.int32, device=dev)
+    dph_ws = torch.empty(nd, 2, B, G * H, **f32)
+    carry_ws = torch.empty(nd, B, Hout, **f32)
+    carry_ws.copy_(_both(dhT, off.get("dhT")))
+    dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
+    if lstm:
+        dc_ws.copy_(_both(dcT, off.get("dcT")))
+    dh_ws = torch.empty(nd, B, P, **f32) if P else carry_ws
+    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
 
     nph = 2 if P else 1
     n_sub = nph * S + 1
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
-    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, n_sub, dtype)
+    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
+                                                dtype)
+    dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
+    order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
+             "dpre_x", "dpre_h", "dh_total", "m_seq")
 
-    def arg(t):  # (pointer, row stride) of an optional row-indexed tensor
-        return (t, t.stride(0)) if t is not None else (carry_ws, 0)
+    def arg(x):  # (pointer, row stride) of an optional row-indexed tensor
+        return (x, x.stride(0)) if x is not None else (carry_ws, 0)
 
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
-            _grid_bwd_kernel[(programs,)](
+            _grid_bwd_kernel[(programs, nd)](
                 *arg(pre_x_), *arg(pre_h_), *arg(R_), *arg(Pw_ if P else None), *arg(y_),
                 *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
                 *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
                 info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
-                B, S, n_sub, u0, u1, _max_spin, _barrier_extra,
-                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NPH=nph,
-                NH=triton.cdiv(H, block_h), BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h),
-                BLOCK_B=block_b, H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+                B, S, n_sub, u0, u1, max_spin, barrier_extra,
+                *(dirs[k] for k in order),
+                CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
+                NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
+                BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, H_PAD=_pad(H),
+                HOUT_PAD=_pad(Hout), DOT_DT=dot_dt, FP32_DOT=dot_dt == tl.float32,
+                USE_BARRIER=use_barrier, num_warps=num_warps,
             )
     _check_sync(sync, use_barrier)
     outs.finish()
