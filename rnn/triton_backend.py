@@ -1,9 +1,13 @@
 """The Triton engine backend: runs each recurrence with the kernel family the planner picks.
 
-The engine (rnn/engine.py) calls `forward`/`backward` once per layer and direction with the
-reference recurrence's contract; this class asks the planner for that shape's LayerPlan
-(cached) and dispatches to the persistent-CTA, persistent-grid/stepwise launchers, or to the
-reference recurrence for float64.
+The engine (rnn/engine.py) calls `forward`/`backward` once per unidirectional layer with the
+reference recurrence's contract, and `forward_bidir`/`backward_bidir` once per bidirectional
+layer with both directions' tensors as pairs. This class asks the planner for that shape's
+LayerPlan (cached) and dispatches to the persistent-CTA, persistent-grid/stepwise launchers, or
+to the reference recurrence for float64. A bidirectional layer's two directions share each
+launch (programs split between them: one launch for the persistent families, one per sub-step
+for stepwise), except where the pair's persistent grid would not be co-resident: then each
+direction gets its own persistent launch.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import torch
 
 from . import reference
 from .planner import LayerPlan, device_properties, recurrence_choice
+
+
+def _dir(pair, d: int):
+    """Direction d's tensor of a pair argument (None when absent)."""
+    return pair[d] if pair is not None else None
 
 
 class TritonRecurrence:
@@ -55,6 +64,64 @@ class TritonRecurrence:
             from tritonrnn.kernels.persistent_grid import grid_backward
 
             _with_stepwise_fallback(grid_backward, args, lp)
+
+    def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
+        """Both directions of a bidirectional layer; every tensor argument is a pair
+        (direction 0, direction 1) with `forward`'s per-direction shapes, or None."""
+        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B)
+        if not self._shares_launch(lp, cell, R[0], _dir(Pw, 0), info.B):
+            for d in range(2):
+                self.forward(cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)), info, d == 1,
+                             *(_dir(t, d) for t in (y, c_seq, hT, cT)))
+            return
+        args = (cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT)
+        if lp.family == "persistent_cta":
+            from tritonrnn.kernels.persistent_cta import cta_forward_pair
+
+            cta_forward_pair(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+        else:
+            from tritonrnn.kernels.persistent_grid import grid_forward_pair
+
+            _with_stepwise_fallback(grid_forward_pair, args, lp)
+
+    def backward_bidir(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
+                       info, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
+        """Both directions' backward; pairs as in `forward_bidir`."""
+        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B)
+        ins = (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT)
+        outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
+        if not self._shares_launch(lp, cell, R[0], _dir(Pw, 0), info.B):
+            for d in range(2):
+                self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
+                              *(_dir(t, d) for t in outs))
+            return
+        args = (cell, *ins, info, *outs)
+        if lp.family == "persistent_cta":
+            from tritonrnn.kernels.persistent_cta import cta_backward_pair
+
+            cta_backward_pair(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+        else:
+            from tritonrnn.kernels.persistent_grid import grid_backward_pair
+
+            _with_stepwise_fallback(grid_backward_pair, args, lp)
+
+    @staticmethod
+    def _shares_launch(lp: LayerPlan, cell: str, R: torch.Tensor, Pw, batch: int) -> bool:
+        """Whether both directions go into one launch: not for the reference family, nor for
+        a persistent grid whose two directions together exceed the SM count (each direction's
+        grid alone is co-resident by the plan; its barrier must never wait on a program that
+        cannot start)."""
+        if lp.family == "reference":
+            return False
+        if lp.family != "persistent_grid":
+            return True
+        from tritonrnn.kernels.persistent_grid import grid_programs
+
+        G = {"lstm": 4, "gru": 3}.get(cell, 1)
+        H, Hout = R.shape[0] // G, R.shape[1]
+        P = Pw.shape[0] if Pw is not None else 0
+        programs = grid_programs(H, Hout, P, batch, lp.block_h, lp.block_b, num_dirs=2)
+        return programs <= device_properties(R.device).sm_count
 
 
 def _with_stepwise_fallback(launch, args, lp: LayerPlan) -> None:
