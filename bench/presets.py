@@ -180,6 +180,9 @@ PRESETS: dict[str, list[BenchShape]] = {
     "varlen": _sweep(mode="lstm", hidden=[256, 768], batch=[16, 64], time=1024,
                      varlen="uniform"),
     "gru": _sweep(mode="gru", hidden=[256, 512, 768, 1024], batch=16, time=1024),
+    # The first LSTM/GRU timing against cuDNN (issue 4): B in {16, 256}, H in {256, 768}.
+    "first-timing": _sweep(mode=["lstm", "gru"], hidden=[256, 768], batch=[16, 256],
+                           time=1024),
     # Stacks: two bidirectional layers, and the LSTM projection.
     "stack": _sweep(mode="lstm", hidden=512, batch=32, time=512, layers=2,
                     bidirectional=True) + _sweep(mode="lstm", hidden=1024, proj=512,

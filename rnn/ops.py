@@ -17,6 +17,7 @@ from . import reserve as reserve_mod
 from .config import RNNConfig, check_choice, make_config
 from .packing import PackInfo, make_pack_info, pack, unpack
 from .params import check_params_tensor
+from .planner import current_constraints, plan_constraints
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BACKENDS = ("auto", "reference", "triton")
@@ -223,6 +224,9 @@ class _CudnnRNNFunction(torch.autograd.Function):
     def forward(ctx, input, input_h, input_c, params, call, rec, attrs, training):
         out = _forward(call, rec, input, input_h, input_c, params, attrs["time_major"], training)
         ctx.call, ctx.rec, ctx.attrs, ctx.training = call, rec, attrs, training
+        # Autograd may run the backward on another thread, where the caller's
+        # plan_constraints context is not set: carry it over explicitly.
+        ctx.constraints = current_constraints()
         ctx.lstm = call.cfg.is_lstm
         ctx.save_for_backward(input, input_h, input_c if ctx.lstm else None, params,
                               out.output, out.reserve_space)
@@ -240,10 +244,11 @@ class _CudnnRNNFunction(torch.autograd.Function):
                 "got False (no reserve space was kept for backprop)"
             )
         input, input_h, input_c, params, output, reserve = ctx.saved_tensors
-        grads = _backprop(
-            ctx.call, ctx.rec, input, input_h, input_c, params, output,
-            d_output, d_h, d_c if ctx.lstm else None, reserve, ctx.attrs["time_major"],
-        )
+        with plan_constraints(**ctx.constraints):
+            grads = _backprop(
+                ctx.call, ctx.rec, input, input_h, input_c, params, output,
+                d_output, d_h, d_c if ctx.lstm else None, reserve, ctx.attrs["time_major"],
+            )
         return (
             grads.input_backprop,
             grads.input_h_backprop,
