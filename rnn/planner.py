@@ -194,10 +194,6 @@ def _bucket(n: int) -> int:
     return _pow2(max(n, 1))
 
 
-def _block_b(batch: int) -> int:
-    return min(max(16, _pow2(batch)), 64)
-
-
 def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps) -> LayerPlan:
     from tritonrnn.kernels.persistent_cta import cta_onchip_bytes
 
@@ -278,11 +274,27 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props) -> LayerPlan:
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):
         return _cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8)
-    block_b = _block_b(batch_bucket)
     grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props)
     if grid is not None:
         return grid
-    return _grid("stepwise", cell, H, Hout, P, dtype, block_b, 64, batch_bucket, 4)
+    return _stepwise_fit(cell, H, Hout, P, dtype, batch_bucket, props)
+
+
+def _stepwise_fit(cell, H, Hout, P, dtype, batch, props) -> LayerPlan:
+    """Stepwise tiles: the largest hidden slice and batch tile whose per-launch weight slice
+    fits in shared memory (the kernel stages its slice of R on chip for the step). Past the
+    smallest tiles (H beyond about 1.5K in bf16) nothing fits, and the smallest are returned:
+    the kernel then fails to compile for lack of shared memory, which is the known limit of
+    this family until R is chunked along the reduction dimension."""
+    budget = props.smem_per_program - _SMEM_SLACK
+    for block_h in (64, 32, 16):
+        for block_b in (64, 32, 16):
+            if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):
+                continue
+            lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4)
+            if props.interpreter or lp.onchip_bytes <= budget:
+                return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h, block_b))
+    return _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, batch, 4)
 
 
 def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,

@@ -3,9 +3,11 @@ float64, with each kernel family forced through plan_constraints."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from helpers import compare_with_torch
+from helpers import compare_with_torch, params_from_module, torch_oracle
 
 from tritonrnn.rnn import cudnn_rnn, params_size
 from tritonrnn.rnn.planner import plan_constraints
@@ -103,11 +105,38 @@ def test_extreme_inputs_stay_finite(family):
     assert out.output.abs().max() <= 1.0
 
 
+def _scaled(got, exp):
+    got, exp = got.detach().cpu().double(), exp.cpu().double()
+    return (got - exp).abs().max().item() / max(1.0, exp.abs().max().item())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", MODES)
 def test_half_precision_on_gpu(mode, dtype):
-    errors = compare_with_torch(mode, L=2, bidirectional=True, lengths="zero", I=32, H=64,
-                                T=16, backend="triton", dtype=dtype, rtol=3e-2, atol=3e-2,
-                                device="cuda")
-    assert max(errors.values()) < 3e-2
+    """Half precision has no fixed absolute tolerance worth having (gradients of params sum
+    N products of rounded values), so the bar is the library being replaced: tritonrnn's
+    error against float64 must be within 2x cuDNN's error in the same dtype on the same data
+    (scaled by max(1, |ref|)), or within 4 unit roundoffs of the dtype."""
+    errs, (module, x, h0, c0, lens, grads, want, _) = compare_with_torch(
+        mode, L=2, bidirectional=True, lengths="zero", I=32, H=64, T=16, backend="triton",
+        dtype=dtype, device="cuda", check=False)
+    cudnn = copy.deepcopy(module).to("cuda", dtype)
+    dev = lambda t: None if t is None else t.to("cuda", dtype)  # noqa: E731
+    got = torch_oracle(cudnn, dev(x), dev(h0), dev(c0), lens, True,
+                       tuple(dev(g) for g in grads))
+    ref_params = params_from_module(module, tensors=want["dparams"])
+    cudnn_params = params_from_module(module, tensors=got["dparams"])
+    base = {
+        "output": _scaled(got["output"], want["output"]),
+        "output_h": _scaled(got["output_h"], want["output_h"]),
+        "dx": _scaled(got["dx"], want["dx"]),
+        "dh0": _scaled(got["dh0"], want["dh0"]),
+        "dparams": _scaled(cudnn_params, ref_params),
+    }
+    if mode == "lstm":
+        base["output_c"] = _scaled(got["output_c"], want["output_c"])
+        base["dc0"] = _scaled(got["dc0"], want["dc0"])
+    unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    for name, err in errs.items():
+        assert err <= max(2 * base[name], 4 * unit), (name, err, base[name])
