@@ -1,0 +1,49 @@
+"""Markdown table of committed benchmark JSON files (for the README's results section).
+
+    python -m tritonrnn.bench.table bench/results/*.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def rows(path: str) -> list[str]:
+    with open(path) as f:
+        report = json.load(f)
+    device = report["environment"]["device"]
+    out = []
+    for r in report["results"]:
+        runs = {(x["impl"], x["pass"]): x for x in r["runs"]}
+        for (impl, pas), run in sorted(runs.items()):
+            if impl != "tritonrnn":
+                continue
+            base = runs.get(("torch", pas), {})
+            fam = ",".join(r["plan"]["families"]) if r.get("plan") else "-"
+            ratio = (r.get("reserve_ratio") or {}).get("torch")
+            if run["status"] != "ok":
+                out.append(f"| {device} | {r['label']} | {pas} | {fam} | failed | "
+                           f"{base.get('ms', float('nan')):.2f} | - | - |")
+                continue
+            out.append(
+                f"| {device} | {r['label']} | {pas} | {fam} | {run['ms']:.2f} | "
+                f"{base.get('ms', float('nan')):.2f} | {run['speedup_vs_torch']:.2f}x | "
+                f"{'-' if ratio is None else f'{ratio:.2f}'} |"
+            )
+    return out
+
+
+def main(paths: list[str]) -> None:
+    print("| device | shape | pass | family | tritonrnn ms | cuDNN ms | speedup "
+          "| reserve / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in paths:
+        if "barrier" in p:
+            continue
+        for line in rows(p):
+            print(line)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
