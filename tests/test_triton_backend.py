@@ -16,7 +16,9 @@ MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
 FAMILIES = ["persistent_cta", "persistent_grid", "stepwise"]
 # fp32 kernels vs the float64 oracle on fp32-rounded inputs: a few ulps per operation over
 # T <= 7 steps and sums of <= 40 products; the reference engine in fp32 stays below 1e-5.
-FP32 = dict(dtype=torch.float32, rtol=2e-5, atol=2e-5)
+# On a GPU the same suite runs on CUDA tensors (fp32 dots use input_precision="ieee").
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP32 = dict(dtype=torch.float32, rtol=2e-5, atol=2e-5, device=DEVICE)
 
 
 def _family(family):
@@ -48,15 +50,15 @@ def test_lstm_projection(family, lengths):
                            T=5, backend="triton", **FP32)
 
 
-def _run(mode, backend, dropout=0.0, dtype=torch.float32):
+def _run(mode, backend, dropout=0.0, dtype=torch.float32, device=DEVICE):
     g = torch.Generator().manual_seed(3)
     T, B, I, H, L = 5, 3, 4, 16, 3
     n = params_size(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
                     direction="bidirectional")
-    x = torch.randn(T, B, I, generator=g).to(dtype).requires_grad_(True)
-    h = torch.randn(2 * L, B, H, generator=g).to(dtype).requires_grad_(True)
-    c = torch.randn(2 * L, B, H, generator=g).to(dtype) if mode == "lstm" else None
-    p = (torch.randn(n, generator=g) * 0.3).to(dtype).requires_grad_(True)
+    x = torch.randn(T, B, I, generator=g).to(device, dtype).requires_grad_(True)
+    h = torch.randn(2 * L, B, H, generator=g).to(device, dtype).requires_grad_(True)
+    c = torch.randn(2 * L, B, H, generator=g).to(device, dtype) if mode == "lstm" else None
+    p = (torch.randn(n, generator=g) * 0.3).to(device, dtype).requires_grad_(True)
     lens = torch.tensor([5, 0, 3])
     out = cudnn_rnn(x, h, c, p, lens, rnn_mode=mode, direction="bidirectional",
                     dropout=dropout, seed=11, seed2=12, backend=backend)
@@ -95,9 +97,9 @@ def test_extreme_inputs_stay_finite(family):
     g = torch.Generator().manual_seed(0)
     T, B, I, H = 4, 2, 3, 16
     n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
-    x = torch.randn(T, B, I, generator=g) * 1e3
-    p = (torch.randn(n, generator=g) * 50).requires_grad_(True)
-    h = torch.zeros(1, B, H)
+    x = (torch.randn(T, B, I, generator=g) * 1e3).to(DEVICE)
+    p = (torch.randn(n, generator=g) * 50).to(DEVICE).requires_grad_(True)
+    h = torch.zeros(1, B, H, device=DEVICE)
     with _family(family):
         out = cudnn_rnn(x, h, h.clone(), p, rnn_mode="lstm", backend="triton")
         (dp,) = torch.autograd.grad(out.output.sum() + out.output_c.sum(), [p])
