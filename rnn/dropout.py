@@ -4,6 +4,9 @@
 The generator is splitmix64 (a bijective 64-bit mixer) applied to the element's counter
 xor a per-(seed, seed2, layer) key. It only needs integer multiply, xor and shifts, so the same
 bits come out of this torch version on any device and of a Triton version of it.
+
+keep_mask + apply are the oracle: the fused kernel (kernels/dropout.py, reached through
+apply_packed) is tested to reproduce them bit for bit, masks and values, in fp32/fp16/bf16.
 """
 
 from __future__ import annotations
@@ -77,15 +80,19 @@ def apply(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
 
 def apply_packed(x: torch.Tensor, info: PackInfo, p: float, seed: int, seed2: int, layer: int,
                  *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Dropout of a packed [N, C] tensor (into `out`, which may be x; default a new tensor).
+    """Dropout of layer `layer`'s packed output x: [N, C] (into `out`, [N, C] of x's dtype,
+    which may be x for in place; default a new tensor). Returns out.
 
-    On CUDA or under TRITON_INTERPRET=1 (and not float64) one fused Triton kernel generates
-    the mask and applies it (kernels/dropout.py); otherwise this module's torch path, which
-    is the oracle the kernel is tested to match bit for bit."""
+    On CUDA or under TRITON_INTERPRET=1, for fp32/fp16/bf16 with unit column strides, one fused
+    Triton kernel generates the mask and applies it (kernels/dropout.py). Otherwise (float64,
+    CPU without the interpreter, column-strided views) this module's torch path keep_mask +
+    apply runs: it is the oracle, and the kernel is tested to match it bit for bit."""
     if out is None:
         out = torch.empty_like(x)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if x.dtype != torch.float64 and (x.is_cuda or interpret) and x.stride(1) == 1:
+    fused = (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and out.dtype == x.dtype
+             and (x.is_cuda or interpret) and x.stride(1) == 1 and out.stride(1) == 1)
+    if fused:
         from tritonrnn.kernels.dropout import dropout_apply
 
         return dropout_apply(x, out, info.padded_index, p, layer_key(seed, seed2, layer))
