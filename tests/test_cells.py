@@ -11,6 +11,7 @@ from tritonrnn.kernels import cells
 from tritonrnn.rnn import reference
 
 N, H = 8, 16  # powers of two so the tiles need no masks
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs CPU tensors
 
 
 @triton.jit
@@ -57,8 +58,10 @@ def test_cell_helpers_match_reference(cell, scale):
     X, Hs = rnd(4, N, H), rnd(4, N, H)
     hp, cp, c = rnd(N, H), rnd(N, H), rnd(N, H)
     dm, dc = torch.randn(N, H, generator=g), torch.randn(N, H, generator=g)
-    out = torch.full((10, N, H), float("nan"))
-    _cells_kernel[(1,)](X, Hs, hp, c, cp, dm, dc, out, CELL=cells.CELL_IDS[cell], N=N, H=H)
+    out = torch.full((10, N, H), float("nan"), device=DEVICE)
+    dev = [t.to(DEVICE) for t in (X, Hs, hp, c, cp, dm, dc)]
+    _cells_kernel[(1,)](*dev, out, CELL=cells.CELL_IDS[cell], N=N, H=H)
+    out = out.cpu()
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     px = torch.cat(list(X[:G]), 1).double()
     ph = torch.cat(list(Hs[:G]), 1).double()
@@ -94,7 +97,8 @@ def test_activations_saturate_without_nan(x):
         tl.store(OUT, cells.sigmoid(v))
         tl.store(OUT + 1, cells.tanh(v))
 
-    out = torch.empty(2)
-    k[(1,)](torch.tensor([x]), out)
+    out = torch.empty(2, device=DEVICE)
+    k[(1,)](torch.tensor([x], device=DEVICE), out)
+    out = out.cpu()
     ref = torch.tensor([x], dtype=torch.float64)
     torch.testing.assert_close(out.double(), torch.cat([ref.sigmoid(), ref.tanh()]))
