@@ -34,6 +34,10 @@ from .config import make_config
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
 _CONSTRAINT_KEYS = ("family", "block_b", "block_h", "num_warps")
+# Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
+# forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
+# another).
+_STACK_KEYS = ("pipeline_chunks",)
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,14 @@ _constraints: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonrnn_
 def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
 
-    Keys: family (one of FAMILIES), block_b, block_h, num_warps. A forced choice that cannot
-    apply to a shape raises ValueError when that shape is planned."""
+    Keys: family (one of FAMILIES), block_b, block_h, num_warps, pipeline_chunks. A forced
+    choice that cannot apply to a shape raises ValueError when that shape is planned."""
     for k, v in overrides.items():
-        if k not in _CONSTRAINT_KEYS:
-            raise ValueError(f"plan_constraints: expected keys {list(_CONSTRAINT_KEYS)}, got {k!r}")
+        if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
+            raise ValueError(
+                f"plan_constraints: expected keys {list(_CONSTRAINT_KEYS + _STACK_KEYS)}, "
+                f"got {k!r}"
+            )
         if k == "family" and v not in FAMILIES:
             raise ValueError(
                 f"plan_constraints: family expected one of {list(FAMILIES)}, got {v!r}"
@@ -358,7 +365,7 @@ def recurrence_choice(
     bucket = _bucket(batch)
     key = recurrence_key(cell, H, P, dtype, batch, props)
     base = _heuristic(cell, H, Hout, P, dtype, bucket, props)
-    forced = dict(_constraints.get())
+    forced = {k: v for k, v in _constraints.get() if k in _CONSTRAINT_KEYS}
     if forced:
         return _apply(base, forced, cell, H, Hout, P, dtype, bucket, props, True), "constrained"
     entry = load_tuning_cache().get(key)
