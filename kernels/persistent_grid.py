@@ -121,14 +121,53 @@ def _tile(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, DT: tl.constexpr):
 
 
 @triton.jit
-def _gate_w(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, k: tl.constexpr, G: tl.constexpr,
-            DT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Gate k's weight tile (see `_tile`), or a zero placeholder for gates the cell lacks
-    (never read; the compiler drops it)."""
-    if k < G:
-        return _tile(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, DT)
+def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constexpr,
+            K: tl.constexpr, k: tl.constexpr, G: tl.constexpr, RESIDENT: tl.constexpr,
+            DT: tl.constexpr, BM: tl.constexpr):
+    """A resident weight chunk of gate k: tile[i, c] = W[a_idx[i], k0 + c] for c < KC (zero
+    past the reduction length K), or a [BM, 16] placeholder that is never read (streamed
+    weights, a gate the cell lacks, an empty chunk KC == 0; the compiler drops it)."""
+    if RESIDENT:
+        if k < G:
+            if KC > 0:
+                kk = k0 + tl.arange(0, KC)
+                return _tile(W, a_idx, a_ok, a_stride, kk, kk < K, b_stride, DT)
+            else:
+                return tl.zeros([BM, 16], DT)
+        else:
+            return tl.zeros([BM, 16], DT)
     else:
-        return tl.zeros([BM, BK], DT)
+        return tl.zeros([BM, 16], DT)
+
+
+@triton.jit
+def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr):
+    """Dot operand chunk [KC, batch] of an exchange buffer [B, x_row] (already in the dot
+    dtype): tile[c, j] = X[jb[j], k0 + c], zero past K and for masked batch columns."""
+    kk = k0 + tl.arange(0, KC)
+    return tl.load(X + jb64[None, :] * x_row + kk[:, None],
+                   mask=(kk < K)[:, None] & x_ok[None, :], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
+           K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
+           DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr, BB: tl.constexpr):
+    """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32.
+
+    RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
+    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call."""
+    if RESIDENT:
+        acc = _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K), FP32_DOT)
+        if KB > 0:
+            acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K), FP32_DOT)
+    else:
+        acc = tl.zeros([BM, BB], tl.float32)
+        for k0 in range(0, K, KA):
+            kk = k0 + tl.arange(0, KA)
+            w = _tile(W, a_idx, a_ok, a_stride, kk, kk < K, b_stride, DOT_DT)
+            acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K), FP32_DOT)
+    return acc
 
 
 @triton.jit
@@ -183,13 +222,50 @@ def _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE: tl.constexpr, NUM_DIRS: 
 
 
 @triton.jit
-def _gate_pre(w, h_op, bias, k: tl.constexpr, G: tl.constexpr, FP32_DOT: tl.constexpr,
-              BH: tl.constexpr, BB: tl.constexpr):
-    """Recurrent pre-activation of gate k: R_k[hs, :] @ h^T + bR_k[hs], [BH, BB] fp32."""
-    if k < G:
-        return _mm(w, h_op, FP32_DOT) + bias[:, None]
+def _acc_gates(p0, p1, p2, p3, w0, w1, w2, w3, x, G: tl.constexpr, FP32_DOT: tl.constexpr):
+    """p_k += w_k @ x for the cell's gates (G is 1, 3 or 4)."""
+    p0 += _mm(w0, x, FP32_DOT)
+    if G > 1:
+        p1 += _mm(w1, x, FP32_DOT)
+        p2 += _mm(w2, x, FP32_DOT)
+    if G > 3:
+        p3 += _mm(w3, x, FP32_DOT)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
+             G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
+             KB: tl.constexpr, RESIDENT: tl.constexpr, DOT_DT: tl.constexpr,
+             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+    """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
+    (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
+    chunk and shared by the gates."""
+    p0 = tl.zeros([BH, BB], tl.float32)
+    p1 = p0
+    p2 = p0
+    p3 = p0
+    if RESIDENT:
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT)
+        p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
+        if KB > 0:
+            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT)
+            p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
     else:
-        return tl.zeros([BH, BB], tl.float32)
+        for k0 in range(0, HOUT, KA):
+            kk = k0 + tl.arange(0, KA)
+            k_ok = kk < HOUT
+            xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT)
+            p0 += _mm(_tile(R, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk, FP32_DOT)
+            if G > 1:
+                p1 += _mm(_tile(R + H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
+                          FP32_DOT)
+                p2 += _mm(_tile(R + 2 * H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
+                          FP32_DOT)
+            if G > 3:
+                p3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
+                          FP32_DOT)
+    return p0, p1, p2, p3
 
 
 @triton.jit
@@ -204,25 +280,25 @@ def _gate_b(BR, hs, h_ok, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
 
 @triton.jit
 def _fwd_cell_phase(
-    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, hs, h_ok,
-    kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last, tile_on,
+    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MX, src, dst, rows, act, jb64, b_ok, hs,
+    h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
-    HAS_CSEQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
-    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+    HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
-    """Phase 0: gates and cell of the own hidden slice; publishes h (no projection) or m."""
+    """Phase 0: gates and cell of the own hidden slice; publishes h (no projection) or m.
+    Returns the carried (c, h_own)."""
     # A batch tile whose rows have all finished skips the matmuls (it only carries its state
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
     # register load out of the step loop, which spills once the slice outgrows registers.
     if tile_on:
-        # h_{s-1} of the whole batch tile, all Hout columns, written by every program.
-        h_op = tl.load(src + jb64[None, :] * HOUT + kin[:, None],
-                       mask=kin_ok[:, None] & b_ok[None, :], other=0.0,
-                       cache_modifier=".cg").to(DOT_DT)
-        p0 = _gate_pre(w0, h_op, b0, 0, G, FP32_DOT, BLOCK_H, BLOCK_B)
-        p1 = _gate_pre(w1, h_op, b1, 1, G, FP32_DOT, BLOCK_H, BLOCK_B)
-        p2 = _gate_pre(w2, h_op, b2, 2, G, FP32_DOT, BLOCK_H, BLOCK_B)
-        p3 = _gate_pre(w3, h_op, b3, 3, G, FP32_DOT, BLOCK_H, BLOCK_B)
+        p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
+                                  wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, DOT_DT,
+                                  FP32_DOT, BLOCK_H, BLOCK_B)
+        p0 += b0[:, None]
+        p1 += b1[:, None]
+        p2 += b2[:, None]
+        p3 += b3[:, None]
     else:
         p0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
         p1 = p0
@@ -233,11 +309,8 @@ def _fwd_cell_phase(
     x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
     x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
     x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
-    keep = h_ok[:, None] & b_ok[None, :]
-    own = jb64[None, :] * HOUT + hs[:, None]
     if P == 0:
-        # Own slice of h_{s-1}: GRU's z * h term, and the value inactive rows keep.
-        h_old = tl.load(src + own, mask=keep, other=0.0, cache_modifier=".cg")
+        h_old = h_own  # the own slice of h_{s-1}: GRU's z * h term
     else:
         h_old = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # projection is LSTM-only
     m, c_new = cells.cell_forward(CELL, x0, x1, x2, x3, p0, p1, p2, p3, h_old, c)
@@ -245,61 +318,67 @@ def _fwd_cell_phase(
         c = tl.where(act[None, :], c_new, c)
         if HAS_CSEQ:
             _store_rows(CSEQ, s_cseq, rows, hs, c_new, m2)
+    at = jb64[None, :] * HOUT + hs[:, None]
     if P == 0:
-        h_new = tl.where(act[None, :], m, h_old)
-        tl.store(dst + own, h_new, mask=keep)
+        h_own = tl.where(act[None, :], m, h_own)
+        # Only active rows are published: a finished row's column of the next step's dot is
+        # never used (the column is masked out of every result), so stale data there is safe.
+        tl.store(dst + at, m.to(dst.dtype.element_ty), mask=m2)
         _store_rows(Y, s_y, rows, hs, m, m2)
-        tl.store(HT + jb64[None, :] * s_ht + hs[:, None], h_new.to(HT.dtype.element_ty),
-                 mask=keep & is_last[None, :])
+        tl.store(HT + jb64[None, :] * s_ht + hs[:, None], h_own.to(HT.dtype.element_ty),
+                 mask=h_ok[:, None] & b_ok[None, :] & is_last[None, :])
     else:
-        tl.store(MWS + jb64[None, :] * H + hs[:, None], m, mask=m2)
-    return c
+        tl.store(MX + jb64[None, :] * H + hs[:, None], m.to(MX.dtype.element_ty), mask=m2)
+    return c, h_own
 
 
 @triton.jit
 def _fwd_proj_phase(
-    Y, s_y, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, os_, o_ok, kh, kh_ok, pw, is_last,
-    tile_on, H: tl.constexpr, HOUT: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+    Y, s_y, HT, s_ht, PW, s_pw, MX, dst, rows, act, jb64, b_ok, os_, o_ok, pwa, pwb, h_own,
+    is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
+    KB: tl.constexpr, RESIDENT: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+    BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
-    """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice."""
+    """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice. Returns the
+    carried h_own."""
     if tile_on:
-        m_op = tl.load(MWS + jb64[None, :] * H + kh[:, None],
-                       mask=kh_ok[:, None] & act[None, :], other=0.0,
-                       cache_modifier=".cg").to(DOT_DT)
-        hp = _mm(pw, m_op, FP32_DOT)
+        hp = _dot_w(PW, os_, o_ok, s_pw, 1, pwa, pwb, MX, H, jb64, act, H, KA, KB, RESIDENT,
+                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
     else:
         hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
-    keep = o_ok[:, None] & b_ok[None, :]
-    own = jb64[None, :] * HOUT + os_[:, None]
-    h_old = tl.load(src + own, mask=keep, other=0.0, cache_modifier=".cg")
-    h_new = tl.where(act[None, :], hp, h_old)
-    tl.store(dst + own, h_new, mask=keep)
-    _store_rows(Y, s_y, rows, os_, hp, o_ok[:, None] & act[None, :])
-    tl.store(HT + jb64[None, :] * s_ht + os_[:, None], h_new.to(HT.dtype.element_ty),
-             mask=keep & is_last[None, :])
+    mo = o_ok[:, None] & act[None, :]
+    h_own = tl.where(act[None, :], hp, h_own)
+    tl.store(dst + jb64[None, :] * HOUT + os_[:, None], hp.to(dst.dtype.element_ty), mask=mo)
+    _store_rows(Y, s_y, rows, os_, hp, mo)
+    tl.store(HT + jb64[None, :] * s_ht + os_[:, None], h_own.to(HT.dtype.element_ty),
+             mask=o_ok[:, None] & b_ok[None, :] & is_last[None, :])
+    return h_own
 
 
 @triton.jit(do_not_specialize=["B", "n_sub", "u_begin", "u_end", "max_spin", "sync_extra"])
 def _grid_fwd_kernel(
     XG, s_xg, R, s_r, BR, PW, s_pw, Y, s_y, CSEQ, s_cseq, HT, s_ht, CT, s_ct,
-    LENS, OFFS, HWS, CWS, MWS, SYNC,
+    LENS, OFFS, HST, XWS, CWS, MWS, SYNC,
     B, n_sub, u_begin, u_end, max_spin, sync_extra,
     dir_xg, dir_r, dir_br, dir_pw, dir_y, dir_cseq, dir_ht, dir_ct,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
     REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, HAS_CSEQ: tl.constexpr,
     NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-    H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
-    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+    RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
+    PKB: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
-    Per direction: HWS: fp32 [2, B, HOUT] ping-pong h state (h_{s-1} in slot s % 2); CWS:
-    fp32 [B, H] c state (LSTM); MWS: fp32 [B, H] m (projection); SYNC: int32 [2] barrier
-    counter, error flag. NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in
-    time) reads its tensors at element offsets dir_* and its workspaces, stacked [2, ...],
-    one direction further; each direction meets at its own barrier (they share no data).
+    Per direction: HST: fp32 [B, HOUT] h state at launch boundaries (each program keeps its
+    own slice in registers in between); XWS: [2, B, HOUT] ping-pong h exchange in the dot
+    dtype (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c state (LSTM); MWS: [B, H] m exchange
+    in the dot dtype (projection); SYNC: int32 [2] barrier counter, error flag.
+    Weights: RESIDENT: R's reduction (HOUT) in on-chip chunks of RKA + RKB columns, Pw's (H)
+    in PKA + PKB; streamed: read in chunks of RKA (PKA) columns every step.
+    NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in time) reads its
+    tensors at element offsets dir_* and its workspaces, stacked [2, ...], one direction
+    further; each direction meets at its own barrier (they share no data).
     """
     pid = tl.program_id(0)
     rev = 0
@@ -314,7 +393,8 @@ def _grid_fwd_kernel(
         CSEQ += d64 * dir_cseq
         HT += d64 * dir_ht
         CT += d64 * dir_ct
-        HWS += d64 * 2 * B * HOUT
+        HST += d64 * B * HOUT
+        XWS += d64 * 2 * B * HOUT
         CWS += d64 * B * H
         MWS += d64 * B * H
         SYNC += rev * 2
@@ -328,27 +408,32 @@ def _grid_fwd_kernel(
     jb64 = jb.to(tl.int64)
     lens = tl.load(LENS + jb, mask=b_ok, other=0)
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
-    kin = tl.arange(0, HOUT_PAD)
-    kin_ok = kin < HOUT
-    kh = tl.arange(0, H_PAD)
-    kh_ok = kh < H
 
-    # The program's weight slice, loaded once per launch and kept on chip.
-    w0 = _gate_w(R, hs, h_ok, s_r, kin, kin_ok, 1, 0, G, DOT_DT, BLOCK_H, HOUT_PAD)
-    w1 = _gate_w(R + H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 1, G, DOT_DT, BLOCK_H, HOUT_PAD)
-    w2 = _gate_w(R + 2 * H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 2, G, DOT_DT, BLOCK_H,
-                 HOUT_PAD)
-    w3 = _gate_w(R + 3 * H * s_r, hs, h_ok, s_r, kin, kin_ok, 1, 3, G, DOT_DT, BLOCK_H,
-                 HOUT_PAD)
+    # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
+    wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H)
+    wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT, BLOCK_H)
+    wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_H)
+    wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_H)
+    wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H)
+    wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
+                  BLOCK_H)
+    wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_H)
+    wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_H)
     b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
     b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
     b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
     b3 = _gate_b(BR, hs, h_ok, 3, G, H, BLOCK_H)
-    if P > 0:
-        pw = _tile(PW, os_, o_ok, s_pw, kh, kh_ok, 1, DOT_DT)
-    else:
-        pw = tl.zeros([BLOCK_O, H_PAD], DOT_DT)  # unused placeholder
+    pwa = _wchunk(PW, os_, o_ok, s_pw, 1, 0, PKA, H, 0, (P > 0) * 1, RESIDENT, DOT_DT, BLOCK_O)
+    pwb = _wchunk(PW, os_, o_ok, s_pw, 1, PKA, PKB, H, 0, (P > 0) * 1, RESIDENT, DOT_DT,
+                  BLOCK_O)
 
+    keep_o = o_ok[:, None] & b_ok[None, :]
+    h_at = jb64[None, :] * HOUT + os_[:, None]
+    h_own = tl.load(HST + h_at, mask=keep_o, other=0.0)
     keep_h = h_ok[:, None] & b_ok[None, :]
     c_at = jb64[None, :] * H + hs[:, None]
     if CELL == 0:
@@ -361,26 +446,29 @@ def _grid_fwd_kernel(
     while (u < u_end) & (failed == 0):
         s = u // NPH
         act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE, NUM_DIRS)
-        src = HWS + (s % 2).to(tl.int64) * B * HOUT
-        dst = HWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
+        src = XWS + (s % 2).to(tl.int64) * B * HOUT
+        dst = XWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
         is_last = (jb * 0 + u) == n_sub - 1
         tile_on = s < tile_len
         if NPH == 1:
-            c = _fwd_cell_phase(
-                XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok,
-                hs, h_ok, kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last, tile_on,
-                CELL, G, H, HOUT, P, HAS_CSEQ, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+            c, h_own = _fwd_cell_phase(
+                XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, rows, act,
+                jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2, b3,
+                c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA, RKB, RESIDENT,
+                BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
         else:
             if u % NPH == 0:
-                c = _fwd_cell_phase(
-                    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, MWS, src, dst, rows, act, jb64,
-                    b_ok, hs, h_ok, kin, kin_ok, w0, w1, w2, w3, b0, b1, b2, b3, c, is_last,
-                    tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+                c, _ = _fwd_cell_phase(
+                    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, rows, act,
+                    jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2,
+                    b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA, RKB,
+                    RESIDENT, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
             else:
-                _fwd_proj_phase(Y, s_y, HT, s_ht, MWS, src, dst, rows, act, jb64, b_ok, os_,
-                                o_ok, kh, kh_ok, pw, is_last, tile_on, H, HOUT, DOT_DT,
-                                FP32_DOT, BLOCK_O, BLOCK_B)
+                h_own = _fwd_proj_phase(
+                    Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, rows, act, jb64, b_ok, os_, o_ok, pwa,
+                    pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, DOT_DT,
+                    FP32_DOT, BLOCK_O, BLOCK_B)
         # Nested: the constexpr test must compile the barrier out entirely (interpreter).
         if USE_BARRIER:  # noqa: SIM102
             if u + 1 < u_end:
@@ -388,6 +476,7 @@ def _grid_fwd_kernel(
                                    max_spin)
         u += 1
 
+    tl.store(HST + h_at, h_own, mask=keep_o)
     if CELL == 0:
         tl.store(CWS + c_at, c, mask=keep_h)
         done = (jb * 0 + u_end) == n_sub
@@ -401,30 +490,23 @@ def _grid_fwd_kernel(
 
 
 @triton.jit
-def _carry_term(w, base, mask, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
-                DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BO: tl.constexpr,
-                BB: tl.constexpr):
-    """R[k*H + :, os]^T @ dph_k^T for gate k ([BO, BB] fp32), zeros for missing gates."""
-    if k < G:
-        op = tl.load(base + k * H, mask=mask, other=0.0, cache_modifier=".cg").to(DOT_DT)
-        return _mm(w, op, FP32_DOT)
-    else:
-        return tl.zeros([BO, BB], tl.float32)
-
-
-@triton.jit
-def _bwd_carry(carry, w0, w1, w2, w3, src, jb64, act1, kh, kh_ok,
-               G: tl.constexpr, H: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, src, jb64,
+               act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
+               RESIDENT: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
                BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
-    """dh_carry[os] += dph_{s+1} @ R[:, os] for the rows active at step s+1.
+    """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
-    src: the dph buffer [B, G*H] of step s+1; carry already holds GRU's direct term."""
-    base = src + jb64[None, :] * (G * H) + kh[:, None]
-    mask = kh_ok[:, None] & act1[None, :]
-    acc = _carry_term(w0, base, mask, 0, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
-    acc += _carry_term(w1, base, mask, 1, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
-    acc += _carry_term(w2, base, mask, 2, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
-    acc += _carry_term(w3, base, mask, 3, G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term."""
+    acc = _dot_w(R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB, RESIDENT,
+                 DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    if G > 1:
+        acc += _dot_w(R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1, src + H, G * H, jb64, act1, H,
+                      KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+        acc += _dot_w(R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2, src + 2 * H, G * H, jb64,
+                      act1, H, KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    if G > 3:
+        acc += _dot_w(R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H, jb64,
+                      act1, H, KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
     return tl.where(act1[None, :], carry + acc, carry)
 
 
@@ -436,7 +518,7 @@ def _bwd_cell_phase(
     BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     """Phase B: cell backward of the own hidden slice; writes dpre_x/dpre_h/m_seq, publishes
-    dph to dst ([B, G*H]) and updates the carried dc and GRU's direct term."""
+    dph to dst ([B, G*H], the dot dtype) and updates the carried dc and GRU's direct term."""
     m2 = h_ok[:, None] & act[None, :]
     x0 = _load_gate(PREX, s_px, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
     x1 = _load_gate(PREX, s_px, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
@@ -472,12 +554,13 @@ def _bwd_cell_phase(
         _store_rows(MSEQ, s_ms, rows, hs, m, m2)
     # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
     base = dst + jb64[None, :] * (G * H) + hs[:, None]
-    tl.store(base, dx0, mask=m2)
+    xdt = dst.dtype.element_ty
+    tl.store(base, dx0.to(xdt), mask=m2)
     if G > 1:
-        tl.store(base + H, dx1, mask=m2)
-        tl.store(base + 2 * H, dh2, mask=m2)
+        tl.store(base + H, dx1.to(xdt), mask=m2)
+        tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
     if G > 3:
-        tl.store(base + 3 * H, dx3, mask=m2)
+        tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
     if CELL == 0:
         dc = tl.where(act[None, :], dcp, dc)
     # The carry of an active row restarts from the part of dh_{s-1} that bypasses R.
@@ -500,17 +583,19 @@ def _grid_bwd_kernel(
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
     REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-    H_PAD: tl.constexpr, HOUT_PAD: tl.constexpr,
-    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+    RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
+    PKB: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
     carry update that writes dh0.
 
-    Per direction: DPHWS: fp32 [2, B, G*H] ping-pong dph (step with index q in slot q % 2);
-    CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state (LSTM); DHWS: fp32
-    [B, P] dh (projection); SYNC: int32 [2] barrier counter, error flag. NUM_DIRS = 2: as in
-    the forward (direction axis, dir_* offsets, stacked workspaces, one barrier each).
+    Per direction: DPHWS: [2, B, G*H] ping-pong dph exchange in the dot dtype (step with
+    index q in slot q % 2); CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state
+    (LSTM); DHWS: [B, P] dh exchange in the dot dtype (projection); SYNC: int32 [2] barrier
+    counter, error flag. Weights: R^T's reduction (H) in chunks RKA + RKB, Pw^T's (HOUT) in
+    PKA + PKB, resident or streamed as in the forward. NUM_DIRS = 2: as in the forward
+    (direction axis, dir_* offsets, stacked workspaces, one barrier each).
     """
     pid = tl.program_id(0)
     rev = 0
@@ -547,21 +632,25 @@ def _grid_bwd_kernel(
     jb64 = jb.to(tl.int64)
     lens = tl.load(LENS + jb, mask=b_ok, other=0)
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
-    kin = tl.arange(0, HOUT_PAD)
-    kin_ok = kin < HOUT
-    kh = tl.arange(0, H_PAD)
-    kh_ok = kh < H
 
-    # R columns of the own output slice, as [BLOCK_O, H] tiles per gate: tile[o, i] =
+    # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
-    w0 = _gate_w(R, os_, o_ok, 1, kh, kh_ok, s_r, 0, G, DOT_DT, BLOCK_O, H_PAD)
-    w1 = _gate_w(R + H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 1, G, DOT_DT, BLOCK_O, H_PAD)
-    w2 = _gate_w(R + 2 * H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 2, G, DOT_DT, BLOCK_O, H_PAD)
-    w3 = _gate_w(R + 3 * H * s_r, os_, o_ok, 1, kh, kh_ok, s_r, 3, G, DOT_DT, BLOCK_O, H_PAD)
-    if P > 0:
-        pwc = _tile(PW, hs, h_ok, 1, kin, kin_ok, s_pw, DOT_DT)
-    else:
-        pwc = tl.zeros([BLOCK_H, HOUT_PAD], DOT_DT)  # unused placeholder
+    wa0 = _wchunk(R, os_, o_ok, 1, s_r, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O)
+    wa1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 1, G, RESIDENT, DOT_DT, BLOCK_O)
+    wa2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_O)
+    wa3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_O)
+    wb0 = _wchunk(R, os_, o_ok, 1, s_r, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O)
+    wb1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 1, G, RESIDENT, DOT_DT, BLOCK_O)
+    wb2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_O)
+    wb3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_O)
+    pwa = _wchunk(PW, hs, h_ok, 1, s_pw, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
+                  BLOCK_H)
+    pwb = _wchunk(PW, hs, h_ok, 1, s_pw, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
+                  BLOCK_H)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
     keep_h = h_ok[:, None] & b_ok[None, :]
@@ -585,8 +674,9 @@ def _grid_bwd_kernel(
         dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
         if NPH == 1:
             if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
-                carry = _bwd_carry(carry, w0, w1, w2, w3, dph_src, jb64, act1, kh, kh_ok,
-                                   G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
+                                   wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, DOT_DT,
+                                   FP32_DOT, BLOCK_O, BLOCK_B)
             if q < S:
                 dh = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & act[None, :]) + carry
                 carry, dc = _bwd_cell_phase(
@@ -599,22 +689,22 @@ def _grid_bwd_kernel(
         else:
             if u % NPH == 0:
                 if (q > 0) & (s + 1 < tile_len):
-                    carry = _bwd_carry(carry, w0, w1, w2, w3, dph_src, jb64, act1, kh, kh_ok,
-                                       G, H, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                    carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
+                                       wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
+                                       DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
                 if q < S:
                     mo = o_ok[:, None] & act[None, :]
                     dh = _load_rows(DY, s_dy, rows, os_, mo) + carry
-                    tl.store(DHWS + jb64[None, :] * HOUT + os_[:, None], dh, mask=mo)
+                    tl.store(DHWS + jb64[None, :] * HOUT + os_[:, None],
+                             dh.to(DHWS.dtype.element_ty), mask=mo)
                     _store_rows(DHTOT, s_dht, rows, os_, dh, mo)
                 else:
                     tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                              carry.to(DH0.dtype.element_ty), mask=keep_o)
             else:
                 if s < tile_len:
-                    dh_op = tl.load(DHWS + jb64[None, :] * HOUT + kin[:, None],
-                                    mask=kin_ok[:, None] & act[None, :], other=0.0,
-                                    cache_modifier=".cg").to(DOT_DT)
-                    dm = _mm(pwc, dh_op, FP32_DOT)
+                    dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
+                                PKA, PKB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
                 carry, dc = _bwd_cell_phase(
@@ -643,8 +733,29 @@ def _grid_bwd_kernel(
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
+_TORCH_DOT = {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}
+
+
 def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(max(n, 1)))
+
+
+def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
+    """Chunks (KA, KB) of a reduction of length K.
+
+    block_k > 0 (streamed weights): chunks of block_k, read every step (KA = block_k, KB = 0).
+    Resident weights: two power-of-two chunks, KA = the largest power of two <= K and
+    KB = pad(K - KA), whenever that is shorter than one padded chunk pad(K): 768 = 512 + 256
+    and 1536 = 1024 + 512 exactly, where pad(K) would hold 1024 and 2048 (tiles are powers of
+    two). The padding left is at most 1/5 of K, against up to 1/2 for one chunk."""
+    if block_k:
+        return block_k, 0
+    ka = max(16, 1 << (max(K, 1).bit_length() - 1))
+    rest = K - ka
+    if rest <= 0:
+        return _pad(K), 0
+    kb = _pad(rest)
+    return (ka, kb) if ka + kb < _pad(K) else (_pad(K), 0)
 
 
 def _block_o(H: int, P: int, block_h: int) -> int:
@@ -717,7 +828,7 @@ def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
     return [(u, u + 1) for u in range(n_sub)]
 
 
-def _check_common(name_tensors, cell, block_h, block_b, num_warps):
+def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
     if cell not in cells.CELL_IDS:
         raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
     dtype = name_tensors[0][1].dtype
@@ -731,6 +842,9 @@ def _check_common(name_tensors, cell, block_h, block_b, num_warps):
     for name, v in (("block_h", block_h), ("block_b", block_b)):
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    if block_k != 0 and (block_k < 16 or block_k & (block_k - 1)):
+        raise ValueError(
+            f"block_k must be 0 (resident weights) or a power of two >= 16, got {block_k}")
     if num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two, got {num_warps}")
     dev = name_tensors[0][1].device
@@ -811,6 +925,7 @@ def grid_forward(
     persistent: bool,
     block_h: int = 32,
     block_b: int = 16,
+    block_k: int = 0,
     num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
@@ -823,13 +938,15 @@ def grid_forward(
     exceeds the SM count); persistent=False: one launch per step (and per projection phase).
     `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path."""
     t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
-    _forward(cell, t, info, reverse, None, persistent, block_h, block_b, num_warps, _max_spin,
+    _forward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
+             _max_spin,
              _barrier_extra)
 
 
 def grid_forward_pair(
     cell: str, xg, R, bR, Pw, h0, c0, info: PackInfo, y, c_seq, hT, cT, *,
-    persistent: bool, block_h: int = 32, block_b: int = 16, num_warps: int = 4,
+    persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
+    num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
 ) -> None:
     """Both directions of a bidirectional layer in the same launches: grid
@@ -846,12 +963,14 @@ def grid_forward_pair(
     if dirs is None or info.max_len == 0:
         for d in range(2):
             grid_forward(cell, info=info, reverse=d == 1, persistent=persistent,
-                         block_h=block_h, block_b=block_b, num_warps=num_warps,
+                         block_h=block_h, block_b=block_b, block_k=block_k,
+                         num_warps=num_warps,
                          _max_spin=_max_spin, _barrier_extra=_barrier_extra,
                          **{k: split_pair(k, v)[d] for k, v in pairs.items()})
         return
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
-    _forward(cell, first, info, False, dirs, persistent, block_h, block_b, num_warps, _max_spin,
+    _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k, num_warps,
+             _max_spin,
              _barrier_extra)
 
 
@@ -865,13 +984,13 @@ def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
     return torch.stack((t, t.as_strided(t.shape, t.stride(), t.storage_offset() + off)))
 
 
-def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_warps, max_spin,
-             barrier_extra) -> None:
+def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
+             max_spin, barrier_extra) -> None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
-    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, block_h, block_b,
-                                       num_warps)
+    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, block_h,
+                                       block_b, block_k, num_warps)
     G = cells.NUM_GATES[cid]
     lstm = cid == cells.CELL_LSTM
     GH, Hout = R.shape
@@ -908,22 +1027,26 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_war
 
     nd = 1 if dirs is None else 2
     off = dirs or {}
-    f32 = dict(dtype=torch.float32, device=dev)
-    h_ws = torch.empty(nd, 2, B, Hout, **f32)
-    h_ws[:, 0].copy_(_both(h0, off.get("h0")))
-    c_ws = torch.empty(nd, B, H, **f32) if lstm else h_ws
-    if lstm:
-        c_ws.copy_(_both(c0, off.get("c0")))
-    m_ws = torch.empty(nd, B, H, **f32) if P else h_ws
-    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
-
     nph = 2 if P else 1
     n_sub = nph * S
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
+    f32 = dict(dtype=torch.float32, device=dev)
+    xdt = dict(dtype=_TORCH_DOT[dot_dt], device=dev)  # exchange buffers: the dot operands
+    h_st = torch.empty(nd, B, Hout, **f32)
+    h_st.copy_(_both(h0, off.get("h0")))
+    x_ws = torch.empty(nd, 2, B, Hout, **xdt)
+    x_ws[:, 0].copy_(h_st)
+    c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
+    if lstm:
+        c_ws.copy_(_both(c0, off.get("c0")))
+    m_ws = torch.empty(nd, B, H, **xdt) if P else x_ws
+    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
+    rka, rkb = _ksplit(Hout, block_k)
+    pka, pkb = _ksplit(H, block_k) if P else (16, 0)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
-    dummy = h_ws
+    dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
@@ -931,13 +1054,13 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_war
                 xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
                 Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
                 hT_, hT_.stride(0), cT_ if lstm else dummy, cT_.stride(0) if lstm else 0,
-                info.lengths_sorted, info.offsets, h_ws, c_ws, m_ws, sync,
+                info.lengths_sorted, info.offsets, h_st, x_ws, c_ws, m_ws, sync,
                 B, n_sub, u0, u1, max_spin, barrier_extra,
                 *(dirs[k] for k in ("xg", "R", "bR", "Pw", "y", "c_seq", "hT", "cT")),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
-                H_PAD=_pad(H), HOUT_PAD=_pad(Hout), DOT_DT=dot_dt,
+                RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
             )
     _check_sync(sync, use_barrier)
@@ -969,6 +1092,7 @@ def grid_backward(
     persistent: bool,
     block_h: int = 32,
     block_b: int = 16,
+    block_k: int = 0,
     num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
@@ -980,14 +1104,16 @@ def grid_backward(
     t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
-    _backward(cell, t, info, reverse, None, persistent, block_h, block_b, num_warps, _max_spin,
+    _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
+             _max_spin,
               _barrier_extra)
 
 
 def grid_backward_pair(
     cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info: PackInfo,
     dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
-    persistent: bool, block_h: int = 32, block_b: int = 16, num_warps: int = 4,
+    persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
+    num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
 ) -> None:
     """Both directions' backward in the same launches; pairs, grid and barriers as in
@@ -999,23 +1125,24 @@ def grid_backward_pair(
     if dirs is None or info.max_len == 0:
         for d in range(2):
             grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
-                          block_h=block_h, block_b=block_b, num_warps=num_warps,
+                          block_h=block_h, block_b=block_b, block_k=block_k,
+                         num_warps=num_warps,
                           _max_spin=_max_spin, _barrier_extra=_barrier_extra,
                           **{k: split_pair(k, v)[d] for k, v in pairs.items()})
         return
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
-    _backward(cell, first, info, False, dirs, persistent, block_h, block_b, num_warps,
+    _backward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k, num_warps,
               _max_spin, _barrier_extra)
 
 
-def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_warps, max_spin,
-              barrier_extra) -> None:
+def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
+              max_spin, barrier_extra) -> None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
     dtype, dev, on_gpu = _check_common([(k, t[k]) for k in BACKWARD_TENSORS], cell, block_h,
-                                       block_b, num_warps)
+                                       block_b, block_k, num_warps)
     G = cells.NUM_GATES[cid]
     lstm, gru = cid == cells.CELL_LSTM, cid == cells.CELL_GRU
     GH, Hout = R.shape
@@ -1059,21 +1186,23 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_wa
 
     nd = 1 if dirs is None else 2
     off = dirs or {}
-    f32 = dict(dtype=torch.float32, device=dev)
-    dph_ws = torch.empty(nd, 2, B, G * H, **f32)
-    carry_ws = torch.empty(nd, B, Hout, **f32)
-    carry_ws.copy_(_both(dhT, off.get("dhT")))
-    dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
-    if lstm:
-        dc_ws.copy_(_both(dcT, off.get("dcT")))
-    dh_ws = torch.empty(nd, B, P, **f32) if P else carry_ws
-    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
-
     nph = 2 if P else 1
     n_sub = nph * S + 1
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
+    f32 = dict(dtype=torch.float32, device=dev)
+    xdt = dict(dtype=_TORCH_DOT[dot_dt], device=dev)  # exchange buffers: the dot operands
+    dph_ws = torch.empty(nd, 2, B, G * H, **xdt)
+    carry_ws = torch.empty(nd, B, Hout, **f32)
+    carry_ws.copy_(_both(dhT, off.get("dhT")))
+    dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
+    if lstm:
+        dc_ws.copy_(_both(dcT, off.get("dcT")))
+    dh_ws = torch.empty(nd, B, P, **xdt) if P else dph_ws
+    sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
+    rka, rkb = _ksplit(H, block_k)
+    pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
              "dpre_x", "dpre_h", "dh_total", "m_seq")
@@ -1092,9 +1221,9 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, num_wa
                 *(dirs[k] for k in order),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
-                BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, H_PAD=_pad(H),
-                HOUT_PAD=_pad(Hout), DOT_DT=dot_dt, FP32_DOT=dot_dt == tl.float32,
-                USE_BARRIER=use_barrier, num_warps=num_warps,
+                BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, RESIDENT=block_k == 0,
+                RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
+                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
             )
     _check_sync(sync, use_barrier)
     outs.finish()

@@ -156,6 +156,10 @@ def _check_backward(ins, outs, reverse, dtype=torch.float32):
 
 PERSIST = pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "stepwise"])
 REVERSE = pytest.mark.parametrize("reverse", [False, True], ids=["fwd_dir", "rev_dir"])
+# block_k = 0: weights resident on chip, the reduction H = 33 in two chunks 32 + 16 (the second
+# mostly padding); block_k = 16: weights streamed from memory every step in three 16-wide
+# chunks, the last masked past K.
+BLOCK_K = pytest.mark.parametrize("block_k", [0, 16], ids=["resident", "streamed"])
 
 
 # -------------------------------------------------------------------------------------------
@@ -163,34 +167,66 @@ REVERSE = pytest.mark.parametrize("reverse", [False, True], ids=["fwd_dir", "rev
 # -------------------------------------------------------------------------------------------
 
 
+@BLOCK_K
 @PERSIST
 @REVERSE
 @pytest.mark.parametrize("cell", CELLS)
-def test_forward_matches_reference(cell, reverse, persistent):
+def test_forward_matches_reference(cell, reverse, persistent, block_k):
     ins, outs = _forward_problem(cell, 33, 0, *VARLEN)
-    _run_forward(ins, outs, reverse, persistent=persistent, block_h=16)
+    _run_forward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
     _check_forward(ins, outs, reverse)
 
 
+@BLOCK_K
 @PERSIST
 @REVERSE
 @pytest.mark.parametrize("cell", CELLS)
-def test_backward_matches_reference(cell, reverse, persistent):
+def test_backward_matches_reference(cell, reverse, persistent, block_k):
     ins, outs = _backward_problem(cell, 33, 0, *VARLEN)
-    _run_backward(ins, outs, reverse, persistent=persistent, block_h=16)
+    _run_backward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
     _check_backward(ins, outs, reverse)
 
 
+@BLOCK_K
 @PERSIST
 @REVERSE
-def test_projection_forward_backward(reverse, persistent):
+def test_projection_forward_backward(reverse, persistent, block_k):
     # H = 33 over 3 programs, P = 20 spread over them in 16-wide output slices (2 own one).
     ins, outs = _forward_problem("lstm", 33, 20, *VARLEN)
-    _run_forward(ins, outs, reverse, persistent=persistent, block_h=16)
+    _run_forward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
     _check_forward(ins, outs, reverse)
     ins, outs = _backward_problem("lstm", 33, 20, *VARLEN)
-    _run_backward(ins, outs, reverse, persistent=persistent, block_h=16)
+    _run_backward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
     _check_backward(ins, outs, reverse)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_streamed_single_program_loop(cell):
+    # One program (all steps in one launch, even in the interpreter) with streamed weights:
+    # the K loop inside the step loop, 2 chunks of 16 for H = 32.
+    lengths, T = [6, 4, 0], 7
+    ins, outs = _forward_problem(cell, 32, 0, lengths, T)
+    _run_forward(ins, outs, False, persistent=True, block_h=32, block_k=16)
+    _check_forward(ins, outs, False)
+    ins, outs = _backward_problem(cell, 32, 0, lengths, T)
+    _run_backward(ins, outs, False, persistent=True, block_h=32, block_k=16)
+    _check_backward(ins, outs, False)
+
+
+def test_reduction_split():
+    # Two power-of-two chunks whenever they beat one padded chunk.
+    assert pg._ksplit(768) == (512, 256)
+    assert pg._ksplit(1536) == (1024, 512)
+    assert pg._ksplit(1024) == (1024, 0)
+    assert pg._ksplit(33) == (32, 16)
+    assert pg._ksplit(24) == (32, 0)  # 16 + 16 is no shorter than pad(24) = 32
+    assert pg._ksplit(5) == (16, 0)
+    assert pg._ksplit(1100) == (1024, 128)
+    for K in range(1, 3000):
+        ka, kb = pg._ksplit(K)
+        assert ka + kb >= K and ka + kb <= pg._pad(K) and (kb == 0 or ka + kb < 1.25 * K + 16)
+    # Streamed weights: chunks of block_k.
+    assert pg._ksplit(1536, 64) == (64, 0)
 
 
 @PERSIST
@@ -295,6 +331,8 @@ def test_rejects_float64_bad_tiles_and_gru_projection():
         _run_forward(ins, outs, False, persistent=False, block_h=24)
     with pytest.raises(ValueError, match="block_b"):
         _run_forward(ins, outs, False, persistent=False, block_h=16, block_b=8)
+    with pytest.raises(ValueError, match="block_k must be 0 .* got 24"):
+        _run_forward(ins, outs, False, persistent=False, block_h=16, block_k=24)
     ins64 = {k: (v.double() if torch.is_tensor(v) else v) for k, v in ins.items()}
     outs64 = {k: (v.double() if v is not None else None) for k, v in outs.items()}
     with pytest.raises(ValueError, match="float64"):
