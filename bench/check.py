@@ -72,6 +72,10 @@ def run_check(cases: list[CheckCase], device: torch.device, backend: str, seed: 
         try:
             data = runners.build_case(case.shape, device, seed, lengths=case.lengths)
             result = runners.tritonrnn_runner(data, backend).correctness
+            if device.type == "cuda":
+                from tritonrnn.kernels.grid_barrier import check_barriers
+
+                check_barriers()  # a failed barrier makes the row an error, not a result
             row.update(status="ok" if result["ok"] else "FAIL", **result)
         except Exception as e:  # a crash is a failed row, the table goes on
             row.update(status="ERROR", reason=f"{type(e).__name__}: {e}".splitlines()[0])

@@ -125,6 +125,15 @@ def _plan_summary(shape: BenchShape) -> dict:
     }
 
 
+def _check_barriers(dev: torch.device) -> None:
+    """Raises if a persistent-grid launch since the last check had a barrier time out (the
+    launches report it asynchronously, kernels/grid_barrier.py)."""
+    if dev.type == "cuda":
+        from tritonrnn.kernels.grid_barrier import check_barriers
+
+        check_barriers()
+
+
 def _runner(impl: str, case: runners.Case, opts: BenchOptions) -> runners.Runner | str:
     """A runner, or the reason this implementation does not run on this case."""
     if impl == "torch-packed" and case.lengths is None:
@@ -185,7 +194,9 @@ def run_shape(shape: BenchShape, opts: BenchOptions, ceilings: Ceilings, tick=No
             try:
                 fn()  # one more warm-up, right before timing
                 t = measure(fn, dev.type, opts.timing)
-                run.update(status="ok", **t.as_dict(), peak_bytes=_peak_bytes(fn, dev))
+                peak = _peak_bytes(fn, dev)
+                _check_barriers(dev)  # a timed run whose grid barrier failed is no result
+                run.update(status="ok", **t.as_dict(), peak_bytes=peak)
             except Exception as e:  # recorded, the sweep goes on
                 run.update(status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0])
             record["runs"].append(run)

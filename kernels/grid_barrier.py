@@ -30,11 +30,26 @@ Every program of every group must still be co-resident.
 `sync` is an int32 tensor [2]: counter, error flag. A barrier deadlocks in the interpreter
 (programs run one after another): callers compile it out there (a constexpr) and launch one
 step per launch instead.
+
+Co-residency and error reporting (host side)
+--------------------------------------------
+Launchers refuse a grid larger than the SM count, and launch persistent kernels as
+cooperative launches where Triton offers it (`cooperative_launch_options`): the driver then
+starts all programs together or fails the launch at once, so a timeout is not expected in
+normal operation. Reading the error flag right after a launch would cost one host sync per
+launch, so by default (`TRITONRNN_BARRIER_CHECK=deferred`) `check_flags` queues an
+asynchronous copy of the flag into pinned host memory and an event; every later check polls
+the queue without waiting and raises `BarrierTimeoutError` for a failed earlier launch, and
+`check_barriers()` waits for all of them (tests and benchmarks call it). A failed launch's
+outputs are invalid. `TRITONRNN_BARRIER_CHECK=sync` reads the flag at once (one host sync per
+launch): the launch itself raises, and the Triton backend then reruns it stepwise.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections import deque
 
 import torch
 import triton
@@ -100,3 +115,89 @@ def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
     sync = torch.zeros(2, dtype=torch.int32, device=device)
     _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps)
     return sync
+
+
+# --------------------------------------------------------------------------------------------
+# Host side: cooperative launches and the error flag
+# --------------------------------------------------------------------------------------------
+
+
+class BarrierTimeoutError(RuntimeError):
+    """A persistent-grid launch's barrier timed out; that launch's outputs are invalid."""
+
+
+_TIMEOUT_MESSAGE = (
+    "persistent-grid kernel: a grid barrier timed out (programs not co-resident, or the GPU is "
+    "shared with a kernel that holds SMs); the outputs are invalid. Retry with "
+    "persistent=False (stepwise)."
+)
+_CHECK_MODES = ("deferred", "sync")
+# Flags of launches not yet known to have succeeded: (event, pinned host flags, launch name).
+_pending: deque = deque()
+
+
+def barrier_check_mode() -> str:
+    """TRITONRNN_BARRIER_CHECK: "deferred" (default) or "sync"."""
+    mode = os.environ.get("TRITONRNN_BARRIER_CHECK", "deferred")
+    if mode not in _CHECK_MODES:
+        raise ValueError(
+            f"TRITONRNN_BARRIER_CHECK: expected one of {list(_CHECK_MODES)}, got {mode!r}")
+    return mode
+
+
+@functools.lru_cache(maxsize=1)
+def cooperative_launch_options() -> dict:
+    """{"launch_cooperative_grid": True} where the installed Triton's CUDA backend takes the
+    option (a cooperative launch: all programs resident together, or a launch error), else {}
+    (older Triton: the SM-count check and the bounded spin remain the guards)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return {}
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return {"launch_cooperative_grid": True} if "launch_cooperative_grid" in fields else {}
+
+
+def _raise_if_failed(flags: torch.Tensor, what: str, earlier: bool) -> None:
+    if bool(flags.any()):
+        when = "an earlier launch of " if earlier else ""
+        raise BarrierTimeoutError(f"{when}{what}: {_TIMEOUT_MESSAGE}")
+
+
+def _poll(wait: bool) -> None:
+    """Checks the queued flags whose launches have finished (all of them when wait)."""
+    while _pending:
+        event, flags, what = _pending[0]
+        if wait:
+            event.synchronize()
+        elif not event.query():
+            return
+        _pending.popleft()
+        _raise_if_failed(flags, what, earlier=True)
+
+
+def poll_earlier_launches() -> None:
+    """Raises BarrierTimeoutError for an earlier launch whose failure is known by now, without
+    waiting (persistent launchers call it before they launch)."""
+    _poll(wait=False)
+
+
+def check_flags(sync: torch.Tensor, what: str) -> None:
+    """Error flags of a persistent launch just enqueued; sync: int32 [groups, 2] (counter,
+    flag). "sync" mode: raises BarrierTimeoutError now if this launch failed (a host sync);
+    "deferred": queues the flags for `poll_earlier_launches` / `check_barriers`."""
+    flags = sync[:, 1]
+    if barrier_check_mode() == "sync":
+        _raise_if_failed(flags.cpu(), what, earlier=False)
+        return
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+    host.copy_(flags, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    _pending.append((event, host, what))
+
+
+def check_barriers() -> None:
+    """Waits for every persistent launch checked so far and raises BarrierTimeoutError if any
+    of their barriers timed out (the deferred mode's explicit check point)."""
+    _poll(wait=True)

@@ -96,7 +96,13 @@ import triton.language as tl
 
 from ..rnn.packing import PackInfo
 from . import cells
-from .grid_barrier import DEFAULT_MAX_SPIN, grid_sync
+from .grid_barrier import (
+    DEFAULT_MAX_SPIN,
+    check_flags,
+    cooperative_launch_options,
+    grid_sync,
+    poll_earlier_launches,
+)
 from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets, split_pair
 
 # --------------------------------------------------------------------------------------------
@@ -891,20 +897,11 @@ def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype):
     meets at a barrier); a persistent launch needs programs * num_dirs co-resident."""
     use_barrier = persistent and on_gpu
     if use_barrier:
+        poll_earlier_launches()
         check_coresident(programs * num_dirs,
                          torch.cuda.get_device_properties(dev).multi_processor_count)
     dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
     return use_barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)
-
-
-def _check_sync(sync, use_barrier):
-    """sync: int32 [D, 2] (per direction: counter, error flag)."""
-    if use_barrier and bool(sync[:, 1].any().item()):
-        raise RuntimeError(
-            "persistent-grid kernel: a grid barrier timed out (programs not co-resident, or the "
-            "GPU is shared with a kernel that holds SMs); the outputs are invalid. Retry with "
-            "persistent=False (stepwise)."
-        )
 
 
 def grid_forward(
@@ -1062,8 +1059,10 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+                **(cooperative_launch_options() if use_barrier else {}),
             )
-    _check_sync(sync, use_barrier)
+    if use_barrier:
+        check_flags(sync, "grid_forward")
     outs.finish()
 
 
@@ -1224,6 +1223,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, RESIDENT=block_k == 0,
                 RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
+                **(cooperative_launch_options() if use_barrier else {}),
             )
-    _check_sync(sync, use_barrier)
+    if use_barrier:
+        check_flags(sync, "grid_backward")
     outs.finish()

@@ -27,3 +27,14 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_failed_barrier():
+    """On a GPU, every test ends by checking that no persistent-grid barrier timed out (the
+    launches report failures asynchronously, kernels/grid_barrier.py)."""
+    yield
+    if torch.cuda.is_available():
+        from tritonrnn.kernels.grid_barrier import check_barriers
+
+        check_barriers()

@@ -558,7 +558,8 @@ def test_gpu_persistent_pair_barriers(P, launches):
 
 
 @pytest.mark.gpu
-def test_gpu_pair_barrier_timeout_raises():
+def test_gpu_pair_barrier_timeout_raises(monkeypatch):
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")  # the launch itself raises
     info, ins = _forward_pairs("lstm", 64, 0, [6, 3], 6)
     got = _forward_outs("lstm", 64, 0, info)
     with pytest.raises(RuntimeError, match="barrier timed out"):

@@ -436,9 +436,11 @@ def test_gpu_barrier_stress(P):
 
 
 @pytest.mark.gpu
-def test_gpu_barrier_timeout_raises_instead_of_hanging():
+def test_gpu_barrier_timeout_raises_instead_of_hanging(monkeypatch):
     # Test hook: every barrier waits for one arrival more than the grid provides, so each
-    # program times out after _max_spin polls and sets the error flag.
+    # program times out after _max_spin polls and sets the error flag. "sync": the launch
+    # itself reads the flag and raises.
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")
     ins, outs = _forward_problem("lstm", 64, 0, [6, 3], 6)
     with pytest.raises(RuntimeError, match="barrier timed out"):
         _run_forward(ins, outs, False, persistent=True, block_h=16, _max_spin=2000,
@@ -451,6 +453,48 @@ def test_gpu_barrier_timeout_raises_instead_of_hanging():
     ins, outs = _forward_problem("lstm", 64, 0, [6, 3], 6)
     _run_forward(ins, outs, False, persistent=True, block_h=16)
     _check_forward(ins, outs, False)
+
+
+@pytest.mark.gpu
+def test_gpu_deferred_barrier_check_reports_the_failed_launch(monkeypatch):
+    # Default mode: no host sync at the launch; the failure is reported by the explicit check
+    # point, and by the next launch once the failed one has finished.
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError, check_barriers
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "deferred")
+    check_barriers()  # nothing pending from earlier tests
+    ins, outs = _forward_problem("lstm", 64, 0, [6, 3], 6)
+    _run_forward(ins, outs, False, persistent=True, block_h=16, _max_spin=2000,
+                 _barrier_extra=1)
+    with pytest.raises(BarrierTimeoutError, match="earlier launch of grid_forward"):
+        check_barriers()
+    check_barriers()  # reported once
+    _run_forward(ins, outs, False, persistent=True, block_h=16, _max_spin=2000,
+                 _barrier_extra=1)
+    torch.cuda.synchronize()
+    with pytest.raises(BarrierTimeoutError, match="barrier timed out"):
+        _run_forward(ins, outs, False, persistent=True, block_h=16)
+    check_barriers()  # the good launch is fine
+    _check_forward(ins, outs, False)
+
+
+def test_barrier_check_mode_is_validated(monkeypatch):
+    from tritonrnn.kernels.grid_barrier import barrier_check_mode
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "never")
+    with pytest.raises(ValueError, match=r"TRITONRNN_BARRIER_CHECK: expected .*'sync'.*'never'"):
+        barrier_check_mode()
+    monkeypatch.delenv("TRITONRNN_BARRIER_CHECK")
+    assert barrier_check_mode() == "deferred"
+
+
+def test_cooperative_launch_option_matches_the_installed_triton():
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    from tritonrnn.kernels.grid_barrier import cooperative_launch_options
+
+    has = "launch_cooperative_grid" in CUDAOptions.__dataclass_fields__
+    assert cooperative_launch_options() == ({"launch_cooperative_grid": True} if has else {})
 
 
 @pytest.mark.gpu
