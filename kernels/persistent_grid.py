@@ -31,14 +31,23 @@ batch tiles. Program (p, b) owns
   (programs past P own an empty slice),
 - the batch rows [b*BLOCK_B, (b+1)*BLOCK_B).
 Tiles are hidden-major, [units, batch]: the weight slice is the dot's A operand (M = units,
-K = reduction), loaded once per launch and kept on chip (shared memory, see Formulas); the
-batch is the N dimension, so a batch of 16 is a full MMA tile. A batch tile whose rows have
+K = reduction); the batch is the N dimension, so a batch of 16 is a full MMA tile.
+
+Weights: resident or streamed (block_k)
+  block_k = 0: the slice is loaded once per launch and kept on chip (shared memory, see
+  Formulas). Tiles must be powers of two, so the reduction K is held in two power-of-two
+  chunks (`_ksplit`: 768 = 512 + 256, 1536 = 1024 + 512) rather than one padded tile
+  (1024, 2048): a third less shared memory at H = 768, and what lets GRU H = 1536 fit.
+  block_k > 0: the slice is read from global memory (L2-resident across steps) in chunks of
+  block_k columns inside every step: any H fits, at the cost of an L2 read of the weights
+  per step. The planner uses it where a resident slice does not fit. A batch tile whose rows have
 all finished (sorted lengths: from step max(len in tile) on) skips its matmuls and only
 carries its state over.
 
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
-           the fp32 state buffer), cell pointwise on the own slice, c kept in registers.
+           the exchange buffer), cell pointwise on the own slice; c and the own slice of h
+           kept in registers.
            No projection: publish h = m (own slice) to the state buffer and y.
            Projection: publish m (own slice) to the m buffer; barrier;
   phase 1: h[os] = Pw[os, :] @ m^T, publish h (own slice) to the state buffer and y.
@@ -60,21 +69,23 @@ ping-pong h / dph buffers make the single barrier sufficient: a program can only
 buffer after the barrier that follows every read of it).
 
 Workspaces (fp32, allocated per call; bytes per direction, times D for a pair launch):
-  forward  h state [2, B, Hout] (8*B*Hout), c state [B, H] (4*B*H, LSTM),
-           m [B, H] (4*B*H, projection), sync int32 [2]
-  backward dph [2, B, G*H] (8*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H] (LSTM),
-           dh [B, P] (projection), sync int32 [2]
-Stepwise launches load the c / dh_carry / dc state tiles at launch start and store them at
+  forward  h exchange [2, B, Hout] (8*B*Hout), h state [B, Hout] (4*B*Hout),
+           c state [B, H] (4*B*H, LSTM), m exchange [B, H] (4*B*H, projection), sync int32 [2]
+  backward dph exchange [2, B, G*H] (8*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H]
+           (LSTM), dh exchange [B, P] (projection), sync int32 [2]
+Stepwise launches load the h / c / dh_carry / dc state tiles at launch start and store them at
 launch end (so they live in global memory between steps); the persistent launch does the same
 once, keeping them in registers for all T steps.
+Exchange buffers (what other programs read as a dot operand) stay fp32 and are cast to the
+dot dtype after the load. Exchanging bf16 instead would halve their bytes, but the sm_90
+compiles (Triton 3.9) of that variant spill: LSTM H = 1024 went from 188 registers, no
+spill, to 255 registers and 592 / 992 bytes of local memory (forward / backward).
 
 Formulas (for the planner)
   grid_programs      = cdiv(H, block_h) * cdiv(B, block_b) * D        (<= SM count to persist;
                        D = 2 for a bidirectional pair launch, else 1)
-  grid_onchip_bytes  = shared memory per program, max over the two directions, e = dtype
-                       bytes, HP = pad(H), OP = pad(Hout), BO = output-slice width:
-    forward  = e*(G*bh*OP + [P] BO*HP) + 4*bb*max(OP, [P] HP)   weights + fp32 operand stage
-    backward = e*(G*BO*HP + [P] bh*OP) + 4*bb*max(HP, [P] OP)
+  grid_onchip_bytes  = shared memory per program (resident or streamed weights; see the
+                       function for the formula, which matches the sm_90 compiles)
   The weights stay in shared memory for all steps and are read into registers for each
   step's dots (an L2 round trip costs far more than that read); their load sits inside a
   runtime branch on purpose (see `_fwd_cell_phase`).
@@ -147,12 +158,12 @@ def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constex
 
 
 @triton.jit
-def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr):
-    """Dot operand chunk [KC, batch] of an exchange buffer [B, x_row] (already in the dot
-    dtype): tile[c, j] = X[jb[j], k0 + c], zero past K and for masked batch columns."""
+def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
+    """Dot operand chunk [KC, batch] of an fp32 exchange buffer [B, x_row], cast to the dot
+    dtype DT: tile[c, j] = X[jb[j], k0 + c], zero past K and for masked batch columns."""
     kk = k0 + tl.arange(0, KC)
     return tl.load(X + jb64[None, :] * x_row + kk[:, None],
-                   mask=(kk < K)[:, None] & x_ok[None, :], other=0.0, cache_modifier=".cg")
+                   mask=(kk < K)[:, None] & x_ok[None, :], other=0.0, cache_modifier=".cg").to(DT)
 
 
 @triton.jit
@@ -164,15 +175,15 @@ def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
     RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
     0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call."""
     if RESIDENT:
-        acc = _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K), FP32_DOT)
+        acc = _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, DOT_DT), FP32_DOT)
         if KB > 0:
-            acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K), FP32_DOT)
+            acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, DOT_DT), FP32_DOT)
     else:
         acc = tl.zeros([BM, BB], tl.float32)
         for k0 in range(0, K, KA):
             kk = k0 + tl.arange(0, KA)
             w = _tile(W, a_idx, a_ok, a_stride, kk, kk < K, b_stride, DOT_DT)
-            acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K), FP32_DOT)
+            acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K, DOT_DT), FP32_DOT)
     return acc
 
 
@@ -252,16 +263,16 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     p2 = p0
     p3 = p0
     if RESIDENT:
-        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT)
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, DOT_DT)
         p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
-            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT)
+            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, DOT_DT)
             p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
     else:
         for k0 in range(0, HOUT, KA):
             kk = k0 + tl.arange(0, KA)
             k_ok = kk < HOUT
-            xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT)
+            xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, DOT_DT)
             p0 += _mm(_tile(R, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk, FP32_DOT)
             if G > 1:
                 p1 += _mm(_tile(R + H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
@@ -739,9 +750,6 @@ def _grid_bwd_kernel(
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-_TORCH_DOT = {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}
-
-
 def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(max(n, 1)))
 
@@ -783,27 +791,32 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
-                      block_b: int) -> int:
-    """Per-program shared-memory bytes of the larger direction: the resident weight slice
-    (kept for all steps) plus the largest fp32 operand tile staged per step.
+                      block_b: int, block_k: int = 0) -> int:
+    """Per-program shared-memory bytes of the larger direction.
 
-    The compiler keeps each weight tile in shared memory for the whole launch and stages the
-    per-step dot operand (read from the fp32 state buffers) through shared memory as fp32;
-    the staging buffers of different phases share space. With e = dtype bytes, HP = pad(H),
-    OP = pad(Hout), BO = output-slice width, pad(n) = max(16, next power of two):
-      forward  = e*(G*bh*OP + [P] BO*HP) + 4*bb*max(OP, [P] HP)
-      backward = e*(G*BO*HP + [P] bh*OP) + 4*bb*max(HP, [P] OP)
-    This matches the `shared` size Triton 3.9 allocates for sm_90 bf16 kernels (checked for
-    LSTM/GRU/tanh, H 256..1024, with and without projection). The rest (state tiles,
-    accumulators, the dot operands of one gate) lives in registers.
+    Resident weights (block_k = 0): the weight slice, kept for all steps, plus the fp32 dot
+    operand staged per step (one chunk at a time). The reductions are split as `_ksplit` does:
+    RF = sum(_ksplit(Hout)) (R in the forward, Pw^T in the backward), RB = sum(_ksplit(H))
+    (R^T in the backward, Pw in the forward), KF / KB = their first (largest) chunks. With
+    e = dtype bytes, BO = output-slice width:
+      forward  = e*(G*bh*RF + [P] BO*RB) + 4*bb*max(KF, [P] KB)
+      backward = e*(G*BO*RB + [P] bh*RF) + 4*bb*max(KB, [P] KF)
+    Equal to the `shared` bytes of Triton 3.9's sm_90 bf16 compiles for LSTM H 768/1024 (with
+    and without P=256), GRU 512/1536. Streamed weights (block_k = K > 0), an upper bound
+    (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
+      2*K*(e*G*max(bh, BO) + 4*bb)
     """
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
     bh, bb = block_h, block_b
-    HP, OP, BO = _pad(H), _pad(Hout), _block_o(H, P, block_h)
+    BO = _block_o(H, P, block_h)
+    if block_k:
+        return 2 * block_k * (e * G * max(bh, BO) + 4 * bb)
+    (KF, kf2), (KB, kb2) = _ksplit(Hout), _ksplit(H)
+    RF, RB = KF + kf2, KB + kb2
     proj = P > 0
-    fwd = e * (G * bh * OP + (BO * HP if proj else 0)) + 4 * bb * max(OP, HP if proj else 0)
-    bwd = e * (G * BO * HP + (bh * OP if proj else 0)) + 4 * bb * max(HP, OP if proj else 0)
+    fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + 4 * bb * max(KF, KB if proj else 0)
+    bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + 4 * bb * max(KB, KF if proj else 0)
     return max(fwd, bwd)
 
 
@@ -1030,7 +1043,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
     f32 = dict(dtype=torch.float32, device=dev)
-    xdt = dict(dtype=_TORCH_DOT[dot_dt], device=dev)  # exchange buffers: the dot operands
+    xdt = f32  # exchange buffers: fp32 (see "Exchange buffers" in the module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
     x_ws = torch.empty(nd, 2, B, Hout, **xdt)
@@ -1191,7 +1204,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
     f32 = dict(dtype=torch.float32, device=dev)
-    xdt = dict(dtype=_TORCH_DOT[dot_dt], device=dev)  # exchange buffers: the dot operands
+    xdt = f32  # exchange buffers: fp32 (see "Exchange buffers" in the module docstring)
     dph_ws = torch.empty(nd, 2, B, G * H, **xdt)
     carry_ws = torch.empty(nd, B, Hout, **f32)
     carry_ws.copy_(_both(dhT, off.get("dhT")))

@@ -33,7 +33,7 @@ import torch
 from .config import make_config
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
-_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "num_warps")
+_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps")
 # Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
 # forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
 # another).
@@ -99,8 +99,10 @@ _constraints: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonrnn_
 def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
 
-    Keys: family (one of FAMILIES), block_b, block_h, num_warps, pipeline_chunks. A forced
-    choice that cannot apply to a shape raises ValueError when that shape is planned."""
+    Keys: family (one of FAMILIES), block_b, block_h, block_k (0: the weight slice resident
+    on chip; a power of two: streamed in chunks of block_k every step), num_warps,
+    pipeline_chunks. A forced choice that cannot apply to a shape raises ValueError when that
+    shape is planned."""
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
             raise ValueError(
@@ -111,6 +113,14 @@ def plan_constraints(**overrides):
             raise ValueError(
                 f"plan_constraints: family expected one of {list(FAMILIES)}, got {v!r}"
             )
+        if k == "block_k":
+            ok = isinstance(v, int) and not isinstance(v, bool)
+            if not ok or (v != 0 and (v < 16 or v & (v - 1))):
+                raise ValueError(
+                    f"plan_constraints: block_k expected 0 (resident weights) or a power of "
+                    f"two >= 16 (streamed in chunks of block_k), got {v!r}"
+                )
+            continue
         if k != "family" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"plan_constraints: {k} expected a positive int, got {v!r}")
         if k in ("block_b", "block_h") and (v < 16 or v & (v - 1)):
@@ -188,8 +198,10 @@ class LayerPlan:
     block_b: int = 16
     block_h: int = 0  # persistent_grid / stepwise: hidden units per program
     num_warps: int = 4
-    num_programs: int = 0  # per launch, for the batch tiles and hidden slices
+    num_programs: int = 0  # per launch: batch tiles x hidden slices (x 2 for a pair launch)
     onchip_bytes: int = 0  # per program
+    block_k: int = 0  # persistent_grid / stepwise: 0 = weights resident, else streamed chunk
+    num_dirs: int = 1  # 2: both directions of a bidirectional layer share each launch
 
 
 def _pow2(n: int) -> int:
@@ -227,17 +239,22 @@ def _cta_fits(cell, H, Hout, P, dtype, props) -> bool:
     )
 
 
-def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps) -> LayerPlan:
+def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k=0,
+          num_dirs=1) -> LayerPlan:
     from tritonrnn.kernels.persistent_grid import grid_onchip_bytes, grid_programs
 
     return LayerPlan(
         family, block_b, block_h, num_warps,
-        grid_programs(H, Hout, P, batch, block_h, block_b),
-        grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b),
+        grid_programs(H, Hout, P, batch, block_h, block_b, num_dirs),
+        grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b, block_k),
+        block_k, num_dirs,
     )
 
 
 _GRID_TILES = (16, 32, 64, 128)
+# Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
+# few KiB (with the compiler's multi-buffering) while each dot still has K = 64.
+_STREAM_K = 64
 # Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
 _SMEM_SLACK = 7 * 1024
 
@@ -247,16 +264,20 @@ def _grid_warps(onchip: int, block_h: int, block_b: int) -> int:
     return 8 if onchip > 64 * 1024 or block_h * block_b >= 512 else 4
 
 
-def _grid_fit(cell, H, Hout, P, dtype, batch, props) -> LayerPlan | None:
+def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
+              num_dirs=1) -> LayerPlan | None:
     """The persistent-grid tiles: the smallest hidden slice, then the smallest batch tile,
-    whose grid is co-resident (<= SMs) and whose weight slice fits on chip."""
+    whose grid (both directions' programs for a pair launch, num_dirs = 2) is co-resident
+    (<= SMs) and whose per-program footprint (the resident weight slice, or a streamed
+    chunk's tiles with block_k > 0) fits on chip."""
     for block_h in _GRID_TILES:
         if block_h > max(16, _pow2(H)):
             break
         for block_b in (16, 32, 64):
             if block_b > max(16, _pow2(batch)):
                 break
-            lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, 4)
+            lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
+                       block_k, num_dirs)
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
             ):
@@ -276,36 +297,41 @@ def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props) -> LayerPlan:
+def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> LayerPlan:
     if dtype == torch.float64:
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):
-        return _cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8)
-    grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props)
-    if grid is not None:
-        return grid
-    return _stepwise_fit(cell, H, Hout, P, dtype, batch_bucket, props)
+        return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8), num_dirs=num_dirs)
+    # A pair launch (both directions, one barrier each) first; else each direction alone.
+    for block_k in (0, _STREAM_K):
+        for dirs in sorted({num_dirs, 1}, reverse=True):
+            grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props, block_k, dirs)
+            if grid is not None:
+                return grid
+    return _stepwise_fit(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs)
 
 
-def _stepwise_fit(cell, H, Hout, P, dtype, batch, props) -> LayerPlan:
+def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan:
     """Stepwise tiles: the largest hidden slice and batch tile whose per-launch weight slice
-    fits in shared memory (the kernel stages its slice of R on chip for the step). Past the
-    smallest tiles (H beyond about 1.5K in bf16) nothing fits, and the smallest are returned:
-    the kernel then fails to compile for lack of shared memory, which is the known limit of
-    this family until R is chunked along the reduction dimension."""
+    fits in shared memory (the kernel stages its slice of R on chip for the step); past that,
+    the weights streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
+    H, so this family never fails)."""
     budget = props.smem_per_program - _SMEM_SLACK
-    for block_h in (64, 32, 16):
-        for block_b in (64, 32, 16):
-            if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):
-                continue
-            lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4)
-            if props.interpreter or lp.onchip_bytes <= budget:
-                return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h, block_b))
-    return _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, batch, 4)
+    for block_k in (0, _STREAM_K):
+        for block_h in (64, 32, 16):
+            for block_b in (64, 32, 16):
+                if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):
+                    continue
+                lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
+                           block_k, num_dirs)
+                if props.interpreter or lp.onchip_bytes <= budget:
+                    return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h,
+                                                             block_b))
+    return _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, batch, 4, _STREAM_K, num_dirs)
 
 
 def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
-           strict: bool) -> LayerPlan:
+           strict: bool, num_dirs: int = 1) -> LayerPlan:
     """The heuristic choice with `choice` (constraints or a tuning entry) applied."""
     family = choice.get("family", base.family)
     if family == "reference":
@@ -322,7 +348,8 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
-        plan = _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps)
+        plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
+                       num_dirs=num_dirs)
         smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
         if not props.interpreter and smem > props.smem_per_program:
             if strict:
@@ -335,7 +362,13 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         return plan
     block_h = choice.get("block_h", base.block_h or _grid_block_h(
         cell, H, Hout, P, dtype, block_b, batch, props))
-    plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps)
+    block_k = choice.get("block_k", base.block_k)
+    plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
+                 num_dirs)
+    if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:
+        # The pair does not fit together: each direction gets its own launch.
+        plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
+                     block_k, 1)
     if family == "persistent_grid" and plan.num_programs > props.sm_count:
         if strict:
             raise ValueError(
@@ -359,18 +392,23 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
 
 def recurrence_choice(
     cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, batch: int,
-    props: DeviceProperties,
+    props: DeviceProperties, num_dirs: int = 1,
 ) -> tuple[LayerPlan, str]:
-    """(LayerPlan, source) for one recurrence; source is heuristic, tuned or constrained."""
+    """(LayerPlan, source) for one recurrence; source is heuristic, tuned or constrained.
+
+    num_dirs = 2 plans a bidirectional layer whose directions share each launch: the grid
+    counts both directions' programs (LayerPlan.num_dirs says whether the pair fits together;
+    1 means each direction gets its own launch)."""
     bucket = _bucket(batch)
-    key = recurrence_key(cell, H, P, dtype, batch, props)
-    base = _heuristic(cell, H, Hout, P, dtype, bucket, props)
+    key = recurrence_key(cell, H, P, dtype, batch, props, num_dirs)
+    base = _heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs)
     forced = {k: v for k, v in _constraints.get() if k in _CONSTRAINT_KEYS}
+    args = (cell, H, Hout, P, dtype, bucket, props)
     if forced:
-        return _apply(base, forced, cell, H, Hout, P, dtype, bucket, props, True), "constrained"
+        return _apply(base, forced, *args, True, num_dirs), "constrained"
     entry = load_tuning_cache().get(key)
     if entry:
-        return _apply(base, entry, cell, H, Hout, P, dtype, bucket, props, False), "tuned"
+        return _apply(base, entry, *args, False, num_dirs), "tuned"
     return base, "heuristic"
 
 
@@ -432,8 +470,10 @@ class Plan:
         for i, lp in enumerate(self.layers):
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
-                f"block_b={lp.block_b} block_h={lp.block_h or '-'} warps={lp.num_warps} "
-                f"programs={lp.num_programs} on-chip={lp.onchip_bytes} B"
+                f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
+                f"weights={'streamed/' + str(lp.block_k) if lp.block_k else 'resident'} "
+                f"warps={lp.num_warps} programs={lp.num_programs}"
+                f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )
         lines.append("  buffers (N = B*T, the most sum(lengths) can be):")
         for b in self.buffers:
@@ -486,10 +526,12 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype) -> tuple[Buffer, ...]:
 
 
 def recurrence_key(cell: str, H: int, P: int, dtype: torch.dtype, batch: int,
-                   props: DeviceProperties) -> str:
+                   props: DeviceProperties, num_dirs: int = 1) -> str:
     """Tuning-cache key of one recurrence: what its kernel choice depends on (B bucketed;
-    T, the input size and the layer count do not change the best recurrence kernel)."""
-    return f"{props.name}|{cell}|H{H}|P{P}|{str(dtype).replace('torch.', '')}|B{_bucket(batch)}"
+    T, the input size and the layer count do not change the best recurrence kernel; a
+    bidirectional pair launch, num_dirs = 2, is its own key ending in |D2)."""
+    key = f"{props.name}|{cell}|H{H}|P{P}|{str(dtype).replace('torch.', '')}|B{_bucket(batch)}"
+    return key + ("|D2" if num_dirs == 2 else "")
 
 
 def plan_for(
@@ -534,9 +576,11 @@ def plan_for(
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id) -> Plan:
-    key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props)
+    key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
+                         cfg.num_dirs)
     choice, source = recurrence_choice(
-        cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props
+        cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props,
+        cfg.num_dirs,
     )
     return Plan(
         key=key, rnn_mode=cfg.rnn_mode, input_size=cfg.input_size, num_units=cfg.num_units,
@@ -561,19 +605,25 @@ def candidates(plan: Plan) -> list[dict]:
             if block_b > max(16, _pow2(plan.batch)):
                 continue
             for num_warps in (4, 8):
-                block_hs = (0,) if family == "persistent_cta" else (16, 32, 64, 128)
-                for block_h in block_hs:
-                    choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
-                    if block_h:
-                        if block_h > _pow2(H):
+                grid = family != "persistent_cta"
+                for block_h in (16, 32, 64, 128) if grid else (0,):
+                    for block_k in (0, 64, 128) if grid else (None,):
+                        choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
+                        if block_h:
+                            if block_h > _pow2(H):
+                                continue
+                            choice["block_h"] = block_h
+                        if block_k is not None:
+                            if block_k > max(16, _pow2(max(H, Hout))):
+                                continue
+                            choice["block_k"] = block_k
+                        try:
+                            with plan_constraints(**choice):
+                                recurrence_choice(cell, H, Hout, P, dtype, plan.batch,
+                                                  plan.device, plan.num_dirs)
+                        except ValueError:
                             continue
-                        choice["block_h"] = block_h
-                    try:
-                        with plan_constraints(**choice):
-                            recurrence_choice(cell, H, Hout, P, dtype, plan.batch, plan.device)
-                    except ValueError:
-                        continue
-                    out.append(choice)
+                        out.append(choice)
     return out
 
 

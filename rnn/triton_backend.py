@@ -28,12 +28,12 @@ def _dir(pair, d: int):
 class TritonRecurrence:
     name = "triton"
 
-    def choose(self, cell: str, R: torch.Tensor, Pw, batch: int) -> LayerPlan:
+    def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1) -> LayerPlan:
         H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
         Hout = R.shape[1]
         P = Pw.shape[0] if Pw is not None else 0
         props = device_properties(R.device)
-        return recurrence_choice(cell, H, Hout, P, R.dtype, batch, props)[0]
+        return recurrence_choice(cell, H, Hout, P, R.dtype, batch, props, num_dirs)[0]
 
     def forward(self, cell, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT) -> None:
         lp = self.choose(cell, R, Pw, info.B)
@@ -68,8 +68,8 @@ class TritonRecurrence:
     def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
         """Both directions of a bidirectional layer; every tensor argument is a pair
         (direction 0, direction 1) with `forward`'s per-direction shapes, or None."""
-        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B)
-        if not self._shares_launch(lp, cell, R[0], _dir(Pw, 0), info.B):
+        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B, num_dirs=2)
+        if not self._shares_launch(lp):
             for d in range(2):
                 self.forward(cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)), info, d == 1,
                              *(_dir(t, d) for t in (y, c_seq, hT, cT)))
@@ -87,10 +87,10 @@ class TritonRecurrence:
     def backward_bidir(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                        info, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
         """Both directions' backward; pairs as in `forward_bidir`."""
-        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B)
+        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B, num_dirs=2)
         ins = (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT)
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
-        if not self._shares_launch(lp, cell, R[0], _dir(Pw, 0), info.B):
+        if not self._shares_launch(lp):
             for d in range(2):
                 self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
                               *(_dir(t, d) for t in outs))
@@ -106,29 +106,22 @@ class TritonRecurrence:
             _with_stepwise_fallback(grid_backward_pair, args, lp)
 
     @staticmethod
-    def _shares_launch(lp: LayerPlan, cell: str, R: torch.Tensor, Pw, batch: int) -> bool:
-        """Whether both directions go into one launch: not for the reference family, nor for
-        a persistent grid whose two directions together exceed the SM count (each direction's
-        grid alone is co-resident by the plan; its barrier must never wait on a program that
-        cannot start)."""
-        if lp.family == "reference":
-            return False
-        if lp.family != "persistent_grid":
-            return True
-        from tritonrnn.kernels.persistent_grid import grid_programs
-
-        G = {"lstm": 4, "gru": 3}.get(cell, 1)
-        H, Hout = R.shape[0] // G, R.shape[1]
-        P = Pw.shape[0] if Pw is not None else 0
-        programs = grid_programs(H, Hout, P, batch, lp.block_h, lp.block_b, num_dirs=2)
-        return programs <= device_properties(R.device).sm_count
+    def _shares_launch(lp: LayerPlan) -> bool:
+        """Whether both directions go into one launch: the planner's pair decision
+        (LayerPlan.num_dirs = 2; a persistent grid gets it only when both directions'
+        programs are co-resident together, so a barrier never waits on a program that cannot
+        start), never for the reference family."""
+        return lp.family != "reference" and lp.num_dirs == 2
 
 
 def _with_stepwise_fallback(launch, args, lp: LayerPlan) -> None:
-    """Runs a grid-family launcher. A persistent launch whose grid barrier timed out (the
-    launcher raises RuntimeError instead of hanging, e.g. when another process occupies SMs)
-    is rerun stepwise: every output is rewritten, so the result is the same."""
-    tiles = dict(block_h=lp.block_h, block_b=lp.block_b, num_warps=lp.num_warps)
+    """Runs a grid-family launcher. A persistent launch that raises RuntimeError is rerun
+    stepwise (every output is rewritten, so the result is the same): a cooperative launch the
+    driver refuses, or, with TRITONRNN_BARRIER_CHECK=sync, a grid barrier that timed out
+    (e.g. another process holding SMs). In the default deferred mode a timeout is reported by
+    a later launch or `check_barriers()` instead (kernels/grid_barrier.py)."""
+    tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
+                 num_warps=lp.num_warps)
     if lp.family != "persistent_grid":
         launch(*args, persistent=False, **tiles)
         return

@@ -368,6 +368,15 @@ def test_grid_formulas():
     # Projection P=256: backward R columns 2*4*16*1024, Pw columns 2*16*256, stage 4*16*1024.
     assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 204800
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 81920
+    # The split reduction: LSTM H=768 holds 512 + 256 columns (was a 1024 tile: 196608 B),
+    # stage 4*16*512; GRU H=1536 1024 + 512, stage 4*16*1024 (both equal to the compiles).
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 131072
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
+    # Streamed weights: a bound on one chunk's double-buffered tiles, independent of H.
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
+        2 * 3 * 16 + 4 * 16)
+    assert pg.grid_onchip_bytes("lstm", 8192, 8192, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
+        2 * 4 * 16 + 4 * 16)
 
 
 # -------------------------------------------------------------------------------------------

@@ -34,8 +34,53 @@ def test_family_rule_on_hopper(device):
     assert _plan(H=64, device=device).layer(0).family == "persistent_cta"
     assert _plan(H=768, device=device).layer(0).family == "persistent_grid"
     assert _plan(mode="gru", H=1024, device=device).layer(0).family == "persistent_grid"
-    assert _plan(H=8192, device=device).layer(0).family == "stepwise"
+    # Beyond what fits on chip the grid streams its weights (chunks of 64 columns per step).
+    big = _plan(H=8192, device=device).layer(0)
+    assert (big.family, big.block_k) == ("persistent_grid", 64)
+    # A grid that cannot be co-resident even with the largest tiles: stepwise, streamed.
+    huge = _plan(H=8192, B=8192, device=device).layer(0)
+    assert (huge.family, huge.block_k) == ("stepwise", 64)
     assert _plan(H=64, dtype=torch.float64, device=device).layer(0).family == "reference"
+
+
+@pytest.mark.parametrize("mode,H", [("lstm", 768), ("lstm", 1024), ("gru", 1024), ("gru", 1536)])
+def test_reach_with_weights_resident_on_h100(mode, H):
+    # The reach: LSTM to H = 1024 and GRU to 1536 in bf16 with R fully on chip (the
+    # reduction split 1024 + 512 is what lets GRU 1536 fit), grid co-resident, at B = 16.
+    lp = _plan(mode=mode, H=H, B=16).layer(0)
+    assert (lp.family, lp.block_k) == ("persistent_grid", 0), lp
+    assert lp.num_programs <= PRESETS["h100"].sm_count
+    assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
+
+
+def test_bidirectional_pair_launch_counts_both_directions():
+    # LSTM H=768 B=16: 48 programs per direction, 96 together <= 132 SMs: one pair launch.
+    p = _plan(H=768, B=16, direction="bidirectional")
+    lp = p.layer(0, 1)
+    assert (lp.family, lp.num_dirs, lp.num_programs) == ("persistent_grid", 2, 96)
+    assert p.key.endswith("|D2") and "(pair launch)" in p.explain()
+    # LSTM H=1024 B=16 needs 64 per direction: 128 together still fit.
+    assert _plan(H=1024, B=16, direction="bidirectional").layer(0).num_dirs == 2
+    # GRU H=1536 B=16: 96 per direction, 192 together do not fit: each direction alone.
+    lp = _plan(mode="gru", H=1536, B=16, direction="bidirectional").layer(0)
+    assert (lp.family, lp.num_dirs, lp.num_programs) == ("persistent_grid", 1, 96)
+    # Forced tiles: the pair when it fits, else one launch per direction, never an error.
+    with plan_constraints(family="persistent_grid", block_h=16):
+        assert _plan(H=1024, B=16, direction="bidirectional").layer(0).num_dirs == 2
+        assert _plan(H=1536, B=16, direction="bidirectional").layer(0).num_dirs == 1
+    # CTA and stepwise pairs need no co-residency.
+    assert _plan(H=64, direction="bidirectional").layer(0).num_dirs == 2
+
+
+def test_block_k_constraint():
+    with plan_constraints(family="persistent_grid", block_k=128):
+        lp = _plan(H=768).layer(0)
+    assert (lp.family, lp.block_k) == ("persistent_grid", 128)
+    with plan_constraints(block_k=0):
+        assert _plan(H=768).layer(0).block_k == 0
+    with pytest.raises(ValueError, match=r"block_k expected 0 .* got 48"), \
+            plan_constraints(block_k=48):
+        pass
 
 
 def test_grid_plans_are_co_resident_and_fit():
@@ -120,6 +165,7 @@ def test_candidates_run_on_the_device():
     cands = candidates(p)
     families = {c["family"] for c in cands}
     assert {"persistent_grid", "stepwise"} <= families
+    assert {c.get("block_k") for c in cands} >= {0, 64, 128}
     for c in cands:
         with plan_constraints(**c):
             _plan(H=256, B=16)  # every candidate plans without error
