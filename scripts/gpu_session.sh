@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One batched run on a lent GPU machine (torch and Triton preinstalled, no package registry):
-# install the project, run the GPU-marked tests, the benchmark presets against cuDNN and the
-# barrier measurement; logs and JSON/PNG go to $OUT (the device tool brings them back), else
-# to bench/results. Usage: bash scripts/gpu_session.sh [quick]
+# Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
+# install the project, then one stage per call (each fits the device tool's 10-minute limit).
+# Logs and JSON/PNG go to $OUT (the device tool brings them back), else to bench/results.
+#   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors)
+#   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru vs cuDNN + barrier
+#   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
+#   bash scripts/gpu_session.sh tune      tritonrnn tune on the anchor shape, then anchor again
+# On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
@@ -12,10 +16,23 @@ python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$out/gpu.txt"
-python -m pytest -q -m gpu -x tests 2>&1 | tee "$out/gpu-tests.log" | tail -30
-if [ "${1:-}" = quick ]; then
-  tritonrnn bench --preset anchor --out "$out" 2>&1 | tee "$out/bench.log" | tail -40
-else
-  tritonrnn bench --preset targets --out "$out" 2>&1 | tee "$out/bench.log" | tail -60
-  tritonrnn barrier --out "$out" 2>&1 | tee "$out/barrier.log" | tail -25
-fi
+tr() { python -m tritonrnn.bench "$@"; }
+case "${1:-tests}" in
+  tests)
+    python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.log" | tail -40 ;;
+  bench)
+    for p in anchor small-batch gru; do
+      tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
+    done
+    tr barrier --out "$out" 2>&1 | tee "$out/barrier.log" | tail -25 ;;
+  bench2)
+    for p in large-batch varlen; do
+      tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
+    done ;;
+  tune)
+    export TRITONRNN_CACHE_DIR="$out/cache"
+    tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 2>&1 \
+      | tee "$out/tune.log" | tail -30
+    tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
+  *) echo "usage: $0 tests|bench|bench2|tune" >&2; exit 2 ;;
+esac
