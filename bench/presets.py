@@ -183,6 +183,12 @@ PRESETS: dict[str, list[BenchShape]] = {
     # The first LSTM/GRU timing against cuDNN (issue 4): B in {16, 256}, H in {256, 768}.
     "first-timing": _sweep(mode=["lstm", "gru"], hidden=[256, 768], batch=[16, 256],
                            time=1024),
+    # The persistent-grid sweep of issue 5: B in {1, 16, 64}, H in {512, 768, 1024}, GRU also
+    # at 1536 (the on-chip reach), fwd+bwd against cuDNN.
+    "grid": _sweep(mode=["lstm", "gru"], hidden=[512, 768, 1024], batch=[1, 16, 64],
+                   time=1024) + _sweep(mode="gru", hidden=1536, batch=[1, 16], time=1024),
+    # Layer overlap: a 2-layer unidirectional stack (rnn/pipeline.py).
+    "pipeline": _sweep(mode="lstm", hidden=768, batch=16, time=1024, layers=2),
     # Stacks: two bidirectional layers, and the LSTM projection.
     "stack": _sweep(mode="lstm", hidden=512, batch=32, time=512, layers=2,
                     bidirectional=True) + _sweep(mode="lstm", hidden=1024, proj=512,

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors)
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
+#   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
 #   bash scripts/gpu_session.sh tune      tritonrnn tune on the anchor shape, then anchor again
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
@@ -29,10 +30,14 @@ case "${1:-tests}" in
     for p in large-batch varlen; do
       tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
     done ;;
+  grid)
+    for p in grid pipeline stack; do
+      tr bench --preset "$p" --pass fwdbwd --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -40
+    done ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
     tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 2>&1 \
       | tee "$out/tune.log" | tail -30
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
-  *) echo "usage: $0 tests|bench|bench2|tune" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|bench|bench2|grid|tune" >&2; exit 2 ;;
 esac
