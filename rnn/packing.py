@@ -88,6 +88,62 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
     )
 
 
+def window(info: PackInfo, s0: int, s1: int) -> PackInfo:
+    """The packed layout of the step window [s0, s1) of `info` (forward direction), cached.
+
+    A window of a packed layout is itself one: its rows are info's rows offsets[s0] ..
+    offsets[s1] (contiguous), and the sorted batch stays sorted, so a recurrence run on the
+    window with h0 = the state after step s0 - 1 (rows that finished earlier keep theirs)
+    gives exactly the full layout's rows and, as hT, the state after step s1 - 1. This is
+    what lets the layer pipeline (rnn/pipeline.py) run a layer chunk by chunk.
+
+    Fields of the window, all consistent with one another except the two noted:
+      B          info.B: every sorted row, finished ones with length 0 (they carry state)
+      N, max_len offsets[s1] - offsets[s0] rows, s1 - s0 steps
+      lengths, lengths_sorted   clamp(len - s0, 0, s1 - s0) in info's sorted order
+      batch_sizes, offsets      info's for steps s0..s1-1, offsets rebased to the window
+      perm, inv_perm            identity: the window's batch IS info's sorted order
+      row_time, row_batch       window step and window (= info's sorted) row of each row
+      T, padded_index           info's (NOT the window's): a row's padded index t * B + b
+                                in info's [T, B] grid and original batch order, i.e. its
+                                dropout counter, so a window's dropout masks are exactly
+                                info's masks on those rows (and pack/unpack with a window
+                                address info's padded grid)
+    Built with device ops on info's tensors (no host sync, no host-to-device copy)."""
+    if not (0 <= s0 < s1 <= info.max_len):
+        raise ValueError(
+            f"window: expected 0 <= s0 < s1 <= max_len = {info.max_len}, got [{s0}, {s1})"
+        )
+    return _window(info, s0, s1)
+
+
+@functools.lru_cache(maxsize=256)
+def _window(info: PackInfo, s0: int, s1: int) -> PackInfo:
+    bs = info.batch_sizes
+    o0 = sum(bs[:s0])
+    o1 = o0 + sum(bs[s0:s1])
+    w = s1 - s0
+    dev = info.perm.device
+    lens_sorted = sorted(info.lengths, reverse=True)
+    offsets = info.offsets[s0 : s1 + 1] - o0
+    row_time = info.row_time[o0:o1] - s0
+    return PackInfo(
+        T=info.T,
+        B=info.B,
+        N=o1 - o0,
+        max_len=w,
+        lengths=tuple(min(max(n - s0, 0), w) for n in lens_sorted),
+        batch_sizes=tuple(bs[s0:s1]),
+        perm=torch.arange(info.B, device=dev),
+        inv_perm=torch.arange(info.B, device=dev),
+        lengths_sorted=(info.lengths_sorted.clamp(s0, s1) - s0).to(torch.int32),
+        offsets=offsets,
+        row_time=row_time,
+        row_batch=torch.arange(o1 - o0, device=dev) - offsets.long()[row_time],
+        padded_index=info.padded_index[o0:o1],
+    )
+
+
 def pack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
     """[T, B, C] time-major padded -> [N, C] packed."""
     return x.reshape(info.T * info.B, -1).index_select(0, info.padded_index)
