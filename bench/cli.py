@@ -1,9 +1,12 @@
-"""The `tritonrnn` command: bench, check, tune and plan.
+"""The `tritonrnn` command: bench, check, tune, plan, aot and barrier.
 
     tritonrnn bench [--preset NAME | shape options] [--pass fwd|bwd|fwdbwd|all] [--out DIR]
     tritonrnn check [--backend B] [--dtype D] [small shape options]
     tritonrnn tune  [--preset NAME | shape options] [--force]
     tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
+    tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200] [--arch 90]
+                    [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
+                    [--json PATH] [--dump DIR]   (no GPU needed: ptxas from Triton's wheel)
     tritonrnn barrier [--time T] [--dtype D] [--out DIR]   (GPU only)
 
 Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
@@ -77,7 +80,8 @@ def _add_timing_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tritonrnn", description="tritonrnn benchmark, check, tuning and "
                      "planning tools.", epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tune,plan,barrier}")
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{bench,check,tune,plan,aot,barrier}")
 
     b = sub.add_parser("bench", help="time tritonrnn against cuDNN (and FlashRNN)",
                        description="Times tritonrnn against torch.nn (cuDNN) on padded and "
@@ -132,6 +136,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_options(pl)
     pl.add_argument("--device-preset", default="current",
                     help="current | h100 | h200 | interpreter (default: this machine)")
+    a = sub.add_parser(
+        "aot", help="compile the planner's kernels for a GPU target (no GPU needed) and report "
+        "shared memory, registers, spills, MMA kind and a step-loop profile",
+        description="Captures the forward and backward kernel launches the planner's choice "
+        "for each shape makes on the device preset (the real launchers on dummy CPU tensors, "
+        "nothing run), compiles them ahead of time for sm_<arch> with Triton's ptxas, and "
+        "reports per kernel: shared memory, registers, spill bytes, MMA kind, whether it fits "
+        "the preset, and static per-iteration instruction counts of the time-step loop. "
+        "--time, --layers and --varlen do not change the kernels and are ignored.",
+        epilog="Exit codes: 0 every kernel compiled and fits, 1 a kernel failed to compile or "
+        "does not fit (or ptxas is missing), 2 a bad option.")
+    _add_shape_options(a)
+    a.add_argument("--device-preset", default="h100",
+                   help="planner device preset: h100 | h200 (default h100)")
+    a.add_argument("--arch", type=int, default=90, metavar="CC",
+                   help="CUDA compute capability to compile for (default 90: sm_90)")
+    a.add_argument("--family", choices=("persistent_cta", "persistent_grid", "stepwise"),
+                   help="force the kernel family (plan_constraints)")
+    a.add_argument("--block-h", type=int, metavar="N", help="force block_h (power of two >= 16)")
+    a.add_argument("--block-b", type=int, metavar="N", help="force block_b (power of two >= 16)")
+    a.add_argument("--block-k", type=int, metavar="N",
+                   help="force block_k (0: resident weights; power of two >= 16: streamed)")
+    a.add_argument("--num-warps", type=int, metavar="N", help="force num_warps (power of two)")
+    a.add_argument("--json", type=Path, default=None, metavar="PATH",
+                   help="also write the reports as JSON there")
+    a.add_argument("--dump", type=Path, default=None, metavar="DIR",
+                   help="also write each kernel's TTGIR, PTX and SASS under DIR")
+
     br = sub.add_parser("barrier", help="persistent-grid per-step latency vs a bare grid "
                         "barrier (GPU only)", epilog=EPILOG)
     br.add_argument("--time", type=int, default=1024, metavar="T", help="steps (default 1024)")
@@ -346,6 +378,73 @@ def cmd_plan(args) -> int:
     return 0
 
 
+_AOT_TILES = (("--block-h", "block_h", "a power of two >= 16"),
+              ("--block-b", "block_b", "a power of two >= 16"),
+              ("--block-k", "block_k", "0 (resident weights) or a power of two >= 16"),
+              ("--num-warps", "num_warps", "a power of two in [1, 32]"))
+
+
+def _aot_constraints(args) -> dict:
+    """plan_constraints from the aot override options (checked here so that the error names
+    the option, not the planner's key)."""
+    out = {"family": args.family} if args.family is not None else {}
+    for opt, key, what in _AOT_TILES:
+        v = getattr(args, key)
+        if v is None:
+            continue
+        pow2 = v > 0 and v & (v - 1) == 0
+        ok = {"block_k": v == 0 or (pow2 and v >= 16), "num_warps": pow2 and v <= 32}.get(
+            key, pow2 and v >= 16)
+        if not ok:
+            raise UsageError(f"{opt}: expected {what}, got {v}")
+        out[key] = v
+    return out
+
+
+def cmd_aot(args) -> int:
+    import torch
+
+    from tritonrnn.rnn.planner import PRESETS as DEVICE_PRESETS
+
+    from .aot import AotShape, ToolMissing, aot_report, format_report, report_ok, write_json
+
+    presets = sorted(p for p, d in DEVICE_PRESETS.items() if not d.interpreter)
+    if args.device_preset not in presets:
+        raise UsageError(f"--device-preset: expected one of {presets}, got "
+                         f"{args.device_preset!r}")
+    if args.arch < 75:
+        raise UsageError(f"--arch: expected a CUDA compute capability >= 75 such as 80, 90 or "
+                         f"100, got {args.arch}")
+    constraints = _aot_constraints(args)
+    _, shapes = resolve_shapes(args, "anchor")
+    aot_shapes = list(dict.fromkeys(
+        AotShape(mode=s.mode, hidden=s.hidden, batch=s.batch, proj=s.proj, dtype=s.torch_dtype,
+                 bidirectional=s.bidirectional, input_size=s.input) for s in shapes))
+    if any(s.dtype == torch.float64 for s in aot_shapes):
+        raise UsageError("--dtype fp64: the planner runs float64 on the reference family; "
+                         "there is no Triton kernel to compile")
+    reports = []
+    try:
+        for i, s in enumerate(aot_shapes):
+            report = aot_report(s, args.device_preset, constraints, args.arch, args.dump)
+            reports.append(report)
+            if i:
+                print()
+            print(format_report(report), flush=True)
+    except ToolMissing as e:
+        print(f"tritonrnn: error: {e}".splitlines()[0], file=sys.stderr)
+        return 1
+    if args.json is not None:
+        write_json(reports, args.json)
+        print(f"\nwrote {args.json}")
+    bad = [r["shape"] for r in reports if not report_ok(r)]
+    if bad:
+        print(f"\nNOT OK ({len(bad)}): " + "; ".join(bad) + " (a kernel failed to compile, "
+              "spills, or exceeds the preset)")
+        return 1
+    return 0
+
+
 def cmd_barrier(args) -> int:
     import datetime as _dt
     import json
@@ -389,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help
             return int(e.code or 0)
         if args.command is None:
-            raise UsageError("expected a command: bench, check, tune, plan or barrier (see --help)")
+            raise UsageError("expected a command: bench, check, tune, plan, aot or barrier (see "
+                             "--help)")
         if args.command == "bench":
             return cmd_bench(args, argv)
         if args.command == "check":
@@ -398,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tune(args)
         if args.command == "barrier":
             return cmd_barrier(args)
+        if args.command == "aot":
+            return cmd_aot(args)
         return cmd_plan(args)
     except UsageError as e:
         print(f"tritonrnn: error: {e}", file=sys.stderr)

@@ -1,0 +1,823 @@
+"""Ahead-of-time compiles of the planner's recurrent kernels for a GPU target, without a GPU.
+
+`tritonrnn aot` answers "what does the planner's launch compile to on an H100?" on a CPU-only
+machine: shared memory per program, registers, spills, the MMA instructions used, whether that
+fits the device preset, and a static instruction profile of the time-step loop.
+
+How a launch is obtained (captured, never re-derived)
+-----------------------------------------------------
+The planner's LayerPlan for the shape on the device preset (`recurrence_choice`, with
+`plan_constraints` overrides) is handed to the real Triton backend (rnn/triton_backend.py),
+which the real layer engine (rnn/engine.py) drives through one forward and one backward on
+small dummy CPU tensors of the shape's real sizes (T = 2 steps: the time length is a runtime
+argument and changes nothing in a compile). The launchers run with TRITON_INTERPRET=1 (how they
+accept CPU tensors) while every @triton.jit object of the kernel modules is replaced by a
+`_Recorder`: `kernel[grid](*args, **kwargs)` records the first launch of each kernel (grid,
+positional arguments, constexpr keyword arguments, num_warps and other launch options) and runs
+nothing. The compile signature is then built from the recorded call as Triton's JIT would build
+it on a GPU (`build_signature`): tensors -> "*bf16"/"*fp32"/"*i32"..., ints -> "i32"/"i64"
+with the 16-divisibility hint, ints equal to 1 specialised to constexprs, both unless the kernel
+says `do_not_specialize`; constexpr parameters (by keyword or by position) as constexprs.
+
+What the launchers chose only because they ran in the interpreter is overridden by
+`INTERPRETER_CONSTEXPRS`, one rule per constexpr name (whichever kernel has it), each derived
+from the launchers' own logic with "on GPU" instead of "interpreting":
+  DOT_DT       the weights' Triton dtype (interpreter: tl.float32, its half dot is wrong)
+  FP32_DOT     DOT_DT == tl.float32, with the GPU DOT_DT
+  USE_BARRIER  True for a persistent launch (the planner's persistent_grid family)
+  UPCAST       False (interpreter: weights upcast to fp32)
+  IEEE         recorded IEEE and the data is fp32 (interpreter: IEEE = not allow_tf32)
+plus the launch option of a persistent launch (`cooperative_launch_options()`). When a kernel
+gains another interpreter-dependent constexpr, add its rule there.
+
+Compile and report
+------------------
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` with the backend's own
+ptxas and cuobjdump (shipped in Triton's wheel). Per kernel: `metadata.shared` (bytes of shared
+memory per program), `cuobjdump -res-usage` (REG registers per thread, STACK and LOCAL bytes:
+non-zero LOCAL means spills), the MMA kind from the PTX (wgmma / mma.sync / fma), and whether it
+fits the preset: shared <= smem_per_program, no local memory, the program's registers (per-warp
+allocation in units of 256) within the SM's register file, and (persistent launches) the grid
+within one program per SM.
+
+The step-loop profile is static: in `cuobjdump -sass`, the loop is the largest region closed by
+a backward branch (a BRA to an earlier address): the persistent kernels have one outer `while`
+over sub-steps containing everything else, so that region is the step loop (the barrier's spin
+loop and streamed-weight K loops are nested inside it and counted once, as instructions, not as
+iterations; `inner_loops` says how many there are). Counted per iteration: global loads/stores
+(LDG/STG), shared loads/stores (LDS/STS, LDSM), cp.async copies (LDGSTS), MMA instructions
+(HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED) and all instructions.
+
+Nothing is cached beyond Triton's own cache. A process that imported the kernels under
+TRITON_INTERPRET=1 (the CPU test suite) holds interpreter objects, not JITFunctions: the compile
+step then swaps JITFunction twins of them into the kernel modules for its duration
+(`_compiled_kernels`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# Modules whose @triton.jit objects are replaced by recorders during a capture (the launchers
+# look their kernels up in these modules' globals).
+KERNEL_MODULES = ("tritonrnn.kernels.persistent_cta", "tritonrnn.kernels.persistent_grid")
+# Target warp size of every NVIDIA GPU.
+_WARP = 32
+# Time steps of the dummy batch: the step count is a runtime argument of every kernel.
+_CAPTURE_T = 2
+
+_TORCH_TO_TRITON = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.float64: "fp64", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
+    torch.int64: "i64", torch.uint8: "u8", torch.bool: "u1",
+}
+
+
+# ----------------------------------------------------------------------------- recording
+
+
+@dataclass
+class Launch:
+    """One recorded `kernel[grid](*args, **kwargs)` call (nothing was run)."""
+
+    module: str  # where the launcher found the kernel, e.g. tritonrnn.kernels.persistent_grid
+    name: str  # its attribute name there, e.g. _grid_fwd_kernel
+    fn: object  # the Python function under the decorator
+    grid: tuple
+    args: tuple
+    kwargs: dict  # constexprs by keyword and launch options (num_warps, ...)
+    do_not_specialize: tuple[str, ...] = ()
+    do_not_specialize_on_alignment: tuple[str, ...] = ()
+
+
+def _raw_fn(kernel):
+    """The decorated Python function of a JITFunction or an InterpretedFunction."""
+    fn = getattr(kernel, "fn", None)
+    if fn is None or not callable(fn):
+        raise TypeError(f"not a Triton kernel object: {kernel!r}")
+    return fn
+
+
+def _names(kernel, fn, attr: str) -> tuple[str, ...]:
+    """A kernel's do_not_specialize list as parameter names (JITFunction keeps indices or
+    names, InterpretedFunction its decorator keywords)."""
+    value = getattr(kernel, attr, None)
+    if value is None:
+        value = getattr(kernel, "kwargs", {}).get(attr)
+    arg_names = list(inspect.signature(fn).parameters)
+    return tuple(arg_names[v] if isinstance(v, int) else str(v) for v in (value or ()))
+
+
+def _is_triton_kernel(obj) -> bool:
+    kind = type(obj).__name__
+    return kind in ("JITFunction", "InterpretedFunction") and callable(getattr(obj, "fn", None))
+
+
+class _Recorder:
+    """Stands in for a @triton.jit object: `rec[grid](*args, **kwargs)` keeps the first call in
+    `sink[(module, name)]` and runs nothing; calling it directly (a device-side helper called
+    from the host) is an error."""
+
+    def __init__(self, module: str, name: str, kernel, sink: dict):
+        self.module, self.name, self.kernel, self.sink = module, name, kernel, sink
+        self.fn = _raw_fn(kernel)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            key = (self.module, self.name)
+            if key not in self.sink:
+                self.sink[key] = Launch(
+                    self.module, self.name, self.fn, tuple(grid) if not callable(grid) else grid,
+                    tuple(args), dict(kwargs),
+                    _names(self.kernel, self.fn, "do_not_specialize"),
+                    _names(self.kernel, self.fn, "do_not_specialize_on_alignment"),
+                )
+
+        return launch
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.name} is a Triton function: it was called from the host "
+                           "during an aot capture")
+
+
+@contextlib.contextmanager
+def recording(modules: tuple[str, ...] = KERNEL_MODULES):
+    """Inside the block every @triton.jit object of `modules` is a `_Recorder` and
+    TRITON_INTERPRET=1 (the launchers take CPU tensors only then). Yields the dict of recorded
+    launches, keyed (module, attribute name), in launch order.
+
+    The modules are imported before the environment changes, so a process that was not
+    interpreting keeps compiled-mode kernel objects."""
+    mods = [importlib.import_module(m) for m in modules]
+    sink: dict = {}
+    swaps = []
+    for mod in mods:
+        for name, obj in list(vars(mod).items()):
+            if _is_triton_kernel(obj):
+                swaps.append((mod, name, obj))
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for mod, name, obj in swaps:
+            setattr(mod, name, _Recorder(mod.__name__, name, obj, sink))
+        yield sink
+    finally:
+        for mod, name, obj in swaps:
+            setattr(mod, name, obj)
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@dataclass(frozen=True)
+class AotShape:
+    """What decides a recurrence's kernels: cell, sizes, dtype, direction count."""
+
+    mode: str = "lstm"
+    hidden: int = 768
+    batch: int = 16
+    proj: int = 0
+    dtype: torch.dtype = torch.bfloat16
+    bidirectional: bool = False
+    input_size: int = 0  # 0: hidden (does not change the recurrent kernels)
+
+    @property
+    def num_dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def label(self) -> str:
+        dt = _TORCH_TO_TRITON.get(self.dtype, str(self.dtype))
+        parts = [self.mode, f"H{self.hidden}", f"B{self.batch}", dt]
+        if self.proj:
+            parts.insert(2, f"P{self.proj}")
+        if self.bidirectional:
+            parts.append("bi")
+        return " ".join(parts)
+
+
+def plan_layer(shape: AotShape, preset: str = "h100", constraints: dict | None = None):
+    """(LayerPlan, source) the planner picks for the shape's recurrences on a device preset;
+    `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps)."""
+    from tritonrnn.rnn.planner import PRESETS, plan_constraints, recurrence_choice
+
+    if preset not in PRESETS:
+        raise ValueError(f"device preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    H, P = shape.hidden, shape.proj
+    with plan_constraints(**(constraints or {})):
+        return recurrence_choice(shape.mode, H, P or H, P, shape.dtype, shape.batch,
+                                 PRESETS[preset], shape.num_dirs)
+
+
+def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
+    """{"forward": Launch, "backward": Launch}: the first kernel launch of one training step's
+    forward and backward recurrence of layer 0, as the Triton backend issues them for
+    `layer_plan` (LayerPlan). Runs the real engine and launchers on dummy CPU tensors of the
+    shape's sizes (T = 2); the kernels themselves do not run."""
+    from tritonrnn.rnn import engine
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.packing import make_pack_info
+    from tritonrnn.rnn.params import config_params_size
+    from tritonrnn.rnn.triton_backend import TritonRecurrence
+
+    if layer_plan.family == "reference":
+        raise ValueError("the planner runs this shape on the reference family (float64): there "
+                         "is no Triton kernel to compile")
+
+    class Planned(TritonRecurrence):
+        """The Triton backend with the recurrence choice fixed to `layer_plan`."""
+
+        def choose(self, cell, R, Pw, batch, num_dirs=1):
+            return layer_plan
+
+    cfg = make_config(rnn_mode=shape.mode, num_layers=1, num_units=shape.hidden,
+                      input_size=shape.input_size or shape.hidden,
+                      direction="bidirectional" if shape.bidirectional else "unidirectional",
+                      num_proj=shape.proj)
+    B, T, D, dt = shape.batch, _CAPTURE_T, cfg.num_dirs, shape.dtype
+    info = make_pack_info([T] * B, T, torch.device("cpu"))
+    z = dict(dtype=dt)
+    x = torch.zeros(info.N, cfg.input_size, **z)
+    params = torch.zeros(config_params_size(cfg), **z)
+    h0 = torch.zeros(D, B, cfg.out_size, **z)
+    c0 = torch.zeros(D, B, cfg.num_units, **z) if cfg.is_lstm else None
+    rec = Planned()
+    out = {}
+    with recording() as sink:
+        fwd = engine.forward(cfg, rec, x, h0, c0, params, info, training=True)
+        out["forward"] = _only_new(sink, set())
+        seen = set(sink)
+        engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
+                        torch.zeros_like(h0), torch.zeros_like(c0) if c0 is not None else None,
+                        fwd.reserve)
+        out["backward"] = _only_new(sink, seen)
+    return out
+
+
+def _only_new(sink: dict, seen: set) -> Launch:
+    new = [v for k, v in sink.items() if k not in seen]
+    if len(new) != 1:
+        raise RuntimeError(f"expected one recurrent kernel launched per pass, recorded "
+                           f"{[launch.name for launch in new]}")
+    return new[0]
+
+
+# ----------------------------------------------------------------------------- signature
+
+
+def _is_constexpr_param(p: inspect.Parameter) -> bool:
+    ann = p.annotation
+    if isinstance(ann, str):  # `from __future__ import annotations`: "tl.constexpr"
+        return "constexpr" in ann
+    return getattr(ann, "__name__", "") == "constexpr"
+
+
+def _tensor_type(t: torch.Tensor) -> str:
+    if t.dtype not in _TORCH_TO_TRITON:
+        raise ValueError(f"aot: no Triton pointer type for tensor dtype {t.dtype}")
+    return "*" + _TORCH_TO_TRITON[t.dtype]
+
+
+def _int_type(v: int) -> str:
+    if -(2**31) <= v < 2**31:
+        return "i32"
+    if -(2**63) <= v < 2**63:
+        return "i64"
+    return "u64"
+
+
+@dataclass
+class Signature:
+    """ASTSource's inputs built from a recorded call, by parameter index and by name."""
+
+    signature: dict  # name -> "*bf16" | "i32" | ... | "constexpr"
+    constexprs: dict  # (index,) -> value
+    attrs: dict  # (index,) -> [["tt.divisibility", 16]]
+    options: dict  # launch options: num_warps, num_stages, launch_cooperative_grid, ...
+    names: list[str]
+
+    def constexpr(self, name: str):
+        return self.constexprs[(self.names.index(name),)]
+
+    def constexprs_by_name(self) -> dict:
+        return {self.names[k[0]]: v for k, v in self.constexprs.items()}
+
+
+_DIVISIBILITY = [["tt.divisibility", 16]]
+
+
+def build_signature(launch: Launch) -> Signature:
+    """The compile signature of a recorded launch, as Triton's JIT specialises a GPU call:
+    tensors -> pointer types from their dtype, divisible by 16 when their first element is
+    16-byte aligned (a GPU allocation is; the offset of a view decides); ints -> i32 (i64, u64
+    when large), divisible by 16 when a multiple of 16 and a constexpr when equal to 1 (neither
+    for `do_not_specialize` parameters); floats -> fp32; constexpr parameters, None and launch
+    keywords that are parameters -> constexprs; other keywords -> compile options."""
+    params = list(inspect.signature(launch.fn).parameters.values())
+    names = [p.name for p in params]
+    if len(launch.args) > len(params):
+        raise TypeError(f"{launch.name}: {len(launch.args)} positional arguments for "
+                        f"{len(params)} parameters")
+    bound = dict(zip(names, launch.args, strict=False))
+    options = {}
+    for k, v in launch.kwargs.items():
+        if k in names:
+            if k in bound:
+                raise TypeError(f"{launch.name}: {k} given by position and by keyword")
+            bound[k] = v
+        else:
+            options[k] = v
+    sig, cons, attrs = {}, {}, {}
+    for i, p in enumerate(params):
+        if p.name not in bound:
+            if p.default is inspect.Parameter.empty:
+                raise TypeError(f"{launch.name}: missing argument {p.name}")
+            bound[p.name] = p.default
+        v = bound[p.name]
+        specialize = p.name not in launch.do_not_specialize
+        align = p.name not in launch.do_not_specialize_on_alignment
+        if _is_constexpr_param(p) or v is None:
+            sig[p.name], cons[(i,)] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = _tensor_type(v)
+            if align and (v.storage_offset() * v.element_size()) % 16 == 0:
+                attrs[(i,)] = _DIVISIBILITY
+        elif isinstance(v, bool):
+            sig[p.name] = "u1"
+        elif isinstance(v, int):
+            if specialize and v == 1:
+                sig[p.name], cons[(i,)] = "constexpr", 1
+            else:
+                sig[p.name] = _int_type(v)
+                if specialize and align and v % 16 == 0:
+                    attrs[(i,)] = _DIVISIBILITY
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{launch.name}: cannot type argument {p.name}={v!r}")
+    return Signature(sig, cons, attrs, options, names)
+
+
+# ----------------------------------------------------------------------------- GPU overrides
+
+
+@dataclass(frozen=True)
+class GpuContext:
+    """What the interpreter-dependent choices depend on."""
+
+    dtype: torch.dtype  # the layer's data (and weights') dtype
+    persistent: bool  # a persistent (grid-barrier) launch on the GPU
+
+
+def _tl_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    return {torch.float32: tl.float32, torch.float16: tl.float16,
+            torch.bfloat16: tl.bfloat16}[dtype]
+
+
+def _gpu_dot_dt(recorded, ctx: GpuContext, gpu: dict):
+    return _tl_dtype(ctx.dtype)
+
+
+def _gpu_fp32_dot(recorded, ctx: GpuContext, gpu: dict):
+    import triton.language as tl
+
+    return gpu.get("DOT_DT", _tl_dtype(ctx.dtype)) == tl.float32
+
+
+def _gpu_use_barrier(recorded, ctx: GpuContext, gpu: dict):
+    return bool(ctx.persistent)
+
+
+def _gpu_upcast(recorded, ctx: GpuContext, gpu: dict):
+    return False
+
+
+def _gpu_ieee(recorded, ctx: GpuContext, gpu: dict):
+    # Interpreter: IEEE = (True or fp32) and not allow_tf32; GPU: fp32 and not allow_tf32.
+    return bool(recorded) and ctx.dtype == torch.float32
+
+
+# Constexprs whose value the launchers choose from "am I in the interpreter?": name -> rule
+# (recorded value, context, GPU values decided so far) -> GPU value. Applied in this order to
+# every kernel that has the name.
+INTERPRETER_CONSTEXPRS = {
+    "DOT_DT": _gpu_dot_dt,
+    "FP32_DOT": _gpu_fp32_dot,
+    "USE_BARRIER": _gpu_use_barrier,
+    "UPCAST": _gpu_upcast,
+    "IEEE": _gpu_ieee,
+}
+
+
+def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
+    """(signature with the GPU values of INTERPRETER_CONSTEXPRS, {name: (interpreter value,
+    GPU value)} of what changed). A persistent launch also gets the cooperative-launch option
+    where this Triton has it (as the launchers pass it)."""
+    cons = dict(sig.constexprs)
+    gpu, changed = {}, {}
+    for name, rule in INTERPRETER_CONSTEXPRS.items():
+        if name not in sig.names or sig.signature[name] != "constexpr":
+            continue
+        key = (sig.names.index(name),)
+        value = rule(cons[key], ctx, gpu)
+        gpu[name] = value
+        if value != cons[key]:
+            changed[name] = (cons[key], value)
+        cons[key] = value
+    options = dict(sig.options)
+    if gpu.get("USE_BARRIER"):
+        from tritonrnn.kernels.grid_barrier import cooperative_launch_options
+
+        options.update(cooperative_launch_options())
+    return dataclasses.replace(sig, constexprs=cons, options=options), changed
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+@contextlib.contextmanager
+def _compiled_kernels():
+    """Compiled-mode kernel objects for the duration: in a process that imported the kernels
+    under TRITON_INTERPRET=1 every InterpretedFunction attribute of the tritonrnn.kernels
+    modules (kernels and the helpers they call) is replaced by a JITFunction of the same
+    function, and TRITON_INTERPRET is 0 (the code generator consults it)."""
+    from triton.runtime.jit import JITFunction
+
+    accepted = set(inspect.signature(JITFunction.__init__).parameters) - {"self", "fn"}
+    swaps = []
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not modname.startswith("tritonrnn.kernels"):
+            continue
+        for name, obj in list(vars(mod).items()):
+            if type(obj).__name__ == "InterpretedFunction":
+                swaps.append((mod, name, obj))
+    twins: dict = {}
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        for mod, name, obj in swaps:
+            if id(obj) not in twins:
+                kw = {k: v for k, v in getattr(obj, "kwargs", {}).items() if k in accepted}
+                twins[id(obj)] = JITFunction(obj.fn, **kw)
+            setattr(mod, name, twins[id(obj)])
+        yield
+    finally:
+        for mod, name, obj in swaps:
+            setattr(mod, name, obj)
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _tool(name: str) -> str:
+    """Path of an NVIDIA tool Triton uses (its TRITON_<NAME>_PATH or the wheel's copy)."""
+    from triton import knobs
+
+    try:
+        return getattr(knobs.nvidia, name).path
+    except (RuntimeError, AttributeError):
+        raise ToolMissing(
+            f"{name} not found (Triton ships it in triton/backends/nvidia/bin; "
+            f"TRITON_{name.upper()}_PATH overrides)"
+        ) from None
+
+
+class ToolMissing(RuntimeError):
+    """ptxas or cuobjdump is not available: nothing can be compiled for a GPU target."""
+
+
+def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90):
+    """(Triton CompiledKernel for GPUTarget("cuda", arch, 32), GPU signature, changed
+    constexprs). Needs ptxas (ToolMissing otherwise), no GPU."""
+    import triton
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:  # pragma: no cover - depends on the installed Triton
+        raise RuntimeError(f"aot: this Triton ({triton.__version__}) has no "
+                           f"GPUTarget/ASTSource to compile ahead of time: {e}") from None
+    _tool("ptxas")
+    sig, changed = gpu_signature(build_signature(launch), ctx)
+    with _compiled_kernels():
+        kernel = getattr(importlib.import_module(launch.module), launch.name)
+        if type(kernel).__name__ != "JITFunction":
+            raise RuntimeError(f"aot: {launch.module}.{launch.name} is a "
+                               f"{type(kernel).__name__}, not a JITFunction")
+        try:
+            src = ASTSource(fn=kernel, signature=sig.signature, constexprs=sig.constexprs,
+                            attrs=sig.attrs)
+        except TypeError as e:
+            raise RuntimeError(f"aot: Triton {triton.__version__}'s ASTSource does not take "
+                               f"(fn, signature, constexprs, attrs): {e}") from None
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, _WARP),
+                                  options=dict(sig.options))
+    return compiled, sig, changed
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def res_usage(cubin: bytes) -> dict:
+    """{"regs", "stack", "local", "shared"} of the cubin's one kernel (cuobjdump -res-usage)."""
+    text = _cuobjdump(cubin, "-res-usage")
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", text)
+    if m is None:
+        raise RuntimeError(f"aot: unexpected cuobjdump -res-usage output: {text[:200]!r}")
+    regs, stack, shared, local = (int(g) for g in m.groups())
+    return {"regs": regs, "stack": stack, "local": local, "static_shared": shared}
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = _tool("cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        res = subprocess.run([tool, flag, path], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"aot: cuobjdump {flag} failed: {res.stderr.strip()[:200]}")
+    return res.stdout
+
+
+def mma_kind(ptx: str) -> str:
+    """wgmma (Hopper warpgroup MMA), mma (mma.sync tensor cores), fma (no tensor cores), or
+    'wgmma+mma' when both appear."""
+    kinds = [k for k, pat in (("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")) if pat in ptx]
+    return "+".join(kinds) or "fma"
+
+
+_SASS_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.+?)\s*;")
+_SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+# Branch targets: absolute addresses (cuobjdump) or labels (nvdisasm).
+_SASS_TARGET = re.compile(r"\s(0x[0-9a-f]+)\s*$|`\((\.L_x_\d+)\)")
+# Profile columns -> SASS opcodes (the part before the first '.').
+PROFILE_OPS = {
+    "LDG": ("LDG",),
+    "STG": ("STG",),
+    "LDS": ("LDS",),
+    "STS": ("STS",),
+    "LDSM": ("LDSM",),
+    "LDGSTS": ("LDGSTS",),
+    "MMA": ("HMMA", "HGMMA"),
+    "FFMA": ("FFMA",),
+    "BAR": ("BAR",),
+    "ATOM": ("ATOM", "ATOMG", "ATOMS", "RED", "REDG"),
+}
+
+
+def parse_sass(sass: str) -> list[tuple[int, str, str | None]]:
+    """[(address, opcode, branch target address or None)] of the first function's
+    instructions (predicates stripped; NOPs kept)."""
+    insns, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = _SASS_LABEL.match(line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = _SASS_INSN.search(line)
+        if not m:
+            continue
+        addr, text = int(m.group(1), 16), m.group(2).strip()
+        for name in pending:
+            labels[name] = addr
+        pending = []
+        tokens = text.split()
+        if tokens and tokens[0].startswith("@"):
+            tokens = tokens[1:]
+        op = tokens[0] if tokens else ""
+        tm = _SASS_TARGET.search(text) if op.split(".")[0] == "BRA" else None
+        target = (tm.group(1) or tm.group(2)) if tm else None
+        insns.append((addr, op, target))
+    return [(a, op, _address(t, labels)) for a, op, t in insns]
+
+
+def _address(target: str | None, labels: dict) -> int | None:
+    if target is None:
+        return None
+    return int(target, 16) if target.startswith("0x") else labels.get(target)
+
+
+def loop_profile(sass: str) -> dict:
+    """Static counts over the step loop: the largest region [target, branch] closed by a
+    backward branch. {column: count, "instructions", "inner_loops", "loop_bytes"}, or
+    {"instructions": 0, ...} when the kernel has no loop."""
+    insns = parse_sass(sass)
+    loops = [(t, a) for a, op, t in insns if op.split(".")[0] == "BRA" and t is not None
+             and t < a]
+    out = dict.fromkeys(PROFILE_OPS, 0)
+    out.update(instructions=0, inner_loops=0, loop_bytes=0)
+    if not loops:
+        return out
+    start, end = max(loops, key=lambda r: r[1] - r[0])
+    root = {op: col for col, ops in PROFILE_OPS.items() for op in ops}
+    for a, op, _ in insns:
+        if start <= a <= end:
+            base = op.split(".")[0]
+            if base == "NOP":
+                continue
+            out["instructions"] += 1
+            if base in root:
+                out[root[base]] += 1
+    out["inner_loops"] = sum(1 for t, a in loops if start <= t and a <= end and
+                             (t, a) != (start, end))
+    out["loop_bytes"] = end - start + 16
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass
+class KernelReport:
+    """One compiled kernel of a plan (sizes in bytes)."""
+
+    pass_: str  # forward | backward
+    kernel: str
+    grid: list
+    programs: int
+    num_warps: int
+    constexprs: dict = field(default_factory=dict)  # the GPU values (as strings)
+    interpreter_overrides: dict = field(default_factory=dict)  # name -> [interp, gpu]
+    shared: int = 0
+    regs: int = 0
+    stack: int = 0
+    local: int = 0
+    mma: str = ""
+    regs_per_program: int = 0
+    programs_per_sm: int = 0
+    fits_smem: bool = False
+    fits_regs: bool = False
+    spills: bool = False
+    co_resident: bool | None = None  # persistent launches: programs <= SMs
+    fits: bool = False
+    profile: dict = field(default_factory=dict)
+    compile_s: float = 0.0
+    error: str | None = None
+
+
+def _grid_programs(grid) -> int:
+    n = 1
+    for g in grid:
+        n *= int(g)
+    return n
+
+
+def _regs_per_program(regs: int, num_warps: int) -> int:
+    # Registers are allocated per warp in units of 256 (8 per thread).
+    per_warp = -(-regs * _WARP // 256) * 256
+    return per_warp * num_warps
+
+
+def report_kernel(pass_: str, launch: Launch, ctx: GpuContext, props, arch: int = 90,
+                  dump_dir: Path | None = None) -> KernelReport:
+    """Compiles one recorded launch and measures it against the device preset `props`
+    (planner DeviceProperties). A compile error is reported in `error`, not raised (except a
+    missing ptxas/cuobjdump: ToolMissing)."""
+    grid = list(launch.grid) if not callable(launch.grid) else []
+    num_warps = int(launch.kwargs.get("num_warps", 4))
+    rep = KernelReport(pass_, launch.name, grid, _grid_programs(grid), num_warps)
+    t0 = time.perf_counter()
+    try:
+        compiled, sig, changed = compile_launch(launch, ctx, arch)
+    except ToolMissing:
+        raise
+    except Exception as e:  # a compile failure is a finding about the kernel
+        rep.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        rep.compile_s = time.perf_counter() - t0
+        return rep
+    rep.compile_s = time.perf_counter() - t0
+    rep.constexprs = {k: str(v) for k, v in sig.constexprs_by_name().items()}
+    rep.interpreter_overrides = {k: [str(a), str(b)] for k, (a, b) in changed.items()}
+    cubin = compiled.asm["cubin"]
+    usage = res_usage(cubin)
+    rep.shared = int(compiled.metadata.shared)
+    rep.regs, rep.stack, rep.local = usage["regs"], usage["stack"], usage["local"]
+    rep.mma = mma_kind(compiled.asm["ptx"])
+    sass = _cuobjdump(cubin, "-sass")
+    rep.profile = loop_profile(sass)
+    rep.regs_per_program = _regs_per_program(rep.regs, num_warps)
+    rep.spills = rep.local > 0 or rep.stack > 0
+    rep.fits_smem = rep.shared <= props.smem_per_program
+    rep.fits_regs = rep.regs_per_program <= props.regs_per_sm
+    by_smem = props.smem_per_program // rep.shared if rep.shared else 32
+    by_regs = props.regs_per_sm // max(rep.regs_per_program, 1)
+    by_threads = 2048 // (num_warps * _WARP)
+    rep.programs_per_sm = max(0, min(by_smem, by_regs, by_threads, 32))
+    if ctx.persistent:
+        rep.co_resident = rep.programs <= props.sm_count and rep.programs_per_sm >= 1
+    rep.fits = rep.fits_smem and rep.fits_regs and not rep.spills and rep.co_resident is not False
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            if ext in compiled.asm:
+                (dump_dir / f"{launch.name}.{ext}").write_text(compiled.asm[ext])
+        (dump_dir / f"{launch.name}.sass").write_text(sass)
+    return rep
+
+
+def aot_report(shape: AotShape, preset: str = "h100", constraints: dict | None = None,
+               arch: int = 90, dump_dir: Path | None = None) -> dict:
+    """The plan of `shape` on the device preset and its compiled kernels, as a JSON-able dict:
+    {"shape", "preset", "arch", "triton", "plan", "source", "kernels": [KernelReport...]}."""
+    import triton
+
+    from tritonrnn.rnn.planner import PRESETS
+
+    lp, source = plan_layer(shape, preset, constraints)
+    props = PRESETS[preset]
+    out = {"shape": shape.label, "preset": preset, "device": props.name, "arch": arch,
+           "triton": triton.__version__, "plan": dataclasses.asdict(lp), "source": source,
+           "kernels": []}
+    if lp.family == "reference":
+        out["note"] = "family reference (float64): no Triton kernel"
+        return out
+    ctx = GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
+    launches = capture(shape, lp)
+    for pass_, launch in launches.items():
+        sub = dump_dir / shape.label.replace(" ", "_") / pass_ if dump_dir else None
+        out["kernels"].append(dataclasses.asdict(report_kernel(pass_, launch, ctx, props, arch,
+                                                               sub)))
+    return out
+
+
+def report_ok(report: dict) -> bool:
+    return all(k["error"] is None and k["fits"] for k in report["kernels"])
+
+
+_PROFILE_COLS = ("LDG", "LDGSTS", "STG", "LDS", "STS", "LDSM", "MMA", "BAR", "ATOM",
+                 "instructions")
+_SHORT = {"LDGSTS": "LDGST", "instructions": "instr"}
+
+
+def format_report(report: dict) -> str:
+    """A table of one shape's kernels (what `tritonrnn aot` prints)."""
+    lp = report["plan"]
+    lines = [
+        f"{report['shape']} on the {report['preset']} preset ({report['device']}), "
+        f"sm_{report['arch']}, Triton {report['triton']}",
+        f"  plan ({report['source']}): {lp['family']} block_b={lp['block_b']} "
+        f"block_h={lp['block_h'] or '-'} block_k={lp['block_k']} warps={lp['num_warps']} "
+        f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
+        f"planner on-chip estimate={lp['onchip_bytes']} B",
+    ]
+    if "note" in report:
+        return "\n".join([*lines, "  " + report["note"]])
+    head = (f"  {'pass':<8} {'kernel':<20} {'grid':<7} {'warps':>5} {'smem B':>7} {'regs':>4} "
+            f"{'spill':>5} {'mma':<5} {'/SM':>3} {'fits':<10}| step loop "
+            + " ".join(f"{_SHORT.get(c, c):>5}" for c in _PROFILE_COLS) + " inner")
+    lines.append(head)
+    for k in report["kernels"]:
+        grid = "x".join(str(g) for g in k["grid"])
+        if k["error"]:
+            lines.append(f"  {k['pass_']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
+                         f"COMPILE FAILED: {k['error']}")
+            continue
+        why = []
+        if not k["fits_smem"]:
+            why.append("smem")
+        if k["spills"]:
+            why.append("spills")
+        if not k["fits_regs"]:
+            why.append("regs")
+        if k["co_resident"] is False:
+            why.append("grid")
+        fits = "yes" if k["fits"] else "NO:" + ",".join(why)
+        prof = " ".join(f"{k['profile'].get(c, 0):>5}" for c in _PROFILE_COLS)
+        lines.append(
+            f"  {k['pass_']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
+            f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<5} "
+            f"{k['programs_per_sm']:>3} {fits:<10}| {'':>9} {prof} "
+            f"{k['profile'].get('inner_loops', 0):>5}"
+        )
+    lines.append("  (smem: bytes per program; spill: stack + local bytes per thread; /SM: programs "
+                 "per SM by smem, registers and threads; step loop: static instruction counts "
+                 "in the time-step loop, nested loops counted once)")
+    over = {n: v for k in report["kernels"] for n, v in k["interpreter_overrides"].items()}
+    if over:
+        lines.append("  GPU values of interpreter-dependent constexprs: " + ", ".join(
+            f"{n}={v[1]}" for n, v in over.items()))
+    return "\n".join(lines)
+
+
+def write_json(reports: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"reports": reports}, indent=1) + "\n")
