@@ -15,21 +15,28 @@ the two pseudo-layers' weight views into the one params buffer (never copied).
 
 All tensors here are time-major and packed ([N, C], see packing.py); batch-indexed states are
 [L*D, B, C] in the caller's batch order and permuted to sorted order around each recurrence.
+
+A unidirectional stack may instead run as a layer pipeline (rnn/pipeline.py decides when):
+each layer's recurrence over time chunks (`packing.window`), layer l on chunk k while layer
+l-1 runs chunk k+1. Same results and the same reserve (written chunk by chunk); see
+`_forward_pipelined` / `_backward_pipelined`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Protocol
 
 import torch
 
 from . import dropout as dropout_mod
+from . import pipeline as pipeline_mod
 from . import reference
 from . import reserve as reserve_mod
 from .config import RNNConfig
-from .packing import PackInfo, prev_rows
+from .packing import PackInfo, prev_rows, window
 from .params import LayerParams, layer_views
 
 
@@ -132,6 +139,9 @@ def forward(
     training: bool,
 ) -> ForwardResult:
     """Runs the whole stack. x: [N, I] packed; h0: [L*D, B, Hout]; c0: [L*D, B, H] or None."""
+    pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device)
+    if pipe is not None:
+        return _forward_pipelined(cfg, rec, x, h0, c0, params, info, training, pipe)
     L, D, Hout = cfg.num_layers, cfg.num_dirs, cfg.out_size
     dtype, dev = x.dtype, x.device
     lstm = cfg.is_lstm
@@ -212,6 +222,10 @@ def backward(
 
     x: [N, I] packed input; y_last/dy_last: [N, D*Hout] packed output and its gradient;
     dhT/dcT: [L*D, B, ...] gradients of the final states (caller's batch order)."""
+    pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device)
+    if pipe is not None:
+        return _backward_pipelined(cfg, rec, x, h0, c0, params, info, y_last, dy_last, dhT,
+                                   dcT, reserve, pipe)
     L, D, Hout, H, G = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.num_units, cfg.num_gates
     N, dtype, dev = info.N, x.dtype, x.device
     lstm = cfg.is_lstm
@@ -322,6 +336,209 @@ def backward(
             dropout_mod.apply_packed(dx, info, cfg.dropout, cfg.seed, cfg.seed2, layer - 1,
                                      out=dx)
         dy = dx
+    dh0 = dh0s.index_select(1, info.inv_perm)
+    dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
+    return BackwardResult(dx, dh0, dc0, dparams)
+
+
+# ----------------------------------------------------------------------------- layer pipeline
+
+
+class _Chunks:
+    """The C time chunks of a pipelined run: packed row range and window layout of each."""
+
+    def __init__(self, info: PackInfo, bounds: tuple[int, ...]):
+        offsets = [0]
+        for n in info.batch_sizes:
+            offsets.append(offsets[-1] + n)
+        self.rows = [slice(offsets[a], offsets[b]) for a, b in pairwise(bounds)]
+        self.windows = [window(info, a, b) for a, b in pairwise(bounds)]
+        self.count = len(self.rows)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The windows' device tensors (for pipeline.run's keep)."""
+        return [t for w in self.windows for t in (w.lengths_sorted, w.offsets, w.padded_index)]
+
+
+def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info: PackInfo,
+                       training: bool, pipe) -> ForwardResult:
+    """`forward` as a layer pipeline (unidirectional, pipe: pipeline.Pipeline with C chunks).
+
+    Chunk k of layer l: dropout of layer l-1's output rows of the chunk, the chunk's input
+    projection, the recurrence over the chunk's window from the state the chunk k-1 left.
+    Chunk k's rows pass from layer to layer in order (layer l+1 starts chunk k after layer l
+    finished it), so one [N, G*H] input-projection buffer and one dropout buffer serve every
+    layer in flight, as in the unpipelined loop; only the states between chunks are per layer
+    ([L, 2, B, C]: chunk k reads slot (k-1) % 2 and writes k % 2)."""
+    L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
+    dtype, dev, lstm = x.dtype, x.device, cfg.is_lstm
+    views = layer_views(cfg, params)
+    h0s = h0.index_select(1, info.perm)
+    c0s = c0.index_select(1, info.perm) if lstm else None
+    hTs = poison_like(h0s)
+    cTs = poison_like(c0s) if lstm else None
+    if training:
+        layout = reserve_mod.reserve_layout(cfg, info, dtype)
+        reserve, host_reserved = reserve_mod.allocate(layout, dev)
+        c_views, y_views = reserve_mod.views(reserve, layout)
+    else:
+        reserve = torch.empty(0, dtype=torch.uint8, device=dev)
+        host_reserved = torch.empty(0, dtype=torch.int8)
+        c_views = []
+        y_views = [new_buffer(info.N, Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
+    ys = list(y_views) + [new_buffer(info.N, Hout, dtype=dtype, device=dev)]
+    buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
+    xg = buf(info.N, G * H)
+    drop = training and cfg.dropout > 0 and L > 1
+    dropped = buf(info.N, Hout) if drop else None
+    h_mid = buf(L, 2, info.B, Hout)
+    c_mid = buf(L, 2, info.B, H) if lstm else None
+    chunks = _Chunks(info, pipe.bounds)
+    last = chunks.count - 1
+
+    def work(layer: int, k: int, _slot: int) -> None:
+        r, win, lp = chunks.rows[k], chunks.windows[k], views[layer]
+        if layer == 0:
+            xl = x[r]
+        elif drop:
+            xl = dropout_mod.apply_packed(ys[layer - 1][r], win, cfg.dropout, cfg.seed,
+                                          cfg.seed2, layer - 1, out=dropped[r])
+        else:
+            xl = ys[layer - 1][r]
+        _input_preact(cfg, lp, xl, xg[r])
+        h_in = h0s[layer] if k == 0 else h_mid[layer, (k - 1) % 2]
+        h_out = hTs[layer] if k == last else h_mid[layer, k % 2]
+        c_in = c_out = None
+        if lstm:
+            c_in = c0s[layer] if k == 0 else c_mid[layer, (k - 1) % 2]
+            c_out = cTs[layer] if k == last else c_mid[layer, k % 2]
+        rec.forward(cfg.rnn_mode, xg[r], lp.R, lp.bR, lp.Pw, h_in, c_in, win, False,
+                    ys[layer][r], c_views[layer][r] if c_views else None, h_out, c_out)
+
+    pipeline_mod.run(pipe, dev, range(L), range(chunks.count), work, keep=chunks.tensors())
+    hT = hTs.index_select(1, info.inv_perm)
+    cT = cTs.index_select(1, info.inv_perm) if lstm else None
+    return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
+
+
+def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info: PackInfo,
+                        y_last, dy_last, dhT, dcT, reserve, pipe) -> BackwardResult:
+    """`backward` as a layer pipeline: layers from the top, chunks in reverse time order.
+
+    Chunk k of layer l: its recomputed pre-activations, the recurrence backward over the
+    chunk's window (dhT/dcT carried from chunk k+1), then the chunk's input-gradient rows
+    dpre_x @ W_l (and layer l-1's dropout backward on them): exactly the output-gradient rows
+    layer l-1's chunk k needs. Row-partitioned buffers (pre-activations, c_prev, the dy/dx
+    buffer rewritten in place as the gradient walks down) are shared by all layers as in the
+    forward. The weight gradients stay whole-layer GEMMs after a layer's last chunk, as in
+    the unpipelined backward (one GEMM over all N rows with fp32 accumulation, cast once;
+    per-chunk partial products would round C times in a half dtype, and torch has no
+    portable half-in/fp32-out GEMM to accumulate them exactly). What those GEMMs read
+    (dpre_x, dpre_h, h_prev, the layer input after dropout, dh_total, m_seq) is therefore
+    private to the layer's stream slot: [W, N, C] with W = pipe.width layers in flight, the
+    price of the overlap in memory (W - 1 extra copies of those workspaces)."""
+    L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
+    N, B, dtype, dev = info.N, info.B, x.dtype, x.device
+    lstm, gru, proj = cfg.is_lstm, cfg.rnn_mode == "gru", cfg.num_proj > 0
+    layout = reserve_mod.reserve_layout(cfg, info, dtype)
+    c_views, y_views = reserve_mod.views(reserve, layout)
+    ys = list(y_views) + [y_last]
+    views = layer_views(cfg, params)
+    dparams = torch.zeros_like(params)
+    dviews = layer_views(cfg, dparams)
+    perm = info.perm
+    h0s = h0.index_select(1, perm)
+    c0s = c0.index_select(1, perm) if lstm else None
+    dhTs = dhT.index_select(1, perm)
+    dcTs = dcT.index_select(1, perm) if lstm else None
+    dh0s = poison_like(h0s)
+    dc0s = poison_like(c0s) if lstm else None
+    W = pipe.width
+    buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
+    pre_x, pre_h = buf(N, G * H), buf(N, G * H)
+    c_prev = buf(N, H) if lstm else None
+    dyx = buf(N, Hout) if L > 1 else None
+    dx = buf(N, cfg.input_size)
+    h_prev, dpre_x = buf(W, N, Hout), buf(W, N, G * H)
+    dpre_h = buf(W, N, G * H) if gru else None
+    dh_total = buf(W, N, Hout) if proj else None
+    m_seq = buf(W, N, H) if proj else None
+    drop = cfg.dropout > 0 and L > 1
+    dropped = buf(W, N, Hout) if drop else None
+    dh_mid = buf(L, 2, B, Hout)
+    dc_mid = buf(L, 2, B, H) if lstm else None
+    acc = torch.float32 if dtype != torch.float64 else None
+    # Each row's previous row in the forward direction, as an index into the layer output
+    # (rows of step 0, the first batch_sizes[0], take h0 / c0 instead).
+    first = info.batch_sizes[0] if info.batch_sizes else 0
+    prev_y = prev_rows(info, reverse=False)[first:] - B
+    chunks = _Chunks(info, pipe.bounds)
+    last = chunks.count - 1
+
+    def previous(out, seq, state0, r) -> None:
+        """out[r] <- each row's value at the previous step: seq[previous row], or state0."""
+        a = max(r.start, first)
+        if a < r.stop:
+            torch.index_select(seq, 0, prev_y[a - first : r.stop - first], out=out[a : r.stop])
+        if r.start < first:
+            out[r.start : first].copy_(state0[r.start : first])
+
+    def layer_input(layer: int, r, win, slot: int):
+        if layer == 0:
+            return x[r]
+        if drop:
+            return dropout_mod.apply_packed(ys[layer - 1][r], win, cfg.dropout, cfg.seed,
+                                            cfg.seed2, layer - 1, out=dropped[slot][r])
+        return ys[layer - 1][r]
+
+    def work(layer: int, k: int, s: int) -> None:
+        r, win, lp = chunks.rows[k], chunks.windows[k], views[layer]
+        xl = layer_input(layer, r, win, s)
+        previous(h_prev[s], ys[layer], h0s[layer], r)
+        _input_preact(cfg, lp, xl, pre_x[r])
+        torch.addmm(lp.bR, h_prev[s][r], lp.R.t(), out=pre_h[r])
+        if lstm:
+            previous(c_prev, c_views[layer], c0s[layer], r)
+        dh_in = dhTs[layer] if k == last else dh_mid[layer, (k + 1) % 2]
+        dh_out = dh0s[layer] if k == 0 else dh_mid[layer, k % 2]
+        dc_in = dc_out = None
+        if lstm:
+            dc_in = dcTs[layer] if k == last else dc_mid[layer, (k + 1) % 2]
+            dc_out = dc0s[layer] if k == 0 else dc_mid[layer, k % 2]
+        rec.backward(
+            cfg.rnn_mode, pre_x[r], pre_h[r], lp.R, lp.Pw, ys[layer][r], h_prev[s][r],
+            c_views[layer][r] if lstm else None, c_prev[r] if lstm else None,
+            dy_last[r] if layer == L - 1 else dyx[r], dh_in, dc_in, win, False,
+            dpre_x[s][r], dpre_h[s][r] if gru else None, dh_out, dc_out,
+            dh_total[s][r] if proj else None, m_seq[s][r] if proj else None,
+        )
+        # The chunk's input-gradient rows: the output-gradient rows of the layer below
+        # (written over the dy rows this chunk has just consumed).
+        dst = dx if layer == 0 else dyx
+        if lp.W is None:
+            dst[r].copy_(dpre_x[s][r].view(-1, G, H).sum(1))
+        else:
+            torch.mm(dpre_x[s][r], lp.W, out=dst[r])
+        if layer > 0 and cfg.dropout > 0:
+            dropout_mod.apply_packed(dst[r], win, cfg.dropout, cfg.seed, cfg.seed2, layer - 1,
+                                     out=dst[r])
+
+    def finish(layer: int, s: int) -> None:
+        """The layer's weight gradients, as the unpipelined backward forms them."""
+        lp, dlp = views[layer], dviews[layer]
+        dpx = dpre_x[s]
+        dph = dpre_h[s] if gru else dpx
+        dlp.bW.copy_(dpx.sum(0, dtype=acc))
+        dlp.bR.copy_(dph.sum(0, dtype=acc))
+        torch.mm(dph.t(), h_prev[s], out=dlp.R)
+        if proj:
+            torch.mm(dh_total[s].t(), m_seq[s], out=dlp.Pw)
+        if lp.W is not None:
+            xl = x if layer == 0 else (dropped[s] if drop else ys[layer - 1])
+            torch.mm(dpx.t(), xl, out=dlp.W)
+
+    pipeline_mod.run(pipe, dev, range(L - 1, -1, -1), range(last, -1, -1), work, finish,
+                     keep=chunks.tensors())
     dh0 = dh0s.index_select(1, info.inv_perm)
     dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
     return BackwardResult(dx, dh0, dc0, dparams)

@@ -1,0 +1,276 @@
+"""Layer pipeline: consecutive layers of a unidirectional stack overlapped over time chunks.
+
+Layer l's recurrence over steps [s0, s1) needs only layer l-1's outputs of those steps (its
+input projection is a GEMM over that chunk's packed rows, after the inter-layer dropout of
+those rows), so layer l can run chunk k while layer l-1 runs chunk k+1: a wavefront over
+(layer, chunk). The steps [0, max_len) are split into C chunks (`step_bounds`); a chunk is
+itself a packed layout (`packing.window`), so every backend's recurrence runs on it unchanged,
+with h0 = the state after the previous chunk and hT handed to the next one. The backward is
+the mirror image: chunks in reverse time order, layer l's chunk k after layer l+1's chunk k
+(whose input gradient rows are layer l's output gradient rows).
+
+Scheduling (`run`): layers are enqueued one after another (layer-major, a topological order of
+the chunk dependencies), layer l on stream slot l mod W, each chunk waiting on an event that
+the previous layer recorded after the same chunk. On CUDA the W slots are side streams forked
+from and joined back into the caller's stream, so up to W recurrence kernels run at once; on
+the CPU (and under the Triton interpreter) the same calls run in the same order, one after
+another, with identical math. The engine (rnn/engine.py) supplies the per-chunk work.
+
+The rule (`pipeline_chunks`, `concurrent_layers`) decides C and W; `plan_constraints(
+pipeline_chunks=k)` forces C = k (on any device, clamped to max_len steps; k = 1 turns the
+pipeline off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .config import RNNConfig
+from .planner import (
+    DeviceProperties,
+    LayerPlan,
+    current_constraints,
+    device_properties,
+    recurrence_choice,
+)
+
+PERSISTENT = ("persistent_cta", "persistent_grid")
+# Time model of the rule (microseconds). T_STEP_US: one recurrence step of a persistent
+# kernel. The H100 persistent-grid forward measured 9 to 15 us per step (README, T = 1024);
+# the persistent-CTA step and the design target are shorter, so 5 us is the conservative end:
+# a shorter step makes the fill cost relatively larger and the pipeline pay later.
+# T_LAUNCH_US: the fixed cost of one (layer, chunk): its input-projection GEMM, dropout and
+# recurrence launches and the event record/wait.
+T_STEP_US = 5.0
+T_LAUNCH_US = 10.0
+# Chunks of at least this many steps: a chunk's GPU time (>= 32 steps, >= 160 us) then stays
+# well above the host time to enqueue it, so the GPU never waits on Python.
+MIN_CHUNK_STEPS = 32
+# The pipeline must win by 10% in the model, so the model's error never makes it a loss.
+MIN_GAIN = 0.9
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A decided layer pipeline: C time chunks, W layers in flight at once."""
+
+    chunks: int  # C >= 2
+    width: int  # W >= 1: stream slots; layer l runs on slot l mod W
+    bounds: tuple[int, ...]  # C + 1 step boundaries, 0 = bounds[0] < ... < bounds[C] = max_len
+
+
+def step_bounds(max_len: int, chunks: int) -> tuple[int, ...]:
+    """C + 1 boundaries splitting [0, max_len) into `chunks` near-equal non-empty chunks."""
+    if not 1 <= chunks <= max_len:
+        raise ValueError(f"chunks: expected 1..max_len = {max_len}, got {chunks}")
+    return tuple(k * max_len // chunks for k in range(chunks + 1))
+
+
+def stack_plans(cfg: RNNConfig, backend: str, batch: int, dtype: torch.dtype,
+                props: DeviceProperties) -> tuple[LayerPlan, ...]:
+    """The recurrence plan of each layer as the backend named `backend` will run it: the
+    planner's choice for "triton" (the call TritonRecurrence.choose makes; every layer of a
+    unidirectional stack has the same (H, Hout, P, B), hence the same plan), a "reference"
+    plan for any other backend (torch ops: never pipelined by the rule)."""
+    if backend == "triton":
+        lp = recurrence_choice(cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype,
+                               batch, props)[0]
+    else:
+        lp = LayerPlan("reference")
+    return (lp,) * cfg.num_layers
+
+
+def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
+                      props: DeviceProperties) -> int:
+    """W: how many layers may run at once (stream slots).
+
+    Persistent families: the most layers whose programs are co-resident together,
+    W = min(L, SMs // programs). Why this avoids a deadlock: a persistent-grid program spins
+    at a grid barrier every step until all programs of its launch arrive, so a launch only
+    progresses once all its programs are resident, and a resident program never gives its SM
+    back before the launch ends. Two launches in flight that do not fit together could each
+    get part of their programs placed, every placed program spinning for ones that can only
+    be placed on SMs held by the other launch's spinning programs: neither ever finishes.
+    With at most W launches in flight (W slots; the layers of one slot run one after another
+    on its stream) and W * programs <= SMs, every launch in flight can be resident at once
+    whatever order the hardware places programs in; the other kernels in flight (GEMMs,
+    dropout) wait on nothing, so they finish and free their SMs. Persistent-CTA programs
+    never wait on each other (no deadlock possible); for them the bound is what makes the
+    overlap real instead of two kernels time-slicing the same SMs.
+
+    Other families (stepwise, reference) never spin: W = min(L, 2) when forced."""
+    if all(p.family in PERSISTENT for p in plans):
+        programs = max(max((p.num_programs for p in plans), default=1), 1)
+        return max(1, min(num_layers, props.sm_count // programs))
+    return min(num_layers, 2)
+
+
+def model_time_us(num_layers: int, max_len: int, chunks: int, width: int) -> float:
+    """Modelled time of the stack's recurrences: (ceil(L / W) * T + (W - 1) * T / C) steps
+    (each slot runs ceil(L / W) layers of T steps; the wavefront fills in W - 1 chunks) plus
+    C * L chunk overheads. chunks = width = 1 is the unpipelined L * T steps + L launches."""
+    steps = math.ceil(num_layers / width) * max_len + (width - 1) * max_len / chunks
+    return steps * T_STEP_US + chunks * num_layers * T_LAUNCH_US
+
+
+def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
+                    plans: Sequence[LayerPlan] | None = None, *,
+                    dtype: torch.dtype = torch.float32,
+                    props: DeviceProperties | None = None) -> int:
+    """C, the number of time chunks of the layer pipeline (1: layers run one after another).
+
+    Forced: `plan_constraints(pipeline_chunks=k)` gives min(k, max_len) on any device (a
+    chunk has at least one step); k > 1 on a bidirectional stack raises ValueError (a reverse
+    direction needs the whole output of the layer below before its first step).
+
+    Otherwise C > 1 only when all of these hold:
+      - the device is CUDA (elsewhere nothing runs concurrently), the stack unidirectional
+        with L >= 2 layers;
+      - every layer's recurrence is persistent (persistent_cta / persistent_grid; `plans`, by
+        default the Triton backend's plans for (cfg, batch, dtype)) and at least two layers'
+        programs are co-resident together (`concurrent_layers` W >= 2; see there why this
+        also rules out a barrier deadlock);
+      - the model (`model_time_us`, T_STEP_US = 5 us per step, T_LAUNCH_US = 10 us per
+        (layer, chunk)) of the best C in [2, T // 32] (chunks of >= 32 steps) beats the
+        unpipelined time by 10%. With W = L the best C is near sqrt((L - 1) T t_step /
+        (L t_launch)): L = 2, T = 1024 gives C = 16 (64-step chunks), modelled 5.76 ms
+        against 10.26 ms; T = 64 gives C = 2; T < 64 stays unpipelined.
+
+    plans: one LayerPlan per layer; props: device properties (default: `device`'s; tests
+    pass planner.PRESETS entries)."""
+    L, D = cfg.num_layers, cfg.num_dirs
+    forced = current_constraints().get("pipeline_chunks")
+    if forced is not None:
+        if forced > 1 and D != 1:
+            raise ValueError(
+                f"pipeline_chunks: expected 1 for a bidirectional stack (the reverse "
+                f"direction needs the whole output of the layer below), got {forced}"
+            )
+        return max(1, min(forced, max_len))
+    device = torch.device(device)
+    if device.type != "cuda" or D != 1 or L < 2 or max_len < 2 * MIN_CHUNK_STEPS:
+        return 1
+    props = props if props is not None else device_properties(device)
+    if plans is None:
+        plans = stack_plans(cfg, "triton", batch, dtype, props)
+    if not all(p.family in PERSISTENT for p in plans):
+        return 1
+    width = concurrent_layers(L, plans, props)
+    if width < 2:
+        return 1
+    serial = model_time_us(L, max_len, 1, 1)
+    best, best_us = 1, serial
+    for chunks in range(2, max_len // MIN_CHUNK_STEPS + 1):
+        us = model_time_us(L, max_len, chunks, width)
+        if us < best_us:
+            best, best_us = chunks, us
+    return best if best_us <= MIN_GAIN * serial else 1
+
+
+def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
+                  device: torch.device) -> Pipeline | None:
+    """The engine's entry: the pipeline for this stack and batch (info: its PackInfo), or
+    None to run the layers one after another. Cheap when it cannot apply (no planning)."""
+    forced = current_constraints().get("pipeline_chunks")
+    if forced is None and (device.type != "cuda" or cfg.num_dirs != 1 or cfg.num_layers < 2
+                           or info.max_len < 2 * MIN_CHUNK_STEPS):
+        return None
+    props = device_properties(device)
+    plans = stack_plans(cfg, getattr(backend, "name", ""), info.B, dtype, props)
+    chunks = pipeline_chunks(cfg, info.B, info.max_len, device, plans, props=props)
+    if chunks <= 1:
+        return None
+    return Pipeline(chunks, concurrent_layers(cfg.num_layers, plans, props),
+                    step_bounds(info.max_len, chunks))
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+@functools.cache
+def _side_streams(index: int, width: int) -> tuple:
+    """W side streams of CUDA device `index`, created once and reused by every call."""
+    return tuple(torch.cuda.Stream(device=index) for _ in range(width))
+
+
+class _Slots:
+    """The W stream slots of one pipelined run: side streams forked from the caller's stream
+    on CUDA, nothing elsewhere (the work runs in enqueue order on the current stream)."""
+
+    def __init__(self, device: torch.device, width: int):
+        self.cuda = device.type == "cuda"
+        if not self.cuda:
+            return
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.caller = torch.cuda.current_stream(index)
+        self.streams = _side_streams(index, width)
+        # Every side stream starts after what the caller enqueued before (the inputs and the
+        # workspaces allocated and written on the caller's stream).
+        for s in self.streams:
+            s.wait_stream(self.caller)
+
+    def on(self, slot: int):
+        return torch.cuda.stream(self.streams[slot]) if self.cuda else contextlib.nullcontext()
+
+    def record(self):
+        """An event after the work enqueued so far on the current slot (None on the CPU)."""
+        return torch.cuda.current_stream().record_event() if self.cuda else None
+
+    def wait(self, event) -> None:
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Marks caller-stream tensors as used by the side streams, so the caching allocator
+        never hands their memory to another stream while side work may still read it (e.g.
+        cached window index tensors evicted later). Not during graph capture, where the
+        graph's own memory pool keeps them."""
+        if not self.cuda or torch.cuda.is_current_stream_capturing():
+            return
+        for t in tensors:
+            for s in self.streams:
+                t.record_stream(s)
+
+    def join(self) -> None:
+        """The caller's stream waits for every side stream: whatever the caller enqueues next
+        (including reuse of the workspaces it frees) runs after the pipeline."""
+        if self.cuda:
+            for s in self.streams:
+                self.caller.wait_stream(s)
+
+
+def run(pipe: Pipeline, device: torch.device, layers: Sequence[int], chunks: Sequence[int],
+        work: Callable[[int, int, int], None],
+        finish: Callable[[int, int], None] | None = None,
+        keep: Iterable[torch.Tensor] = ()) -> None:
+    """Runs the wavefront: for each layer of `layers` in order, work(layer, chunk, slot) for
+    each chunk of `chunks` in order, then finish(layer, slot), all on stream slot
+    i mod pipe.width (i: the layer's position in `layers`). work(layer, chunk) starts after
+    work(previous layer, chunk) has finished (an event on CUDA); nothing else is ordered
+    across slots, so each slot's buffers must be private to it (slot = i mod W) or touched
+    by chunk k only after the previous layer's chunk k.
+
+    forward: layers 0..L-1, chunks 0..C-1; backward: layers L-1..0, chunks C-1..0. The
+    caller's stream waits for all of it before this returns (also when work raises)."""
+    slots = _Slots(device, pipe.width)
+    slots.keep(keep)
+    done: dict[int, object] = {}  # chunk -> event after the previous layer's work on it
+    try:
+        for i, layer in enumerate(layers):
+            slot = i % pipe.width
+            with slots.on(slot):
+                for k in chunks:
+                    if i:
+                        slots.wait(done[k])
+                    work(layer, k, slot)
+                    done[k] = slots.record()
+                if finish is not None:
+                    finish(layer, slot)
+    finally:
+        slots.join()
