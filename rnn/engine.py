@@ -355,10 +355,6 @@ class _Chunks:
         self.windows = [window(info, a, b) for a, b in pairwise(bounds)]
         self.count = len(self.rows)
 
-    def tensors(self) -> list[torch.Tensor]:
-        """The windows' device tensors (for pipeline.run's keep)."""
-        return [t for w in self.windows for t in (w.lengths_sorted, w.offsets, w.padded_index)]
-
 
 def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info: PackInfo,
                        training: bool, pipe) -> ForwardResult:
@@ -415,7 +411,7 @@ def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info:
         rec.forward(cfg.rnn_mode, xg[r], lp.R, lp.bR, lp.Pw, h_in, c_in, win, False,
                     ys[layer][r], c_views[layer][r] if c_views else None, h_out, c_out)
 
-    pipeline_mod.run(pipe, dev, range(L), range(chunks.count), work, keep=chunks.tensors())
+    pipeline_mod.run(pipe, dev, range(L), range(chunks.count), work, keep=chunks.windows)
     hT = hTs.index_select(1, info.inv_perm)
     cT = cTs.index_select(1, info.inv_perm) if lstm else None
     return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
@@ -538,7 +534,7 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
             torch.mm(dpx.t(), xl, out=dlp.W)
 
     pipeline_mod.run(pipe, dev, range(L - 1, -1, -1), range(last, -1, -1), work, finish,
-                     keep=chunks.tensors())
+                     keep=chunks.windows)
     dh0 = dh0s.index_select(1, info.inv_perm)
     dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
     return BackwardResult(dx, dh0, dc0, dparams)

@@ -24,6 +24,7 @@ pipeline off).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -199,6 +200,16 @@ def _side_streams(index: int, width: int) -> tuple:
     return tuple(torch.cuda.Stream(device=index) for _ in range(width))
 
 
+@functools.lru_cache(maxsize=1024)
+def _used_on(layout, streams: tuple) -> None:
+    """record_stream of every device tensor of `layout` on every stream, once (cached)."""
+    for f in dataclasses.fields(layout):
+        t = getattr(layout, f.name)
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            for s in streams:
+                t.record_stream(s)
+
+
 class _Slots:
     """The W stream slots of one pipelined run: side streams forked from the caller's stream
     on CUDA, nothing elsewhere (the work runs in enqueue order on the current stream)."""
@@ -226,16 +237,16 @@ class _Slots:
         if event is not None:
             torch.cuda.current_stream().wait_event(event)
 
-    def keep(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Marks caller-stream tensors as used by the side streams, so the caching allocator
-        never hands their memory to another stream while side work may still read it (e.g.
-        cached window index tensors evicted later). Not during graph capture, where the
-        graph's own memory pool keeps them."""
-        if not self.cuda or torch.cuda.is_current_stream_capturing():
-            return
-        for t in tensors:
-            for s in self.streams:
-                t.record_stream(s)
+    def keep(self, layouts: Iterable) -> None:
+        """Marks the device tensors of `layouts` (cached PackInfo windows, allocated on some
+        caller's stream) as used by the side streams, so the caching allocator never hands
+        their memory to another stream while side work may still read it (a window evicted
+        from its cache after a run from another caller stream). Once per (layout, streams):
+        the allocator remembers the streams for the block's lifetime. Not during graph
+        capture, where the graph's private pool keeps them."""
+        if self.cuda and not torch.cuda.is_current_stream_capturing():
+            for layout in layouts:
+                _used_on(layout, self.streams)
 
     def join(self) -> None:
         """The caller's stream waits for every side stream: whatever the caller enqueues next
@@ -248,7 +259,7 @@ class _Slots:
 def run(pipe: Pipeline, device: torch.device, layers: Sequence[int], chunks: Sequence[int],
         work: Callable[[int, int, int], None],
         finish: Callable[[int, int], None] | None = None,
-        keep: Iterable[torch.Tensor] = ()) -> None:
+        keep: Iterable = ()) -> None:
     """Runs the wavefront: for each layer of `layers` in order, work(layer, chunk, slot) for
     each chunk of `chunks` in order, then finish(layer, slot), all on stream slot
     i mod pipe.width (i: the layer's position in `layers`). work(layer, chunk) starts after
@@ -257,7 +268,8 @@ def run(pipe: Pipeline, device: torch.device, layers: Sequence[int], chunks: Seq
     by chunk k only after the previous layer's chunk k.
 
     forward: layers 0..L-1, chunks 0..C-1; backward: layers L-1..0, chunks C-1..0. The
-    caller's stream waits for all of it before this returns (also when work raises)."""
+    caller's stream waits for all of it before this returns (also when work raises).
+    keep: the PackInfo windows the work reads (see `_Slots.keep`)."""
     slots = _Slots(device, pipe.width)
     slots.keep(keep)
     done: dict[int, object] = {}  # chunk -> event after the previous layer's work on it

@@ -26,9 +26,11 @@ from tritonrnn.rnn import reference as reference_mod
 from tritonrnn.rnn.config import make_config
 from tritonrnn.rnn.packing import make_pack_info, prev_rows, window
 from tritonrnn.rnn.pipeline import (
+    Pipeline,
     concurrent_layers,
     model_time_us,
     pipeline_chunks,
+    run,
     stack_plans,
     step_bounds,
 )
@@ -44,18 +46,22 @@ TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 def _run(mode, *, chunks, L=3, H=7, I=5, proj=0, dropout=0.0, time_major=True,
          dtype=torch.float32, backend="reference", lengths=LENGTHS, constraints=None,
-         device=DEVICE):
-    """cudnn_rnn forward + autograd backward under plan_constraints(pipeline_chunks=chunks).
-    Returns {name: tensor} for the outputs and every gradient."""
-    module, x, h0, c0, lens = make_case(mode, I, H, L, False, proj, T, lengths, time_major,
+         device=DEVICE, skip_input=False, steps=T):
+    """cudnn_rnn forward + autograd backward under plan_constraints(pipeline_chunks=chunks)
+    (chunks None: the rule decides). Returns {name: tensor} for the outputs and every
+    gradient."""
+    module, x, h0, c0, lens = make_case(mode, I, H, L, False, proj, steps, lengths, time_major,
                                         seed=7)
+    params = params_from_module(module, skip_input=skip_input)
     leaves = [t.to(device=device, dtype=dtype).requires_grad_(True) if t is not None else None
-              for t in (x, h0, c0, params_from_module(module))]
+              for t in (x, h0, c0, params)]
     xs, hs, cs, ps = leaves
     g = torch.Generator().manual_seed(8)
-    with plan_constraints(pipeline_chunks=chunks, **(constraints or {})):
+    forced = {"pipeline_chunks": chunks} if chunks is not None else {}
+    with plan_constraints(**forced, **(constraints or {})):
         res = cudnn_rnn(xs, hs, cs, ps, lens, rnn_mode=mode, num_proj=proj, dropout=dropout,
-                        seed=21, seed2=22, time_major=time_major, backend=backend)
+                        seed=21, seed2=22, time_major=time_major, backend=backend,
+                        input_mode="skip_input" if skip_input else "linear_input")
         outs = {"output": res.output, "output_h": res.output_h}
         if cs is not None:
             outs["output_c"] = res.output_c
@@ -110,6 +116,15 @@ def test_reference_lstm_projection(chunks, dtype):
     kw = dict(L=2, H=8, proj=3, dropout=0.3, dtype=dtype)
     want = _run("lstm", chunks=1, **kw)
     _assert_same(_run("lstm", chunks=chunks, **kw), want, dtype)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "rnn_tanh"])
+def test_reference_skip_input(mode):
+    """skip_input: layer 0 adds x to every gate (no W); its input gradient is the gate sum,
+    formed chunk by chunk."""
+    kw = dict(L=2, H=6, I=6, skip_input=True, dropout=0.2)
+    want = _run(mode, chunks=1, **kw)
+    _assert_same(_run(mode, chunks=3, **kw), want, torch.float32)
 
 
 def test_dropout_really_applies():
@@ -239,6 +254,45 @@ def test_triton_matches_unpipelined(mode, constraints, H, proj, chunks):
               constraints=constraints, lengths=[T, 3, 0, 5])
     want = _run(mode, chunks=1, **kw)
     _assert_same(_run(mode, chunks=chunks, **kw), want, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["persistent_cta", "persistent_grid"])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gpu_side_streams_match_unpipelined(mode, family):
+    """On CUDA the layers run on side streams (forced 4 chunks, three layers: all three in
+    flight, their programs co-resident). Tolerance as in the module docstring with
+    K = 4 * 64 = 256: 2 * 255 * 2^-24 = 3e-5 per GEMM, 1e-4 after three layers."""
+    lengths = [128, 100, 0, 77, 128, 3, 64, 128]
+    kw = dict(L=3, H=64, I=32, steps=128, lengths=lengths, dropout=0.2, backend="triton",
+              constraints={"family": family}, device="cuda")
+    want = _run(mode, chunks=1, **kw)
+    got = _run(mode, chunks=4, **kw)
+    for name, w in want.items():
+        tol = 1e-4 * max(1.0, w.abs().max().item())
+        torch.testing.assert_close(got[name], w, rtol=1e-4, atol=tol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.gpu
+def test_gpu_rule_pipelines_a_long_stack(monkeypatch):
+    """Unforced on CUDA, a 2-layer persistent stack with T = 128 is pipelined (the rule
+    gives C = 4: T // 32) and matches the unpipelined run."""
+    import tritonrnn.rnn.pipeline as pipeline_mod
+
+    seen = []
+    run = pipeline_mod.run
+    monkeypatch.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (seen.append(pipe),
+                                                                    run(pipe, *a, **k))[1])
+    kw = dict(L=2, H=64, I=32, steps=128, lengths=[128, 90, 128, 5], backend="triton",
+              device="cuda")
+    got = _run("lstm", chunks=None, **kw)
+    assert [p.chunks for p in seen] == [4, 4], seen  # forward and backward
+    assert all(p.width == 2 for p in seen)
+    want = _run("lstm", chunks=1, **kw)
+    for name, w in want.items():
+        tol = 1e-4 * max(1.0, w.abs().max().item())
+        torch.testing.assert_close(got[name], w, rtol=1e-4, atol=tol)
 
 
 # ----------------------------------------------------------------------------- windows
@@ -413,6 +467,20 @@ def test_rule_default_plans_are_the_triton_backends():
     assert stack_plans(cfg, "reference", 16, torch.bfloat16, H100)[0].family == "reference"
     assert (pipeline_chunks(cfg, 16, 1024, "cuda", dtype=torch.bfloat16, props=H100)
             == pipeline_chunks(cfg, 16, 1024, "cuda", plans, props=H100))
+
+
+def test_run_order_and_slots():
+    """run(): layer-major, chunks in the given order, finish after a layer's chunks, layer
+    i of the order on slot i mod W (the CPU runs them in exactly this order)."""
+    calls = []
+    pipe = Pipeline(3, 2, (0, 1, 2, 3))
+    run(pipe, torch.device("cpu"), [2, 1, 0], [2, 1, 0],
+        lambda layer, k, slot: calls.append(("work", layer, k, slot)),
+        lambda layer, slot: calls.append(("finish", layer, slot)))
+    want = []
+    for i, layer in enumerate([2, 1, 0]):
+        want += [("work", layer, k, i % 2) for k in (2, 1, 0)] + [("finish", layer, i % 2)]
+    assert calls == want
 
 
 def test_step_bounds():
