@@ -48,10 +48,10 @@ iterations; `inner_loops` says how many there are). Counted per iteration: globa
 (LDG/STG), shared loads/stores (LDS/STS, LDSM), cp.async copies (LDGSTS), MMA instructions
 (HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED) and all instructions.
 
-Nothing is cached beyond Triton's own cache. A process that imported the kernels under
-TRITON_INTERPRET=1 (the CPU test suite) holds interpreter objects, not JITFunctions: the compile
-step then swaps JITFunction twins of them into the kernel modules for its duration
-(`_compiled_kernels`).
+Nothing is cached beyond Triton's own cache. A process that imported Triton or the kernels
+under TRITON_INTERPRET=1 (the CPU test suite) holds interpreter objects, not JITFunctions, down
+to triton.language's own @jit functions, and cannot compile: `aot_reports` then runs the whole
+capture and compile in a fresh Python process without TRITON_INTERPRET (a few seconds more).
 """
 
 from __future__ import annotations
@@ -452,46 +452,17 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
 # ----------------------------------------------------------------------------- compile
 
 
-@contextlib.contextmanager
-def _compiled_kernels():
-    """Compiled-mode kernel objects for the duration: in a process that imported the kernels
-    under TRITON_INTERPRET=1 every InterpretedFunction attribute of the tritonrnn.kernels
-    modules (kernels and the helpers they call) is replaced by a JITFunction of the same
-    function, and TRITON_INTERPRET is 0 (the code generator consults it)."""
-    from triton.runtime.jit import JITFunction
-
-    accepted = set(inspect.signature(JITFunction.__init__).parameters) - {"self", "fn"}
-    swaps = []
-    for modname, mod in list(sys.modules.items()):
-        if mod is None or not modname.startswith("tritonrnn.kernels"):
-            continue
-        for name, obj in list(vars(mod).items()):
-            if type(obj).__name__ == "InterpretedFunction":
-                swaps.append((mod, name, obj))
-    twins: dict = {}
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        for mod, name, obj in swaps:
-            if id(obj) not in twins:
-                kw = {k: v for k, v in getattr(obj, "kwargs", {}).items() if k in accepted}
-                twins[id(obj)] = JITFunction(obj.fn, **kw)
-            setattr(mod, name, twins[id(obj)])
-        yield
-    finally:
-        for mod, name, obj in swaps:
-            setattr(mod, name, obj)
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-def _tool(name: str) -> str:
-    """Path of an NVIDIA tool Triton uses (its TRITON_<NAME>_PATH or the wheel's copy)."""
+def _tool(name: str, arch: int = 90) -> str:
+    """Path of the NVIDIA tool Triton uses (its TRITON_<NAME>_PATH or the wheel's copy; for
+    ptxas the one Triton's CUDA backend picks for `arch`)."""
     from triton import knobs
 
     try:
+        if name == "ptxas":
+            with contextlib.suppress(ImportError):
+                from triton.backends.nvidia.compiler import get_ptxas
+
+                return get_ptxas(arch).path
         return getattr(knobs.nvidia, name).path
     except (RuntimeError, AttributeError):
         raise ToolMissing(
@@ -515,21 +486,21 @@ def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90):
     except ImportError as e:  # pragma: no cover - depends on the installed Triton
         raise RuntimeError(f"aot: this Triton ({triton.__version__}) has no "
                            f"GPUTarget/ASTSource to compile ahead of time: {e}") from None
-    _tool("ptxas")
+    _tool("ptxas", arch)
     sig, changed = gpu_signature(build_signature(launch), ctx)
-    with _compiled_kernels():
-        kernel = getattr(importlib.import_module(launch.module), launch.name)
-        if type(kernel).__name__ != "JITFunction":
-            raise RuntimeError(f"aot: {launch.module}.{launch.name} is a "
-                               f"{type(kernel).__name__}, not a JITFunction")
-        try:
-            src = ASTSource(fn=kernel, signature=sig.signature, constexprs=sig.constexprs,
-                            attrs=sig.attrs)
-        except TypeError as e:
-            raise RuntimeError(f"aot: Triton {triton.__version__}'s ASTSource does not take "
-                               f"(fn, signature, constexprs, attrs): {e}") from None
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, _WARP),
-                                  options=dict(sig.options))
+    kernel = getattr(importlib.import_module(launch.module), launch.name)
+    if type(kernel).__name__ != "JITFunction":
+        raise RuntimeError(f"aot: {launch.module}.{launch.name} is a {type(kernel).__name__}, "
+                           "not a JITFunction: compile in a process without TRITON_INTERPRET=1 "
+                           "(aot_reports does)")
+    try:
+        src = ASTSource(fn=kernel, signature=sig.signature, constexprs=sig.constexprs,
+                        attrs=sig.attrs)
+    except TypeError as e:
+        raise RuntimeError(f"aot: Triton {triton.__version__}'s ASTSource does not take "
+                           f"(fn, signature, constexprs, attrs): {e}") from None
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, _WARP),
+                              options=dict(sig.options))
     return compiled, sig, changed
 
 
@@ -537,8 +508,15 @@ def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90):
 
 
 def res_usage(cubin: bytes) -> dict:
-    """{"regs", "stack", "local", "shared"} of the cubin's one kernel (cuobjdump -res-usage)."""
-    text = _cuobjdump(cubin, "-res-usage")
+    """{"regs", "stack", "local", "static_shared"} of the cubin's one kernel."""
+    return parse_res_usage(_cuobjdump(cubin, "-res-usage"))
+
+
+def parse_res_usage(text: str) -> dict:
+    """`cuobjdump -res-usage` output -> {"regs": registers per thread, "stack": stack frame
+    bytes per thread (where ptxas puts spills), "local": local memory bytes per thread,
+    "static_shared": statically declared shared bytes (Triton's dynamic shared memory is
+    metadata.shared, not this)}."""
     m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", text)
     if m is None:
         raise RuntimeError(f"aot: unexpected cuobjdump -res-usage output: {text[:200]!r}")
@@ -737,7 +715,78 @@ def report_kernel(pass_: str, launch: Launch, ctx: GpuContext, props, arch: int 
 def aot_report(shape: AotShape, preset: str = "h100", constraints: dict | None = None,
                arch: int = 90, dump_dir: Path | None = None) -> dict:
     """The plan of `shape` on the device preset and its compiled kernels, as a JSON-able dict:
-    {"shape", "preset", "arch", "triton", "plan", "source", "kernels": [KernelReport...]}."""
+    {"shape", "preset", "device", "arch", "triton", "plan", "source", "kernels":
+    [KernelReport as a dict, forward then backward]}."""
+    return aot_reports([(shape, constraints)], preset, arch, dump_dir)[0]
+
+
+def aot_reports(jobs: list[tuple[AotShape, dict | None]], preset: str = "h100", arch: int = 90,
+                dump_dir: Path | None = None) -> list[dict]:
+    """`aot_report` of each (shape, plan constraints) job; in one fresh process for all jobs
+    when this one holds interpreter kernel objects. Raises ValueError for a shape the planner
+    refuses under its constraints (checked here first), ToolMissing without ptxas/cuobjdump."""
+    for shape, constraints in jobs:
+        plan_layer(shape, preset, constraints)
+    _tool("ptxas", arch)
+    _tool("cuobjdump")
+    if _interpreted_process():
+        return _reports_in_fresh_process(jobs, preset, arch, dump_dir)
+    return [_report(s, preset, c, arch, dump_dir) for s, c in jobs]
+
+
+def _interpreted_process() -> bool:
+    """Whether triton.language or the kernel modules were imported under TRITON_INTERPRET=1
+    (their @jit functions are then InterpretedFunction objects, which cannot be compiled)."""
+    import triton.language.standard as std
+
+    mods = [std] + [importlib.import_module(m) for m in KERNEL_MODULES]
+    return any(type(o).__name__ == "InterpretedFunction" for m in mods for o in vars(m).values())
+
+
+def _reports_in_fresh_process(jobs, preset, arch, dump_dir) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "reports.json")
+        spec = {"jobs": [[_shape_to_json(s), c or {}] for s, c in jobs], "preset": preset,
+                "arch": arch,
+                "dump_dir": str(dump_dir) if dump_dir is not None else None, "out": out}
+        res = subprocess.run(
+            [sys.executable, "-c", "from tritonrnn.bench.aot import _child_main; _child_main()",
+             json.dumps(spec)], env=env, capture_output=True, text=True, check=False)
+        if not os.path.exists(out):
+            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"aot: the compile process failed (exit {res.returncode}): {tail}")
+        with open(out) as f:
+            result = json.load(f)
+    if "error" in result:
+        kind = {"ToolMissing": ToolMissing, "ValueError": ValueError, "TypeError": TypeError}
+        raise kind.get(result["error"]["type"], RuntimeError)(result["error"]["message"])
+    return result["reports"]
+
+
+def _shape_to_json(shape: AotShape) -> dict:
+    d = dataclasses.asdict(shape)
+    d["dtype"] = str(shape.dtype).replace("torch.", "")
+    return d
+
+
+def _child_main() -> None:
+    """Entry point of the fresh compile process: argv[1] is the JSON spec; writes {"reports"}
+    or {"error": {"type", "message"}} to spec["out"]."""
+    spec = json.loads(sys.argv[1])
+    try:
+        dump = Path(spec["dump_dir"]) if spec["dump_dir"] else None
+        result = {"reports": [
+            _report(AotShape(**{**d, "dtype": getattr(torch, d["dtype"])}), spec["preset"], c,
+                    spec["arch"], dump) for d, c in spec["jobs"]]}
+    except Exception as e:  # handed to the parent, which raises it
+        result = {"error": {"type": type(e).__name__, "message": str(e)}}
+    with open(spec["out"], "w") as f:
+        json.dump(result, f)
+
+
+def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
+            dump_dir: Path | None) -> dict:
     import triton
 
     from tritonrnn.rnn.planner import PRESETS

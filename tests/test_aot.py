@@ -1,0 +1,361 @@
+"""`tritonrnn aot` machinery: launch capture, the compile signature, the GPU values of the
+interpreter-dependent constexprs, SASS/PTX/cuobjdump parsing, and real sm_90 compiles.
+
+The capture and signature tests run the real engine and launchers on tiny CPU tensors (nothing
+is launched). The compile tests need ptxas and cuobjdump (shipped in Triton's wheel) but no
+GPU; in this interpreted test process they run in one fresh Python process (`aot_reports`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton.language as tl
+
+from tritonrnn.bench import aot
+from tritonrnn.kernels import persistent_cta as pc
+from tritonrnn.kernels import persistent_grid as pg
+from tritonrnn.rnn.planner import _SMEM_SLACK, PRESETS
+
+H100 = PRESETS["h100"]
+
+
+# ----------------------------------------------------------------------------- signature
+
+
+def _fake_kernel(X, Y, n, one, big, flag, scale, none_arg, BLOCK: tl.constexpr,
+                 MODE: "tl.constexpr", K, DEF: tl.constexpr = 3):  # noqa: UP037 (as a string)
+    pass
+
+
+def _fake_launch(**over) -> aot.Launch:
+    buf = torch.zeros(9, dtype=torch.int32)
+    args = (torch.zeros(8, dtype=torch.bfloat16), buf[1:], 32, 1, 2**40, True, 0.5, None, 64)
+    fields = dict(module="m", name="_fake_kernel", fn=_fake_kernel, grid=(3, 2), args=args,
+                  kwargs=dict(MODE=tl.bfloat16, K=1, num_warps=8),
+                  do_not_specialize=("K",))
+    fields.update(over)
+    return aot.Launch(**fields)
+
+
+def test_signature_types_specialisation_and_options():
+    sig = aot.build_signature(_fake_launch())
+    assert sig.signature == {
+        "X": "*bf16", "Y": "*i32", "n": "i32", "one": "constexpr", "big": "i64", "flag": "u1",
+        "scale": "fp32", "none_arg": "constexpr", "BLOCK": "constexpr", "MODE": "constexpr",
+        "K": "i32", "DEF": "constexpr",
+    }
+    # Indices as Triton's JIT keys them; the int 1 is specialised, K (do_not_specialize) not.
+    assert sig.constexprs == {(3,): 1, (7,): None, (8,): 64, (9,): tl.bfloat16, (11,): 3}
+    # X is 16-byte aligned, Y starts 4 bytes into its buffer; n and big are multiples of 16.
+    assert sig.attrs == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
+                         (4,): [["tt.divisibility", 16]]}
+    assert sig.options == {"num_warps": 8}
+    assert sig.constexpr("MODE") == tl.bfloat16
+
+
+@pytest.mark.parametrize("over, err, match", [
+    (dict(args=(0,) * 13), TypeError, "13 positional arguments"),
+    (dict(kwargs=dict(K=1)), TypeError, "missing argument MODE"),
+    (dict(kwargs=dict(MODE=1, K=1, BLOCK=2)), TypeError, "BLOCK given by position"),
+    (dict(args=(torch.zeros(2, dtype=torch.complex64),) + (0,) * 8), ValueError, "complex64"),
+], ids=["too-many-args", "missing-arg", "twice", "untyped-dtype"])
+def test_signature_errors(over, err, match):
+    with pytest.raises(err, match=match):
+        aot.build_signature(_fake_launch(**over))
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def _capture(shape, **constraints):
+    lp, _ = aot.plan_layer(shape, "h100", constraints or None)
+    return lp, aot.capture(shape, lp)
+
+
+BF16_LSTM = aot.AotShape("lstm", hidden=32, batch=5, dtype=torch.bfloat16)
+
+
+def test_capture_records_one_launch_per_pass_and_restores_everything():
+    before = dict(vars(pg)), dict(vars(pc)), os.environ.get("TRITON_INTERPRET")
+    lp, launches = _capture(BF16_LSTM, family="persistent_grid", block_h=16)
+    assert set(launches) == {"forward", "backward"}
+    fwd, bwd = launches["forward"], launches["backward"]
+    assert (fwd.name, bwd.name) == ("_grid_fwd_kernel", "_grid_bwd_kernel")
+    assert fwd.fn is pg._grid_fwd_kernel.fn
+    # Two hidden slices of 16, one batch tile, one direction: the plan's programs.
+    assert fwd.grid == (2, 1) and fwd.grid[0] * fwd.grid[1] == lp.num_programs
+    assert fwd.kwargs["num_warps"] == lp.num_warps
+    assert fwd.kwargs["BLOCK_H"] == 16 and fwd.kwargs["BLOCK_B"] == lp.block_b
+    # Kernel objects and the environment are back as they were.
+    assert dict(vars(pg)) == before[0] and dict(vars(pc)) == before[1]
+    assert os.environ.get("TRITON_INTERPRET") == before[2]
+
+
+def test_recording_restores_on_error():
+    original = pg._grid_fwd_kernel
+    with pytest.raises(RuntimeError, match="boom"), aot.recording():
+        assert isinstance(pg._grid_fwd_kernel, aot._Recorder)
+        raise RuntimeError("boom")
+    assert pg._grid_fwd_kernel is original
+
+
+def test_recorder_refuses_a_host_call_of_a_device_function():
+    with aot.recording(), pytest.raises(RuntimeError, match="called from the host"):
+        pg._mm(None, None, True)
+
+
+def test_capture_pair_launch_and_projection():
+    shape = aot.AotShape("lstm", hidden=32, batch=5, proj=16, dtype=torch.float16,
+                         bidirectional=True)
+    lp, launches = _capture(shape, family="persistent_grid", block_h=16)
+    assert lp.num_dirs == 2
+    fwd = launches["forward"]
+    assert fwd.grid == (2, 2) and fwd.kwargs["NUM_DIRS"] == 2 and fwd.kwargs["P"] == 16
+    sig = aot.build_signature(fwd)
+    assert sig.signature["XG"] == "*fp16" and sig.signature["LENS"] == "*i32"
+    assert sig.signature["HST"] == "*fp32"  # fp32 state workspace
+
+
+def test_capture_refuses_float64():
+    shape = aot.AotShape("gru", hidden=32, batch=5, dtype=torch.float64)
+    lp, _ = aot.plan_layer(shape)
+    with pytest.raises(ValueError, match="reference family"):
+        aot.capture(shape, lp)
+
+
+def test_grid_signature_runtime_args_are_not_specialised():
+    """u_begin/u_end are 0/1 in the interpreter's one-step launches: a GPU launch has other
+    values, so they (and B, n_sub, ...) must stay runtime i32, never a constexpr 1."""
+    _, launches = _capture(BF16_LSTM, family="stepwise")
+    for launch in launches.values():
+        sig = aot.build_signature(launch)
+        for name in launch.do_not_specialize:
+            assert sig.signature[name] in ("i32", "i64"), name
+        assert sig.signature["u_end"] == "i32"
+
+
+# ----------------------------------------------------------------------------- GPU values
+
+
+@pytest.mark.parametrize("shape, constraints, expected", [
+    (BF16_LSTM, dict(family="persistent_grid", block_h=16),
+     {"DOT_DT": (tl.float32, tl.bfloat16), "FP32_DOT": (True, False),
+      "USE_BARRIER": (False, True)}),
+    (BF16_LSTM, dict(family="stepwise"),
+     {"DOT_DT": (tl.float32, tl.bfloat16), "FP32_DOT": (True, False)}),
+    (aot.AotShape("gru", hidden=32, batch=5, dtype=torch.float32), dict(family="stepwise"), {}),
+    (BF16_LSTM, dict(family="persistent_cta"), {"UPCAST": (True, False), "IEEE": (True, False)}),
+    (aot.AotShape("rnn_tanh", hidden=32, batch=5, dtype=torch.float32),
+     dict(family="persistent_cta"), {"UPCAST": (True, False)}),
+], ids=["grid-persistent-bf16", "stepwise-bf16", "stepwise-fp32", "cta-bf16", "cta-fp32"])
+def test_interpreter_constexprs_get_their_gpu_values(shape, constraints, expected):
+    lp, launches = _capture(shape, **constraints)
+    ctx = aot.GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
+    for launch in launches.values():
+        sig, changed = aot.gpu_signature(aot.build_signature(launch), ctx)
+        assert changed == expected
+        if "USE_BARRIER" in sig.names:
+            assert sig.constexpr("USE_BARRIER") is (lp.family == "persistent_grid")
+        for name, (_, gpu) in expected.items():
+            assert sig.constexpr(name) == gpu
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["fp32", "fp16", "bf16"])
+def test_rules_match_the_launchers_logic_outside_the_interpreter(dtype, monkeypatch):
+    """The rules restate the launchers' "on GPU" branches: check them against the launchers'
+    own helpers with interpretation off (fails when the lead changes that logic)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    upcast, ieee = pc._dot_flags(dtype, False)
+    ctx = aot.GpuContext(dtype, persistent=True)
+    # Under the interpreter IEEE is recorded True (allow_tf32 False).
+    assert aot._gpu_upcast(True, ctx, {}) is upcast
+    assert aot._gpu_ieee(True, ctx, {}) is ieee
+    assert aot._gpu_dot_dt(tl.float32, ctx, {}) == pg._DOT_DTYPES[dtype]
+    assert aot._gpu_fp32_dot(True, ctx, {"DOT_DT": pg._DOT_DTYPES[dtype]}) is (
+        dtype == torch.float32)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+SASS = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   LDS R3, [R0] ;
+        /*0030*/              @!P0 BRA 0x90 ;
+        /*0040*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;
+        /*0050*/                   ATOMG.E.ADD.STRONG.GPU PT, R2, desc[UR4][R6.64], R9 ;
+        /*0060*/               @P1 BRA 0x50 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/                   NOP ;
+        /*0090*/                   STG.E desc[UR4][R4.64], R2 ;
+        /*00a0*/               @P0 BRA 0x20 ;
+        /*00b0*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*00c0*/                   EXIT ;
+        /*00d0*/                   BRA 0xd0;
+"""
+
+
+def test_loop_profile_takes_the_outermost_backward_branch():
+    prof = aot.loop_profile(SASS)
+    # Loop [0x20, 0xa0]: LDS, BRA, HMMA, ATOMG, BRA, BAR, (NOP skipped), STG, BRA.
+    assert prof["instructions"] == 8
+    assert (prof["LDS"], prof["MMA"], prof["ATOM"], prof["BAR"], prof["STG"]) == (1, 1, 1, 1, 1)
+    assert prof["LDG"] == 0 and prof["LDSM"] == 0  # outside the loop
+    assert prof["inner_loops"] == 1  # [0x50, 0x60]; the self-branch at 0xd0 is no loop
+    assert prof["loop_bytes"] == 0xa0 - 0x20 + 16
+
+
+def test_loop_profile_labels_and_no_loop():
+    labelled = """
+        /*0000*/                   LDG.E R2, desc[UR4][R4.64] ;
+.L_x_0:
+        /*0010*/                   HGMMA.64x16x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+"""
+    prof = aot.loop_profile(labelled)
+    assert (prof["instructions"], prof["MMA"], prof["LDG"]) == (2, 1, 0)
+    assert aot.loop_profile(SASS.split("/*0030*/")[0])["instructions"] == 0
+
+
+def test_mma_kind_and_res_usage_parsing():
+    assert aot.mma_kind("wgmma.mma_async.sync.aligned.m64n16k16") == "wgmma"
+    assert aot.mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.bf16") == "mma"
+    assert aot.mma_kind("fma.rn.f32") == "fma"
+    text = (" Function _grid_bwd_kernel:\n  REG:255 STACK:232 SHARED:1024 LOCAL:8 "
+            "CONSTANT[0]:928 TEXTURE:0 SURFACE:0 SAMPLER:0\n")
+    assert aot.parse_res_usage(text) == {"regs": 255, "stack": 232, "local": 8,
+                                         "static_shared": 1024}
+    with pytest.raises(RuntimeError, match="unexpected cuobjdump"):
+        aot.parse_res_usage("nothing")
+
+
+# ----------------------------------------------------------------------------- compiles
+
+# (id, shape, constraints): the planner's own choice for LSTM 64 (persistent_cta), a forced
+# persistent grid, a forced stepwise fp32 GRU.
+COMPILES = [
+    ("lstm64-cta-bf16", aot.AotShape("lstm", hidden=64, batch=16, dtype=torch.bfloat16), None),
+    ("lstm256-grid-bf16", aot.AotShape("lstm", hidden=256, batch=16, dtype=torch.bfloat16),
+     {"family": "persistent_grid", "block_h": 16}),
+    ("gru256-stepwise-fp32", aot.AotShape("gru", hidden=256, batch=16, dtype=torch.float32),
+     {"family": "stepwise"}),
+]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    try:
+        out = aot.aot_reports([(s, c) for _, s, c in COMPILES], "h100")
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
+    return {name: r for (name, _, _), r in zip(COMPILES, out, strict=True)}
+
+
+def _kernels(report):
+    assert [k["pass_"] for k in report["kernels"]] == ["forward", "backward"]
+    for k in report["kernels"]:
+        assert k["error"] is None, k["error"]
+    return report["kernels"]
+
+
+def test_compiled_cta_bf16(reports):
+    r = reports["lstm64-cta-bf16"]
+    assert r["plan"]["family"] == "persistent_cta" and r["source"] == "heuristic"
+    for k in _kernels(r):
+        assert k["kernel"].startswith("_cta_")
+        assert 0 < k["shared"] <= H100.smem_per_program  # the planner says it fits
+        assert 0 < k["regs"] <= 255 and not k["spills"] and k["fits"]
+        assert k["mma"] in ("mma", "wgmma")
+        prof = k["profile"]
+        assert prof["MMA"] > 0 and prof["BAR"] > 0 and prof["ATOM"] == 0  # no grid barrier
+        assert prof["instructions"] > prof["MMA"]
+        assert k["constexprs"]["UPCAST"] == "False"
+
+
+def test_compiled_persistent_grid_bf16(reports):
+    r = reports["lstm256-grid-bf16"]
+    lp = r["plan"]
+    assert (lp["family"], lp["block_h"]) == ("persistent_grid", 16)
+    for k in _kernels(r):
+        assert k["grid"] == [16, 1] and k["programs"] == 16 and k["co_resident"]
+        # The planner's shared-memory formula is what its fit decisions rest on.
+        assert 0 < k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+        assert k["regs"] > 0 and k["fits"]
+        assert k["mma"] in ("mma", "wgmma")
+        # The barrier is compiled in (USE_BARRIER overridden): its atomics sit in the loop.
+        assert k["interpreter_overrides"]["USE_BARRIER"] == ["False", "True"]
+        assert k["profile"]["ATOM"] >= 2 and k["profile"]["inner_loops"] >= 1
+        assert k["profile"]["MMA"] > 0 and k["profile"]["LDG"] > 0
+
+
+def test_compiled_stepwise_fp32(reports):
+    r = reports["gru256-stepwise-fp32"]
+    assert r["plan"]["family"] == "stepwise"
+    for k in _kernels(r):
+        assert k["shared"] > 0 and k["regs"] > 0
+        assert k["mma"] == "fma"  # exact fp32 dots run on the FMA units
+        assert k["constexprs"]["USE_BARRIER"] == "False" and k["co_resident"] is None
+        assert k["profile"]["FFMA"] > 0 and k["profile"]["ATOM"] == 0
+        assert k["fits"] == (k["fits_smem"] and k["fits_regs"] and not k["spills"])
+
+
+def test_report_table_and_json_round_trip(reports, tmp_path):
+    text = aot.format_report(reports["lstm256-grid-bf16"])
+    assert "_grid_fwd_kernel" in text and "USE_BARRIER=True" in text
+    path = tmp_path / "aot.json"
+    aot.write_json(list(reports.values()), path)
+    assert len(json.loads(path.read_text())["reports"]) == len(COMPILES)
+
+
+# A fresh process (no TRITON_INTERPRET): compare build_signature + gpu_signature with what
+# Triton's own JIT binder makes of the same GPU-valued call for a sm_90 target.
+_JIT_CHECK = r"""
+import importlib, sys, torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from tritonrnn.bench import aot
+backend = make_backend(GPUTarget("cuda", 90, 32))
+checked = 0
+for shape, cons in [
+        (aot.AotShape("lstm", 64, 16, dtype=torch.bfloat16), None),
+        (aot.AotShape("lstm", 32, 5, proj=16, dtype=torch.float16, bidirectional=True),
+         {"family": "persistent_grid", "block_h": 16}),
+        (aot.AotShape("gru", 48, 17, dtype=torch.float32), {"family": "stepwise"})]:
+    lp, _ = aot.plan_layer(shape, "h100", cons)
+    ctx = aot.GpuContext(shape.dtype, lp.family == "persistent_grid")
+    for launch in aot.capture(shape, lp).values():
+        mine, _ = aot.gpu_signature(aot.build_signature(launch), ctx)
+        kernel = getattr(importlib.import_module(launch.module), launch.name)
+        gpu = mine.constexprs_by_name()
+        kwargs = {k: gpu.get(k, v) for k, v in launch.kwargs.items()}
+        kwargs.update(mine.options)
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        bound, spec, opts = binder(*launch.args, **kwargs)
+        _, sig, cons_, attrs = kernel._pack_args(backend, kwargs, bound, spec, opts)
+        assert sig == mine.signature, (launch.name, sig, mine.signature)
+        assert cons_ == mine.constexprs, (launch.name, cons_, mine.constexprs)
+        attrs = {k: v for k, v in attrs.items() if v}  # the JIT lists "no hint" as []
+        assert attrs == mine.attrs, (launch.name, attrs, mine.attrs)
+        checked += 1
+print("checked", checked)
+"""
+
+
+def test_signature_matches_tritons_jit_specialisation():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _JIT_CHECK], env=env, capture_output=True,
+                         text=True, check=False)
+    if "ImportError" in res.stderr and "create_function_from_signature" in res.stderr:
+        pytest.skip("this Triton has no create_function_from_signature to compare with")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "checked 6" in res.stdout
