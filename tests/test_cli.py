@@ -294,3 +294,45 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
     assert main(["barrier", "--time", "64", "--out", str(tmp_path)]) == 0
     assert "ratio" in capsys.readouterr().out
     assert len(list(tmp_path.glob("barrier-*.json"))) == 1
+
+
+# ----------------------------------------------------------------------------- aot
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["aot", "--block-h", "20"], "--block-h: expected a power of two >= 16, got 20"),
+        (["aot", "--block-b", "8"], "--block-b: expected a power of two >= 16, got 8"),
+        (["aot", "--block-k", "8"],
+         "--block-k: expected 0 (resident weights) or a power of two >= 16, got 8"),
+        (["aot", "--num-warps", "3"], "--num-warps: expected a power of two in [1, 32], got 3"),
+        (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability >= 75"),
+        (["aot", "--device-preset", "interpreter"],
+         "--device-preset: expected one of ['h100', 'h200'], got 'interpreter'"),
+        (["aot", "--family", "reference"], "invalid choice: 'reference'"),
+        (["aot", "--dtype", "fp64"], "the planner runs float64 on the reference family"),
+        (["aot", "--mode", "gru", "--proj", "8"], "--proj: expected 0 for --mode gru"),
+        # The planner refuses a forced choice that cannot apply on the preset.
+        (["aot", "--hidden", "1024", "--family", "persistent_cta"],
+         "family 'persistent_cta' needs"),
+        (["aot", "--hidden", "1536", "--batch", "256", "--family", "persistent_grid",
+          "--block-h", "16"], "co-resident programs for H=1536"),
+    ],
+    ids=["block-h", "block-b", "block-k", "num-warps", "arch", "device-preset", "family",
+         "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
+)
+def test_aot_bad_options_are_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys)
+
+
+def test_aot_without_ptxas_is_one_line_exit_1(capsys, monkeypatch):
+    from tritonrnn.bench import aot
+
+    def missing(name, arch=90):
+        raise aot.ToolMissing(f"{name} not found (test)")
+
+    monkeypatch.setattr(aot, "_tool", missing)
+    assert main(["aot", "--hidden", "64"]) == 1
+    assert _one_line_error(capsys) == "tritonrnn: error: ptxas not found (test)"
