@@ -14,10 +14,15 @@ argument and changes nothing in a compile). The launchers run with TRITON_INTERP
 accept CPU tensors) while every @triton.jit object of the kernel modules is replaced by a
 `_Recorder`: `kernel[grid](*args, **kwargs)` records the first launch of each kernel (grid,
 positional arguments, constexpr keyword arguments, num_warps and other launch options) and runs
-nothing. The compile signature is then built from the recorded call as Triton's JIT would build
-it on a GPU (`build_signature`): tensors -> "*bf16"/"*fp32"/"*i32"..., ints -> "i32"/"i64"
-with the 16-divisibility hint, ints equal to 1 specialised to constexprs, both unless the kernel
-says `do_not_specialize`; constexpr parameters (by keyword or by position) as constexprs.
+nothing. Only layer 0 is captured (every layer gets the same LayerPlan), and only the first
+launch of each pass: direction 0 when a bidirectional layer's directions launch apart
+(direction 1 differs only in REVERSE).
+
+The compile signature is then built from the recorded call as Triton's JIT would build it on a
+GPU (`build_signature`; a test checks it against the JIT's own binder): tensors ->
+"*bf16"/"*fp32"/"*i32"..., ints -> "i32"/"i64" with the 16-divisibility hint, ints equal to 1
+specialised to constexprs, both unless the kernel says `do_not_specialize`; constexpr
+parameters (by keyword or by position) as constexprs.
 
 What the launchers chose only because they ran in the interpreter is overridden by
 `INTERPRETER_CONSTEXPRS`, one rule per constexpr name (whichever kernel has it), each derived
@@ -34,11 +39,11 @@ Compile and report
 ------------------
 `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` with the backend's own
 ptxas and cuobjdump (shipped in Triton's wheel). Per kernel: `metadata.shared` (bytes of shared
-memory per program), `cuobjdump -res-usage` (REG registers per thread, STACK and LOCAL bytes:
-non-zero LOCAL means spills), the MMA kind from the PTX (wgmma / mma.sync / fma), and whether it
-fits the preset: shared <= smem_per_program, no local memory, the program's registers (per-warp
-allocation in units of 256) within the SM's register file, and (persistent launches) the grid
-within one program per SM.
+memory per program), `cuobjdump -res-usage` (REG registers per thread; STACK and LOCAL bytes per
+thread: ptxas puts spills in the stack frame, so either being non-zero means spills), the MMA
+kind from the PTX (wgmma / mma.sync / fma), and whether it fits the preset: shared <=
+smem_per_program, no spills, the program's registers (per-warp allocation in units of 256)
+within the SM's register file, and (persistent launches) the grid within one program per SM.
 
 The step-loop profile is static: in `cuobjdump -sass`, the loop is the largest region closed by
 a backward branch (a BRA to an earlier address): the persistent kernels have one outer `while`
@@ -628,7 +633,7 @@ def loop_profile(sass: str) -> dict:
 class KernelReport:
     """One compiled kernel of a plan (sizes in bytes)."""
 
-    pass_: str  # forward | backward
+    phase: str  # forward | backward
     kernel: str
     grid: list
     programs: int
@@ -665,14 +670,14 @@ def _regs_per_program(regs: int, num_warps: int) -> int:
     return per_warp * num_warps
 
 
-def report_kernel(pass_: str, launch: Launch, ctx: GpuContext, props, arch: int = 90,
+def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int = 90,
                   dump_dir: Path | None = None) -> KernelReport:
     """Compiles one recorded launch and measures it against the device preset `props`
     (planner DeviceProperties). A compile error is reported in `error`, not raised (except a
     missing ptxas/cuobjdump: ToolMissing)."""
     grid = list(launch.grid) if not callable(launch.grid) else []
     num_warps = int(launch.kwargs.get("num_warps", 4))
-    rep = KernelReport(pass_, launch.name, grid, _grid_programs(grid), num_warps)
+    rep = KernelReport(phase, launch.name, grid, _grid_programs(grid), num_warps)
     t0 = time.perf_counter()
     try:
         compiled, sig, changed = compile_launch(launch, ctx, arch)
@@ -801,9 +806,9 @@ def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
         return out
     ctx = GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
     launches = capture(shape, lp)
-    for pass_, launch in launches.items():
-        sub = dump_dir / shape.label.replace(" ", "_") / pass_ if dump_dir else None
-        out["kernels"].append(dataclasses.asdict(report_kernel(pass_, launch, ctx, props, arch,
+    for phase, launch in launches.items():
+        sub = dump_dir / shape.label.replace(" ", "_") / phase if dump_dir else None
+        out["kernels"].append(dataclasses.asdict(report_kernel(phase, launch, ctx, props, arch,
                                                                sub)))
     return out
 
@@ -837,7 +842,7 @@ def format_report(report: dict) -> str:
     for k in report["kernels"]:
         grid = "x".join(str(g) for g in k["grid"])
         if k["error"]:
-            lines.append(f"  {k['pass_']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
+            lines.append(f"  {k['phase']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
                          f"COMPILE FAILED: {k['error']}")
             continue
         why = []
@@ -852,7 +857,7 @@ def format_report(report: dict) -> str:
         fits = "yes" if k["fits"] else "NO:" + ",".join(why)
         prof = " ".join(f"{k['profile'].get(c, 0):>5}" for c in _PROFILE_COLS)
         lines.append(
-            f"  {k['pass_']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
+            f"  {k['phase']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
             f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<5} "
             f"{k['programs_per_sm']:>3} {fits:<10}| {'':>9} {prof} "
             f"{k['profile'].get('inner_loops', 0):>5}"

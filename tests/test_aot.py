@@ -261,7 +261,7 @@ def reports():
 
 
 def _kernels(report):
-    assert [k["pass_"] for k in report["kernels"]] == ["forward", "backward"]
+    assert [k["phase"] for k in report["kernels"]] == ["forward", "backward"]
     for k in report["kernels"]:
         assert k["error"] is None, k["error"]
     return report["kernels"]
