@@ -480,9 +480,11 @@ class ToolMissing(RuntimeError):
     """ptxas or cuobjdump is not available: nothing can be compiled for a GPU target."""
 
 
-def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90):
+def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90,
+                   compile_options: dict | None = None):
     """(Triton CompiledKernel for GPUTarget("cuda", arch, 32), GPU signature, changed
-    constexprs). Needs ptxas (ToolMissing otherwise), no GPU."""
+    constexprs). `compile_options` (e.g. {"maxnreg": 255}) go on top of the launch's options,
+    for experiments. Needs ptxas (ToolMissing otherwise), no GPU."""
     import triton
 
     try:
@@ -505,7 +507,7 @@ def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90):
         raise RuntimeError(f"aot: Triton {triton.__version__}'s ASTSource does not take "
                            f"(fn, signature, constexprs, attrs): {e}") from None
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, _WARP),
-                              options=dict(sig.options))
+                              options={**sig.options, **(compile_options or {})})
     return compiled, sig, changed
 
 
@@ -671,7 +673,8 @@ def _regs_per_program(regs: int, num_warps: int) -> int:
 
 
 def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int = 90,
-                  dump_dir: Path | None = None) -> KernelReport:
+                  dump_dir: Path | None = None,
+                  compile_options: dict | None = None) -> KernelReport:
     """Compiles one recorded launch and measures it against the device preset `props`
     (planner DeviceProperties). A compile error is reported in `error`, not raised (except a
     missing ptxas/cuobjdump: ToolMissing)."""
@@ -680,7 +683,7 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
     rep = KernelReport(phase, launch.name, grid, _grid_programs(grid), num_warps)
     t0 = time.perf_counter()
     try:
-        compiled, sig, changed = compile_launch(launch, ctx, arch)
+        compiled, sig, changed = compile_launch(launch, ctx, arch, compile_options)
     except ToolMissing:
         raise
     except Exception as e:  # a compile failure is a finding about the kernel
@@ -718,15 +721,19 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
 
 
 def aot_report(shape: AotShape, preset: str = "h100", constraints: dict | None = None,
-               arch: int = 90, dump_dir: Path | None = None) -> dict:
+               arch: int = 90, dump_dir: Path | None = None,
+               compile_options: dict | None = None) -> dict:
     """The plan of `shape` on the device preset and its compiled kernels, as a JSON-able dict:
-    {"shape", "preset", "device", "arch", "triton", "plan", "source", "kernels":
-    [KernelReport as a dict, forward then backward]}."""
-    return aot_reports([(shape, constraints)], preset, arch, dump_dir)[0]
+    {"shape", "preset", "device", "arch", "triton", "plan", "source", "compile_options",
+    "kernels": [KernelReport as a dict, forward then backward]}. `dump_dir`: also write each
+    kernel's TTGIR, PTX and SASS there; `compile_options`: extra Triton compile options on top
+    of the launch's (experiments, e.g. {"maxnreg": 255})."""
+    return aot_reports([(shape, constraints)], preset, arch, dump_dir, compile_options)[0]
 
 
 def aot_reports(jobs: list[tuple[AotShape, dict | None]], preset: str = "h100", arch: int = 90,
-                dump_dir: Path | None = None) -> list[dict]:
+                dump_dir: Path | None = None,
+                compile_options: dict | None = None) -> list[dict]:
     """`aot_report` of each (shape, plan constraints) job; in one fresh process for all jobs
     when this one holds interpreter kernel objects. Raises ValueError for a shape the planner
     refuses under its constraints (checked here first), ToolMissing without ptxas/cuobjdump."""
@@ -735,8 +742,8 @@ def aot_reports(jobs: list[tuple[AotShape, dict | None]], preset: str = "h100", 
     _tool("ptxas", arch)
     _tool("cuobjdump")
     if _interpreted_process():
-        return _reports_in_fresh_process(jobs, preset, arch, dump_dir)
-    return [_report(s, preset, c, arch, dump_dir) for s, c in jobs]
+        return _reports_in_fresh_process(jobs, preset, arch, dump_dir, compile_options)
+    return [_report(s, preset, c, arch, dump_dir, compile_options) for s, c in jobs]
 
 
 def _interpreted_process() -> bool:
@@ -748,12 +755,12 @@ def _interpreted_process() -> bool:
     return any(type(o).__name__ == "InterpretedFunction" for m in mods for o in vars(m).values())
 
 
-def _reports_in_fresh_process(jobs, preset, arch, dump_dir) -> list[dict]:
+def _reports_in_fresh_process(jobs, preset, arch, dump_dir, compile_options) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "reports.json")
         spec = {"jobs": [[_shape_to_json(s), c or {}] for s, c in jobs], "preset": preset,
-                "arch": arch,
+                "arch": arch, "compile_options": compile_options or {},
                 "dump_dir": str(dump_dir) if dump_dir is not None else None, "out": out}
         res = subprocess.run(
             [sys.executable, "-c", "from tritonrnn.bench.aot import _child_main; _child_main()",
@@ -783,7 +790,7 @@ def _child_main() -> None:
         dump = Path(spec["dump_dir"]) if spec["dump_dir"] else None
         result = {"reports": [
             _report(AotShape(**{**d, "dtype": getattr(torch, d["dtype"])}), spec["preset"], c,
-                    spec["arch"], dump) for d, c in spec["jobs"]]}
+                    spec["arch"], dump, spec["compile_options"]) for d, c in spec["jobs"]]}
     except Exception as e:  # handed to the parent, which raises it
         result = {"error": {"type": type(e).__name__, "message": str(e)}}
     with open(spec["out"], "w") as f:
@@ -791,7 +798,7 @@ def _child_main() -> None:
 
 
 def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
-            dump_dir: Path | None) -> dict:
+            dump_dir: Path | None, compile_options: dict | None = None) -> dict:
     import triton
 
     from tritonrnn.rnn.planner import PRESETS
@@ -800,7 +807,7 @@ def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
     props = PRESETS[preset]
     out = {"shape": shape.label, "preset": preset, "device": props.name, "arch": arch,
            "triton": triton.__version__, "plan": dataclasses.asdict(lp), "source": source,
-           "kernels": []}
+           "compile_options": dict(compile_options or {}), "kernels": []}
     if lp.family == "reference":
         out["note"] = "family reference (float64): no Triton kernel"
         return out
@@ -808,8 +815,8 @@ def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
     launches = capture(shape, lp)
     for phase, launch in launches.items():
         sub = dump_dir / shape.label.replace(" ", "_") / phase if dump_dir else None
-        out["kernels"].append(dataclasses.asdict(report_kernel(phase, launch, ctx, props, arch,
-                                                               sub)))
+        rep = report_kernel(phase, launch, ctx, props, arch, sub, compile_options)
+        out["kernels"].append(dataclasses.asdict(rep))
     return out
 
 
@@ -833,6 +840,8 @@ def format_report(report: dict) -> str:
         f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
         f"planner on-chip estimate={lp['onchip_bytes']} B",
     ]
+    if report.get("compile_options"):
+        lines.append(f"  extra compile options: {report['compile_options']}")
     if "note" in report:
         return "\n".join([*lines, "  " + report["note"]])
     head = (f"  {'pass':<8} {'kernel':<20} {'grid':<7} {'warps':>5} {'smem B':>7} {'regs':>4} "

@@ -6,7 +6,7 @@
     tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200] [--arch 90]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
-                    [--json PATH] [--dump DIR]   (no GPU needed: ptxas from Triton's wheel)
+                    [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--out DIR]   (GPU only)
 
 Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--block-k", type=int, metavar="N",
                    help="force block_k (0: resident weights; power of two >= 16: streamed)")
     a.add_argument("--num-warps", type=int, metavar="N", help="force num_warps (power of two)")
+    a.add_argument("--maxnreg", type=int, metavar="N",
+                   help="experiment: cap registers per thread (Triton's maxnreg option, "
+                   "16..255) on top of what the launchers pass")
     a.add_argument("--json", type=Path, default=None, metavar="PATH",
                    help="also write the reports as JSON there")
     a.add_argument("--dump", type=Path, default=None, metavar="DIR",
@@ -416,6 +419,11 @@ def cmd_aot(args) -> int:
         raise UsageError(f"--arch: expected a CUDA compute capability >= 75 such as 80, 90 or "
                          f"100, got {args.arch}")
     constraints = _aot_constraints(args)
+    options = {}
+    if args.maxnreg is not None:
+        if not 16 <= args.maxnreg <= 255:
+            raise UsageError(f"--maxnreg: expected an int in [16, 255], got {args.maxnreg}")
+        options["maxnreg"] = args.maxnreg
     _, shapes = resolve_shapes(args, "anchor")
     aot_shapes = list(dict.fromkeys(
         AotShape(mode=s.mode, hidden=s.hidden, batch=s.batch, proj=s.proj, dtype=s.torch_dtype,
@@ -426,7 +434,8 @@ def cmd_aot(args) -> int:
     reports = []
     try:
         for i, s in enumerate(aot_shapes):
-            report = aot_report(s, args.device_preset, constraints, args.arch, args.dump)
+            report = aot_report(s, args.device_preset, constraints, args.arch, args.dump,
+                                options)
             reports.append(report)
             if i:
                 print()

@@ -308,6 +308,15 @@ def test_compiled_stepwise_fp32(reports):
         assert k["fits"] == (k["fits_smem"] and k["fits_regs"] and not k["spills"])
 
 
+def test_compile_options_reach_ptxas(reports):
+    """An extra compile option (maxnreg, an experiment knob) caps the registers."""
+    shape = COMPILES[0][1]
+    (r,) = aot.aot_reports([(shape, None)], "h100", compile_options={"maxnreg": 64})
+    assert r["compile_options"] == {"maxnreg": 64} and "maxnreg" in aot.format_report(r)
+    for k, base in zip(_kernels(r), reports["lstm64-cta-bf16"]["kernels"], strict=True):
+        assert base["regs"] > 64 >= k["regs"] > 0
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "USE_BARRIER=True" in text

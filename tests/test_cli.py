@@ -311,6 +311,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--device-preset", "interpreter"],
          "--device-preset: expected one of ['h100', 'h200'], got 'interpreter'"),
         (["aot", "--family", "reference"], "invalid choice: 'reference'"),
+        (["aot", "--maxnreg", "300"], "--maxnreg: expected an int in [16, 255], got 300"),
         (["aot", "--dtype", "fp64"], "the planner runs float64 on the reference family"),
         (["aot", "--mode", "gru", "--proj", "8"], "--proj: expected 0 for --mode gru"),
         # The planner refuses a forced choice that cannot apply on the preset.
@@ -320,7 +321,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
           "--block-h", "16"], "co-resident programs for H=1536"),
     ],
     ids=["block-h", "block-b", "block-k", "num-warps", "arch", "device-preset", "family",
-         "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
+         "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
 )
 def test_aot_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
