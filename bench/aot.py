@@ -45,11 +45,13 @@ kind from the PTX (wgmma / mma.sync / fma), and whether it fits the preset: shar
 smem_per_program, no spills, the program's registers (per-warp allocation in units of 256)
 within the SM's register file, and (persistent launches) the grid within one program per SM.
 
-The step-loop profile is static: in `cuobjdump -sass`, the loop is the largest region closed by
-a backward branch (a BRA to an earlier address): the persistent kernels have one outer `while`
-over sub-steps containing everything else, so that region is the step loop (the barrier's spin
-loop and streamed-weight K loops are nested inside it and counted once, as instructions, not as
-iterations; `inner_loops` says how many there are). Counted per iteration: global loads/stores
+The step-loop profile is static: the control-flow graph of `cuobjdump -sass` is built and its
+natural loops found (back edges to a dominating block); the kernels have one outer `while` over
+(sub-)steps containing everything else, so the largest loop is the step loop. Its body includes
+the out-of-line blocks the compiler moves past the loop (divergent-branch paths that jump back
+in), which "the largest range closed by a backward branch" would get wrong. Nested loops (the
+barrier's spin loop, streamed-weight K loops) are counted once, as instructions, not as
+iterations; `inner_loops` says how many there are. Counted per iteration: global loads/stores
 (LDG/STG), shared loads/stores (LDS/STS, LDSM), cp.async copies (LDGSTS), MMA instructions
 (HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED) and all instructions.
 
@@ -163,7 +165,8 @@ class _Recorder:
 def recording(modules: tuple[str, ...] = KERNEL_MODULES):
     """Inside the block every @triton.jit object of `modules` is a `_Recorder` and
     TRITON_INTERPRET=1 (the launchers take CPU tensors only then). Yields the dict of recorded
-    launches, keyed (module, attribute name), in launch order.
+    launches, keyed (module, attribute name), in launch order. Process-wide: no other thread
+    should launch these kernels meanwhile.
 
     The modules are imported before the environment changes, so a process that was not
     interpreting keeps compiled-mode kernel objects."""
@@ -569,10 +572,21 @@ PROFILE_OPS = {
 }
 
 
-def parse_sass(sass: str) -> list[tuple[int, str, str | None]]:
-    """[(address, opcode, branch target address or None)] of the first function's
-    instructions (predicates stripped; NOPs kept)."""
-    insns, labels, pending = [], {}, []
+@dataclass(frozen=True)
+class SassInsn:
+    addr: int
+    op: str  # opcode with modifiers, predicate stripped, e.g. "BRA.DIV", "LDG.E.128"
+    target: int | None  # branch target address
+    predicated: bool  # guarded by a predicate other than PT (may fall through)
+
+    @property
+    def base(self) -> str:
+        return self.op.split(".")[0]
+
+
+def parse_sass(sass: str) -> list[SassInsn]:
+    """The instructions of the (first) function in `cuobjdump -sass` or nvdisasm output."""
+    raw, labels, pending = [], {}, []
     for line in sass.splitlines():
         lm = _SASS_LABEL.match(line)
         if lm:
@@ -586,13 +600,14 @@ def parse_sass(sass: str) -> list[tuple[int, str, str | None]]:
             labels[name] = addr
         pending = []
         tokens = text.split()
-        if tokens and tokens[0].startswith("@"):
+        predicated = bool(tokens) and tokens[0].startswith("@")
+        if predicated:
+            predicated = tokens[0] != "@PT"
             tokens = tokens[1:]
         op = tokens[0] if tokens else ""
         tm = _SASS_TARGET.search(text) if op.split(".")[0] == "BRA" else None
-        target = (tm.group(1) or tm.group(2)) if tm else None
-        insns.append((addr, op, target))
-    return [(a, op, _address(t, labels)) for a, op, t in insns]
+        raw.append((addr, op, (tm.group(1) or tm.group(2)) if tm else None, predicated))
+    return [SassInsn(a, op, _address(t, labels), p) for a, op, t, p in raw]
 
 
 def _address(target: str | None, labels: dict) -> int | None:
@@ -601,30 +616,100 @@ def _address(target: str | None, labels: dict) -> int | None:
     return int(target, 16) if target.startswith("0x") else labels.get(target)
 
 
+def _cfg(insns: list[SassInsn]) -> tuple[list[list[SassInsn]], list[set[int]]]:
+    """(basic blocks, successor block indices). A BRA goes to its target and, when predicated
+    or a .DIV/.CONV (divergence) branch, also falls through; EXIT/RET end a block without a
+    successor unless predicated; indirect branches (BRX/JMX) have no known successor."""
+    index = {ins.addr: i for i, ins in enumerate(insns)}
+    leaders = {0}
+    for i, ins in enumerate(insns):
+        if ins.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET"):
+            leaders.add(i + 1)
+            if ins.target in index:
+                leaders.add(index[ins.target])
+    starts = sorted(x for x in leaders if x < len(insns))
+    blocks = [insns[a:b] for a, b in zip(starts, starts[1:] + [len(insns)], strict=True)]
+    block_of = {blk[0].addr: k for k, blk in enumerate(blocks)}
+    succ: list[set[int]] = []
+    for k, blk in enumerate(blocks):
+        last, out = blk[-1], set()
+        mods = set(last.op.split(".")[1:])
+        falls = True
+        if last.base in ("BRA", "JMP"):
+            if last.target in block_of:
+                out.add(block_of[last.target])
+            falls = last.predicated or bool(mods & {"DIV", "CONV"})
+        elif last.base in ("EXIT", "RET", "BRX", "JMX"):
+            falls = last.predicated
+        if falls and k + 1 < len(blocks):
+            out.add(k + 1)
+        succ.append(out)
+    return blocks, succ
+
+
+def natural_loops(insns: list[SassInsn]) -> list[tuple[list[SassInsn], set[int]]]:
+    """Natural loops of the control-flow graph, largest first: (blocks, body block indices)
+    per loop header (back edges u -> h where h dominates u, merged by header). The body
+    includes out-of-line blocks the compiler placed after the loop (divergent-branch paths
+    that jump back), which an address range would miss."""
+    if not insns:
+        return []
+    blocks, succ = _cfg(insns)
+    n = len(blocks)
+    pred: list[set[int]] = [set() for _ in range(n)]
+    for u, vs in enumerate(succ):
+        for v in vs:
+            pred[v].add(u)
+    # Reachable blocks, then iterative dominators.
+    reach, stack = {0}, [0]
+    while stack:
+        for v in succ[stack.pop()]:
+            if v not in reach:
+                reach.add(v)
+                stack.append(v)
+    dom = {b: set(reach) for b in reach}
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for b in sorted(reach - {0}):
+            ps = [dom[p] for p in pred[b] if p in reach]
+            new = set.intersection(*ps) | {b} if ps else {b}
+            if new != dom[b]:
+                dom[b], changed = new, True
+    bodies: dict[int, set[int]] = {}
+    for u in reach:
+        for h in succ[u]:
+            if h in dom[u]:  # back edge u -> h
+                body, work = bodies.setdefault(h, {h}), [u]
+                while work:
+                    x = work.pop()
+                    if x not in body:
+                        body.add(x)
+                        work.extend(p for p in pred[x] if p in reach)
+    loops = [(blocks, body) for body in bodies.values()]
+    return sorted(loops, key=lambda lb: -sum(len(lb[0][b]) for b in lb[1]))
+
+
 def loop_profile(sass: str) -> dict:
-    """Static counts over the step loop: the largest region [target, branch] closed by a
-    backward branch. {column: count, "instructions", "inner_loops", "loop_bytes"}, or
-    {"instructions": 0, ...} when the kernel has no loop."""
-    insns = parse_sass(sass)
-    loops = [(t, a) for a, op, t in insns if op.split(".")[0] == "BRA" and t is not None
-             and t < a]
+    """Static counts over the step loop, the outermost (largest) natural loop of the SASS:
+    {PROFILE_OPS column: count, "instructions" (NOPs excluded), "inner_loops" (other loop
+    headers inside it)}; all zero when the kernel has no loop."""
     out = dict.fromkeys(PROFILE_OPS, 0)
-    out.update(instructions=0, inner_loops=0, loop_bytes=0)
+    out.update(instructions=0, inner_loops=0)
+    loops = natural_loops(parse_sass(sass))
     if not loops:
         return out
-    start, end = max(loops, key=lambda r: r[1] - r[0])
+    blocks, body = loops[0]
     root = {op: col for col, ops in PROFILE_OPS.items() for op in ops}
-    for a, op, _ in insns:
-        if start <= a <= end:
-            base = op.split(".")[0]
-            if base == "NOP":
+    for b in body:
+        for ins in blocks[b]:
+            if ins.base == "NOP":
                 continue
             out["instructions"] += 1
-            if base in root:
-                out[root[base]] += 1
-    out["inner_loops"] = sum(1 for t, a in loops if start <= t and a <= end and
-                             (t, a) != (start, end))
-    out["loop_bytes"] = end - start + 16
+            if ins.base in root:
+                out[root[ins.base]] += 1
+    out["inner_loops"] = sum(1 for _, other in loops[1:] if other <= body)
     return out
 
 
@@ -638,25 +723,27 @@ class KernelReport:
     phase: str  # forward | backward
     kernel: str
     grid: list
-    programs: int
+    programs: int  # product of the grid
     num_warps: int
-    constexprs: dict = field(default_factory=dict)  # the GPU values (as strings)
+    constexprs: dict = field(default_factory=dict)  # as compiled (GPU values), as strings
     interpreter_overrides: dict = field(default_factory=dict)  # name -> [interp, gpu]
-    shared: int = 0
-    regs: int = 0
-    stack: int = 0
-    local: int = 0
-    mma: str = ""
-    regs_per_program: int = 0
+    shared: int = 0  # metadata.shared: shared memory per program
+    regs: int = 0  # registers per thread
+    stack: int = 0  # stack frame per thread (spills)
+    local: int = 0  # local memory per thread
+    mma: str = ""  # wgmma | mma | fma | wgmma+mma
+    regs_per_program: int = 0  # allocated (per warp in units of 256)
+    # Resident programs per SM by shared memory (the preset's per-program limit stands for the
+    # SM's), registers and threads (2048).
     programs_per_sm: int = 0
     fits_smem: bool = False
     fits_regs: bool = False
     spills: bool = False
-    co_resident: bool | None = None  # persistent launches: programs <= SMs
-    fits: bool = False
-    profile: dict = field(default_factory=dict)
+    co_resident: bool | None = None  # persistent launches: programs <= SMs and >= 1 per SM
+    fits: bool = False  # all of the above
+    profile: dict = field(default_factory=dict)  # loop_profile of the step loop
     compile_s: float = 0.0
-    error: str | None = None
+    error: str | None = None  # the compile's error (one line), when it failed
 
 
 def _grid_programs(grid) -> int:
@@ -687,7 +774,10 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
     except ToolMissing:
         raise
     except Exception as e:  # a compile failure is a finding about the kernel
-        rep.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+        # Triton's messages start with a location and end with the cause: keep both.
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        rep.error = f"{type(e).__name__}: {text}"[:300]
         rep.compile_s = time.perf_counter() - t0
         return rep
     rep.compile_s = time.perf_counter() - t0

@@ -194,24 +194,47 @@ SASS = """
         /*0040*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;
         /*0050*/                   ATOMG.E.ADD.STRONG.GPU PT, R2, desc[UR4][R6.64], R9 ;
         /*0060*/               @P1 BRA 0x50 ;
-        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
-        /*0080*/                   NOP ;
+        /*0070*/                   BRA.DIV 0xf0 ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
         /*0090*/                   STG.E desc[UR4][R4.64], R2 ;
-        /*00a0*/               @P0 BRA 0x20 ;
-        /*00b0*/                   LDSM.16.M88.4 R4, [R2] ;
-        /*00c0*/                   EXIT ;
-        /*00d0*/                   BRA 0xd0;
+        /*00a0*/                   NOP ;
+        /*00b0*/               @P0 BRA 0x20 ;
+        /*00c0*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*00d0*/                   EXIT ;
+        /*00e0*/                   BRA 0xe0;
+        /*00f0*/                   SHFL.IDX PT, R2, R2, RZ, 0x1f ;
+        /*0100*/                   BRA 0x80 ;
+        /*0110*/                   STS [R0], R2 ;
+        /*0120*/                   BRA 0x110 ;
 """
 
 
-def test_loop_profile_takes_the_outermost_backward_branch():
+def test_loop_profile_counts_the_outermost_natural_loop():
     prof = aot.loop_profile(SASS)
-    # Loop [0x20, 0xa0]: LDS, BRA, HMMA, ATOMG, BRA, BAR, (NOP skipped), STG, BRA.
-    assert prof["instructions"] == 8
+    # Loop headed at 0x20 (back edge 0xb0): 0x20..0xb0 less the NOP (9), plus the out-of-line
+    # divergence path 0xf0..0x100 that jumps back in. Unreachable 0x110.. and the 0xe0
+    # self-branch after EXIT are not part of it.
+    assert prof["instructions"] == 9 + 2
     assert (prof["LDS"], prof["MMA"], prof["ATOM"], prof["BAR"], prof["STG"]) == (1, 1, 1, 1, 1)
-    assert prof["LDG"] == 0 and prof["LDSM"] == 0  # outside the loop
-    assert prof["inner_loops"] == 1  # [0x50, 0x60]; the self-branch at 0xd0 is no loop
-    assert prof["loop_bytes"] == 0xa0 - 0x20 + 16
+    assert prof["LDG"] == 0 and prof["LDSM"] == 0 and prof["STS"] == 0  # outside the loop
+    assert prof["inner_loops"] == 1  # 0x50..0x60
+
+
+def test_a_branch_back_from_outside_is_no_loop():
+    """An out-of-line block that jumps back to an earlier address (0x100 -> 0x40) closes no
+    loop: its target does not dominate it. The address-range rule would have taken it."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA.DIV 0x100 ;
+        /*0020*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0030*/               @P0 BRA 0x20 ;
+        /*0040*/                   STG.E desc[UR4][R4.64], R2 ;
+        /*0050*/                   EXIT ;
+        /*0100*/                   SHFL.IDX PT, R2, R2, RZ, 0x1f ;
+        /*0110*/                   BRA 0x40 ;
+"""
+    prof = aot.loop_profile(sass)
+    assert (prof["instructions"], prof["LDG"], prof["STG"]) == (2, 1, 0)
 
 
 def test_loop_profile_labels_and_no_loop():
@@ -220,10 +243,12 @@ def test_loop_profile_labels_and_no_loop():
 .L_x_0:
         /*0010*/                   HGMMA.64x16x16.F32.BF16 R24, gdesc[UR4], R24 ;
         /*0020*/               @P0 BRA `(.L_x_0) ;
+        /*0030*/                   EXIT ;
 """
     prof = aot.loop_profile(labelled)
     assert (prof["instructions"], prof["MMA"], prof["LDG"]) == (2, 1, 0)
-    assert aot.loop_profile(SASS.split("/*0030*/")[0])["instructions"] == 0
+    no_loop = SASS.split("/*0060*/")[0]
+    assert aot.loop_profile(no_loop)["instructions"] == 0
 
 
 def test_mma_kind_and_res_usage_parsing():
