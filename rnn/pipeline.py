@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -177,9 +178,14 @@ def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.devi
 def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
                   device: torch.device) -> Pipeline | None:
     """The engine's entry: the pipeline for this stack and batch (info: its PackInfo), or
-    None to run the layers one after another. Cheap when it cannot apply (no planning)."""
+    None to run the layers one after another. Cheap when it cannot apply (no planning).
+
+    The automatic choice (`pipeline_chunks`' rule) is opt-in with TRITONRNN_PIPELINE=1 until
+    the overlap has been measured on a GPU: the side-stream schedule has only run on the CPU
+    so far (same calls, in order). `plan_constraints(pipeline_chunks=k)` always applies."""
     forced = current_constraints().get("pipeline_chunks")
-    if forced is None and (device.type != "cuda" or cfg.num_dirs != 1 or cfg.num_layers < 2
+    if forced is None and (os.environ.get("TRITONRNN_PIPELINE", "0") != "1"
+                           or device.type != "cuda" or cfg.num_dirs != 1 or cfg.num_layers < 2
                            or info.max_len < 2 * MIN_CHUNK_STEPS):
         return None
     props = device_properties(device)

@@ -280,6 +280,7 @@ def test_gpu_rule_pipelines_a_long_stack(monkeypatch):
     gives C = 4: T // 32) and matches the unpipelined run."""
     import tritonrnn.rnn.pipeline as pipeline_mod
 
+    monkeypatch.setenv("TRITONRNN_PIPELINE", "1")  # the automatic choice is opt-in
     seen = []
     run = pipeline_mod.run
     monkeypatch.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (seen.append(pipe),
@@ -488,3 +489,17 @@ def test_step_bounds():
     assert step_bounds(7, 7) == tuple(range(8))
     with pytest.raises(ValueError, match="chunks"):
         step_bounds(7, 8)
+
+
+def test_automatic_pipeline_is_opt_in(monkeypatch):
+    """Without TRITONRNN_PIPELINE=1 the engine never pipelines on its own (until the overlap
+    is measured on a GPU); the device check comes after the opt-in, so this holds anywhere."""
+    from tritonrnn.rnn import pipeline as pipeline_mod
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.packing import make_pack_info
+
+    cfg = make_config(rnn_mode="lstm", num_layers=2, num_units=64, input_size=64)
+    info = make_pack_info([256] * 4, 256, torch.device("cpu"))
+    monkeypatch.delenv("TRITONRNN_PIPELINE", raising=False)
+    assert pipeline_mod.plan_pipeline(cfg, None, info, torch.float32,
+                                      torch.device("cuda")) is None
