@@ -31,9 +31,14 @@ case "${1:-tests}" in
       tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
     done ;;
   grid)
-    for p in grid pipeline stack; do
+    for p in grid stack; do
       tr bench --preset "$p" --pass fwdbwd --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -40
-    done ;;
+    done
+    # The layer pipeline: the same 2-layer stack without and with the automatic overlap.
+    tr bench --preset pipeline --pass fwdbwd --out "$out/serial" 2>&1 \
+      | tee "$out/bench-pipeline-serial.log" | tail -20
+    TRITONRNN_PIPELINE=1 tr bench --preset pipeline --pass fwdbwd --out "$out" 2>&1 \
+      | tee "$out/bench-pipeline.log" | tail -20 ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
     tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 2>&1 \
