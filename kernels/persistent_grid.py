@@ -1042,16 +1042,15 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
-    f32 = dict(dtype=torch.float32, device=dev)
-    xdt = f32  # exchange buffers: fp32 (see "Exchange buffers" in the module docstring)
+    f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
-    x_ws = torch.empty(nd, 2, B, Hout, **xdt)
+    x_ws = torch.empty(nd, 2, B, Hout, **f32)
     x_ws[:, 0].copy_(h_st)
     c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
     if lstm:
         c_ws.copy_(_both(c0, off.get("c0")))
-    m_ws = torch.empty(nd, B, H, **xdt) if P else x_ws
+    m_ws = torch.empty(nd, B, H, **f32) if P else x_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
@@ -1203,15 +1202,14 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                                 dtype)
-    f32 = dict(dtype=torch.float32, device=dev)
-    xdt = f32  # exchange buffers: fp32 (see "Exchange buffers" in the module docstring)
-    dph_ws = torch.empty(nd, 2, B, G * H, **xdt)
+    f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
+    dph_ws = torch.empty(nd, 2, B, G * H, **f32)
     carry_ws = torch.empty(nd, B, Hout, **f32)
     carry_ws.copy_(_both(dhT, off.get("dhT")))
     dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
     if lstm:
         dc_ws.copy_(_both(dcT, off.get("dcT")))
-    dh_ws = torch.empty(nd, B, P, **xdt) if P else dph_ws
+    dh_ws = torch.empty(nd, B, P, **f32) if P else dph_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(H, block_k)
     pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)

@@ -204,6 +204,23 @@ class BackwardResult:
     dparams: torch.Tensor  # like params
 
 
+def _backward_inputs(cfg, info, dtype, reserve, y_last, params, h0, c0, dhT, dcT):
+    """What every backward starts from: the reserve's c_seq and layer-output views, all layer
+    outputs, the parameter views and zeroed gradient views, the states and their gradients
+    in sorted batch order, and the (poisoned) dh0/dc0 outputs."""
+    lstm = cfg.is_lstm
+    layout = reserve_mod.reserve_layout(cfg, info, dtype)
+    c_views, y_views = reserve_mod.views(reserve, layout)
+    dparams = torch.zeros_like(params)
+    perm = info.perm
+    h0s = h0.index_select(1, perm)
+    c0s = c0.index_select(1, perm) if lstm else None
+    return (c_views, list(y_views) + [y_last], layer_views(cfg, params), dparams,
+            layer_views(cfg, dparams), h0s, c0s, dhT.index_select(1, perm),
+            dcT.index_select(1, perm) if lstm else None, poison_like(h0s),
+            poison_like(c0s) if lstm else None)
+
+
 def backward(
     cfg: RNNConfig,
     rec: Recurrence,
@@ -229,19 +246,8 @@ def backward(
     L, D, Hout, H, G = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.num_units, cfg.num_gates
     N, dtype, dev = info.N, x.dtype, x.device
     lstm = cfg.is_lstm
-    layout = reserve_mod.reserve_layout(cfg, info, dtype)
-    c_views, y_views = reserve_mod.views(reserve, layout)
-    ys = list(y_views) + [y_last]
-    views = layer_views(cfg, params)
-    dparams = torch.zeros_like(params)
-    dviews = layer_views(cfg, dparams)
-    perm = info.perm
-    h0s = h0.index_select(1, perm)
-    c0s = c0.index_select(1, perm) if lstm else None
-    dhTs = dhT.index_select(1, perm)
-    dcTs = dcT.index_select(1, perm) if lstm else None
-    dh0s = poison_like(h0s)
-    dc0s = poison_like(c0s) if lstm else None
+    (c_views, ys, views, dparams, dviews, h0s, c0s, dhTs, dcTs, dh0s,
+     dc0s) = _backward_inputs(cfg, info, dtype, reserve, y_last, params, h0, c0, dhT, dcT)
     prev = [prev_rows(info, reverse=bool(d)) for d in range(D)]
     # Workspaces allocated once and reused by every layer and direction (GEMMs write with
     # out=); dx/dy ping-pong between two buffers as the gradient walks down the stack. The
@@ -436,19 +442,8 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
     L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
     N, B, dtype, dev = info.N, info.B, x.dtype, x.device
     lstm, gru, proj = cfg.is_lstm, cfg.rnn_mode == "gru", cfg.num_proj > 0
-    layout = reserve_mod.reserve_layout(cfg, info, dtype)
-    c_views, y_views = reserve_mod.views(reserve, layout)
-    ys = list(y_views) + [y_last]
-    views = layer_views(cfg, params)
-    dparams = torch.zeros_like(params)
-    dviews = layer_views(cfg, dparams)
-    perm = info.perm
-    h0s = h0.index_select(1, perm)
-    c0s = c0.index_select(1, perm) if lstm else None
-    dhTs = dhT.index_select(1, perm)
-    dcTs = dcT.index_select(1, perm) if lstm else None
-    dh0s = poison_like(h0s)
-    dc0s = poison_like(c0s) if lstm else None
+    (c_views, ys, views, dparams, dviews, h0s, c0s, dhTs, dcTs, dh0s,
+     dc0s) = _backward_inputs(cfg, info, dtype, reserve, y_last, params, h0, c0, dhT, dcT)
     W = pipe.width
     buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
     pre_x, pre_h = buf(N, G * H), buf(N, G * H)
