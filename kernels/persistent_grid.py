@@ -949,8 +949,7 @@ def grid_forward(
     `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path."""
     t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
     _forward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
-             _max_spin,
-             _barrier_extra)
+             _max_spin, _barrier_extra)
 
 
 def grid_forward_pair(
@@ -974,14 +973,13 @@ def grid_forward_pair(
         for d in range(2):
             grid_forward(cell, info=info, reverse=d == 1, persistent=persistent,
                          block_h=block_h, block_b=block_b, block_k=block_k,
-                         num_warps=num_warps,
-                         _max_spin=_max_spin, _barrier_extra=_barrier_extra,
+                         num_warps=num_warps, _max_spin=_max_spin,
+                         _barrier_extra=_barrier_extra,
                          **{k: split_pair(k, v)[d] for k, v in pairs.items()})
         return
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
     _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k, num_warps,
-             _max_spin,
-             _barrier_extra)
+             _max_spin, _barrier_extra)
 
 
 def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
@@ -1116,8 +1114,7 @@ def grid_backward(
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
     _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
-             _max_spin,
-              _barrier_extra)
+              _max_spin, _barrier_extra)
 
 
 def grid_backward_pair(
@@ -1137,8 +1134,8 @@ def grid_backward_pair(
         for d in range(2):
             grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
                           block_h=block_h, block_b=block_b, block_k=block_k,
-                         num_warps=num_warps,
-                          _max_spin=_max_spin, _barrier_extra=_barrier_extra,
+                          num_warps=num_warps, _max_spin=_max_spin,
+                          _barrier_extra=_barrier_extra,
                           **{k: split_pair(k, v)[d] for k, v in pairs.items()})
         return
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}

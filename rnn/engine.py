@@ -128,6 +128,28 @@ def _layer_input(cfg, info, layer, x0, ys, training, dropped=None):
     return y
 
 
+def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training):
+    """What every forward starts from: the parameter views, the initial states in sorted batch
+    order and the (poisoned) final-state outputs, the reserve (training: allocated, with its
+    c_seq and layer-output views; inference: empty) and every layer's packed output
+    [N, D*Hout] (the inner ones in the reserve when training)."""
+    L, D, Hout, lstm = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.is_lstm
+    h0s = h0.index_select(1, info.perm)
+    c0s = c0.index_select(1, info.perm) if lstm else None
+    if training:
+        layout = reserve_mod.reserve_layout(cfg, info, dtype)
+        reserve, host_reserved = reserve_mod.allocate(layout, dev)
+        c_views, y_views = reserve_mod.views(reserve, layout)
+    else:
+        reserve = torch.empty(0, dtype=torch.uint8, device=dev)
+        host_reserved = torch.empty(0, dtype=torch.int8)
+        c_views = []
+        y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
+    ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
+    return (layer_views(cfg, params), h0s, c0s, poison_like(h0s),
+            poison_like(c0s) if lstm else None, reserve, host_reserved, c_views, ys)
+
+
 def forward(
     cfg: RNNConfig,
     rec: Recurrence,
@@ -145,22 +167,8 @@ def forward(
     L, D, Hout = cfg.num_layers, cfg.num_dirs, cfg.out_size
     dtype, dev = x.dtype, x.device
     lstm = cfg.is_lstm
-    views = layer_views(cfg, params)
-    perm = info.perm
-    h0s = h0.index_select(1, perm)
-    c0s = c0.index_select(1, perm) if lstm else None
-    hTs = poison_like(h0s)
-    cTs = poison_like(c0s) if lstm else None
-    if training:
-        layout = reserve_mod.reserve_layout(cfg, info, dtype)
-        reserve, host_reserved = reserve_mod.allocate(layout, dev)
-        c_views, y_views = reserve_mod.views(reserve, layout)
-    else:
-        reserve = torch.empty(0, dtype=torch.uint8, device=dev)
-        host_reserved = torch.empty(0, dtype=torch.int8)
-        c_views = []
-        y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
-    ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
+    (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
+     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training)
     # The input pre-activations [N, G*H] of each direction in flight, reused by every layer:
     # both directions' ([2, N, G*H]) when the backend runs them in one call.
     paired = pairs_directions(rec, D)
@@ -374,21 +382,8 @@ def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info:
     ([L, 2, B, C]: chunk k reads slot (k-1) % 2 and writes k % 2)."""
     L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
     dtype, dev, lstm = x.dtype, x.device, cfg.is_lstm
-    views = layer_views(cfg, params)
-    h0s = h0.index_select(1, info.perm)
-    c0s = c0.index_select(1, info.perm) if lstm else None
-    hTs = poison_like(h0s)
-    cTs = poison_like(c0s) if lstm else None
-    if training:
-        layout = reserve_mod.reserve_layout(cfg, info, dtype)
-        reserve, host_reserved = reserve_mod.allocate(layout, dev)
-        c_views, y_views = reserve_mod.views(reserve, layout)
-    else:
-        reserve = torch.empty(0, dtype=torch.uint8, device=dev)
-        host_reserved = torch.empty(0, dtype=torch.int8)
-        c_views = []
-        y_views = [new_buffer(info.N, Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
-    ys = list(y_views) + [new_buffer(info.N, Hout, dtype=dtype, device=dev)]
+    (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
+     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training)
     buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
     xg = buf(info.N, G * H)
     drop = training and cfg.dropout > 0 and L > 1
