@@ -29,7 +29,8 @@ What the launchers chose only because they ran in the interpreter is overridden 
 from the launchers' own logic with "on GPU" instead of "interpreting":
   DOT_DT       the weights' Triton dtype (interpreter: tl.float32, its half dot is wrong)
   FP32_DOT     DOT_DT == tl.float32, with the GPU DOT_DT
-  USE_BARRIER  True for a persistent launch (the planner's persistent_grid family)
+  BARRIER      1 (grid barrier) for a persistent launch (the planner's persistent_grid
+               family), else 0
   UPCAST       False (interpreter: weights upcast to fp32)
   IEEE         recorded IEEE and the data is fp32 (interpreter: IEEE = not allow_tf32)
 plus the launch option of a persistent launch (`cooperative_launch_options()`). When a kernel
@@ -409,8 +410,8 @@ def _gpu_fp32_dot(recorded, ctx: GpuContext, gpu: dict):
     return gpu.get("DOT_DT", _tl_dtype(ctx.dtype)) == tl.float32
 
 
-def _gpu_use_barrier(recorded, ctx: GpuContext, gpu: dict):
-    return bool(ctx.persistent)
+def _gpu_barrier(recorded, ctx: GpuContext, gpu: dict):
+    return 1 if ctx.persistent else 0  # 2 (count arrivals only) is a test hook, never planned
 
 
 def _gpu_upcast(recorded, ctx: GpuContext, gpu: dict):
@@ -428,7 +429,7 @@ def _gpu_ieee(recorded, ctx: GpuContext, gpu: dict):
 INTERPRETER_CONSTEXPRS = {
     "DOT_DT": _gpu_dot_dt,
     "FP32_DOT": _gpu_fp32_dot,
-    "USE_BARRIER": _gpu_use_barrier,
+    "BARRIER": _gpu_barrier,
     "UPCAST": _gpu_upcast,
     "IEEE": _gpu_ieee,
 }
@@ -450,7 +451,7 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
             changed[name] = (cons[key], value)
         cons[key] = value
     options = dict(sig.options)
-    if gpu.get("USE_BARRIER"):
+    if gpu.get("BARRIER") == 1:
         from tritonrnn.kernels.grid_barrier import cooperative_launch_options
 
         options.update(cooperative_launch_options())

@@ -17,6 +17,11 @@ Memory ordering (the CUDA cooperative-groups pattern, expressed with Triton atom
   A scalar Triton atomic runs on one thread and broadcasts its result through shared memory,
   so the spin loop's condition is uniform across the program (no divergent bar.sync).
 
+Split phase: `grid_arrive` / `grid_wait` are the two halves of `grid_sync`. The recurrent
+kernels publish their exchange slice, arrive, then issue the stores nobody waits for and the
+loads of the next step's read-only inputs, and only then wait: that work leaves the per-step
+critical path (arrival -> last arrival -> wait) instead of sitting in front of the release.
+
 Bounded spin: a program that polls `max_spin` times without seeing the target (or that sees
 the error flag set by another program) sets the error flag (sync[1]) and reports failure; the
 caller stops its time loop and the host launcher raises instead of hanging the GPU.
@@ -65,15 +70,22 @@ _ERR_POLL_MASK = tl.constexpr(1023)
 
 
 @triton.jit
-def grid_sync(sync_ptr, target, max_spin):
-    """Arrive at the grid barrier and wait until `target` arrivals are counted.
-
-    sync_ptr: int32 [2] (counter, error flag); target: int32 scalar.
-    Returns an int32 scalar: 0 on success, 1 if the wait timed out or another program failed.
-    """
+def grid_arrive(sync_ptr):
+    """First half of a split grid barrier: this program's stores so far (every warp's) become
+    visible at GPU scope, then it counts itself in. Work that nobody else waits for (output
+    stores, loads of the next step's read-only inputs) belongs between `grid_arrive` and
+    `grid_wait`: it then overlaps the other programs' arrival instead of delaying this one's
+    (the release fence waits for every earlier memory access of the program)."""
     # Every warp's stores of this step are issued before the (single-thread) release.
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def grid_wait(sync_ptr, target, max_spin):
+    """Second half of a split grid barrier: wait until `target` arrivals are counted.
+    Returns an int32 scalar: 0 on success, 1 if the wait timed out or another program failed
+    (the error flag is then set for everyone)."""
     seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     err = seen * 0
     spins = seen * 0
@@ -88,6 +100,16 @@ def grid_sync(sync_ptr, target, max_spin):
     # The acquire above was done by one thread; bar.sync orders every warp's later loads.
     tl.debug_barrier()
     return failed
+
+
+@triton.jit
+def grid_sync(sync_ptr, target, max_spin):
+    """Arrive at the grid barrier and wait until `target` arrivals are counted (no work in
+    between). sync_ptr: int32 [2] (counter, error flag); target: int32 scalar.
+    Returns an int32 scalar: 0 on success, 1 if the wait timed out or another program failed.
+    """
+    grid_arrive(sync_ptr)
+    return grid_wait(sync_ptr, target, max_spin)
 
 
 @triton.jit(do_not_specialize=["n_barriers", "max_spin"])

@@ -7,7 +7,7 @@ arguments:
 - persistent-grid (GPU): one launch runs every sub-step; the programs stay resident and meet
   at an in-kernel grid barrier (kernels/grid_barrier.py) after each sub-step's publish.
 - stepwise, and persistent under TRITON_INTERPRET=1 (programs run one after another, so a
-  barrier would deadlock): one launch per sub-step, the barrier compiled out (USE_BARRIER is a
+  barrier would deadlock): one launch per sub-step, the barrier compiled out (BARRIER is a
   constexpr). The launch boundary is the barrier; the math is the same code.
 
 Contract: exactly rnn/reference.py's `recurrence_forward` / `recurrence_backward` (packed rows,
@@ -44,6 +44,16 @@ Weights: resident or streamed (block_k)
 all finished (sorted lengths: from step max(len in tile) on) skips its matmuls and only
 carries its state over.
 
+Split K (`_nsplit`): a plain tl.dot spreads the program's warps over its [rows, batch] output
+in 16 x 8 MMA tiles, so a 16 x 16 gate tile (block_h = block_b = 16, the small-batch case)
+has 2 tiles for 8 warps: the other warps compute copies, and every warp issues the whole
+K / 16-long MMA chain of every gate (LSTM H = 768: 384 mma.sync per warp per step, the
+largest item of the step in the sm_90 compiles). Such dots cut the reduction into S slices
+instead, the batch dimension of a 3-D dot (Triton puts its warps along it): each warp runs
+1/S of the MMAs and reads 1/S of the weights and of h from shared memory, and the S partial
+sums are added once per step (the forward joins its gates into one reduction). Output tiles
+with at least one MMA tile per warp keep the plain dot (S = 1).
+
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
            the exchange buffer), cell pointwise on the own slice; c and the own slice of h
@@ -67,6 +77,13 @@ Backward, per step s in reverse order (dh_carry: gradient on h_s from step s+1):
 Barriers per step: 1 without a projection, 2 with one (both are true data dependencies; the
 ping-pong h / dph buffers make the single barrier sufficient: a program can only overwrite a
 buffer after the barrier that follows every read of it).
+Each barrier is split (`grid_arrive` / `grid_wait`): a sub-step publishes its exchange slice
+and arrives; then, while the other programs arrive, it writes the outputs no program reads
+in this launch (y, c_seq, hT, dpre_x, dpre_h, m_seq, dh_total) and loads what the next
+sub-step reads that no program writes (`_fwd_loads` / `_bwd_loads`: packed rows, the
+input-side gate tiles, the reserve tiles, dy); only then it waits. Those loads and stores
+are off the per-step chain (barrier -> exchange read -> dots -> cell -> publish), and the
+release fence no longer waits for them.
 
 Workspaces (fp32, allocated per call; bytes per direction, times D for a pair launch):
   forward  h exchange [2, B, Hout] (8*B*Hout), h state [B, Hout] (4*B*Hout),
@@ -111,7 +128,8 @@ from .grid_barrier import (
     DEFAULT_MAX_SPIN,
     check_flags,
     cooperative_launch_options,
-    grid_sync,
+    grid_arrive,
+    grid_wait,
     poll_earlier_launches,
 )
 from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets, split_pair
@@ -123,7 +141,8 @@ from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets
 
 @triton.jit
 def _mm(a, b, FP32_DOT: tl.constexpr):
-    """[M, K] @ [K, N] with fp32 accumulation; fp32 operands in IEEE precision (no tf32)."""
+    """[S, M, K] @ [S, K, N] -> [S, M, N] with fp32 accumulation; fp32 operands in IEEE
+    precision (no tf32)."""
     if FP32_DOT:
         return tl.dot(a, b, input_precision="ieee")
     else:
@@ -131,60 +150,110 @@ def _mm(a, b, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _tile(W, a_idx, a_ok, a_stride, b_idx, b_ok, b_stride, DT: tl.constexpr):
-    """tile[i, k] = W[a_idx[i] * a_stride + b_idx[k] * b_stride], zero outside, cast to DT."""
-    ptr = W + a_idx[:, None].to(tl.int64) * a_stride + b_idx[None, :].to(tl.int64) * b_stride
-    return tl.load(ptr, mask=a_ok[:, None] & b_ok[None, :], other=0.0).to(DT)
+def _zacc(S: tl.constexpr, BM: tl.constexpr, BB: tl.constexpr):
+    """Zero split-K accumulator: [S, BM, BB] fp32, or [BM, BB] when S == 1 (a plain dot)."""
+    if S == 1:
+        return tl.zeros([BM, BB], tl.float32)
+    else:
+        return tl.zeros([S, BM, BB], tl.float32)
+
+
+@triton.jit
+def _ksum(acc, S: tl.constexpr):
+    """The product from a split-K accumulator: the S partial sums added (a cross-warp
+    reduction), or acc itself when S == 1."""
+    if S == 1:
+        return acc
+    else:
+        return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KC: tl.constexpr, K: tl.constexpr,
+          S: tl.constexpr, DT: tl.constexpr):
+    """Split-K weight tile [S, BM, KC // S] cast to DT: tile[s, i, c] = W[a_idx[i] * a_stride +
+    (k0 + s * KC // S + c) * b_stride], zero past the reduction length K; [BM, KC] when
+    S == 1."""
+    if S == 1:
+        kk = (k0 + tl.arange(0, KC)[None, :]).to(tl.int64)
+        ptr = W + a_idx[:, None].to(tl.int64) * a_stride + kk * b_stride
+        return tl.load(ptr, mask=a_ok[:, None] & (kk < K), other=0.0).to(DT)
+    else:
+        kk = (k0 + tl.arange(0, S)[:, None, None] * (KC // S)
+              + tl.arange(0, KC // S)[None, None, :]).to(tl.int64)
+        ptr = W + a_idx[None, :, None].to(tl.int64) * a_stride + kk * b_stride
+        return tl.load(ptr, mask=a_ok[None, :, None] & (kk < K), other=0.0).to(DT)
 
 
 @triton.jit
 def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constexpr,
             K: tl.constexpr, k: tl.constexpr, G: tl.constexpr, RESIDENT: tl.constexpr,
-            DT: tl.constexpr, BM: tl.constexpr):
-    """A resident weight chunk of gate k: tile[i, c] = W[a_idx[i], k0 + c] for c < KC (zero
-    past the reduction length K), or a [BM, 16] placeholder that is never read (streamed
-    weights, a gate the cell lacks, an empty chunk KC == 0; the compiler drops it)."""
+            DT: tl.constexpr, BM: tl.constexpr, S: tl.constexpr):
+    """A resident weight chunk of gate k (`_tile`: columns k0 .. k0 + KC), or a placeholder
+    that is never read (streamed weights, a gate the cell lacks, an empty chunk KC == 0; the
+    compiler drops it)."""
     if RESIDENT:
         if k < G:
             if KC > 0:
-                kk = k0 + tl.arange(0, KC)
-                return _tile(W, a_idx, a_ok, a_stride, kk, kk < K, b_stride, DT)
+                return _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KC, K, S, DT)
             else:
-                return tl.zeros([BM, 16], DT)
+                return _zacc(S, BM, 16).to(DT)
         else:
-            return tl.zeros([BM, 16], DT)
+            return _zacc(S, BM, 16).to(DT)
     else:
-        return tl.zeros([BM, 16], DT)
+        return _zacc(S, BM, 16).to(DT)
 
 
 @triton.jit
-def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
-    """Dot operand chunk [KC, batch] of an fp32 exchange buffer [B, x_row], cast to the dot
-    dtype DT: tile[c, j] = X[jb[j], k0 + c], zero past K and for masked batch columns."""
-    kk = k0 + tl.arange(0, KC)
-    return tl.load(X + jb64[None, :] * x_row + kk[:, None],
-                   mask=(kk < K)[:, None] & x_ok[None, :], other=0.0, cache_modifier=".cg").to(DT)
+def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+           DT: tl.constexpr):
+    """Split-K dot operand [S, KC // S, batch] of an fp32 exchange buffer [B, x_row], cast to
+    the dot dtype DT: tile[s, c, j] = X[jb[j], k0 + s * KC // S + c], zero past K and for
+    masked batch columns; [KC, batch] when S == 1."""
+    if S == 1:
+        kk = k0 + tl.arange(0, KC)[:, None]
+        return tl.load(X + jb64[None, :] * x_row + kk, mask=(kk < K) & x_ok[None, :],
+                       other=0.0, cache_modifier=".cg").to(DT)
+    else:
+        kk = (k0 + tl.arange(0, S)[:, None, None] * (KC // S)
+              + tl.arange(0, KC // S)[None, :, None])
+        return tl.load(X + jb64[None, None, :] * x_row + kk,
+                       mask=(kk < K) & x_ok[None, None, :], other=0.0,
+                       cache_modifier=".cg").to(DT)
+
+
+@triton.jit
+def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
+            K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
+            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr):
+    """acc[s, i, j] += the part s of sum_k W[a_idx[i], k] * X[jb[j], k] over k < K ([S, BM, BB]
+    fp32; summing over s gives the product, `tl.sum(acc, axis=0)`).
+
+    Split K: the reduction is cut into S slices, the dot's batch dimension, so the program's
+    warps each run 1/S of the MMAs (a [16, K] @ [K, 16] dot would otherwise keep one warp
+    busy and the others computing copies of its result).
+    RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
+    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call."""
+    if RESIDENT:
+        acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
+        if KB > 0:
+            acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, S, DOT_DT), FP32_DOT)
+    else:
+        for k0 in range(0, K, KA):
+            w = _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, S, DOT_DT)
+            acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K, S, DOT_DT), FP32_DOT)
+    return acc
 
 
 @triton.jit
 def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
            K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
-           DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr, BB: tl.constexpr):
-    """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32.
-
-    RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
-    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call."""
-    if RESIDENT:
-        acc = _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, DOT_DT), FP32_DOT)
-        if KB > 0:
-            acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, DOT_DT), FP32_DOT)
-    else:
-        acc = tl.zeros([BM, BB], tl.float32)
-        for k0 in range(0, K, KA):
-            kk = k0 + tl.arange(0, KA)
-            w = _tile(W, a_idx, a_ok, a_stride, kk, kk < K, b_stride, DOT_DT)
-            acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K, DOT_DT), FP32_DOT)
-    return acc
+           S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr,
+           BB: tl.constexpr):
+    """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32 (`_dot_w3`)."""
+    acc = _dot_w3(_zacc(S, BM, BB), W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row,
+                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+    return _ksum(acc, S)
 
 
 @triton.jit
@@ -239,49 +308,60 @@ def _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE: tl.constexpr, NUM_DIRS: 
 
 
 @triton.jit
-def _acc_gates(p0, p1, p2, p3, w0, w1, w2, w3, x, G: tl.constexpr, FP32_DOT: tl.constexpr):
-    """p_k += w_k @ x for the cell's gates (G is 1, 3 or 4)."""
-    p0 += _mm(w0, x, FP32_DOT)
+def _acc_gates(a0, a1, a2, a3, w0, w1, w2, w3, x, G: tl.constexpr, FP32_DOT: tl.constexpr):
+    """a_k += w_k @ x (split-K, [S, BH, BB]) for the cell's gates (G is 1, 3 or 4)."""
+    a0 += _mm(w0, x, FP32_DOT)
     if G > 1:
-        p1 += _mm(w1, x, FP32_DOT)
-        p2 += _mm(w2, x, FP32_DOT)
+        a1 += _mm(w1, x, FP32_DOT)
+        a2 += _mm(w2, x, FP32_DOT)
     if G > 3:
-        p3 += _mm(w3, x, FP32_DOT)
-    return p0, p1, p2, p3
+        a3 += _mm(w3, x, FP32_DOT)
+    return a0, a1, a2, a3
 
 
 @triton.jit
 def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
-             KB: tl.constexpr, RESIDENT: tl.constexpr, DOT_DT: tl.constexpr,
+             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
-    chunk and shared by the gates."""
-    p0 = tl.zeros([BH, BB], tl.float32)
-    p1 = p0
-    p2 = p0
-    p3 = p0
+    chunk and shared by the gates. Split K into S slices as in `_dot_w3`."""
+    a0 = _zacc(S, BH, BB)
+    a1 = a0
+    a2 = a0
+    a3 = a0
     if RESIDENT:
-        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, DOT_DT)
-        p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
-            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, DOT_DT)
-            p0, p1, p2, p3 = _acc_gates(p0, p1, p2, p3, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
+            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
+            a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
     else:
         for k0 in range(0, HOUT, KA):
-            kk = k0 + tl.arange(0, KA)
-            k_ok = kk < HOUT
-            xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, DOT_DT)
-            p0 += _mm(_tile(R, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk, FP32_DOT)
+            xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, S, DOT_DT)
+            a0 += _mm(_tile(R, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT), xk, FP32_DOT)
             if G > 1:
-                p1 += _mm(_tile(R + H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
+                a1 += _mm(_tile(R + H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT), xk,
                           FP32_DOT)
-                p2 += _mm(_tile(R + 2 * H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
-                          FP32_DOT)
+                a2 += _mm(_tile(R + 2 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
+                          xk, FP32_DOT)
             if G > 3:
-                p3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, kk, k_ok, 1, DOT_DT), xk,
-                          FP32_DOT)
+                a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
+                          xk, FP32_DOT)
+    # The S partial sums meet here, in one cross-warp reduction for all gates (join / split
+    # only regroup registers); gates the cell lacks stay zero.
+    if S == 1:
+        p0, p1, p2, p3 = a0, a1, a2, a3
+    elif G > 1:
+        t01, t23 = tl.split(tl.sum(tl.join(tl.join(a0, a1), tl.join(a2, a3)), axis=0))
+        p0, p1 = tl.split(t01)
+        p2, p3 = tl.split(t23)
+    else:
+        p0 = tl.sum(a0, axis=0)
+        p1 = tl.zeros([BH, BB], tl.float32)
+        p2 = p1
+        p3 = p1
     return p0, p1, p2, p3
 
 
@@ -296,21 +376,52 @@ def _gate_b(BR, hs, h_ok, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
 
 
 @triton.jit
+def _arrive(SYNC, u, u_end, BARRIER: tl.constexpr):
+    """Arrival at the barrier that ends sub-step u (a launch's last sub-step has none)."""
+    # Nested: the constexpr test must compile the barrier out entirely (interpreter).
+    if BARRIER > 0:  # noqa: SIM102
+        if u + 1 < u_end:
+            grid_arrive(SYNC)
+
+
+@triton.jit
+def _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok, u, u_end, rev,
+               G: tl.constexpr, H: tl.constexpr, NPH: tl.constexpr, REVERSE: tl.constexpr,
+               NUM_DIRS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr):
+    """What sub-step u reads that no other program writes: its active mask, packed rows and,
+    in a cell phase, the input-side gate tiles x_k = XG[rows, k*H + hs]. The kernel loads
+    them for u + 1 between its arrival and its wait (see `grid_arrive`): their latency hides
+    behind the barrier instead of following the step's matmuls. Nothing is loaded past the
+    launch's last sub-step (u >= u_end)."""
+    live = (lens * 0 + u) < u_end
+    act, rows = _step_rows(OFFS, lens, jb64, b_ok & live, u // NPH, rev, REVERSE, NUM_DIRS)
+    m2 = h_ok[:, None] & (act & ((lens * 0 + u) % NPH == 0))[None, :]
+    x0 = _load_gate(XG, s_xg, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+    x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+    x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+    x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    return act, rows, x0, x1, x2, x3
+
+
+@triton.jit
 def _fwd_cell_phase(
-    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MX, src, dst, rows, act, jb64, b_ok, hs,
-    h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on,
+    x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MX, src, dst, SYNC, u, u_end,
+    rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2, b3,
+    c, h_own, is_last, tile_on,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+    S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
 ):
-    """Phase 0: gates and cell of the own hidden slice; publishes h (no projection) or m.
-    Returns the carried (c, h_own)."""
+    """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
+    tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
+    nobody in the launch reads. Returns the carried (c, h_own)."""
     # A batch tile whose rows have all finished skips the matmuls (it only carries its state
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
     # register load out of the step loop, which spills once the slice outgrows registers.
     if tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
-                                  wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, DOT_DT,
+                                  wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
                                   FP32_DOT, BLOCK_H, BLOCK_B)
         p0 += b0[:, None]
         p1 += b1[:, None]
@@ -322,10 +433,6 @@ def _fwd_cell_phase(
         p2 = p0
         p3 = p0
     m2 = h_ok[:, None] & act[None, :]
-    x0 = _load_gate(XG, s_xg, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
-    x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
-    x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
-    x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
     if P == 0:
         h_old = h_own  # the own slice of h_{s-1}: GRU's z * h term
     else:
@@ -333,39 +440,43 @@ def _fwd_cell_phase(
     m, c_new = cells.cell_forward(CELL, x0, x1, x2, x3, p0, p1, p2, p3, h_old, c)
     if CELL == 0:
         c = tl.where(act[None, :], c_new, c)
-        if HAS_CSEQ:
-            _store_rows(CSEQ, s_cseq, rows, hs, c_new, m2)
     at = jb64[None, :] * HOUT + hs[:, None]
     if P == 0:
         h_own = tl.where(act[None, :], m, h_own)
         # Only active rows are published: a finished row's column of the next step's dot is
         # never used (the column is masked out of every result), so stale data there is safe.
         tl.store(dst + at, m.to(dst.dtype.element_ty), mask=m2)
+    else:
+        tl.store(MX + jb64[None, :] * H + hs[:, None], m.to(MX.dtype.element_ty), mask=m2)
+    _arrive(SYNC, u, u_end, BARRIER)
+    if CELL == 0 and HAS_CSEQ:
+        _store_rows(CSEQ, s_cseq, rows, hs, c_new, m2)
+    if P == 0:
         _store_rows(Y, s_y, rows, hs, m, m2)
         tl.store(HT + jb64[None, :] * s_ht + hs[:, None], h_own.to(HT.dtype.element_ty),
                  mask=h_ok[:, None] & b_ok[None, :] & is_last[None, :])
-    else:
-        tl.store(MX + jb64[None, :] * H + hs[:, None], m.to(MX.dtype.element_ty), mask=m2)
     return c, h_own
 
 
 @triton.jit
 def _fwd_proj_phase(
-    Y, s_y, HT, s_ht, PW, s_pw, MX, dst, rows, act, jb64, b_ok, os_, o_ok, pwa, pwb, h_own,
-    is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
-    KB: tl.constexpr, RESIDENT: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
-    BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+    Y, s_y, HT, s_ht, PW, s_pw, MX, dst, SYNC, u, u_end, rows, act, jb64, b_ok, os_, o_ok,
+    pwa, pwb, h_own, is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
+    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+    BARRIER: tl.constexpr,
 ):
-    """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice. Returns the
-    carried h_own."""
+    """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice; publishes h,
+    arrives, then writes y / hT. Returns the carried h_own."""
     if tile_on:
         hp = _dot_w(PW, os_, o_ok, s_pw, 1, pwa, pwb, MX, H, jb64, act, H, KA, KB, RESIDENT,
-                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
     else:
         hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
     mo = o_ok[:, None] & act[None, :]
     h_own = tl.where(act[None, :], hp, h_own)
     tl.store(dst + jb64[None, :] * HOUT + os_[:, None], hp.to(dst.dtype.element_ty), mask=mo)
+    _arrive(SYNC, u, u_end, BARRIER)
     _store_rows(Y, s_y, rows, os_, hp, mo)
     tl.store(HT + jb64[None, :] * s_ht + os_[:, None], h_own.to(HT.dtype.element_ty),
              mask=o_ok[:, None] & b_ok[None, :] & is_last[None, :])
@@ -383,7 +494,8 @@ def _grid_fwd_kernel(
     NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
-    PKB: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+    PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -427,26 +539,26 @@ def _grid_fwd_kernel(
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H)
-    wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT, BLOCK_H)
+    wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
+    wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT, BLOCK_H, RS)
     wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, RS)
     wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_H)
-    wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H)
+                  BLOCK_H, RS)
+    wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
     wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, RS)
     wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, RS)
     wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, RS)
     b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
     b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
     b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
     b3 = _gate_b(BR, hs, h_ok, 3, G, H, BLOCK_H)
-    pwa = _wchunk(PW, os_, o_ok, s_pw, 1, 0, PKA, H, 0, (P > 0) * 1, RESIDENT, DOT_DT, BLOCK_O)
+    pwa = _wchunk(PW, os_, o_ok, s_pw, 1, 0, PKA, H, 0, (P > 0) * 1, RESIDENT, DOT_DT, BLOCK_O, PS)
     pwb = _wchunk(PW, os_, o_ok, s_pw, 1, PKA, PKB, H, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_O)
+                  BLOCK_O, PS)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
     h_at = jb64[None, :] * HOUT + os_[:, None]
@@ -458,38 +570,46 @@ def _grid_fwd_kernel(
     else:
         c = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
 
+    # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival).
+    act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok, u_begin,
+                                           u_end, rev, G, H, NPH, REVERSE, NUM_DIRS, BLOCK_H,
+                                           BLOCK_B)
     failed = u_begin * 0
     u = u_begin
     while (u < u_end) & (failed == 0):
         s = u // NPH
-        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE, NUM_DIRS)
         src = XWS + (s % 2).to(tl.int64) * B * HOUT
         dst = XWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
         is_last = (jb * 0 + u) == n_sub - 1
         tile_on = s < tile_len
+        # Every sub-step but the launch's last arrives exactly once, inside its phase.
         if NPH == 1:
             c, h_own = _fwd_cell_phase(
-                XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, rows, act,
-                jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2, b3,
-                c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA, RKB, RESIDENT,
-                BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+                x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC, u,
+                u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
+                b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
+                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
-                    XG, s_xg, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, rows, act,
-                    jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, b0, b1, b2,
-                    b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA, RKB,
-                    RESIDENT, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT)
+                    x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC,
+                    u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
+                    wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
+                    HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
+                    BARRIER)
             else:
                 h_own = _fwd_proj_phase(
-                    Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, rows, act, jb64, b_ok, os_, o_ok, pwa,
-                    pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, DOT_DT,
-                    FP32_DOT, BLOCK_O, BLOCK_B)
+                    Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
+                    os_, o_ok, pwa, pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, PS,
+                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER)
+        act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok,
+                                               u + 1, u_end, rev, G, H, NPH, REVERSE, NUM_DIRS,
+                                               BLOCK_H, BLOCK_B)
         # Nested: the constexpr test must compile the barrier out entirely (interpreter).
-        if USE_BARRIER:  # noqa: SIM102
+        if BARRIER == 1:  # noqa: SIM102
             if u + 1 < u_end:
-                failed = grid_sync(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
+                failed = grid_wait(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
                                    max_spin)
         u += 1
 
@@ -509,34 +629,42 @@ def _grid_fwd_kernel(
 @triton.jit
 def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, src, jb64,
                act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
-               RESIDENT: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
-               BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
+               RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
+               FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
-    src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term."""
-    acc = _dot_w(R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB, RESIDENT,
-                 DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+    src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
+    Every gate accumulates into one split-K accumulator: one reduction per step."""
+    acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
+                  jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
-        acc += _dot_w(R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1, src + H, G * H, jb64, act1, H,
-                      KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
-        acc += _dot_w(R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2, src + 2 * H, G * H, jb64,
-                      act1, H, KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+        acc = _dot_w3(acc, R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1, src + H, G * H, jb64, act1,
+                      H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        acc = _dot_w3(acc, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2, src + 2 * H, G * H,
+                      jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 3:
-        acc += _dot_w(R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H, jb64,
-                      act1, H, KA, KB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
-    return tl.where(act1[None, :], carry + acc, carry)
+        acc = _dot_w3(acc, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
+                      jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+    return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
 
 
 @triton.jit
-def _bwd_cell_phase(
-    dm, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp,
-    DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dst, rows, act, jb64, hs, h_ok,
-    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, P: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
-):
-    """Phase B: cell backward of the own hidden slice; writes dpre_x/dpre_h/m_seq, publishes
-    dph to dst ([B, G*H], the dot dtype) and updates the carried dc and GRU's direct term."""
-    m2 = h_ok[:, None] & act[None, :]
+def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
+               OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u, u_end, S, rev,
+               CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, NPH: tl.constexpr,
+               REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, BLOCK_H: tl.constexpr,
+               BLOCK_B: tl.constexpr):
+    """What backward sub-step u reads that no other program writes (loaded ahead, as in
+    `_fwd_loads`): active mask and rows of step s = S-1-u//NPH; dy[rows, os] where the
+    sub-step forms dh (phase A, or the only phase); in the cell phase the reserve tiles:
+    pre-activations x_k (input side), q_k (recurrent side) and the cell's extra pair e0, e1
+    (LSTM c_t, c_{t-1}; GRU h_{t-1}; tanh h_t; zeros otherwise)."""
+    live = (lens * 0 + u) < u_end
+    act, rows = _step_rows(OFFS, lens, jb64, b_ok & live, S - 1 - u // NPH, rev, REVERSE,
+                           NUM_DIRS)
+    phase = (lens * 0 + u) % NPH
+    dy = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & (act & (phase == 0))[None, :])
+    m2 = h_ok[:, None] & (act & (phase == NPH - 1))[None, :]
     x0 = _load_gate(PREX, s_px, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
     x1 = _load_gate(PREX, s_px, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
     x2 = _load_gate(PREX, s_px, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
@@ -545,20 +673,54 @@ def _bwd_cell_phase(
     q1 = _load_gate(PREH, s_ph, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
     q2 = _load_gate(PREH, s_ph, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
     q3 = _load_gate(PREH, s_ph, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    e0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+    e1 = e0
+    if CELL == 0:
+        e0 = _load_rows(CSEQ, s_cs, rows, hs, m2)
+        e1 = _load_rows(CPREV, s_cp, rows, hs, m2)
+    if CELL == 1:
+        e0 = _load_rows(HPREV, s_hp, rows, hs, m2)
+    if CELL == 2:
+        e0 = _load_rows(Y, s_y, rows, hs, m2)
+    return act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1
+
+
+@triton.jit
+def _bwd_cell_phase(
+    dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH, s_dph, MSEQ,
+    s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, P: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BARRIER: tl.constexpr,
+):
+    """Phase B: cell backward of the own hidden slice from the prefetched reserve tiles
+    (`_bwd_loads`); publishes dph to dst ([B, G*H]), arrives at the barrier, then writes
+    dpre_x / dpre_h / m_seq. Returns the carried (dh_carry, dc): dc updated, GRU's direct
+    term as the carry's restart."""
+    m2 = h_ok[:, None] & act[None, :]
     zero = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
     h_new = zero
     h_prev = zero
     c = zero
     c_prev = zero
-    if CELL == 2:
-        h_new = _load_rows(Y, s_y, rows, hs, m2)
-    if CELL == 1:
-        h_prev = _load_rows(HPREV, s_hp, rows, hs, m2)
     if CELL == 0:
-        c = _load_rows(CSEQ, s_cs, rows, hs, m2)
-        c_prev = _load_rows(CPREV, s_cp, rows, hs, m2)
+        c = e0
+        c_prev = e1
+    if CELL == 1:
+        h_prev = e0
+    if CELL == 2:
+        h_new = e0
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
+    # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
+    base = dst + jb64[None, :] * (G * H) + hs[:, None]
+    xdt = dst.dtype.element_ty
+    tl.store(base, dx0.to(xdt), mask=m2)
+    if G > 1:
+        tl.store(base + H, dx1.to(xdt), mask=m2)
+        tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
+    if G > 3:
+        tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
+    _arrive(SYNC, u, u_end, BARRIER)
     _store_gate(DPREX, s_dpx, rows, hs, dx0, m2, 0, G, H)
     _store_gate(DPREX, s_dpx, rows, hs, dx1, m2, 1, G, H)
     _store_gate(DPREX, s_dpx, rows, hs, dx2, m2, 2, G, H)
@@ -569,15 +731,6 @@ def _bwd_cell_phase(
         _store_gate(DPREH, s_dph, rows, hs, dh2, m2, 2, G, H)
     if P > 0:
         _store_rows(MSEQ, s_ms, rows, hs, m, m2)
-    # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
-    base = dst + jb64[None, :] * (G * H) + hs[:, None]
-    xdt = dst.dtype.element_ty
-    tl.store(base, dx0.to(xdt), mask=m2)
-    if G > 1:
-        tl.store(base + H, dx1.to(xdt), mask=m2)
-        tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
-    if G > 3:
-        tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
     if CELL == 0:
         dc = tl.where(act[None, :], dcp, dc)
     # The carry of an active row restarts from the part of dh_{s-1} that bypasses R.
@@ -601,7 +754,8 @@ def _grid_bwd_kernel(
     REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, NPH: tl.constexpr, NH: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
-    PKB: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, USE_BARRIER: tl.constexpr,
+    PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -652,22 +806,22 @@ def _grid_bwd_kernel(
 
     # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
-    wa0 = _wchunk(R, os_, o_ok, 1, s_r, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O)
-    wa1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 1, G, RESIDENT, DOT_DT, BLOCK_O)
+    wa0 = _wchunk(R, os_, o_ok, 1, s_r, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
+    wa1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 1, G, RESIDENT, DOT_DT, BLOCK_O, RS)
     wa2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_O)
+                  BLOCK_O, RS)
     wa3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_O)
-    wb0 = _wchunk(R, os_, o_ok, 1, s_r, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O)
-    wb1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 1, G, RESIDENT, DOT_DT, BLOCK_O)
+                  BLOCK_O, RS)
+    wb0 = _wchunk(R, os_, o_ok, 1, s_r, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
+    wb1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 1, G, RESIDENT, DOT_DT, BLOCK_O, RS)
     wb2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_O)
+                  BLOCK_O, RS)
     wb3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_O)
+                  BLOCK_O, RS)
     pwa = _wchunk(PW, hs, h_ok, 1, s_pw, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, PS)
     pwb = _wchunk(PW, hs, h_ok, 1, s_pw, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_H)
+                  BLOCK_H, PS)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
     keep_h = h_ok[:, None] & b_ok[None, :]
@@ -680,26 +834,30 @@ def _grid_bwd_kernel(
         dc = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
 
     dph_size = B * (G * H)
+    # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival).
+    act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+        PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy, OFFS,
+        lens, jb64, b_ok, hs, h_ok, os_, o_ok, u_begin, u_end, S, rev, CELL, G, H, NPH, REVERSE,
+        NUM_DIRS, BLOCK_H, BLOCK_B)
     failed = u_begin * 0
     u = u_begin
     while (u < u_end) & (failed == 0):
         q = u // NPH
         s = S - 1 - q
-        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE, NUM_DIRS)
         act1 = b_ok & (lens > s + 1)
         dph_src = DPHWS + ((q + 1) % 2).to(tl.int64) * dph_size  # written at index q - 1
         dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
+        # Every sub-step but the last (q == S, which writes dh0) arrives exactly once.
         if NPH == 1:
             if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
-                                   wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, DOT_DT,
-                                   FP32_DOT, BLOCK_O, BLOCK_B)
+                                   wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
             if q < S:
-                dh = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & act[None, :]) + carry
                 carry, dc = _bwd_cell_phase(
-                    dh, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs,
-                    CPREV, s_cp, DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dph_dst, rows, act,
-                    jb64, hs, h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B)
+                    dy + carry, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
+                    DPREH, s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs,
+                    h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
             else:
                 tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                          carry.to(DH0.dtype.element_ty), mask=keep_o)
@@ -708,12 +866,13 @@ def _grid_bwd_kernel(
                 if (q > 0) & (s + 1 < tile_len):
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
                 if q < S:
                     mo = o_ok[:, None] & act[None, :]
-                    dh = _load_rows(DY, s_dy, rows, os_, mo) + carry
+                    dh = dy + carry
                     tl.store(DHWS + jb64[None, :] * HOUT + os_[:, None],
                              dh.to(DHWS.dtype.element_ty), mask=mo)
+                    _arrive(SYNC, u, u_end, BARRIER)
                     _store_rows(DHTOT, s_dht, rows, os_, dh, mo)
                 else:
                     tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
@@ -721,17 +880,21 @@ def _grid_bwd_kernel(
             else:
                 if s < tile_len:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
-                                PKA, PKB, RESIDENT, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B)
+                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
                 carry, dc = _bwd_cell_phase(
-                    dm, carry, dc, PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs,
-                    CPREV, s_cp, DPREX, s_dpx, DPREH, s_dph, MSEQ, s_ms, dph_dst, rows, act,
-                    jb64, hs, h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B)
+                    dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH,
+                    s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok, CELL,
+                    G, H, P, BLOCK_H, BLOCK_B, BARRIER)
+        act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+            PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
+            OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u + 1, u_end, S, rev, CELL, G, H, NPH,
+            REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
         # Nested: the constexpr test must compile the barrier out entirely (interpreter).
-        if USE_BARRIER:  # noqa: SIM102
+        if BARRIER == 1:  # noqa: SIM102
             if u + 1 < u_end:
-                failed = grid_sync(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
+                failed = grid_wait(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
                                    max_spin)
         u += 1
 
@@ -772,6 +935,22 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
     return (ka, kb) if ka + kb < _pad(K) else (_pad(K), 0)
 
 
+def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
+    """Split-K factor S of a [bm, K] @ [K, bb] product whose reduction is held in chunks
+    (ka, kb).
+
+    A plain dot spreads its warps over the [bm, bb] output in 16 x 8 MMA tiles; an output
+    with fewer tiles than warps leaves the extra warps computing copies of the same result
+    (bm = bb = 16: 2 tiles, so 8 warps run every MMA 4 times over and each warp the whole
+    chain). Then the reduction is split instead: S = num_warps slices of K, the batch
+    dimension of a 3-D dot (Triton places its warps along it), partial sums added at the end.
+    Each slice keeps at least the 16 columns an MMA needs (S smaller where the chunks are
+    short). S = 1: the plain dot."""
+    if (bm // 16) * (bb // 8) >= num_warps:
+        return 1
+    return max(1, min(num_warps, ka // 16, kb // 16 if kb else ka // 16))
+
+
 def _block_o(H: int, P: int, block_h: int) -> int:
     """Output-slice width: block_h without a projection, else enough for NH programs."""
     if P == 0:
@@ -791,19 +970,25 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
-                      block_b: int, block_k: int = 0) -> int:
+                      block_b: int, block_k: int = 0, num_warps: int = 8) -> int:
     """Per-program shared-memory bytes of the larger direction.
 
-    Resident weights (block_k = 0): the weight slice, kept for all steps, plus the fp32 dot
-    operand staged per step (one chunk at a time). The reductions are split as `_ksplit` does:
-    RF = sum(_ksplit(Hout)) (R in the forward, Pw^T in the backward), RB = sum(_ksplit(H))
-    (R^T in the backward, Pw in the forward), KF / KB = their first (largest) chunks. With
-    e = dtype bytes, BO = output-slice width:
-      forward  = e*(G*bh*RF + [P] BO*RB) + 4*bb*max(KF, [P] KB)
-      backward = e*(G*BO*RB + [P] bh*RF) + 4*bb*max(KB, [P] KF)
+    Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
+    larger of the fp32 dot operand staged (one chunk at a time) and the scratch of the split-K
+    reduction (`_nsplit`; both are dead outside their phase, so the compiler overlaps them).
+    The reductions are split as `_ksplit` does: RF = sum(_ksplit(Hout)) (R in the forward,
+    Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
+    KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
+    S_x = `_nsplit` of a dot with output rows x, G4 = 4 for a gated cell (the forward reduces
+    its gates together) else 1:
+      forward  = e*(G*bh*RF + [P] BO*RB) + max(4*bb*KF, [P] 4*bb*KB, 4*S_bh*G4*bh*bb,
+                                              [P] 4*S_BO*BO*bb)
+      backward = e*(G*BO*RB + [P] bh*RF) + max(4*bb*KB, [P] 4*bb*KF, 4*S_BO*BO*bb,
+                                              [P] 4*S_bh*bh*bb)
     Equal to the `shared` bytes of Triton 3.9's sm_90 bf16 compiles for LSTM H 768/1024 (with
-    and without P=256), GRU 512/1536. Streamed weights (block_k = K > 0), an upper bound
-    (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
+    and without P=256), GRU 512/1536, and to Triton 3.6's for LSTM H=256 block_b=32 (98304,
+    the reduction scratch; Triton 3.9 fits it in 65536). Streamed weights (block_k = K > 0),
+    an upper bound (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
       2*K*(e*G*max(bh, BO) + 4*bb)
     """
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
@@ -815,8 +1000,19 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     (KF, kf2), (KB, kb2) = _ksplit(Hout), _ksplit(H)
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
-    fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + 4 * bb * max(KF, KB if proj else 0)
-    bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + 4 * bb * max(KB, KF if proj else 0)
+
+    def scratch(ka, kb, rows, gates=1):  # split-K partial sums, [S, gates * rows, bb] fp32
+        S = _nsplit(ka, kb, num_warps, rows, bb)
+        return 4 * S * gates * rows * bb if S > 1 else 0
+
+    g4 = 4 if G > 1 else 1
+    stage_f = max(4 * bb * KF, scratch(KF, kf2, bh, g4))
+    stage_b = max(4 * bb * KB, scratch(KB, kb2, BO))
+    if proj:
+        stage_f = max(stage_f, 4 * bb * KB, scratch(KB, kb2, BO))
+        stage_b = max(stage_b, 4 * bb * KF, scratch(KF, kf2, bh))
+    fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + stage_f
+    bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + stage_b
     return max(fwd, bwd)
 
 
@@ -905,16 +1101,23 @@ class _Outs:
             t.copy_(buf)
 
 
-def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype):
-    """(USE_BARRIER, DOT_DT, launch ranges). `programs` is one direction's grid (the group that
-    meets at a barrier); a persistent launch needs programs * num_dirs co-resident."""
-    use_barrier = persistent and on_gpu
-    if use_barrier:
+def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype, count_arrivals):
+    """(BARRIER, DOT_DT, launch ranges). `programs` is one direction's grid (the group that
+    meets at a barrier); a persistent launch needs programs * num_dirs co-resident.
+
+    BARRIER (constexpr): 1 = grid barrier (persistent on GPU), 0 = none (stepwise, and the
+    interpreter), 2 = the `_count_arrivals` test hook: one launch of every sub-step whose
+    programs only count their arrivals and never wait (safe in the interpreter; the outputs
+    are garbage, the counter must read (n_sub - 1) * programs per direction)."""
+    dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
+    if count_arrivals:
+        return 2, dot_dt, [(0, n_sub)]
+    barrier = int(persistent and on_gpu)
+    if barrier:
         poll_earlier_launches()
         check_coresident(programs * num_dirs,
                          torch.cuda.get_device_properties(dev).multi_processor_count)
-    dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
-    return use_barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)
+    return barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)
 
 
 def grid_forward(
@@ -939,25 +1142,28 @@ def grid_forward(
     num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
-) -> None:
+    _count_arrivals: bool = False,
+) -> torch.Tensor | None:
     """Forward recurrence of one layer/direction, the contract of
     `rnn.reference.recurrence_forward` (writes y [N, Hout], c_seq [N, H], hT [B, Hout],
     cT [B, H] in place).
 
     persistent=True: one launch with a grid barrier per sub-step on GPU (refused when the grid
     exceeds the SM count); persistent=False: one launch per step (and per projection phase).
-    `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path."""
+    `_max_spin` / `_barrier_extra` are test hooks for the barrier's timeout path;
+    `_count_arrivals` (test hook, see `_launch_setup`) returns the int32 [D, 2] barrier counters
+    of one launch that only counts arrivals (None otherwise)."""
     t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
-    _forward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
-             _max_spin, _barrier_extra)
+    return _forward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k,
+                    num_warps, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def grid_forward_pair(
     cell: str, xg, R, bR, Pw, h0, c0, info: PackInfo, y, c_seq, hT, cT, *,
     persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
     num_warps: int = 4,
-    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
-) -> None:
+    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0, _count_arrivals: bool = False,
+) -> torch.Tensor | None:
     """Both directions of a bidirectional layer in the same launches: grid
     [grid_programs(...), 2], grid axis 1 = direction (1: reversed in time), so persistent=True
     is one launch in all on GPU and persistent=False one launch per sub-step for both.
@@ -970,16 +1176,17 @@ def grid_forward_pair(
     pairs = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
     dirs = direction_offsets(pairs, contiguous=("bR",), outputs=FORWARD_TENSORS[6:])
     if dirs is None or info.max_len == 0:
-        for d in range(2):
+        counts = [
             grid_forward(cell, info=info, reverse=d == 1, persistent=persistent,
                          block_h=block_h, block_b=block_b, block_k=block_k,
                          num_warps=num_warps, _max_spin=_max_spin,
-                         _barrier_extra=_barrier_extra,
+                         _barrier_extra=_barrier_extra, _count_arrivals=_count_arrivals,
                          **{k: split_pair(k, v)[d] for k, v in pairs.items()})
-        return
+            for d in range(2)]
+        return None if counts[0] is None else torch.cat(counts)
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
-    _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k, num_warps,
-             _max_spin, _barrier_extra)
+    return _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
+                    num_warps, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
@@ -993,7 +1200,7 @@ def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
 
 
 def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
-             max_spin, barrier_extra) -> None:
+             max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
@@ -1038,8 +1245,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     nph = 2 if P else 1
     n_sub = nph * S
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
-    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
-                                                dtype)
+    barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
+                                            dtype, count_arrivals)
     f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
@@ -1067,13 +1274,16 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
-                RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
-                **(cooperative_launch_options() if use_barrier else {}),
+                RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
+                RS=_nsplit(rka, rkb, num_warps, block_h, block_b),
+                PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, num_warps=num_warps,
+                **(cooperative_launch_options() if barrier == 1 else {}),
             )
-    if use_barrier:
+    if barrier == 1:
         check_flags(sync, "grid_forward")
     outs.finish()
+    return sync if count_arrivals else None
 
 
 def grid_backward(
@@ -1105,7 +1315,8 @@ def grid_backward(
     num_warps: int = 4,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
-) -> None:
+    _count_arrivals: bool = False,
+) -> torch.Tensor | None:
     """Backward recurrence of one layer/direction, the contract of
     `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU),
     dh0 [B, Hout], dc0 [B, H] (LSTM), dh_total [N, P] and m_seq [N, H] (projection) in place).
@@ -1113,8 +1324,8 @@ def grid_backward(
     t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
-    _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k, num_warps,
-              _max_spin, _barrier_extra)
+    return _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k,
+                     num_warps, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def grid_backward_pair(
@@ -1122,8 +1333,8 @@ def grid_backward_pair(
     dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
     persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
     num_warps: int = 4,
-    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0,
-) -> None:
+    _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0, _count_arrivals: bool = False,
+) -> torch.Tensor | None:
     """Both directions' backward in the same launches; pairs, grid and barriers as in
     `grid_forward_pair`, shapes and results per direction those of `grid_backward`."""
     pairs = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
@@ -1131,20 +1342,21 @@ def grid_backward_pair(
                  dc0=dc0, dh_total=dh_total, m_seq=m_seq)
     dirs = direction_offsets(pairs, outputs=BACKWARD_TENSORS[11:])
     if dirs is None or info.max_len == 0:
-        for d in range(2):
+        counts = [
             grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
                           block_h=block_h, block_b=block_b, block_k=block_k,
                           num_warps=num_warps, _max_spin=_max_spin,
-                          _barrier_extra=_barrier_extra,
+                          _barrier_extra=_barrier_extra, _count_arrivals=_count_arrivals,
                           **{k: split_pair(k, v)[d] for k, v in pairs.items()})
-        return
+            for d in range(2)]
+        return None if counts[0] is None else torch.cat(counts)
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
-    _backward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k, num_warps,
-              _max_spin, _barrier_extra)
+    return _backward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
+                     num_warps, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
-              max_spin, barrier_extra) -> None:
+              max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
@@ -1197,8 +1409,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     nph = 2 if P else 1
     n_sub = nph * S + 1
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
-    use_barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
-                                                dtype)
+    barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
+                                            dtype, count_arrivals)
     f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
     dph_ws = torch.empty(nd, 2, B, G * H, **f32)
     carry_ws = torch.empty(nd, B, Hout, **f32)
@@ -1229,10 +1441,13 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
                 BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, RESIDENT=block_k == 0,
-                RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, USE_BARRIER=use_barrier, num_warps=num_warps,
-                **(cooperative_launch_options() if use_barrier else {}),
+                RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
+                RS=_nsplit(rka, rkb, num_warps, _block_o(H, P, block_h), block_b),
+                PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, num_warps=num_warps,
+                **(cooperative_launch_options() if barrier == 1 else {}),
             )
-    if use_barrier:
+    if barrier == 1:
         check_flags(sync, "grid_backward")
     outs.finish()
+    return sync if count_arrivals else None

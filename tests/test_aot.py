@@ -146,7 +146,7 @@ def test_grid_signature_runtime_args_are_not_specialised():
 @pytest.mark.parametrize("shape, constraints, expected", [
     (BF16_LSTM, dict(family="persistent_grid", block_h=16),
      {"DOT_DT": (tl.float32, tl.bfloat16), "FP32_DOT": (True, False),
-      "USE_BARRIER": (False, True)}),
+      "BARRIER": (0, 1)}),
     (BF16_LSTM, dict(family="stepwise"),
      {"DOT_DT": (tl.float32, tl.bfloat16), "FP32_DOT": (True, False)}),
     (aot.AotShape("gru", hidden=32, batch=5, dtype=torch.float32), dict(family="stepwise"), {}),
@@ -160,8 +160,8 @@ def test_interpreter_constexprs_get_their_gpu_values(shape, constraints, expecte
     for launch in launches.values():
         sig, changed = aot.gpu_signature(aot.build_signature(launch), ctx)
         assert changed == expected
-        if "USE_BARRIER" in sig.names:
-            assert sig.constexpr("USE_BARRIER") is (lp.family == "persistent_grid")
+        if "BARRIER" in sig.names:
+            assert sig.constexpr("BARRIER") == int(lp.family == "persistent_grid")
         for name, (_, gpu) in expected.items():
             assert sig.constexpr(name) == gpu
 
@@ -316,8 +316,8 @@ def test_compiled_persistent_grid_bf16(reports):
         assert 0 < k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
         assert k["regs"] > 0 and k["fits"]
         assert k["mma"] in ("mma", "wgmma")
-        # The barrier is compiled in (USE_BARRIER overridden): its atomics sit in the loop.
-        assert k["interpreter_overrides"]["USE_BARRIER"] == ["False", "True"]
+        # The barrier is compiled in (BARRIER overridden): its atomics sit in the loop.
+        assert k["interpreter_overrides"]["BARRIER"] == ["0", "1"]
         assert k["profile"]["ATOM"] >= 2 and k["profile"]["inner_loops"] >= 1
         assert k["profile"]["MMA"] > 0 and k["profile"]["LDG"] > 0
 
@@ -328,7 +328,7 @@ def test_compiled_stepwise_fp32(reports):
     for k in _kernels(r):
         assert k["shared"] > 0 and k["regs"] > 0
         assert k["mma"] == "fma"  # exact fp32 dots run on the FMA units
-        assert k["constexprs"]["USE_BARRIER"] == "False" and k["co_resident"] is None
+        assert k["constexprs"]["BARRIER"] == "0" and k["co_resident"] is None
         assert k["profile"]["FFMA"] > 0 and k["profile"]["ATOM"] == 0
         assert k["fits"] == (k["fits_smem"] and k["fits_regs"] and not k["spills"])
 
@@ -344,7 +344,7 @@ def test_compile_options_reach_ptxas(reports):
 
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
-    assert "_grid_fwd_kernel" in text and "USE_BARRIER=True" in text
+    assert "_grid_fwd_kernel" in text and "BARRIER=1" in text
     path = tmp_path / "aot.json"
     aot.write_json(list(reports.values()), path)
     assert len(json.loads(path.read_text())["reports"]) == len(COMPILES)

@@ -89,7 +89,7 @@ def _forward_problem(cell, H, P, lengths, T, dtype=torch.float32, seed=0):
 
 
 def _run_forward(ins, outs, reverse, **kw):
-    pg.grid_forward(ins["cell"], ins["xg"], ins["R"], ins["bR"], ins["Pw"], ins["h0"],
+    return pg.grid_forward(ins["cell"], ins["xg"], ins["R"], ins["bR"], ins["Pw"], ins["h0"],
                     ins["c0"], ins["info"], reverse, outs["y"], outs["c_seq"], outs["hT"],
                     outs["cT"], **kw)
 
@@ -141,7 +141,7 @@ _BWD_OUT = ["dpre_x", "dpre_h", "dh0", "dc0", "dh_total", "m_seq"]
 
 
 def _run_backward(ins, outs, reverse, **kw):
-    pg.grid_backward(ins["cell"], *(ins[k] for k in _BWD_IN), ins["info"], reverse,
+    return pg.grid_backward(ins["cell"], *(ins[k] for k in _BWD_IN), ins["info"], reverse,
                      *(outs[k] for k in _BWD_OUT), **kw)
 
 
@@ -305,6 +305,77 @@ def test_outputs_without_unit_column_stride():
     _check_forward(ins, outs, False)
 
 
+# Split K (`pg._nsplit`): the reduction cut into S slices, one per warp, where the output tile
+# has fewer 16 x 8 MMA tiles than the program has warps. (H, block_h, block_k, num_warps, S of
+# the recurrent dots): one 64 chunk in 4 slices; 64 + 32 in 2; streamed 32-wide chunks in 2;
+# one program, all steps in one launch, 2 slices (the in-kernel loop with split K).
+SPLIT_K = pytest.mark.parametrize("H, block_h, block_k, num_warps, S", [
+    (64, 16, 0, 4, 4), (96, 16, 0, 4, 2), (64, 16, 32, 4, 2), (32, 32, 0, 8, 2),
+], ids=["one-chunk-S4", "two-chunks-S2", "streamed-S2", "single-program-S2"])
+
+
+def test_split_k_factor():
+    assert pg._nsplit(512, 256, 8, 16, 16) == 8  # the anchor: 2 MMA tiles, 8 warps
+    assert pg._nsplit(1024, 512, 8, 16, 16) == 8
+    assert pg._nsplit(64, 0, 8, 32, 64) == 1  # 16 MMA tiles cover 8 warps: a plain dot
+    assert pg._nsplit(64, 0, 4, 16, 16) == 4
+    assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
+    assert pg._nsplit(32, 16, 4, 16, 16) == 1
+    assert pg._nsplit(16, 0, 8, 16, 16) == 1
+
+
+@SPLIT_K
+@REVERSE
+@pytest.mark.parametrize("cell", CELLS)
+def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
+    assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
+    kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
+    ins, outs = _forward_problem(cell, H, 0, *VARLEN)
+    _run_forward(ins, outs, reverse, **kw)
+    _check_forward(ins, outs, reverse)
+    ins, outs = _backward_problem(cell, H, 0, *VARLEN)
+    _run_backward(ins, outs, reverse, **kw)
+    _check_backward(ins, outs, reverse)
+
+
+@pytest.mark.parametrize("block_k", [0, 32], ids=["resident", "streamed"])
+def test_split_k_projection(block_k):
+    # H = 96 (64 + 32: S = 2 for R in the forward, R^T in the backward), P = 64 (Pw's
+    # reduction over H in the forward, Pw^T's over P in the backward, split too).
+    assert pg._nsplit(*pg._ksplit(64, block_k), 4, pg._block_o(96, 64, 16), 16) > 1
+    kw = dict(persistent=False, block_h=16, block_k=block_k, num_warps=4)
+    ins, outs = _forward_problem("lstm", 96, 64, *VARLEN)
+    _run_forward(ins, outs, True, **kw)
+    _check_forward(ins, outs, True)
+    ins, outs = _backward_problem("lstm", 96, 64, *VARLEN)
+    _run_backward(ins, outs, True, **kw)
+    _check_backward(ins, outs, True)
+
+
+# Every sub-step of a launch but its last arrives at the barrier exactly once, whatever branch
+# it takes (cell or projection phase, finished batch tiles, the backward's final dh0 step):
+# one launch of all sub-steps that only counts arrivals (`_count_arrivals`, safe in the
+# interpreter; its outputs are not checked) must count (n_sub - 1) * programs per direction.
+@pytest.mark.parametrize("pair", [False, True], ids=["one_dir", "pair"])
+@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
+                         ids=[*CELLS, "lstm_proj"])
+def test_every_sub_step_arrives_once(cell, P, pair):
+    lengths, T = [5, 0, 3, 5, 1, 2, 4, 1, 3, 2, 5, 4, 1, 3, 2, 5, 4], 6  # 2 batch tiles
+    H, nph = 33, 2 if P else 1
+    programs = pg.grid_programs(H, P or H, P, len(lengths), 16, 16)
+    kw = dict(persistent=True, block_h=16, _count_arrivals=True)
+    for kind, n_sub in (("forward", nph * max(lengths)), ("backward", nph * max(lengths) + 1)):
+        make, run = ((_forward_problem, _run_forward) if kind == "forward"
+                     else (_backward_problem, _run_backward))
+        counts = []
+        for reverse in ([False, True] if pair else [False]):
+            ins, outs = make(cell, H, P, lengths, T)
+            counts.append(run(ins, outs, reverse, **kw))
+        sync = torch.cat(counts).cpu()
+        assert sync[:, 0].tolist() == [(n_sub - 1) * programs] * len(counts), kind
+        assert sync[:, 1].tolist() == [0] * len(counts), kind
+
+
 def test_deterministic_run_to_run():
     ins, outs = _forward_problem("lstm", 33, 20, [3, 0, 2], 3)
     _run_forward(ins, outs, True, persistent=True, block_h=16)
@@ -372,6 +443,12 @@ def test_grid_formulas():
     # stage 4*16*512; GRU H=1536 1024 + 512, stage 4*16*1024 (both equal to the compiles).
     assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 131072
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
+    # Split K (8 warps, 16 x 32 tiles: S = 8): the partial sums' scratch [8, 4*16, 32] fp32
+    # outgrows the staged operand (4*32*256) at H=256 (98304 B in Triton 3.6's compile).
+    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
+        4 * 8 * 4 * 16 * 32)
+    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32, num_warps=2) == (
+        2 * 4 * 16 * 256 + 4 * 32 * 256)
     # Streamed weights: a bound on one chunk's double-buffered tiles, independent of H.
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
         2 * 3 * 16 + 4 * 16)
