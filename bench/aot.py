@@ -54,7 +54,12 @@ in), which "the largest range closed by a backward branch" would get wrong. Nest
 barrier's spin loop, streamed-weight K loops) are counted once, as instructions, not as
 iterations; `inner_loops` says how many there are. Counted per iteration: global loads/stores
 (LDG/STG), shared loads/stores (LDS/STS, LDSM), cp.async copies (LDGSTS), MMA instructions
-(HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED) and all instructions.
+(HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED), local-memory loads
+and stores (LDL/STL: register spills and their reloads, plus any per-thread array ptxas put in
+local memory) and all instructions. LDL/STL are also counted outside the step loop
+(`LDL_outside`/`STL_outside`: prologue, epilogue and anything not in the loop), so that a
+kernel whose spills cost memory traffic every step (in-loop LDL/STL) can be told from one
+that only saves and restores around the loop (spill bytes > 0, in-loop counts 0).
 
 Nothing is cached beyond Triton's own cache. A process that imported Triton or the kernels
 under TRITON_INTERPRET=1 (the CPU test suite) holds interpreter objects, not JITFunctions, down
@@ -570,7 +575,12 @@ PROFILE_OPS = {
     "FFMA": ("FFMA",),
     "BAR": ("BAR",),
     "ATOM": ("ATOM", "ATOMG", "ATOMS", "RED", "REDG"),
+    # Local memory (per-thread, off-chip behind L1): where ptxas spills registers.
+    "LDL": ("LDL",),
+    "STL": ("STL",),
 }
+# Profile columns also counted outside the step loop, as "<column>_outside".
+OUTSIDE_OPS = ("LDL", "STL")
 
 
 @dataclass(frozen=True)
@@ -695,22 +705,31 @@ def natural_loops(insns: list[SassInsn]) -> list[tuple[list[SassInsn], set[int]]
 def loop_profile(sass: str) -> dict:
     """Static counts over the step loop, the outermost (largest) natural loop of the SASS:
     {PROFILE_OPS column: count, "instructions" (NOPs excluded), "inner_loops" (other loop
-    headers inside it)}; all zero when the kernel has no loop."""
+    headers inside it)}, all zero when the kernel has no loop; plus "<col>_outside" for each
+    OUTSIDE_OPS column: its count in the rest of the function (prologue, epilogue, code after
+    EXIT), the whole function when there is no loop."""
     out = dict.fromkeys(PROFILE_OPS, 0)
     out.update(instructions=0, inner_loops=0)
-    loops = natural_loops(parse_sass(sass))
-    if not loops:
-        return out
-    blocks, body = loops[0]
+    out.update(dict.fromkeys((f"{c}_outside" for c in OUTSIDE_OPS), 0))
+    insns = parse_sass(sass)
+    loops = natural_loops(insns)
     root = {op: col for col, ops in PROFILE_OPS.items() for op in ops}
-    for b in body:
-        for ins in blocks[b]:
-            if ins.base == "NOP":
-                continue
-            out["instructions"] += 1
-            if ins.base in root:
-                out[root[ins.base]] += 1
-    out["inner_loops"] = sum(1 for _, other in loops[1:] if other <= body)
+    in_loop: set[int] = set()  # addresses of the step loop's instructions
+    if loops:
+        blocks, body = loops[0]
+        for b in body:
+            for ins in blocks[b]:
+                in_loop.add(ins.addr)
+                if ins.base == "NOP":
+                    continue
+                out["instructions"] += 1
+                if ins.base in root:
+                    out[root[ins.base]] += 1
+        out["inner_loops"] = sum(1 for _, other in loops[1:] if other <= body)
+    for ins in insns:
+        col = root.get(ins.base)
+        if col in OUTSIDE_OPS and ins.addr not in in_loop:
+            out[f"{col}_outside"] += 1
     return out
 
 
@@ -915,8 +934,8 @@ def report_ok(report: dict) -> bool:
     return all(k["error"] is None and k["fits"] for k in report["kernels"])
 
 
-_PROFILE_COLS = ("LDG", "LDGSTS", "STG", "LDS", "STS", "LDSM", "MMA", "BAR", "ATOM",
-                 "instructions")
+_PROFILE_COLS = ("LDG", "LDGSTS", "STG", "LDS", "STS", "LDSM", "LDL", "STL", "MMA", "BAR",
+                 "ATOM", "instructions")
 _SHORT = {"LDGSTS": "LDGST", "instructions": "instr"}
 
 
@@ -936,9 +955,12 @@ def format_report(report: dict) -> str:
     if "note" in report:
         return "\n".join([*lines, "  " + report["note"]])
     head = (f"  {'pass':<8} {'kernel':<20} {'grid':<7} {'warps':>5} {'smem B':>7} {'regs':>4} "
-            f"{'spill':>5} {'mma':<5} {'/SM':>3} {'fits':<10}| step loop "
-            + " ".join(f"{_SHORT.get(c, c):>5}" for c in _PROFILE_COLS) + " inner")
-    lines.append(head)
+            f"{'spill':>5} {'mma':<5} {'/SM':>3} {'fits':<10}")
+    loop = " ".join(f"{_SHORT.get(c, c):>5}" for c in (*_PROFILE_COLS, "inner"))
+    outside = " ".join(f"{c:>5}" for c in OUTSIDE_OPS)
+    # A group line above the column names: which columns count the step loop, which the rest.
+    lines.append(f"{'':<{len(head)}}| {'step loop':<{len(loop)}} | outside loop")
+    lines.append(f"{head}| {loop} | {outside}")
     for k in report["kernels"]:
         grid = "x".join(str(g) for g in k["grid"])
         if k["error"]:
@@ -955,16 +977,19 @@ def format_report(report: dict) -> str:
         if k["co_resident"] is False:
             why.append("grid")
         fits = "yes" if k["fits"] else "NO:" + ",".join(why)
-        prof = " ".join(f"{k['profile'].get(c, 0):>5}" for c in _PROFILE_COLS)
+        prof = k["profile"]
+        loop = " ".join(f"{prof.get(c, 0):>5}" for c in (*_PROFILE_COLS, "inner_loops"))
+        outside = " ".join(f"{prof.get(f'{c}_outside', 0):>5}" for c in OUTSIDE_OPS)
         lines.append(
             f"  {k['phase']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
             f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<5} "
-            f"{k['programs_per_sm']:>3} {fits:<10}| {'':>9} {prof} "
-            f"{k['profile'].get('inner_loops', 0):>5}"
+            f"{k['programs_per_sm']:>3} {fits:<10}| {loop} | {outside}"
         )
     lines.append("  (smem: bytes per program; spill: stack + local bytes per thread; /SM: programs "
                  "per SM by smem, registers and threads; step loop: static instruction counts "
-                 "in the time-step loop, nested loops counted once)")
+                 "in the time-step loop, nested loops counted once;")
+    lines.append("   LDL/STL: local-memory loads/stores (register spills), paid every step when in "
+                 "the step loop, once per launch outside it)")
     over = {n: v for k in report["kernels"] for n, v in k["interpreter_overrides"].items()}
     if over:
         lines.append("  GPU values of interpreter-dependent constexprs: " + ", ".join(

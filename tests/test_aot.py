@@ -251,6 +251,45 @@ def test_loop_profile_labels_and_no_loop():
     assert aot.loop_profile(no_loop)["instructions"] == 0
 
 
+SPILL_SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   STL.64 [R1], R4 ;
+        /*0020*/                   STL [R1+0x8], R6 ;
+        /*0030*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0040*/                   LDL.LU.64 R8, [R1] ;
+        /*0050*/                   BRA.DIV 0xc0 ;
+        /*0060*/                   STL.128 [R1+0x10], R8 ;
+        /*0070*/               @P0 BRA 0x30 ;
+        /*0080*/                   LDL R6, [R1+0x8] ;
+        /*0090*/                   STG.E desc[UR4][R4.64], R6 ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   BRA 0xb0;
+        /*00c0*/                   LDL R3, [R1+0x20] ;
+        /*00d0*/                   BRA 0x60 ;
+"""
+
+
+def test_loop_profile_splits_local_memory_traffic_at_the_step_loop():
+    """Spill stores in the prologue (0x10, 0x20) and a reload in the epilogue (0x80) are
+    outside; the reload at 0x40, the store at 0x60 (modifiers .LU.64 / .128 stripped) and the
+    reload on the out-of-line divergence path 0xc0 (it jumps back in) are in the loop."""
+    prof = aot.loop_profile(SPILL_SASS)
+    assert prof["instructions"] == 5 + 2  # 0x30..0x70 and 0xc0..0xd0
+    assert (prof["LDL"], prof["STL"]) == (2, 1)
+    assert (prof["LDL_outside"], prof["STL_outside"]) == (1, 2)
+    assert (prof["LDG"], prof["STG"]) == (1, 0)
+    # Without the back edge there is no step loop: every local access is outside.
+    flat = aot.loop_profile(SPILL_SASS.replace("@P0 BRA 0x30", "NOP"))
+    assert (flat["instructions"], flat["LDL"], flat["STL"]) == (0, 0, 0)
+    assert (flat["LDL_outside"], flat["STL_outside"]) == (3, 3)
+
+
+def test_loop_profile_without_local_memory_reports_zero_outside():
+    prof = aot.loop_profile(SASS)
+    assert {k: prof[k] for k in ("LDL", "STL", "LDL_outside", "STL_outside")} == dict.fromkeys(
+        ("LDL", "STL", "LDL_outside", "STL_outside"), 0)
+
+
 def test_mma_kind_and_res_usage_parsing():
     assert aot.mma_kind("wgmma.mma_async.sync.aligned.m64n16k16") == "wgmma"
     assert aot.mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.bf16") == "mma"
@@ -333,21 +372,53 @@ def test_compiled_stepwise_fp32(reports):
         assert k["fits"] == (k["fits_smem"] and k["fits_regs"] and not k["spills"])
 
 
+def _local_ops(k) -> tuple[int, int]:
+    """(LDL + STL in the step loop, LDL + STL outside it) of a compiled kernel's report."""
+    p = k["profile"]
+    return p["LDL"] + p["STL"], p["LDL_outside"] + p["STL_outside"]
+
+
+def test_local_memory_counts_agree_with_the_spill_bytes(reports):
+    """ptxas reports no stack/local bytes <=> the SASS has no LDL/STL anywhere."""
+    for r in reports.values():
+        for k in _kernels(r):
+            in_loop, outside = _local_ops(k)
+            assert (in_loop + outside > 0) == k["spills"], (k["kernel"], k["profile"])
+
+
 def test_compile_options_reach_ptxas(reports):
-    """An extra compile option (maxnreg, an experiment knob) caps the registers."""
+    """An extra compile option (maxnreg, an experiment knob) caps the registers: the capped
+    kernels spill, and (the step loop being where the live values are) reload in the loop;
+    the uncapped ones (no spills) have no local-memory traffic at all."""
     shape = COMPILES[0][1]
     (r,) = aot.aot_reports([(shape, None)], "h100", compile_options={"maxnreg": 64})
     assert r["compile_options"] == {"maxnreg": 64} and "maxnreg" in aot.format_report(r)
     for k, base in zip(_kernels(r), reports["lstm64-cta-bf16"]["kernels"], strict=True):
         assert base["regs"] > 64 >= k["regs"] > 0
+        assert k["spills"], f"{k['kernel']} at 64 registers no longer spills: pick a lower cap"
+        assert _local_ops(k)[0] > 0, k["profile"]
+        assert _local_ops(base) == (0, 0) and not base["spills"]
 
 
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text
+    lines = text.splitlines()
+    group, head = next((a, b) for a, b in zip(lines, lines[1:], strict=False)
+                       if b.lstrip().startswith("pass"))
+    # The in-loop LDL/STL columns sit in the step-loop group, the outside ones after it.
+    assert group.index("step loop") < head.index("LDL") < group.index("outside loop")
+    assert head.rstrip().endswith("LDL   STL") and head.count("LDL") == 2
+    # Group line, header and kernel rows stay one screen wide.
+    rows = [ln for ln in lines if "_grid_" in ln]
+    assert len(rows) == 2 and max(len(ln) for ln in (group, head, *rows)) <= 180
+    assert {len(ln) for ln in (head, *rows)} == {len(head)}  # columns line up
     path = tmp_path / "aot.json"
     aot.write_json(list(reports.values()), path)
-    assert len(json.loads(path.read_text())["reports"]) == len(COMPILES)
+    loaded = json.loads(path.read_text())["reports"]
+    assert len(loaded) == len(COMPILES)
+    for key in ("LDL", "STL", "LDL_outside", "STL_outside"):
+        assert all(isinstance(k["profile"][key], int) for r in loaded for k in r["kernels"])
 
 
 # A fresh process (no TRITON_INTERPRET): compare build_signature + gpu_signature with what
