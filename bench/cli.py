@@ -4,6 +4,7 @@
     tritonrnn check [--backend B] [--dtype D] [small shape options]
     tritonrnn tune  [--preset NAME | shape options] [--force]
     tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
+                    [--pipeline-chunks C]
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200] [--arch 90]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
                     [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_options(pl)
     pl.add_argument("--device-preset", default="current",
                     help="current | h100 | h200 | interpreter (default: this machine)")
+    pl.add_argument("--pipeline-chunks", type=int, metavar="C",
+                    help="force the layer pipeline to C time chunks (plan_constraints; 1: off); "
+                    "default: the automatic rule, opt-in with TRITONRNN_PIPELINE=1")
     a = sub.add_parser(
         "aot", help="compile the planner's kernels for a GPU target (no GPU needed) and report "
         "shared memory, registers, spills, MMA kind and a step-loop profile",
@@ -362,19 +366,24 @@ def cmd_tune(args) -> int:
 
 def cmd_plan(args) -> int:
     from tritonrnn.rnn.planner import PRESETS as DEVICE_PRESETS
-    from tritonrnn.rnn.planner import plan_for
+    from tritonrnn.rnn.planner import plan_constraints, plan_for
 
     choices = ("current", *sorted(DEVICE_PRESETS))
     if args.device_preset not in choices:
         raise UsageError(f"--device-preset: expected one of {list(choices)}, got "
                          f"{args.device_preset!r}")
+    chunks = args.pipeline_chunks
+    if chunks is not None and chunks < 1:
+        raise UsageError(f"--pipeline-chunks: expected an int >= 1, got {chunks}")
     _, shapes = resolve_shapes(args, "anchor")
     props = None if args.device_preset == "current" else args.device_preset
+    forced = {"pipeline_chunks": chunks} if chunks is not None else {}
     for i, s in enumerate(shapes):
-        plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
-                        num_layers=s.layers, direction=s.direction, num_proj=s.proj,
-                        batch=s.batch, max_time=s.time, dtype=s.torch_dtype,
-                        device_properties=props)
+        with plan_constraints(**forced):
+            plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
+                            num_layers=s.layers, direction=s.direction, num_proj=s.proj,
+                            batch=s.batch, max_time=s.time, dtype=s.torch_dtype,
+                            device_properties=props)
         if i:
             print()
         print(plan.explain())

@@ -380,16 +380,17 @@ def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info:
     finished it), so one [N, G*H] input-projection buffer and one dropout buffer serve every
     layer in flight, as in the unpipelined loop; only the states between chunks are per layer
     ([L, 2, B, C]: chunk k reads slot (k-1) % 2 and writes k % 2)."""
-    L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
+    L = cfg.num_layers
     dtype, dev, lstm = x.dtype, x.device, cfg.is_lstm
     (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
      ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training)
-    buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
-    xg = buf(info.N, G * H)
+    # Shapes (and the byte formula) in pipeline.forward_workspaces, which Plan.explain()
+    # also reads.
+    ws = {name: new_buffer(*shape, dtype=dtype, device=dev) for name, shape in
+          pipeline_mod.forward_workspaces(cfg, info.N, info.B, training).items()}
+    xg, h_mid, c_mid = ws["xg"], ws["h_mid"], ws.get("c_mid")
     drop = training and cfg.dropout > 0 and L > 1
-    dropped = buf(info.N, Hout) if drop else None
-    h_mid = buf(L, 2, info.B, Hout)
-    c_mid = buf(L, 2, info.B, H) if lstm else None
+    dropped = ws.get("dropped")
     chunks = _Chunks(info, pipe.bounds)
     last = chunks.count - 1
 
@@ -434,25 +435,22 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
     (dpre_x, dpre_h, h_prev, the layer input after dropout, dh_total, m_seq) is therefore
     private to the layer's stream slot: [W, N, C] with W = pipe.width layers in flight, the
     price of the overlap in memory (W - 1 extra copies of those workspaces)."""
-    L, Hout, H, G = cfg.num_layers, cfg.out_size, cfg.num_units, cfg.num_gates
+    L, H, G = cfg.num_layers, cfg.num_units, cfg.num_gates
     N, B, dtype, dev = info.N, info.B, x.dtype, x.device
     lstm, gru, proj = cfg.is_lstm, cfg.rnn_mode == "gru", cfg.num_proj > 0
     (c_views, ys, views, dparams, dviews, h0s, c0s, dhTs, dcTs, dh0s,
      dc0s) = _backward_inputs(cfg, info, dtype, reserve, y_last, params, h0, c0, dhT, dcT)
-    W = pipe.width
-    buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
-    pre_x, pre_h = buf(N, G * H), buf(N, G * H)
-    c_prev = buf(N, H) if lstm else None
-    dyx = buf(N, Hout) if L > 1 else None
-    dx = buf(N, cfg.input_size)
-    h_prev, dpre_x = buf(W, N, Hout), buf(W, N, G * H)
-    dpre_h = buf(W, N, G * H) if gru else None
-    dh_total = buf(W, N, Hout) if proj else None
-    m_seq = buf(W, N, H) if proj else None
+    # Shapes (and the byte formula) in pipeline.backward_workspaces, which Plan.explain()
+    # also reads; the SLOT_PRIVATE ones are [W, N, C], W = pipe.width.
+    ws = {name: new_buffer(*shape, dtype=dtype, device=dev) for name, shape in
+          pipeline_mod.backward_workspaces(cfg, N, B, pipe.width).items()}
+    pre_x, pre_h, c_prev = ws["pre_x"], ws["pre_h"], ws.get("c_prev")
+    dyx, dx = ws.get("dy"), ws["dx"]
+    h_prev, dpre_x, dpre_h = ws["h_prev"], ws["dpre_x"], ws.get("dpre_h")
+    dh_total, m_seq = ws.get("dh_total"), ws.get("m_seq")
     drop = cfg.dropout > 0 and L > 1
-    dropped = buf(W, N, Hout) if drop else None
-    dh_mid = buf(L, 2, B, Hout)
-    dc_mid = buf(L, 2, B, H) if lstm else None
+    dropped = ws.get("dropped")
+    dh_mid, dc_mid = ws["dh_mid"], ws.get("dc_mid")
     acc = torch.float32 if dtype != torch.float64 else None
     # Each row's previous row in the forward direction, as an index into the layer output
     # (rows of step 0, the first batch_sizes[0], take h0 / c0 instead).

@@ -16,9 +16,11 @@ from and joined back into the caller's stream, so up to W recurrence kernels run
 the CPU (and under the Triton interpreter) the same calls run in the same order, one after
 another, with identical math. The engine (rnn/engine.py) supplies the per-chunk work.
 
-The rule (`pipeline_chunks`, `concurrent_layers`) decides C and W; `plan_constraints(
+The rule (`decide`, `concurrent_layers`) decides C and W and says why; `plan_constraints(
 pipeline_chunks=k)` forces C = k (on any device, clamped to max_len steps; k = 1 turns the
-pipeline off).
+pipeline off). The engine and Plan.explain() both ask `decide`; the workspaces a pipelined
+run adds (`extra_workspaces`) come from the shapes the engine allocates
+(`forward_workspaces`, `backward_workspaces`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -121,32 +124,64 @@ def model_time_us(num_layers: int, max_len: int, chunks: int, width: int) -> flo
     return steps * T_STEP_US + chunks * num_layers * T_LAUNCH_US
 
 
-def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
-                    plans: Sequence[LayerPlan] | None = None, *,
-                    dtype: torch.dtype = torch.float32,
-                    props: DeviceProperties | None = None) -> int:
-    """C, the number of time chunks of the layer pipeline (1: layers run one after another).
+OFF, FORCED, AUTOMATIC = "off", "forced", "automatic"
 
-    Forced: `plan_constraints(pipeline_chunks=k)` gives min(k, max_len) on any device (a
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a stack runs as a layer pipeline, with how many chunks, and why (`decide`)."""
+
+    chunks: int  # C; 1: the layers run one after another
+    width: int  # W: layers in flight (stream slots); 1 when off
+    source: str  # FORCED (plan_constraints), AUTOMATIC (the rule) or OFF
+    reason: str  # one line saying why, for Plan.explain()
+    max_len: int  # the steps [0, max_len) it was decided for
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The engine's schedule, or None when off."""
+        if self.chunks <= 1:
+            return None
+        return Pipeline(self.chunks, self.width, step_bounds(self.max_len, self.chunks))
+
+
+def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
+           plans: Sequence[LayerPlan] | None = None, *, dtype: torch.dtype = torch.float32,
+           props: DeviceProperties | None = None, backend: str = "triton",
+           automatic: bool | None = None) -> Decision:
+    """The layer-pipeline decision for a stack (the one place it is made: the engine, through
+    `plan_pipeline`, `pipeline_chunks` and Plan.explain() all call this).
+
+    Forced: `plan_constraints(pipeline_chunks=k)` gives C = min(k, max_len) on any device (a
     chunk has at least one step); k > 1 on a bidirectional stack raises ValueError (a reverse
     direction needs the whole output of the layer below before its first step).
 
-    Otherwise C > 1 only when all of these hold:
+    Otherwise (automatic: default TRITONRNN_PIPELINE=1 in the environment, the opt-in until
+    the side-stream overlap has been measured on a GPU) C > 1 only when all of these hold,
+    checked in this order, cheapest first (no planning before the shape checks pass):
       - the device is CUDA (elsewhere nothing runs concurrently), the stack unidirectional
-        with L >= 2 layers;
+        with L >= 2 layers, max_len >= 2 * MIN_CHUNK_STEPS (two chunks of >= 32 steps);
       - every layer's recurrence is persistent (persistent_cta / persistent_grid; `plans`, by
-        default the Triton backend's plans for (cfg, batch, dtype)) and at least two layers'
-        programs are co-resident together (`concurrent_layers` W >= 2; see there why this
-        also rules out a barrier deadlock);
+        default `stack_plans(cfg, backend, ...)`) and at least two layers' programs are
+        co-resident together (`concurrent_layers` W >= 2; see there why this also rules out
+        a barrier deadlock);
       - the model (`model_time_us`, T_STEP_US = 5 us per step, T_LAUNCH_US = 10 us per
         (layer, chunk)) of the best C in [2, T // 32] (chunks of >= 32 steps) beats the
         unpipelined time by 10%. With W = L the best C is near sqrt((L - 1) T t_step /
         (L t_launch)): L = 2, T = 1024 gives C = 16 (64-step chunks), modelled 5.76 ms
-        against 10.26 ms; T = 64 gives C = 2; T < 64 stays unpipelined.
+        against 10.26 ms; T = 64 gives C = 2.
 
-    plans: one LayerPlan per layer; props: device properties (default: `device`'s; tests
-    pass planner.PRESETS entries)."""
+    W (when C > 1) is `concurrent_layers` of the plans. plans: one LayerPlan per layer;
+    props: device properties (default: `device`'s; tests pass planner.PRESETS entries)."""
     L, D = cfg.num_layers, cfg.num_dirs
+
+    def off(reason: str) -> Decision:
+        return Decision(1, 1, OFF, reason, max_len)
+
+    def resolved() -> tuple[DeviceProperties, Sequence[LayerPlan]]:
+        p = props if props is not None else device_properties(device)
+        return p, plans if plans is not None else stack_plans(cfg, backend, batch, dtype, p)
+
     forced = current_constraints().get("pipeline_chunks")
     if forced is not None:
         if forced > 1 and D != 1:
@@ -154,47 +189,152 @@ def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.devi
                 f"pipeline_chunks: expected 1 for a bidirectional stack (the reverse "
                 f"direction needs the whole output of the layer below), got {forced}"
             )
-        return max(1, min(forced, max_len))
-    device = torch.device(device)
-    if device.type != "cuda" or D != 1 or L < 2 or max_len < 2 * MIN_CHUNK_STEPS:
-        return 1
-    props = props if props is not None else device_properties(device)
-    if plans is None:
-        plans = stack_plans(cfg, "triton", batch, dtype, props)
-    if not all(p.family in PERSISTENT for p in plans):
-        return 1
-    width = concurrent_layers(L, plans, props)
+        how = f"forced by plan_constraints(pipeline_chunks={forced})"
+        chunks = max(1, min(forced, max_len))
+        if chunks == 1:
+            return off(how if forced == 1 else f"{how}, but T = {max_len} < 2 steps")
+        p, pl = resolved()
+        if chunks < forced:
+            how += f", clamped to T = {max_len} steps"
+        return Decision(chunks, concurrent_layers(L, pl, p), FORCED, how, max_len)
+    if automatic is None:
+        automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
+    if not automatic:
+        return off("the automatic choice is opt-in and TRITONRNN_PIPELINE=1 is not set")
+    if torch.device(device).type != "cuda":
+        return off("not a CUDA device: nothing would run concurrently")
+    if D != 1:
+        return off("bidirectional: the reverse direction needs the whole output of the "
+                   "layer below")
+    if L < 2:
+        return off("a single layer: nothing to overlap")
+    if max_len < 2 * MIN_CHUNK_STEPS:
+        return off(f"T = {max_len} < {2 * MIN_CHUNK_STEPS} steps: no two chunks of >= "
+                   f"{MIN_CHUNK_STEPS} steps")
+    p, pl = resolved()
+    other = [lp.family for lp in pl if lp.family not in PERSISTENT]
+    if other:
+        return off(f"{other[0]} recurrences: only persistent launches "
+                   f"({' / '.join(PERSISTENT)}) are overlapped")
+    width = concurrent_layers(L, pl, p)
     if width < 2:
-        return 1
+        programs = max(lp.num_programs for lp in pl)
+        return off(f"co-residency: two layers' programs (2 x {programs}) exceed the "
+                   f"{p.sm_count} SMs")
     serial = model_time_us(L, max_len, 1, 1)
-    best, best_us = 1, serial
-    for chunks in range(2, max_len // MIN_CHUNK_STEPS + 1):
-        us = model_time_us(L, max_len, chunks, width)
-        if us < best_us:
-            best, best_us = chunks, us
-    return best if best_us <= MIN_GAIN * serial else 1
+    # The first C with the least modelled time (fewer chunks on a tie: less overhead).
+    best = min(range(2, max_len // MIN_CHUNK_STEPS + 1),
+               key=lambda c: (model_time_us(L, max_len, c, width), c))
+    best_us = model_time_us(L, max_len, best, width)
+    model = f"{best_us / 1e3:.2f} ms vs {serial / 1e3:.2f} ms unpipelined"
+    if best_us > MIN_GAIN * serial:
+        return off(f"the model gains under {100 * (1 - MIN_GAIN):.0f}% (best {best} chunks: "
+                   f"{model})")
+    return Decision(best, width, AUTOMATIC, f"automatic (TRITONRNN_PIPELINE=1), model: {model}",
+                    max_len)
+
+
+def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
+                    plans: Sequence[LayerPlan] | None = None, *,
+                    dtype: torch.dtype = torch.float32,
+                    props: DeviceProperties | None = None) -> int:
+    """C, the number of time chunks of the layer pipeline (1: layers run one after another):
+    `decide`'s rule whatever TRITONRNN_PIPELINE says (the engine's opt-in is applied in
+    `plan_pipeline`), for the Triton backend's plans by default."""
+    return decide(cfg, batch, max_len, device, plans, dtype=dtype, props=props,
+                  automatic=True).chunks
 
 
 def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
                   device: torch.device) -> Pipeline | None:
     """The engine's entry: the pipeline for this stack and batch (info: its PackInfo), or
-    None to run the layers one after another. Cheap when it cannot apply (no planning).
+    None to run the layers one after another (`decide` on the batch's longest sequence, the
+    plans of the backend named backend.name). Cheap when it cannot apply (no planning).
 
-    The automatic choice (`pipeline_chunks`' rule) is opt-in with TRITONRNN_PIPELINE=1 until
-    the overlap has been measured on a GPU: the side-stream schedule has only run on the CPU
-    so far (same calls, in order). `plan_constraints(pipeline_chunks=k)` always applies."""
-    forced = current_constraints().get("pipeline_chunks")
-    if forced is None and (os.environ.get("TRITONRNN_PIPELINE", "0") != "1"
-                           or device.type != "cuda" or cfg.num_dirs != 1 or cfg.num_layers < 2
-                           or info.max_len < 2 * MIN_CHUNK_STEPS):
-        return None
-    props = device_properties(device)
-    plans = stack_plans(cfg, getattr(backend, "name", ""), info.B, dtype, props)
-    chunks = pipeline_chunks(cfg, info.B, info.max_len, device, plans, props=props)
-    if chunks <= 1:
-        return None
-    return Pipeline(chunks, concurrent_layers(cfg.num_layers, plans, props),
-                    step_bounds(info.max_len, chunks))
+    The automatic choice is opt-in with TRITONRNN_PIPELINE=1 until the overlap has been
+    measured on a GPU: the side-stream schedule has only run on the CPU so far (same calls,
+    in order). `plan_constraints(pipeline_chunks=k)` always applies."""
+    return decide(cfg, info.B, info.max_len, device, dtype=dtype,
+                  backend=getattr(backend, "name", "")).pipeline
+
+
+# ----------------------------------------------------------------------------- workspaces
+
+# The pipelined backward's buffers private to a stream slot ([W, N, C], W layers in flight):
+# what the whole-layer weight-gradient GEMMs after a layer's last chunk read.
+SLOT_PRIVATE = ("h_prev", "dpre_x", "dpre_h", "dh_total", "m_seq", "dropped")
+# The states carried between chunks ([L, 2, B, C]: chunk k writes slot k % 2 and reads the
+# one its neighbour chunk wrote), which the unpipelined engine does not have.
+CHUNK_STATES = ("h_mid", "c_mid", "dh_mid", "dc_mid")
+
+
+class Workspace(NamedTuple):
+    name: str
+    shape: tuple[int, ...]  # elements of the run's dtype: bytes = prod(shape) * itemsize
+    phase: str  # "forward" or "backward"
+
+
+def forward_workspaces(cfg: RNNConfig, N: int, B: int,
+                       training: bool) -> dict[str, tuple[int, ...]]:
+    """Shapes of the pipelined forward's workspaces (`engine._forward_pipelined` allocates
+    exactly these): xg [N, G*H] (one for all layers in flight: chunk k's rows pass from layer
+    to layer in order), dropped [N, Hout] (training with dropout > 0 and L > 1), the states
+    between chunks h_mid [L, 2, B, Hout] and c_mid [L, 2, B, H] (LSTM). N: packed rows."""
+    L, G, H, Hout = cfg.num_layers, cfg.num_gates, cfg.num_units, cfg.out_size
+    ws = {"xg": (N, G * H)}
+    if training and cfg.dropout > 0 and L > 1:
+        ws["dropped"] = (N, Hout)
+    ws["h_mid"] = (L, 2, B, Hout)
+    if cfg.is_lstm:
+        ws["c_mid"] = (L, 2, B, H)
+    return ws
+
+
+def backward_workspaces(cfg: RNNConfig, N: int, B: int,
+                        width: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the pipelined backward's workspaces (`engine._backward_pipelined` allocates
+    exactly these). Shared by every layer in flight (row-partitioned by chunk): pre_x, pre_h
+    [N, G*H], c_prev [N, H] (LSTM), dy [N, Hout] (the gradient rows passed down, L > 1), dx
+    [N, I]. Private to each of the W stream slots (SLOT_PRIVATE, [W, N, C]): h_prev (Hout),
+    dpre_x (G*H), dpre_h (G*H, GRU), dh_total (Hout) and m_seq (H) with a projection,
+    dropped (Hout, dropout > 0 and L > 1). Between chunks: dh_mid [L, 2, B, Hout], dc_mid
+    [L, 2, B, H] (LSTM). Bytes: the sum of the products times the dtype's itemsize."""
+    L, G, H, Hout, W = cfg.num_layers, cfg.num_gates, cfg.num_units, cfg.out_size, width
+    lstm, gru, proj = cfg.is_lstm, cfg.rnn_mode == "gru", cfg.num_proj > 0
+    ws = {"pre_x": (N, G * H), "pre_h": (N, G * H)}
+    if lstm:
+        ws["c_prev"] = (N, H)
+    if L > 1:
+        ws["dy"] = (N, Hout)
+    ws["dx"] = (N, cfg.input_size)
+    ws["h_prev"] = (W, N, Hout)
+    ws["dpre_x"] = (W, N, G * H)
+    if gru:
+        ws["dpre_h"] = (W, N, G * H)
+    if proj:
+        ws["dh_total"] = (W, N, Hout)
+        ws["m_seq"] = (W, N, H)
+    if cfg.dropout > 0 and L > 1:
+        ws["dropped"] = (W, N, Hout)
+    ws["dh_mid"] = (L, 2, B, Hout)
+    if lstm:
+        ws["dc_mid"] = (L, 2, B, H)
+    return ws
+
+
+def extra_workspaces(cfg: RNNConfig, N: int, B: int, width: int) -> tuple[Workspace, ...]:
+    """What a pipelined run allocates on top of the unpipelined engine's per-layer buffers:
+    the W - 1 more stream slots of each SLOT_PRIVATE backward buffer ([W - 1, N, C]; the
+    unpipelined backward has one [N, C] of each) and the CHUNK_STATES (forward h_mid/c_mid,
+    backward dh_mid/dc_mid). Named "pipeline.<buffer>"."""
+    out = [Workspace(f"pipeline.{k}", s, "forward")
+           for k, s in forward_workspaces(cfg, N, B, True).items() if k in CHUNK_STATES]
+    for k, s in backward_workspaces(cfg, N, B, width).items():
+        if k in SLOT_PRIVATE and width > 1:
+            out.append(Workspace(f"pipeline.{k}", (width - 1, *s[1:]), "backward"))
+        elif k in CHUNK_STATES:
+            out.append(Workspace(f"pipeline.{k}", s, "backward"))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- streams

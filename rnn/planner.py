@@ -1,8 +1,10 @@
 """The planner: (configuration, device properties, tuning cache) -> a frozen Plan.
 
 It decides, per layer and direction, which recurrent kernel family runs and with which tiles,
-and it lays out every buffer of a training step with its byte size. Pure Python: the device is
-described by a `DeviceProperties` value that tests fake (`PRESETS`), read once per device by
+records whether the stack runs as a layer pipeline (rnn/pipeline.py's `decide`, at T =
+max_time), and lays out every buffer of a training step with its byte size (the pipelined
+run's buffers when it is pipelined). Pure Python: the device is described by a
+`DeviceProperties` value that tests fake (`PRESETS`), read once per device by
 `device_properties()` and never probed at import time.
 
 Family rule (documented in `recurrence_choice`):
@@ -27,10 +29,14 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import make_config
+
+if TYPE_CHECKING:  # rnn/pipeline.py imports this module
+    from .pipeline import Decision
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
 _CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps")
@@ -442,6 +448,9 @@ class Plan:
     layers: tuple[LayerPlan, ...]  # per pseudo-layer l*D + d
     source: str
     buffers: tuple[Buffer, ...] = field(default=())
+    # The layer-pipeline decision at T = max_time for the Triton backend (pipeline.decide);
+    # when pipelined, `buffers` are the pipelined run's (extra ones named "pipeline.*").
+    pipeline: Decision | None = None
 
     @property
     def reserve_bytes(self) -> int:
@@ -475,6 +484,8 @@ class Plan:
                 f"warps={lp.num_warps} programs={lp.num_programs}"
                 f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )
+        if self.pipeline is not None:
+            lines += self._explain_pipeline()
         lines.append("  buffers (N = B*T, the most sum(lengths) can be):")
         for b in self.buffers:
             lines.append(
@@ -484,8 +495,33 @@ class Plan:
         lines.append(f"  reserve: {self.reserve_bytes:,} B   peak: {self.peak_bytes:,} B")
         return "\n".join(lines)
 
+    @property
+    def pipeline_extra_bytes(self) -> int:
+        """Bytes of the workspaces the layer pipeline adds (the "pipeline.*" buffers)."""
+        return sum(b.nbytes for b in self.buffers if b.name.startswith("pipeline."))
 
-def _buffers(cfg, B: int, T: int, dtype: torch.dtype) -> tuple[Buffer, ...]:
+    def _explain_pipeline(self) -> list[str]:
+        d = self.pipeline
+        if d.chunks <= 1:
+            return [f"  layer pipeline: off ({d.reason})"]
+        bwd = sum(b.nbytes for b in self.buffers
+                  if b.name.startswith("pipeline.") and b.phase == "backward")
+        return [
+            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent ({d.reason})",
+            f"    decided at T={d.max_len} (max_time; the engine decides per batch on its "
+            f"longest sequence) for the Triton backend's recurrences above",
+            f"    extra workspaces (pipeline.* below): {self.pipeline_extra_bytes:,} B, "
+            f"backward {bwd:,} B ({d.width - 1} more stream slot(s) of the weight-gradient "
+            f"inputs, states between chunks); dropout > 0 adds dropped [N, Hout] (forward) "
+            f"and [{d.width}, N, Hout] (backward)",
+        ]
+
+
+def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[Buffer, ...]:
+    """Every buffer of a training step at N = B*T with dropout 0; width > 0: as the layer
+    pipeline with `width` stream slots allocates them (rnn/pipeline.py's workspace shapes,
+    the ones it adds named "pipeline.*")."""
+    from .pipeline import SLOT_PRIVATE, backward_workspaces, extra_workspaces
     from .reserve import PAYLOAD_OFFSET
 
     N = B * T
@@ -509,6 +545,25 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype) -> tuple[Buffer, ...]:
     add("x_packed", (N, cfg.input_size), "forward")
     add("xg", (N, G * H), "forward")
     add("y_packed", (N, D * Hout), "forward")
+    if width:
+        extra = extra_workspaces(cfg, N, B, width)
+        for ws in extra:
+            if ws.phase == "forward":
+                add(ws.name, ws.shape, ws.phase)
+        for name, shape in backward_workspaces(cfg, N, B, width).items():
+            if name in SLOT_PRIVATE:
+                add(name, shape[1:], "backward")  # slot 0; the others are pipeline.<name>
+            elif f"pipeline.{name}" not in {ws.name for ws in extra}:
+                add(name, shape, "backward")
+        for ws in extra:
+            if ws.phase == "backward":
+                add(ws.name, ws.shape, ws.phase)
+        add("output_backprop slab", (T, B, D * Hout), "tensorarray")
+        return tuple(out)
+    if L > 1:
+        # The inter-layer dropout scratch the unpipelined engine allocates for any dropout.
+        add("dropped", (N, D * Hout), "forward")
+        add("dropped", (N, D * Hout), "backward")
     add("pre_x", (N, G * H), "backward")
     add("pre_h", (N, G * H), "backward")
     add("dpre_x", (N, G * H), "backward")
@@ -571,23 +626,47 @@ def plan_for(
     )
     constraints = _constraints.get()
     cache = load_tuning_cache()
-    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache))
+    automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
+    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache), automatic)
+
+
+def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
+                       props: DeviceProperties, layers: tuple[LayerPlan, ...],
+                       automatic: bool) -> Decision:
+    """pipeline.decide for the plan: device properties without an interpreter flag are a
+    CUDA device's; off only for want of TRITONRNN_PIPELINE=1, the reason says what the rule
+    would choose with it."""
+    from .pipeline import decide
+
+    device = "cpu" if props.interpreter else "cuda"
+    kw = dict(dtype=dtype, props=props, backend="triton")
+    d = decide(cfg, batch, max_time, device, layers, automatic=automatic, **kw)
+    if d.chunks == 1 and not automatic and "pipeline_chunks" not in current_constraints():
+        rule = decide(cfg, batch, max_time, device, layers, automatic=True, **kw)
+        would = (f"{rule.chunks} chunks, {rule.width} layers concurrent" if rule.chunks > 1
+                 else f"still off: {rule.reason}")
+        d = replace(d, reason=f"{d.reason}; with it: {would}")
+    return d
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id) -> Plan:
+def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id,
+                 automatic: bool) -> Plan:
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(
         cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props,
         cfg.num_dirs,
     )
+    layers = (choice,) * cfg.pseudo_layers
+    pipe = _pipeline_decision(cfg, batch, max_time, dtype, props, layers, automatic)
     return Plan(
         key=key, rnn_mode=cfg.rnn_mode, input_size=cfg.input_size, num_units=cfg.num_units,
         num_layers=cfg.num_layers, num_dirs=cfg.num_dirs, num_proj=cfg.num_proj, batch=batch,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
-        layers=(choice,) * cfg.pseudo_layers, source=source,
-        buffers=_buffers(cfg, batch, max_time, dtype),
+        layers=layers, source=source,
+        buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0),
+        pipeline=pipe,
     )
 
 

@@ -183,6 +183,34 @@ def test_plan_prints_explain(capsys):
     assert "reserve:" in out and "NVIDIA H100" in out
 
 
+def test_plan_shows_the_layer_pipeline(capsys, monkeypatch):
+    """The layer-pipeline line: off with the reason (and what the opt-in would give), the
+    automatic choice with TRITONRNN_PIPELINE=1, forced by --pipeline-chunks; the pipelined
+    plans list the extra workspaces (pipeline.*)."""
+    shape = ["plan", "--preset", "anchor", "--layers", "2", "--device-preset", "h100"]
+    monkeypatch.delenv("TRITONRNN_PIPELINE", raising=False)
+    assert main(shape) == 0
+    out = capsys.readouterr().out
+    assert ("\n  layer pipeline: off (the automatic choice is opt-in and TRITONRNN_PIPELINE=1 "
+            "is not set; with it: 16 chunks, 2 layers concurrent)\n") in out
+    assert "pipeline.dpre_x" not in out
+    monkeypatch.setenv("TRITONRNN_PIPELINE", "1")
+    assert main(shape) == 0
+    out = capsys.readouterr().out
+    assert "\n  layer pipeline: 16 chunks, 2 layers concurrent (automatic" in out
+    assert "backward  pipeline.dpre_x" in out and "extra workspaces (pipeline.* below)" in out
+    monkeypatch.delenv("TRITONRNN_PIPELINE")
+    tiny = ["plan", "--mode", "gru", "--hidden", "7", "--batch", "4", "--time", "7",
+            "--layers", "2", "--dtype", "fp32", "--device-preset", "interpreter"]
+    assert main([*tiny, "--pipeline-chunks", "3"]) == 0
+    out = capsys.readouterr().out
+    assert ("\n  layer pipeline: 3 chunks, 2 layers concurrent (forced by "
+            "plan_constraints(pipeline_chunks=3))\n") in out
+    assert "backward  pipeline.dpre_h" in out
+    assert main(tiny) == 0
+    assert "\n  layer pipeline: off (the automatic choice is opt-in" in capsys.readouterr().out
+
+
 def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
     """End to end: tune (two forced candidates, interpreter/GPU) stores the best in the cache
     and `plan` then reports the tuned choice."""
@@ -233,6 +261,8 @@ def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
         ["check", "--time", "0"],
         ["plan", "--device-preset", "tpu"],
         ["plan", "--layers", "-1"],
+        ["plan", "--pipeline-chunks", "0"],
+        ["plan", "--bidirectional", "--pipeline-chunks", "2", "--device-preset", "h100"],
         ["tune", "--batch", "0", "--allow-cpu"],
     ],
     ids=lambda a: " ".join(a) or "no-command",
