@@ -85,18 +85,21 @@ input-side gate tiles, the reserve tiles, dy); only then it waits. Those loads a
 are off the per-step chain (barrier -> exchange read -> dots -> cell -> publish), and the
 release fence no longer waits for them.
 
-Workspaces (fp32, allocated per call; bytes per direction, times D for a pair launch):
-  forward  h exchange [2, B, Hout] (8*B*Hout), h state [B, Hout] (4*B*Hout),
-           c state [B, H] (4*B*H, LSTM), m exchange [B, H] (4*B*H, projection), sync int32 [2]
-  backward dph exchange [2, B, G*H] (8*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H]
-           (LSTM), dh exchange [B, P] (projection), sync int32 [2]
+Workspaces (allocated per call; states fp32, exchanges in the tensors' dtype, e bytes; bytes
+per direction, times D for a pair launch):
+  forward  h exchange [2, B, Hout] (2e*B*Hout), h state [B, Hout] (4*B*Hout),
+           c state [B, H] (4*B*H, LSTM), m exchange [B, H] (e*B*H, projection), sync int32 [2]
+  backward dph exchange [2, B, G*H] (2e*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H]
+           (4*B*H, LSTM), dh exchange [B, P] (e*B*P, projection), sync int32 [2]
 Stepwise launches load the h / c / dh_carry / dc state tiles at launch start and store them at
 launch end (so they live in global memory between steps); the persistent launch does the same
 once, keeping them in registers for all T steps.
-Exchange buffers (what other programs read as a dot operand) stay fp32 and are cast to the
-dot dtype after the load. Exchanging bf16 instead would halve their bytes, but the sm_90
-compiles (Triton 3.9) of that variant spill: LSTM H = 1024 went from 188 registers, no
-spill, to 255 registers and 592 / 992 bytes of local memory (forward / backward).
+Exchange buffers (what other programs read, only ever as a dot operand) hold the tensors'
+dtype: the dot rounds its operand to that dtype anyway, so the results are the same as with
+fp32 buffers, and the staged operand and its registers are halved in bf16. With the split-K
+dots that removed the spills of the sm_90 backward compiles (Triton 3.6: LSTM H=1024 255
+registers + 112 B spill -> 190, none; GRU H=1536 255 + 112 B -> 188, none). The states
+(h, c, dh_carry, dc) stay fp32. (Before split K, bf16 exchanges had spilled instead.)
 
 Formulas (for the planner)
   grid_programs      = cdiv(H, block_h) * cdiv(B, block_b) * D        (<= SM count to persist;
@@ -974,20 +977,22 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     """Per-program shared-memory bytes of the larger direction.
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
-    larger of the fp32 dot operand staged (one chunk at a time) and the scratch of the split-K
-    reduction (`_nsplit`; both are dead outside their phase, so the compiler overlaps them).
+    larger of the dot operand staged from the exchange (one chunk at a time, in the dtype) and
+    the fp32 scratch of the split-K reduction (`_nsplit`; both are dead outside their phase,
+    so the compiler overlaps them).
     The reductions are split as `_ksplit` does: RF = sum(_ksplit(Hout)) (R in the forward,
     Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
     S_x = `_nsplit` of a dot with output rows x, G4 = 4 for a gated cell (the forward reduces
     its gates together) else 1:
-      forward  = e*(G*bh*RF + [P] BO*RB) + max(4*bb*KF, [P] 4*bb*KB, 4*S_bh*G4*bh*bb,
+      forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF, [P] e*bb*KB, 4*S_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)
-      backward = e*(G*BO*RB + [P] bh*RF) + max(4*bb*KB, [P] 4*bb*KF, 4*S_BO*BO*bb,
+      backward = e*(G*BO*RB + [P] bh*RF) + max(e*bb*KB, [P] e*bb*KF, 4*S_BO*BO*bb,
                                               [P] 4*S_bh*bh*bb)
-    Equal to the `shared` bytes of Triton 3.9's sm_90 bf16 compiles for LSTM H 768/1024 (with
-    and without P=256), GRU 512/1536, and to Triton 3.6's for LSTM H=256 block_b=32 (98304,
-    the reduction scratch; Triton 3.9 fits it in 65536). Streamed weights (block_k = K > 0),
+    Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
+    two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
+    512 / 1536; Triton 3.9 overlaps the scratch better and needs up to 32 KiB less (LSTM
+    H=768: 114688 against 131072). Streamed weights (block_k = K > 0),
     an upper bound (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
       2*K*(e*G*max(bh, BO) + 4*bb)
     """
@@ -1006,11 +1011,11 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    stage_f = max(4 * bb * KF, scratch(KF, kf2, bh, g4))
-    stage_b = max(4 * bb * KB, scratch(KB, kb2, BO))
+    stage_f = max(e * bb * KF, scratch(KF, kf2, bh, g4))
+    stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
     if proj:
-        stage_f = max(stage_f, 4 * bb * KB, scratch(KB, kb2, BO))
-        stage_b = max(stage_b, 4 * bb * KF, scratch(KF, kf2, bh))
+        stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
+        stage_b = max(stage_b, e * bb * KF, scratch(KF, kf2, bh))
     fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + stage_f
     bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + stage_b
     return max(fwd, bwd)
@@ -1247,15 +1252,15 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
-    f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
+    f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
-    x_ws = torch.empty(nd, 2, B, Hout, **f32)
+    x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
     x_ws[:, 0].copy_(h_st)
     c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
     if lstm:
         c_ws.copy_(_both(c0, off.get("c0")))
-    m_ws = torch.empty(nd, B, H, **f32) if P else x_ws
+    m_ws = torch.empty(nd, B, H, dtype=dtype, device=dev) if P else x_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
@@ -1411,14 +1416,14 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
-    f32 = dict(dtype=torch.float32, device=dev)  # exchange buffers too (module docstring)
-    dph_ws = torch.empty(nd, 2, B, G * H, **f32)
+    f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
+    dph_ws = torch.empty(nd, 2, B, G * H, dtype=dtype, device=dev)
     carry_ws = torch.empty(nd, B, Hout, **f32)
     carry_ws.copy_(_both(dhT, off.get("dhT")))
     dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
     if lstm:
         dc_ws.copy_(_both(dcT, off.get("dcT")))
-    dh_ws = torch.empty(nd, B, P, **f32) if P else dph_ws
+    dh_ws = torch.empty(nd, B, P, dtype=dtype, device=dev) if P else dph_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(H, block_k)
     pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
