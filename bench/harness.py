@@ -122,6 +122,11 @@ def _plan_summary(shape: BenchShape) -> dict:
         "families": sorted({lp.family for lp in plan.layers}),
         "reserve_bytes": plan.reserve_bytes,
         "peak_bytes": plan.peak_bytes,
+        # The layer pipeline as planned at T = max_time (chunks 1: off, with the reason).
+        "pipeline": (None if plan.pipeline is None else {
+            "chunks": plan.pipeline.chunks, "width": plan.pipeline.width,
+            "source": plan.pipeline.source, "reason": plan.pipeline.reason,
+            "extra_bytes": plan.pipeline_extra_bytes}),
     }
 
 

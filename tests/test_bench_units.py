@@ -291,3 +291,21 @@ def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch
     summary = tune.tune_key("k2", [{"family": "stepwise"}], measure, "dev")
     assert summary["status"] == "failed"
     assert "k2" not in load_tuning_cache()
+
+
+def test_plan_summary_records_the_layer_pipeline():
+    """The results JSON's plan summary carries the pipeline decision: off with its reason, or
+    forced chunks with the extra workspace bytes the plan counts in peak."""
+    from tritonrnn.bench.harness import _plan_summary
+    from tritonrnn.rnn.planner import plan_constraints
+
+    shape = presets.BenchShape(mode="lstm", hidden=16, batch=2, time=8, layers=2,
+                               dtype="float32")
+    off = _plan_summary(shape)["pipeline"]
+    assert off["chunks"] == 1 and off["source"] == "off" and off["reason"]
+    assert off["extra_bytes"] == 0
+    with plan_constraints(pipeline_chunks=2):
+        forced = _plan_summary(shape)
+    assert forced["pipeline"]["chunks"] == 2 and forced["pipeline"]["source"] == "forced"
+    assert forced["pipeline"]["extra_bytes"] > 0
+    assert forced["peak_bytes"] > _plan_summary(shape)["peak_bytes"]
