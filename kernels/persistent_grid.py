@@ -210,7 +210,7 @@ def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constex
 @triton.jit
 def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
            DT: tl.constexpr):
-    """Split-K dot operand [S, KC // S, batch] of an fp32 exchange buffer [B, x_row], cast to
+    """Split-K dot operand [S, KC // S, batch] of an exchange buffer [B, x_row], cast to
     the dot dtype DT: tile[s, c, j] = X[jb[j], k0 + s * KC // S + c], zero past K and for
     masked batch columns; [KC, batch] when S == 1."""
     if S == 1:
@@ -503,9 +503,9 @@ def _grid_fwd_kernel(
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
     Per direction: HST: fp32 [B, HOUT] h state at launch boundaries (each program keeps its
-    own slice in registers in between); XWS: [2, B, HOUT] ping-pong h exchange in the dot
-    dtype (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c state (LSTM); MWS: [B, H] m exchange
-    in the dot dtype (projection); SYNC: int32 [2] barrier counter, error flag.
+    own slice in registers in between); XWS: [2, B, HOUT] ping-pong h exchange in the
+    tensors' dtype (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c state (LSTM); MWS: [B, H] m
+    exchange in the tensors' dtype (projection); SYNC: int32 [2] barrier counter, error flag.
     Weights: RESIDENT: R's reduction (HOUT) in on-chip chunks of RKA + RKB columns, Pw's (H)
     in PKA + PKB; streamed: read in chunks of RKA (PKA) columns every step.
     NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in time) reads its
@@ -764,10 +764,10 @@ def _grid_bwd_kernel(
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
     carry update that writes dh0.
 
-    Per direction: DPHWS: [2, B, G*H] ping-pong dph exchange in the dot dtype (step with
+    Per direction: DPHWS: [2, B, G*H] ping-pong dph exchange in the tensors' dtype (step with
     index q in slot q % 2); CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state
-    (LSTM); DHWS: [B, P] dh exchange in the dot dtype (projection); SYNC: int32 [2] barrier
-    counter, error flag. Weights: R^T's reduction (H) in chunks RKA + RKB, Pw^T's (HOUT) in
+    (LSTM); DHWS: [B, P] dh exchange in the tensors' dtype (projection); SYNC: int32 [2]
+    barrier counter, error flag. Weights: R^T's reduction (H) in chunks RKA + RKB, Pw^T's (HOUT) in
     PKA + PKB, resident or streamed as in the forward. NUM_DIRS = 2: as in the forward
     (direction axis, dir_* offsets, stacked workspaces, one barrier each).
     """
