@@ -67,12 +67,18 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     return row
 
 
-def run(T: int, dtype, timing: TimingConfig, shapes=SHAPES) -> list[dict]:
+def run(T: int, dtype, timing: TimingConfig, shapes=SHAPES, on_row=None) -> list[dict]:
+    """Measures every shape; `on_row(row)` is called as each one is done."""
     if not torch.cuda.is_available():
         raise ValueError("barrier: expected a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter), got none")
     device = torch.device("cuda")
-    return [measure_shape(mode, H, B, T, dtype, device, timing) for mode, H, B in shapes]
+    rows = []
+    for mode, H, B in shapes:
+        rows.append(measure_shape(mode, H, B, T, dtype, device, timing))
+        if on_row is not None:
+            on_row(rows[-1])
+    return rows
 
 
 def format_rows(rows: list[dict]) -> str:

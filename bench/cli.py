@@ -286,8 +286,11 @@ def cmd_bench(args, argv) -> int:
             _tune_before_bench(shapes, device, timing, args)
     opts = BenchOptions(device=device, backend=args.backend, passes=passes, impls=impls,
                         timing=timing, seed=args.seed)
+    def checkpoint(partial: dict) -> None:
+        write_report({**partial, "tritonrnn_backend": backend}, args.out)
+
     report = run_benchmark(shapes, opts, progress=not args.no_progress, preset=preset,
-                           argv=argv)
+                           argv=argv, checkpoint=checkpoint)
     report["tritonrnn_backend"] = backend
     json_path = write_report(report, args.out)
     png_path = plot_report(report, json_path.with_suffix(".png"))
@@ -479,9 +482,10 @@ def cmd_barrier(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter); none found")
-    rows = run(args.time, dtypes[args.dtype], _timing(args))
     print(f"persistent-grid step vs bare grid barrier on {torch.cuda.get_device_name()}, "
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
+    rows = run(args.time, dtypes[args.dtype], _timing(args),
+               on_row=lambda row: print(format_rows([row]).splitlines()[1], flush=True))
     print(format_rows(rows))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

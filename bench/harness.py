@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -276,8 +277,14 @@ def _derive(record: dict, case: runners.Case, ceilings: Ceilings) -> None:
 
 
 def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: bool = True,
-                  preset: str = "custom", argv: list[str] | None = None) -> dict:
-    """Runs every shape and returns the whole report."""
+                  preset: str = "custom", argv: list[str] | None = None,
+                  checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """Runs every shape and returns the whole report.
+
+    `checkpoint`, when given, receives the report of the shapes done so far (with
+    "partial": true) after each shape, so that a run cut off (a lease or a time limit) still
+    leaves its finished shapes behind.
+    """
     from tqdm import tqdm
 
     dtypes = sorted({s.torch_dtype for s in shapes}, key=str)
@@ -292,10 +299,20 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
     try:
         tick("measuring the roofline (copy, matmul)")
         ceilings = measure_ceilings(opts.device, dtypes, opts.timing)
-        results = [run_shape(s, opts, ceilings, tick) for s in shapes]
+        env = environment(opts.device)
+        results = []
+        for shape in shapes:
+            results.append(run_shape(shape, opts, ceilings, tick))
+            if checkpoint is not None and len(results) < len(shapes):
+                checkpoint({**_report(results, opts, ceilings, env, dtypes, preset, argv),
+                            "partial": True})
     finally:
         bar.close()
-    env = environment(opts.device)
+    return _report(results, opts, ceilings, env, dtypes, preset, argv)
+
+
+def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: dict,
+            dtypes: list, preset: str, argv: list[str] | None) -> dict:
     failures = []
     for r in results:
         tr = r["implementations"].get("tritonrnn", {})

@@ -83,7 +83,17 @@ def _load_report(out_dir):
     return report
 
 
-def test_bench_smoke_writes_json_and_plot(tmp_path, capsys):
+def test_bench_smoke_writes_json_and_plot(tmp_path, capsys, monkeypatch):
+    from tritonrnn.bench import harness
+
+    written = []
+    real_write = harness.write_report
+
+    def record(report, out_dir):
+        written.append((len(report["results"]), report.get("partial", False)))
+        return real_write(report, out_dir)
+
+    monkeypatch.setattr(harness, "write_report", record)
     out_dir = tmp_path / "results"
     rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--out", str(out_dir),
                "--no-progress", "--no-tune", "--cpu-rep", "1", "--rep", "20", "--warmup", "5"])
@@ -101,6 +111,9 @@ def test_bench_smoke_writes_json_and_plot(tmp_path, capsys):
     assert report["timing"]["quantiles"] == [0.5, 0.2, 0.8]
     assert len(report["results"]) == 2
     assert report["failures"] == []
+    # A checkpoint after the first shape, then the whole report over it in the same file.
+    assert written == [(1, True), (2, False)]
+    assert "partial" not in report
     for r in report["results"]:
         impls = r["implementations"]
         assert impls["tritonrnn"]["correctness"]["ok"]
