@@ -16,6 +16,7 @@ Variants (comma-joined in one process):
     nocell    the cell nonlinearity is replaced by additions
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
+    w4 / w8   4 / 8 warps instead of the planner's; bh32: block_h 32
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -25,6 +26,7 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -89,11 +91,13 @@ def _apply(variant: str) -> None:
             pg._load_gate = _no_load
         elif part == "nostore":
             pg._store_rows = _no_store
+        elif part in ("w4", "w8", "bh32") or part.startswith("T"):
+            pass  # tile and length overrides, applied in _measure
         elif part != "full":
             raise ValueError(f"--variant: unknown part {part!r}")
 
 
-def _measure(variant: str) -> list[dict]:
+def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
     from tritonrnn.bench.barrier import _recurrence_inputs
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
     from tritonrnn.kernels.persistent_grid import grid_forward
@@ -101,11 +105,16 @@ def _measure(variant: str) -> list[dict]:
 
     if not variant.startswith("bare"):
         _apply(variant)
+    parts = variant.split(",")
     dev = torch.device("cuda")
     props = device_properties(dev)
     rows = []
-    for mode, H, B in SHAPES:
+    for mode, H, B in shapes:
         lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, props)
+        if "w4" in parts or "w8" in parts:
+            lp = replace(lp, num_warps=4 if "w4" in parts else 8)
+        if "bh32" in parts:
+            lp = replace(lp, block_h=32)
         if variant.startswith("bare"):
             warps = int(variant[4:])
             fn = lambda n=lp.num_programs, w=warps: run_bare_barriers(T, n, dev, num_warps=w)  # noqa: E731
@@ -116,24 +125,59 @@ def _measure(variant: str) -> list[dict]:
                 num_warps=lp.num_warps, _max_spin=1 << 20)
         fn()
         torch.cuda.synchronize()
+        if once:  # under a profiler: one more launch, nothing timed
+            fn()
+            torch.cuda.synchronize()
+            continue
         ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
                      "programs": lp.num_programs, "num_warps": lp.num_warps,
-                     "block_b": lp.block_b, "step_us": ms * 1e3 / T})
+                     "block_b": lp.block_b, "block_h": lp.block_h, "step_us": ms * 1e3 / T})
     return rows
+
+
+def _layer_once(mode: str, H: int, B: int, T: int = 256) -> None:
+    """One layer's forward and backward through the public ops, twice (for a profiler)."""
+    from tritonrnn.bench.presets import BenchShape
+    from tritonrnn.bench.runners import build_case
+    from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
+
+    case = build_case(BenchShape(mode=mode, hidden=H, batch=B, time=T).validated(),
+                      torch.device("cuda"))
+    for _ in range(2):
+        out = cudnn_rnn(case.x, case.h0, case.c0, case.params, None, is_training=True,
+                        rnn_mode=mode)
+        cudnn_rnn_backprop(case.x, case.h0, case.c0, case.params, None, out.output,
+                           out.output_h, out.output_c if mode == "lstm" else None, case.dy,
+                           case.dhT, case.dcT, out.reserve_space, out.host_reserved,
+                           rnn_mode=mode)
+        torch.cuda.synchronize()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--once", metavar="MODE,H,B",
+                    help="launch the full kernel twice for one shape and exit (for ncu)")
+    ap.add_argument("--variants", help="variants separated by ';' (default: all)")
+    ap.add_argument("--layer", action="store_true",
+                    help="with --once: the whole layer through the ops (fwd, then bwd), T=256")
     args = ap.parse_args()
+    if args.once and args.layer:
+        mode, H, B = args.once.split(",")
+        _layer_once(mode, int(H), int(B))
+        return 0
+    if args.once:
+        mode, H, B = args.once.split(",")
+        _measure(args.variant or "full", [(mode, int(H), int(B))], once=True)
+        return 0
     if args.variant:
         for row in _measure(args.variant):
             print(json.dumps(row), flush=True)
         return 0
     rows = []
-    for v in VARIANTS:
+    for v in args.variants.split(";") if args.variants else VARIANTS:
         r = subprocess.run([sys.executable, __file__, "--variant", v], capture_output=True,
                            text=True, timeout=240)
         got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
