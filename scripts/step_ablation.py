@@ -16,7 +16,10 @@ Variants (comma-joined in one process):
     nocell    the cell nonlinearity is replaced by additions
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
-    w4 / w8   4 / 8 warps instead of the planner's; bh32: block_h 32
+    w2/w4/w8  2 / 4 / 8 warps instead of the planner's; bh32: block_h 32
+    s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
+    layer     also time the whole layer's fwd and bwd through the ops (planner patched to
+              the variant's warps)
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -91,8 +94,16 @@ def _apply(variant: str) -> None:
             pg._load_gate = _no_load
         elif part == "nostore":
             pg._store_rows = _no_store
-        elif part in ("w4", "w8", "bh32") or part.startswith("T"):
-            pass  # tile and length overrides, applied in _measure
+        elif part in ("w2", "w4", "w8"):
+            from tritonrnn.rnn import planner
+
+            planner._grid_warps = lambda *a, w=int(part[1:]): w
+        elif part in ("s1", "s2", "s4", "s8"):
+            n = int(part[1:])
+            pg._nsplit = lambda ka, kb, nw, bm, bb, n=n: 1 if n == 1 else max(
+                1, min(n, ka // 16, kb // 16 if kb else ka // 16))
+        elif part in ("bh32", "layer"):
+            pass  # applied in _measure
         elif part != "full":
             raise ValueError(f"--variant: unknown part {part!r}")
 
@@ -111,8 +122,9 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
     rows = []
     for mode, H, B in shapes:
         lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, props)
-        if "w4" in parts or "w8" in parts:
-            lp = replace(lp, num_warps=4 if "w4" in parts else 8)
+        for w in ("w2", "w4", "w8"):
+            if w in parts:
+                lp = replace(lp, num_warps=int(w[1:]))
         if "bh32" in parts:
             lp = replace(lp, block_h=32)
         if variant.startswith("bare"):
@@ -133,7 +145,35 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
                      "programs": lp.num_programs, "num_warps": lp.num_warps,
                      "block_b": lp.block_b, "block_h": lp.block_h, "step_us": ms * 1e3 / T})
+        if "layer" in parts:
+            rows[-1].update(_layer_ms(mode, H, B))
     return rows
+
+
+def _layer_ms(mode: str, H: int, B: int) -> dict:
+    """The layer's fwd and bwd (T steps, bf16) through the ops, do_bench medians in ms."""
+    from tritonrnn.bench.presets import BenchShape
+    from tritonrnn.bench.runners import build_case
+    from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
+
+    case = build_case(BenchShape(mode=mode, hidden=H, batch=B, time=T).validated(),
+                      torch.device("cuda"))
+
+    def fwd():
+        return cudnn_rnn(case.x, case.h0, case.c0, case.params, None, is_training=True,
+                         rnn_mode=mode)
+
+    out = fwd()
+
+    def bwd():
+        return cudnn_rnn_backprop(case.x, case.h0, case.c0, case.params, None, out.output,
+                                  out.output_h, out.output_c if mode == "lstm" else None,
+                                  case.dy, case.dhT, case.dcT, out.reserve_space,
+                                  out.host_reserved, rnn_mode=mode)
+
+    bwd()
+    return {"fwd_ms": triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median"),
+            "bwd_ms": triton.testing.do_bench(bwd, warmup=25, rep=100, return_mode="median")}
 
 
 def _layer_once(mode: str, H: int, B: int, T: int = 256) -> None:
@@ -185,8 +225,10 @@ def main() -> int:
             print(f"{v}: rc {r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
         rows += got
         for row in got:
+            layer = (f"  layer fwd {row['fwd_ms']:.2f} ms bwd {row['bwd_ms']:.2f} ms"
+                     if "fwd_ms" in row else "")
             print(f"{v:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
-                  f"w{row['num_warps']}: {row['step_us']:.2f} us/step", flush=True)
+                  f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "step_ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
