@@ -938,7 +938,8 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
     return (ka, kb) if ka + kb < _pad(K) else (_pad(K), 0)
 
 
-def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
+def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
+            max_split: int = 32) -> int:
     """Split-K factor S of a [bm, K] @ [K, bb] product whose reduction is held in chunks
     (ka, kb).
 
@@ -948,10 +949,26 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
     chain). Then the reduction is split instead: S = num_warps slices of K, the batch
     dimension of a 3-D dot (Triton places its warps along it), partial sums added at the end.
     Each slice keeps at least the 16 columns an MMA needs (S smaller where the chunks are
-    short). S = 1: the plain dot."""
+    short). S = 1: the plain dot. `max_split` caps S (see `_gate_split`)."""
     if (bm // 16) * (bb // 8) >= num_warps:
         return 1
-    return max(1, min(num_warps, ka // 16, kb // 16 if kb else ka // 16))
+    return max(1, min(num_warps, max_split, ka // 16, kb // 16 if kb else ka // 16))
+
+
+# The forward's gate dots split K at most this many ways. Their partial sums meet in one
+# cross-warp reduction of all the gate tiles, and Triton lowers that reduction through
+# shared memory with heavy bank conflicts: Nsight Compute on an H100 (LSTM H=768 B=16, 8
+# warps, S = 8) counted 32-way conflicted stores and 86% excess shared wavefronts, about
+# 9 of the step's 12 us. Measured forward steps (4 warps, H100, T = 1024, bf16): LSTM H=768
+# B=16 7.40 us at S = 4, 5.19 at S = 2, 6.06 at S = 1; GRU H=1024 B=16 6.81 / 4.94 / 8.09.
+# The backward's reductions are smaller (one tile per slice) and keep S = num_warps.
+_FWD_GATE_SPLIT = 2
+
+
+def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
+    """Split-K factor of the forward's gate dots (R's slice @ h): `_nsplit` capped at
+    _FWD_GATE_SPLIT."""
+    return _nsplit(ka, kb, num_warps, bm, bb, _FWD_GATE_SPLIT)
 
 
 def _block_o(H: int, P: int, block_h: int) -> int:
@@ -983,16 +1000,16 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     The reductions are split as `_ksplit` does: RF = sum(_ksplit(Hout)) (R in the forward,
     Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
-    S_x = `_nsplit` of a dot with output rows x, G4 = 4 for a gated cell (the forward reduces
-    its gates together) else 1:
-      forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF, [P] e*bb*KB, 4*S_bh*G4*bh*bb,
+    S_x = `_nsplit` of a dot with output rows x, S'_bh = `_gate_split` (the forward's gate
+    dots, S <= 2), G4 = 4 for a gated cell (the forward reduces its gates together) else 1:
+      forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF, [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)
       backward = e*(G*BO*RB + [P] bh*RF) + max(e*bb*KB, [P] e*bb*KF, 4*S_BO*BO*bb,
                                               [P] 4*S_bh*bh*bb)
     Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
     two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
-    512 / 1536; Triton 3.9 overlaps the scratch better and needs up to 32 KiB less (LSTM
-    H=768: 114688 against 131072). Streamed weights (block_k = K > 0),
+    512 / 1536 (rechecked after the forward's split cap: LSTM H=256 bb=32 and GRU H=512 with
+    8 warps, LSTM H=768 with 4). Streamed weights (block_k = K > 0),
     an upper bound (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
       2*K*(e*G*max(bh, BO) + 4*bb)
     """
@@ -1006,12 +1023,12 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
 
-    def scratch(ka, kb, rows, gates=1):  # split-K partial sums, [S, gates * rows, bb] fp32
-        S = _nsplit(ka, kb, num_warps, rows, bb)
+    def scratch(ka, kb, rows, gates=1, split=_nsplit):  # split-K partial sums,
+        S = split(ka, kb, num_warps, rows, bb)          # [S, gates * rows, bb] fp32
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    stage_f = max(e * bb * KF, scratch(KF, kf2, bh, g4))
+    stage_f = max(e * bb * KF, scratch(KF, kf2, bh, g4, _gate_split))
     stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
     if proj:
         stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
@@ -1280,7 +1297,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
-                RS=_nsplit(rka, rkb, num_warps, block_h, block_b),
+                RS=_gate_split(rka, rkb, num_warps, block_h, block_b),
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),

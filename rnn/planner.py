@@ -287,8 +287,20 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
             ):
-                return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h, block_b))
+                return replace(lp, num_warps=_persistent_grid_warps(block_h, block_b))
     return None
+
+
+def _persistent_grid_warps(block_h: int, block_b: int) -> int:
+    """Warps of a persistent-grid program: 4 up to a 16 x 32 tile, else 8.
+
+    A step's work per program is small (a [G*16, H] @ [H, <=32] product); more warps only
+    lengthen its cross-warp reductions and shared-memory traffic. Measured on an H100
+    (bf16, T = 1024, `scripts/step_ablation.py`), forward + backward of the layer, 8 -> 4
+    warps: LSTM H=512 B=1 15.9 -> 10.4 ms, H=768 B=16 19.5 -> 14.2, H=768 B=64 (16 x 32
+    tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
+    `kernels.persistent_grid._FWD_GATE_SPLIT`). Larger tiles keep 8 (not measured)."""
+    return 4 if block_h * block_b <= 512 else 8
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:

@@ -97,7 +97,7 @@ def _apply(variant: str) -> None:
         elif part in ("w2", "w4", "w8"):
             from tritonrnn.rnn import planner
 
-            planner._grid_warps = lambda *a, w=int(part[1:]): w
+            planner._persistent_grid_warps = lambda *a, w=int(part[1:]): w
         elif part in ("s1", "s2", "s4", "s8"):
             n = int(part[1:])
             pg._nsplit = lambda ka, kb, nw, bm, bb, n=n: 1 if n == 1 else max(

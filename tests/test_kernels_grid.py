@@ -322,13 +322,19 @@ def test_split_k_factor():
     assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._nsplit(32, 16, 4, 16, 16) == 1
     assert pg._nsplit(16, 0, 8, 16, 16) == 1
+    # The forward's gate dots: at most 2 slices (their joined reduction's bank conflicts).
+    assert pg._gate_split(512, 256, 8, 16, 16) == 2
+    assert pg._gate_split(512, 256, 4, 16, 16) == 2
+    assert pg._gate_split(32, 16, 4, 16, 16) == 1
+    assert pg._gate_split(64, 0, 4, 16, 32) == 1  # 4 MMA tiles for 4 warps: a plain dot
 
 
 @SPLIT_K
 @REVERSE
 @pytest.mark.parametrize("cell", CELLS)
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
-    assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
+    assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
+    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == min(S, 2)
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     ins, outs = _forward_problem(cell, H, 0, *VARLEN)
     _run_forward(ins, outs, reverse, **kw)
@@ -435,19 +441,22 @@ def test_grid_formulas():
     assert pg.grid_programs(1024, 256, 256, 16, 16, 16) == 64
     # Shared memory as Triton 3.6 allocates it for sm_90 (checked against compiled kernels):
     # the resident slice plus the larger of the staged exchange operand (bf16) and the split-K
-    # scratch (8 warps: S = 8 slices of fp32 partial sums, the forward's 4 gates joined).
-    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(stage 2*16*1024, scratch 4*8*4*16*16).
+    # scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the forward's 4
+    # gates joined in S = 2, its cap).
+    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(stage 2*16*1024, scratch 4*2*4*16*16).
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
     # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*1024.
     assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 172032
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 49152 + 32768
+    # GRU H=512: R slice 2*3*16*512 + stage 2*16*512 (65536, as compiled with 8 warps).
+    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 49152 + 16384
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
     # GRU H=1536 1024 + 512 (stage 2*16*1024).
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 32768
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 180224
-    # 16 x 32 tiles: the scratch [8, 4*16, 32] fp32 outgrows the staged operand (2*32*256).
+    # 16 x 32 tiles: the forward's scratch [2, 4*16, 32] fp32 and the backward's [8, 16, 32]
+    # are as large as the staged operand (2*32*256): 49152, as compiled (Triton 3.6, 8 warps).
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
-        4 * 8 * 4 * 16 * 32)
+        4 * 2 * 4 * 16 * 32) == 49152
     # 2 warps: the 4 MMA tiles of a 16 x 32 output keep them busy, a plain dot, no scratch.
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32, num_warps=2) == (
         2 * 4 * 16 * 256 + 2 * 32 * 256)
