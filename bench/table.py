@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 
 def rows(path: str) -> list[str]:
@@ -34,16 +34,29 @@ def rows(path: str) -> list[str]:
     return out
 
 
-def main(paths: list[str]) -> None:
+def _is_bench_report(path: str) -> bool:
+    """`tritonrnn bench` reports only (barrier and ablation JSON files have other schemas)."""
+    with open(path) as f:
+        report = json.load(f)
+    return isinstance(report, dict) and report.get("schema") == "tritonrnn.bench/1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m tritonrnn.bench.table",
+        description="Markdown table of `tritonrnn bench` JSON reports (other JSON files are "
+                    "skipped).")
+    ap.add_argument("paths", nargs="+", metavar="JSON")
+    args = ap.parse_args(argv)
     print("| device | shape | pass | family | tritonrnn ms | cuDNN ms | speedup "
           "| reserve / cuDNN |")
     print("|---|---|---|---|---|---|---|---|")
-    for p in paths:
-        if "barrier" in p:
+    for p in args.paths:
+        if not _is_bench_report(p):
             continue
         for line in rows(p):
             print(line)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
