@@ -7,12 +7,16 @@
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
 #   bash scripts/gpu_session.sh tune      tritonrnn tune on the anchor shape, then anchor again
+#   bash scripts/gpu_session.sh ablation  scripts/step_ablation.py (where a grid step's time goes)
+#   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, anchor)
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# Compiled kernels kept in the tree (ignored): a warm machine reuses them between calls.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
@@ -44,5 +48,9 @@ case "${1:-tests}" in
     tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 2>&1 \
       | tee "$out/tune.log" | tail -30
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune" >&2; exit 2 ;;
+  ablation)
+    python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
+  profile)
+    OUT="$out" bash scripts/gpu_profile.sh ;;
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|profile" >&2; exit 2 ;;
 esac

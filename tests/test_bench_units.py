@@ -309,3 +309,25 @@ def test_plan_summary_records_the_layer_pipeline():
     assert forced["pipeline"]["chunks"] == 2 and forced["pipeline"]["source"] == "forced"
     assert forced["pipeline"]["extra_bytes"] > 0
     assert forced["peak_bytes"] > _plan_summary(shape)["peak_bytes"]
+
+
+def test_table_rows_from_bench_reports_only(tmp_path, capsys):
+    """The README table: one row per tritonrnn run of a bench report; barrier / ablation JSON
+    files (other schemas) are skipped, not misread."""
+    from tritonrnn.bench import table
+
+    run = {"impl": "tritonrnn", "pass": "fwdbwd", "status": "ok", "ms": 2.0,
+           "speedup_vs_torch": 3.0}
+    base = {"impl": "torch", "pass": "fwdbwd", "status": "ok", "ms": 6.0}
+    report = {"schema": "tritonrnn.bench/1", "environment": {"device": "GPU X"},
+              "results": [{"label": "lstm H8", "runs": [run, base],
+                           "plan": {"families": ["persistent_grid"]},
+                           "reserve_ratio": {"torch": 0.25}}]}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(report))
+    other = tmp_path / "barrier.json"
+    other.write_text(json.dumps({"device": "GPU X", "rows": [{"step_us": 1.0}]}))
+    table.main([str(bench), str(other)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2:] == ["| GPU X | lstm H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x "
+                         "| 0.25 |"]
