@@ -6,6 +6,12 @@ is forced with `plan_constraints`, checked once against the float64 oracle (a ch
 computes wrong numbers is never kept) and timed on a forward+backward step. The best one is
 written with `store_tuning_entry` into the persistent cache that `plan_for` reads.
 
+Screening: the planner's own choice is timed first; every later choice runs once more after
+its checked run, and one whose single run already takes more than SCREEN_FACTOR times the
+best median so far is recorded as screened out (its one-run time kept) instead of being
+timed in full. At the anchor that skips the full timing of the stepwise and most streamed
+choices (5 to 15x slower than the resident grid on an H100), which took most of a run.
+
 Resumable: every measured choice is recorded at once in `tuning.partial.json` next to the
 cache; an interrupted run picks up where it stopped. Keys already in the cache are skipped
 unless --force.
@@ -17,7 +23,9 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,10 +60,29 @@ def choice_id(choice: dict) -> str:
     return json.dumps(choice, sort_keys=True)
 
 
+# A choice whose one run takes more than this many times the best median so far is not timed
+# in full (a run-to-run spread is far below 2x; a choice that slow cannot become the best).
+SCREEN_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class Screened:
+    """What a measurer returns for a choice it stopped after one run: `ms` (that run)
+    exceeded the bound it was given."""
+
+    ms: float
+
+
+def _best_ms(done: dict) -> float | None:
+    """The best full measurement recorded for a key (screened and failed choices aside)."""
+    times = [r["ms"] for r in done.values() if r.get("ms") is not None and math.isfinite(r["ms"])]
+    return min(times) if times else None
+
+
 def tune_key(
     key: str,
     choices: list[dict],
-    measure_choice: Callable[[dict], float],
+    measure_choice: Callable[[dict, float | None], float | Screened],
     device_name: str,
     *,
     force: bool = False,
@@ -63,10 +90,12 @@ def tune_key(
 ) -> dict:
     """Times `choices` for one plan key and stores the best (the machinery, device-agnostic).
 
-    measure_choice(choice) returns milliseconds, or raises: any Exception records the choice
-    as failed with its reason (a compile error, out of resources, wrong numbers), while
-    KeyboardInterrupt stops the run with every finished measurement kept. Returns a summary
-    dict with status 'cached' | 'tuned' | 'failed'."""
+    measure_choice(choice, bound) returns milliseconds, or Screened(ms) when one run already
+    took more than `bound` ms (SCREEN_FACTOR x the best so far; None for the first choice),
+    or raises: any Exception records the choice as failed with its reason (a compile error,
+    out of resources, wrong numbers), while KeyboardInterrupt stops the run with every
+    finished measurement kept. Returns a summary dict with status 'cached' | 'tuned' |
+    'failed'."""
     from tritonrnn.rnn.planner import load_tuning_cache, store_tuning_entry
 
     tick = tick or (lambda _msg: None)
@@ -84,15 +113,19 @@ def tune_key(
             tick(f"{cid}: resumed")
             continue
         tick(cid)
+        best = _best_ms(done)
         try:
-            done[cid] = {"ms": float(measure_choice(choice))}
+            got = measure_choice(choice, None if best is None else SCREEN_FACTOR * best)
         except Exception as e:  # a failing candidate is a data point, not the end
             done[cid] = {"ms": None, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        else:
+            done[cid] = ({"ms": None, "screened_ms": got.ms} if isinstance(got, Screened)
+                         else {"ms": float(got)})
         partial = _read_partial(path)
         partial[key] = done
         _write_partial(path, partial)
     timed = {cid: r["ms"] for cid, r in done.items() if r.get("ms") is not None
-             and math.isfinite(r["ms"])}
+             and math.isfinite(r["ms"])}  # screened and failed choices have ms None
     summary = {"key": key, "candidates": len(choices), "measured": done}
     if not timed:
         summary["status"] = "failed"
@@ -117,7 +150,7 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
     case = runners.build_case(shape, device, seed)
     runners.compute_oracle(case)
 
-    def measure_choice(choice: dict) -> float:
+    def measure_choice(choice: dict, bound: float | None = None) -> float | Screened:
         with plan_constraints(**choice):
             runner = runners.tritonrnn_runner(case, "triton")
         if not runner.correctness["ok"]:
@@ -130,10 +163,36 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
             with plan_constraints(**choice):
                 return step()
 
-        fn()
+        fn()  # compiled and warm (the checked run above used the same kernels)
+        if bound is not None:
+            one = _one_run_ms(fn, device)
+            if one > bound:
+                return Screened(one)
         return measure(fn, device.type, timing).ms
 
     return measure_choice
+
+
+def _one_run_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds of one call of fn (device-synchronised)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def planned_first(plan, choices: list[dict]) -> list[dict]:
+    """`choices` with the plan's own choice for its first layer moved to the front (it sets
+    the screening bound early; usually it is close to the best)."""
+    lp = plan.layer(0)
+    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps}
+    if lp.family != "persistent_cta":
+        own.update(block_h=lp.block_h, block_k=lp.block_k)
+    first = [c for c in choices if c == own]
+    return first + [c for c in choices if c != own]
 
 
 def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingConfig, *,
@@ -148,7 +207,7 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
         plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
                         num_layers=s.layers, direction=s.direction, num_proj=s.proj,
                         batch=s.batch, max_time=s.time, dtype=s.torch_dtype)
-        plans.append((s, plan, candidates(plan)))
+        plans.append((s, plan, planned_first(plan, candidates(plan))))
     total = sum(len(c) for _, _, c in plans)
     name = device_properties(device).name
     out = []
@@ -166,8 +225,8 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
                 continue
             seen.add(plan.key)
             cached = not force and plan.key in _cached_keys()
-            measurer = (lambda _c: math.nan) if cached else shape_measurer(s, device, timing,
-                                                                           seed)
+            measurer = (lambda _c, _b: math.nan) if cached else shape_measurer(s, device,
+                                                                               timing, seed)
             summary = tune_key(plan.key, choices, measurer, name, force=force, tick=tick)
             summary["label"] = s.label
             out.append(summary)
@@ -186,9 +245,12 @@ def format_tune(summaries: list[dict], cache: Path) -> str:
         if s["status"] == "cached":
             lines.append(f"  {s['label']}: cached {s['best']} (use --force to retune)")
         elif s["status"] == "tuned":
-            bad = sum(1 for r in s["measured"].values() if r.get("ms") is None)
+            bad = sum(1 for r in s["measured"].values() if r.get("error"))
+            out = sum(1 for r in s["measured"].values() if "screened_ms" in r)
+            notes = [f"{bad} failed"] * bool(bad) + [
+                f"{out} screened out after one run (> {SCREEN_FACTOR:g}x the best)"] * bool(out)
             lines.append(f"  {s['label']}: best {s['best']} of {s['candidates']} candidates"
-                         + (f" ({bad} failed)" if bad else ""))
+                         + (f" ({', '.join(notes)})" if notes else ""))
         else:
             reasons = "; ".join(sorted({str(r.get("error")) for r in s["measured"].values()}))
             lines.append(f"  {s['label']}: FAILED, no candidate ran ({reasons})")

@@ -248,7 +248,7 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
     ms = {1: 3.0, 2: 1.5, 4: 2.0}
     calls = []
 
-    def measure(choice, stop_after=None):
+    def measure(choice, bound, stop_after=None):
         calls.append(choice["num_warps"])
         if stop_after is not None and len(calls) > stop_after:
             raise _Stop
@@ -257,7 +257,7 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
         return ms[choice["num_warps"]]
 
     with pytest.raises(_Stop):
-        tune.tune_key("k", choices, lambda c: measure(c, stop_after=2), "dev")
+        tune.tune_key("k", choices, lambda c, b: measure(c, b, stop_after=2), "dev")
     assert calls == [1, 2, 4]
     partial = json.loads(tune.partial_path().read_text())["k"]
     assert len(partial) == 2  # the two finished measurements survived the interrupt
@@ -281,11 +281,49 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
     assert calls == [1, 2, 4, 8]
 
 
+def test_tune_key_screens_out_slow_choices(tmp_path, monkeypatch):
+    """Each choice gets SCREEN_FACTOR x the best median so far as its bound; a measurer that
+    returns Screened is recorded with its one-run time, never becomes the best, and does not
+    count as failed."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8, 2)]
+    full = {4: 2.0, 8: 5.0, 2: 1.0}
+    bounds = []
+
+    def measure(choice, bound):
+        bounds.append(bound)
+        one = full[choice["num_warps"]] * 1.05  # one run is a little above the median
+        return tune.Screened(one) if bound is not None and one > bound else full[
+            choice["num_warps"]]
+
+    summary = tune.tune_key("k3", choices, measure, "dev")
+    assert bounds == [None, 4.0, 4.0]  # 2 x 2.0 ms, the first (and best-so-far) choice
+    slow = summary["measured"][tune.choice_id(choices[1])]
+    assert slow == {"ms": None, "screened_ms": 5.25}
+    assert summary["best"] == {**choices[2], "ms": 1.0}
+    text = tune.format_tune([{**summary, "label": "x"}], tmp_path)
+    assert "1 screened out after one run" in text and "failed" not in text
+
+
+def test_planned_first_puts_the_plans_choice_first():
+    from tritonrnn.rnn.planner import candidates, plan_for
+
+    plan = plan_for(rnn_mode="lstm", input_size=768, num_units=768, batch=16, max_time=1024,
+                    dtype=torch.bfloat16, device_properties="h100")
+    ordered = tune.planned_first(plan, candidates(plan))
+    lp = plan.layer(0)
+    assert ordered[0] == {"family": lp.family, "block_b": lp.block_b,
+                          "num_warps": lp.num_warps, "block_h": lp.block_h,
+                          "block_k": lp.block_k}
+    assert sorted(map(tune.choice_id, ordered)) == sorted(map(tune.choice_id,
+                                                              candidates(plan)))
+
+
 def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
     from tritonrnn.rnn.planner import load_tuning_cache
 
-    def measure(_choice):
+    def measure(_choice, _bound):
         raise ValueError("outside tolerance")
 
     summary = tune.tune_key("k2", [{"family": "stepwise"}], measure, "dev")
