@@ -8,7 +8,8 @@
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200] [--arch 90]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
                     [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
-    tritonrnn barrier [--time T] [--dtype D] [--out DIR]   (GPU only)
+    tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]
+                      [--out DIR]   (GPU only)
 
 Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
 the CPU and says so. Exit codes: 0 success, 1 a failed check/benchmark, 2 a bad option (one
@@ -175,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "barrier (GPU only)", epilog=EPILOG)
     br.add_argument("--time", type=int, default=1024, metavar="T", help="steps (default 1024)")
     br.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32")
+    br.add_argument("--mode", nargs="+", choices=("lstm", "gru"), default=None,
+                    help="only these cells (default: lstm and gru)")
+    br.add_argument("--hidden", nargs="+", type=int, default=None, metavar="H",
+                    help="only these hidden sizes (default: 512 768 1024)")
+    br.add_argument("--batch", nargs="+", type=int, default=None, metavar="B",
+                    help="only these batch sizes (default: 1 16 64)")
     br.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="also write barrier-<device>-<date>.json there")
     _add_timing_options(br)
@@ -479,12 +486,18 @@ def cmd_barrier(args) -> int:
         raise UsageError(f"--dtype: expected one of {list(dtypes)}, got {args.dtype!r}")
     if args.time < 1:
         raise UsageError(f"--time: expected an int >= 1, got {args.time}")
+    for name, values in (("--hidden", args.hidden), ("--batch", args.batch)):
+        bad = [v for v in values or () if v < 1]
+        if bad:
+            raise UsageError(f"{name}: expected ints >= 1, got {bad[0]}")
+    shapes = [(m, H, B) for m in args.mode or ("lstm", "gru")
+              for H in args.hidden or (512, 768, 1024) for B in args.batch or (1, 16, 64)]
     if not torch.cuda.is_available():
         raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter); none found")
     print(f"persistent-grid step vs bare grid barrier on {torch.cuda.get_device_name()}, "
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
-    rows = run(args.time, dtypes[args.dtype], _timing(args),
+    rows = run(args.time, dtypes[args.dtype], _timing(args), shapes,
                on_row=lambda row: print(format_rows([row]).splitlines()[1], flush=True))
     print(format_rows(rows))
     if args.out is not None:

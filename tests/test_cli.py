@@ -330,13 +330,19 @@ def test_barrier_needs_a_gpu(capsys):
     assert "--dtype: expected one of ['bf16', 'fp16', 'fp32'], got 'fp64'" in (
         capsys.readouterr().err
     )
+    assert main(["barrier", "--hidden", "512", "0"]) == 2
+    assert "--hidden: expected ints >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
 def test_barrier_measures_on_gpu(tmp_path, capsys):
-    assert main(["barrier", "--time", "64", "--out", str(tmp_path)]) == 0
+    assert main(["barrier", "--time", "64", "--mode", "gru", "--hidden", "512", "--batch", "1",
+                 "16", "--out", str(tmp_path)]) == 0
     assert "ratio" in capsys.readouterr().out
-    assert len(list(tmp_path.glob("barrier-*.json"))) == 1
+    (path,) = tmp_path.glob("barrier-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["mode"], r["H"], r["B"]) for r in rows] == [("gru", 512, 1), ("gru", 512, 16)]
+    assert all(r["step_us"] > 0 and r["barrier_us"] > 0 for r in rows)
 
 
 # ----------------------------------------------------------------------------- aot
