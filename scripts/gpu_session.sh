@@ -64,12 +64,13 @@ case "${1:-tests}" in
       timeout "$secs" "$@" > "$out/$name.log" 2>&1; echo "$name: rc $? in $((SECONDS - t0)) s"; }
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
     box 150 gpu-tests python -m pytest -q -m gpu tests $par -rf
-    box 100 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune --no-progress --out "$out"
-    box 120 bench-targets python -m tritonrnn.bench bench --preset targets --pass all --no-tune --no-progress \
-      --out "$out"
+    box 100 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
+      --no-progress --out "$out"
+    box 120 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
+      --no-tune --no-progress --out "$out"
     box 40 barrier python -m tritonrnn.bench barrier --out "$out"
-    box 45 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline --pass fwdbwd --no-tune \
-      --no-progress --out "$out/serial"
+    box 45 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
+      --pass fwdbwd --no-tune --no-progress --out "$out/serial"
     box 45 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
       --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
     box 60 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
