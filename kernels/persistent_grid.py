@@ -323,13 +323,64 @@ def _acc_gates(a0, a1, a2, a3, w0, w1, w2, w3, x, G: tl.constexpr, FP32_DOT: tl.
 
 
 @triton.jit
+def _joint_rows(hs, h_ok, G: tl.constexpr, H: tl.constexpr, GP: tl.constexpr,
+                BH: tl.constexpr):
+    """Rows of R for the joint gate tile [GP * BH, K] (`JOINT`): row g * BH + i is gate g's
+    unit hs[i], i.e. R row g * H + hs[i]; gates g >= G (GRU's padding to GP = 4) masked."""
+    g = tl.arange(0, GP)[:, None]
+    idx = tl.reshape(g * H + hs[None, :], [GP * BH])
+    ok = tl.reshape((g < G) & h_ok[None, :], [GP * BH])
+    return idx, ok
+
+
+@triton.jit
+def _split_gates(acc, GP: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+    """The four [BH, BB] gate tiles of a joint product acc [GP * BH, BB] (GP = 4)."""
+    t = tl.reshape(tl.permute(tl.reshape(acc, [2, 2, BH, BB]), (2, 3, 0, 1)), [BH, BB, 2, 2])
+    even, odd = tl.split(t)  # last axis: gate % 2
+    p0, p2 = tl.split(even)
+    p1, p3 = tl.split(odd)
+    return p0, p1, p2, p3
+
+
+@triton.jit
 def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
-             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
+             JOINT: tl.constexpr = False, GP: tl.constexpr = 4):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
-    chunk and shared by the gates. Split K into S slices as in `_dot_w3`."""
+    chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
+    JOINT (gated cells, S = 1): one [GP * BH, K] @ [K, BB] dot for all gates (wa0 / wb0 hold
+    the joint tile), then the gates are split out of it: no cross-warp reduction."""
+    if JOINT:
+        acc = tl.zeros([GP * BH, BB], tl.float32)
+        if RESIDENT:
+            acc += _mm(wa0, _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, 1, DOT_DT), FP32_DOT)
+            if KB > 0:
+                acc += _mm(wb0, _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, 1, DOT_DT),
+                           FP32_DOT)
+        else:
+            ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)
+            for k0 in range(0, HOUT, KA):
+                acc += _mm(_tile(R, ja, jok, s_r, 1, k0, KA, HOUT, 1, DOT_DT),
+                           _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, 1, DOT_DT), FP32_DOT)
+        p0, p1, p2, p3 = _split_gates(acc, GP, BH, BB)
+    else:
+        p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
+                                        wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
+                                        DOT_DT, FP32_DOT, BH, BB)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
+                   G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
+                   KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
+                   DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
+                   BB: tl.constexpr):
+    """`_fwd_pre` with one dot per gate, K split into S slices."""
     a0 = _zacc(S, BH, BB)
     a1 = a0
     a2 = a0
@@ -414,7 +465,7 @@ def _fwd_cell_phase(
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr, GP: tl.constexpr,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -425,7 +476,7 @@ def _fwd_cell_phase(
     if tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, JOINT, GP)
         p0 += b0[:, None]
         p1 += b1[:, None]
         p2 += b2[:, None]
@@ -498,7 +549,8 @@ def _grid_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr = False,
+    GP: tl.constexpr = 4,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -542,19 +594,32 @@ def _grid_fwd_kernel(
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
-    wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT, BLOCK_H, RS)
-    wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_H, RS)
-    wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_H, RS)
-    wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
-    wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
-                  BLOCK_H, RS)
-    wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_H, RS)
-    wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_H, RS)
+    if JOINT:  # one [GP * BLOCK_H, K] tile for all gates (wa0 / wb0); the rest unused
+        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
+        wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H, 1)
+        wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
+                      1)
+        wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
+        wa2 = wa1
+        wa3 = wa1
+        wb1 = wa1
+        wb2 = wa1
+        wb3 = wa1
+    else:
+        wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
+        wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT,
+                      BLOCK_H, RS)
+        wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
+                      BLOCK_H, RS)
+        wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
+                      BLOCK_H, RS)
+        wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS)
+        wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
+                      BLOCK_H, RS)
+        wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT,
+                      DOT_DT, BLOCK_H, RS)
+        wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT,
+                      DOT_DT, BLOCK_H, RS)
     b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
     b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
     b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
@@ -592,7 +657,7 @@ def _grid_fwd_kernel(
                 x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC, u,
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
-                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER)
+                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, JOINT, GP)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -600,7 +665,7 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER)
+                    BARRIER, JOINT, GP)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
@@ -965,6 +1030,18 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
 _FWD_GATE_SPLIT = 2
 
 
+# Experimental, off: the forward's gate dots as one joint [4 * block_h, K] @ [K, block_b]
+# product (`_fwd_pre`, JOINT; GRU padded with a zero gate), which needs no cross-warp
+# reduction at all: with 16 x 16 tiles its 8 MMA tiles cover 4 warps. Not yet timed on a
+# GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
+_FWD_JOINT_GATES = False
+
+
+def _joint_gates(cell: str) -> bool:
+    """Whether the forward uses the joint gate dot (gated cells, while switched on)."""
+    return _FWD_JOINT_GATES and cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+
+
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
     """Split-K factor of the forward's gate dots (R's slice @ h): `_nsplit` capped at
     _FWD_GATE_SPLIT."""
@@ -1028,12 +1105,14 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    stage_f = max(e * bb * KF, scratch(KF, kf2, bh, g4, _gate_split))
+    joint = _joint_gates(cell)
+    stage_f = max(e * bb * KF, 4 * g4 * bh * bb if joint  # the gates' split-out conversion
+                  else scratch(KF, kf2, bh, g4, _gate_split))
     stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
     if proj:
         stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
         stage_b = max(stage_b, e * bb * KF, scratch(KF, kf2, bh))
-    fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + stage_f
+    fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
     bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + stage_b
     return max(fwd, bwd)
 
@@ -1281,6 +1360,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
+    joint = _joint_gates(cell)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
@@ -1297,10 +1377,10 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
-                RS=_gate_split(rka, rkb, num_warps, block_h, block_b),
+                RS=1 if joint else _gate_split(rka, rkb, num_warps, block_h, block_b),
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, num_warps=num_warps,
-                **(cooperative_launch_options() if barrier == 1 else {}),
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, JOINT=joint, GP=4,
+                num_warps=num_warps, **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:
         check_flags(sync, "grid_forward")

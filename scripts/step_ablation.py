@@ -20,6 +20,8 @@ Variants (comma-joined in one process):
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
+    joint     the forward's experimental joint gate dot (kernels.persistent_grid
+              _FWD_JOINT_GATES): one [4 x block_h, K] product, no split-K reduction
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -37,8 +39,9 @@ import triton
 import triton.language as tl
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full", "nowait", "nowait,noarrive", "nodot", "nocell", "noxg", "nostore",
-            "nowait,noarrive,nodot", "nowait,noarrive,nodot,noxg,nostore", "bare4", "bare8"]
+VARIANTS = ["full,layer", "joint,layer", "nowait", "nowait,noarrive", "nodot", "nocell",
+            "noxg", "nostore", "nowait,noarrive,nodot", "nowait,noarrive,nodot,noxg,nostore",
+            "s1", "w8", "bare4"]
 T = 1024
 
 
@@ -102,6 +105,8 @@ def _apply(variant: str) -> None:
             n = int(part[1:])
             pg._nsplit = lambda ka, kb, nw, bm, bb, n=n: 1 if n == 1 else max(
                 1, min(n, ka // 16, kb // 16 if kb else ka // 16))
+        elif part == "joint":
+            pg._FWD_JOINT_GATES = True
         elif part in ("bh32", "layer"):
             pass  # applied in _measure
         elif part != "full":

@@ -344,6 +344,34 @@ def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps
     _check_backward(ins, outs, reverse)
 
 
+# The experimental joint gate dot of the forward (pg._FWD_JOINT_GATES, off by default): one
+# [4 * block_h, K] product for all gates, split out afterwards; GRU padded with a zero gate.
+JOINT_CASES = pytest.mark.parametrize("cell, H, P, block_k", [
+    (cell, H, 0, bk) for cell in ("lstm", "gru") for H, bk in ((64, 0), (96, 0), (64, 32))
+] + [("lstm", 96, 64, 0)], ids=lambda v: str(v))
+
+
+@JOINT_CASES
+@REVERSE
+def test_joint_gate_forward_matches_reference(monkeypatch, cell, reverse, H, P, block_k):
+    monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
+    assert pg._joint_gates(cell) and not pg._joint_gates("rnn_tanh")
+    ins, outs = _forward_problem(cell, H, P, *VARLEN)
+    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_k=block_k,
+                 num_warps=4)
+    _check_forward(ins, outs, reverse)
+
+
+def test_joint_gate_onchip_bytes(monkeypatch):
+    # GRU's joint tile holds 4 gate slots (one zero): 4/3 of the weight slice.
+    off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16)
+    monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
+    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == (
+        2 * 4 * 16 * 512 + 2 * 16 * 512) > off
+    assert pg.grid_onchip_bytes("rnn_tanh", 512, 512, 0, torch.bfloat16, 16, 16) == (
+        2 * 16 * 512 + 2 * 16 * 512)
+
+
 @pytest.mark.parametrize("block_k", [0, 32], ids=["resident", "streamed"])
 def test_split_k_projection(block_k):
     # H = 96 (64 + 32: S = 2 for R in the forward, R^T in the backward), P = 64 (Pw's
