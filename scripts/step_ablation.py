@@ -80,36 +80,34 @@ def _no_store(ptr, stride, rows, cols, val, mask):
     pass
 
 
+def _forced_split(n: int):
+    """An `_nsplit` that always splits K n ways (capped by the chunk), both passes."""
+    def nsplit(ka, kb, num_warps, bm, bb, max_split=32):
+        return 1 if n == 1 else max(1, min(n, ka // 16, kb // 16 if kb else ka // 16))
+    return nsplit
+
+
 def _apply(variant: str) -> None:
     from tritonrnn.kernels import cells
     from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.rnn import planner
 
+    swaps = {  # part: (module, attribute, replacement)
+        "nowait": (pg, "grid_wait", _no_wait),
+        "noarrive": (pg, "grid_arrive", _no_arrive),
+        "nodot": (pg, "_fwd_pre", _no_dot),
+        "nocell": (cells, "cell_forward", _no_cell),
+        "noxg": (pg, "_load_gate", _no_load),
+        "nostore": (pg, "_store_rows", _no_store),
+        "joint": (pg, "_FWD_JOINT_GATES", True),
+        **{f"w{w}": (planner, "_persistent_grid_warps", lambda *a, w=w: w) for w in (2, 4, 8)},
+        **{f"s{n}": (pg, "_nsplit", _forced_split(n)) for n in (1, 2, 4, 8)},
+    }
     for part in variant.split(","):
-        if part == "nowait":
-            pg.grid_wait = _no_wait
-        elif part == "noarrive":
-            pg.grid_arrive = _no_arrive
-        elif part == "nodot":
-            pg._fwd_pre = _no_dot
-        elif part == "nocell":
-            cells.cell_forward = _no_cell
-        elif part == "noxg":
-            pg._load_gate = _no_load
-        elif part == "nostore":
-            pg._store_rows = _no_store
-        elif part in ("w2", "w4", "w8"):
-            from tritonrnn.rnn import planner
-
-            planner._persistent_grid_warps = lambda *a, w=int(part[1:]): w
-        elif part in ("s1", "s2", "s4", "s8"):
-            n = int(part[1:])
-            pg._nsplit = lambda ka, kb, nw, bm, bb, n=n: 1 if n == 1 else max(
-                1, min(n, ka // 16, kb // 16 if kb else ka // 16))
-        elif part == "joint":
-            pg._FWD_JOINT_GATES = True
-        elif part in ("bh32", "layer"):
-            pass  # applied in _measure
-        elif part != "full":
+        if part in swaps:
+            module, name, value = swaps[part]
+            setattr(module, name, value)
+        elif part not in ("full", "bh32", "layer"):  # bh32 / layer: applied in _measure
             raise ValueError(f"--variant: unknown part {part!r}")
 
 
