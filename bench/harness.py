@@ -43,6 +43,22 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+def source_hash(root: Path | None = None) -> str:
+    """sha256 over the package's Python sources (relative path and bytes of every .py file
+    under kernels/, rnn/, tensorarray/ and bench/): names the code that ran even where git's
+    HEAD does not (a copied work tree, an uncommitted change). `git archive` of a commit
+    gives the same files to hash."""
+    import hashlib
+
+    root = root or Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in ("kernels", "rnn", "tensorarray", "bench"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0")
+            h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def environment(device: torch.device) -> dict:
     """Device, commit and versions that tag a report."""
     import triton
@@ -64,6 +80,7 @@ def environment(device: torch.device) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "dirty": bool(status) if status is not None else None,
+        "source_sha256": source_hash(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,

@@ -369,3 +369,23 @@ def test_table_rows_from_bench_reports_only(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[2:] == ["| GPU X | lstm H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x "
                          "| 0.25 |"]
+
+
+def test_source_hash_names_the_python_sources(tmp_path):
+    """The results JSON's source_sha256: the package's .py files (path and bytes), nothing
+    else; it is in the environment record of every report."""
+    from tritonrnn.bench.harness import environment, source_hash
+
+    for sub in ("kernels", "rnn", "tensorarray", "bench"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "m.py").write_text(f"X = '{sub}'\n")
+    first = source_hash(tmp_path)
+    assert len(first) == 16 and int(first, 16) >= 0
+    (tmp_path / "bench" / "notes.md").write_text("not code")
+    assert source_hash(tmp_path) == first
+    (tmp_path / "kernels" / "m.py").write_text("X = 'changed'\n")
+    assert source_hash(tmp_path) != first
+    (tmp_path / "kernels" / "m.py").write_text("X = 'kernels'\n")
+    (tmp_path / "kernels" / "m.py").rename(tmp_path / "kernels" / "n.py")
+    assert source_hash(tmp_path) != first  # a renamed file is another tree
+    assert environment(torch.device("cpu"))["source_sha256"] == source_hash()
