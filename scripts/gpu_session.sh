@@ -9,7 +9,8 @@
 #   bash scripts/gpu_session.sh tune      tritonrnn tune on the anchor shape, then anchor again
 #   bash scripts/gpu_session.sh ablation  scripts/step_ablation.py (where a grid step's time goes)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
-#                                         time-boxed (budgets from the 2026-11-22 H100 runs)
+#                                         time-boxed (budgets from the 2026-11-22 H100 runs;
+#                                         575 s in all)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, anchor)
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
@@ -63,18 +64,19 @@ case "${1:-tests}" in
     box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
       timeout "$secs" "$@" > "$out/$name.log" 2>&1; echo "$name: rc $? in $((SECONDS - t0)) s"; }
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
-    box 150 gpu-tests python -m pytest -q -m gpu tests $par -rf
+    box 140 gpu-tests python -m pytest -q -m gpu tests $par -rf
     box 100 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
       --no-progress --out "$out"
-    box 120 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
+    box 100 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
       --no-tune --no-progress --out "$out"
-    box 40 barrier python -m tritonrnn.bench barrier --out "$out"
-    box 45 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
+    box 35 barrier python -m tritonrnn.bench barrier --out "$out"
+    box 40 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
       --pass fwdbwd --no-tune --no-progress --out "$out/serial"
-    box 45 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
+    box 40 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
       --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
     box 60 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
+    box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
   *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|profile|all" >&2; exit 2 ;;
 esac
