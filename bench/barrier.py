@@ -18,7 +18,15 @@ import torch
 from .timing import TimingConfig
 from .timing import measure as time_callable
 
-SHAPES = [(mode, H, B) for mode in ("lstm", "gru") for H in (512, 768, 1024) for B in (1, 16, 64)]
+MODES, HIDDEN, BATCH = ("lstm", "gru"), (512, 768, 1024), (1, 16, 64)
+
+
+def shapes(modes=MODES, hidden=HIDDEN, batch=BATCH) -> list[tuple[str, int, int]]:
+    """(mode, H, B) for every combination, in that nesting order."""
+    return [(m, H, B) for m in modes for H in hidden for B in batch]
+
+
+SHAPES = shapes()
 
 
 def _recurrence_inputs(mode: str, H: int, B: int, T: int, dtype, device):

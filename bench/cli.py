@@ -479,6 +479,7 @@ def cmd_barrier(args) -> int:
 
     import torch
 
+    from . import barrier
     from .barrier import format_rows, run
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -490,8 +491,8 @@ def cmd_barrier(args) -> int:
         bad = [v for v in values or () if v < 1]
         if bad:
             raise UsageError(f"{name}: expected ints >= 1, got {bad[0]}")
-    shapes = [(m, H, B) for m in args.mode or ("lstm", "gru")
-              for H in args.hidden or (512, 768, 1024) for B in args.batch or (1, 16, 64)]
+    shapes = barrier.shapes(args.mode or barrier.MODES, args.hidden or barrier.HIDDEN,
+                            args.batch or barrier.BATCH)
     if not torch.cuda.is_available():
         raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter); none found")

@@ -75,11 +75,7 @@ def measure(fn: Callable[[], object], device_type: str, cfg: TimingConfig) -> Ti
 
         # do_bench repeats int(rep / estimate) times: for a pass slower than rep/10 that is a
         # handful of samples or one. Stretch the budget to at least MIN_SAMPLES calls.
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        once_ms = (time.perf_counter() - t0) * 1e3
+        once_ms = one_run_ms(fn, device_type)
         med, p20, p80 = triton.testing.do_bench(
             fn, warmup=max(cfg.warmup_ms, 2 * once_ms),
             rep=max(cfg.rep_ms, MIN_SAMPLES * once_ms), quantiles=list(QUANTILES),
@@ -94,6 +90,15 @@ def measure(fn: Callable[[], object], device_type: str, cfg: TimingConfig) -> Ti
         samples.append((time.perf_counter() - t0) * 1e3)
     samples.sort()
     return Timing(statistics.median(samples), _quantile(samples, 0.2), _quantile(samples, 0.8))
+
+
+def one_run_ms(fn: Callable[[], object], device_type: str) -> float:
+    """Milliseconds of one call of fn, with the device synchronised before and after."""
+    synchronize(device_type)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device_type)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def synchronize(device_type: str) -> None:

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .presets import BenchShape
-from .timing import TimingConfig, measure
+from .timing import TimingConfig, measure, one_run_ms
 
 
 def partial_path() -> Path:
@@ -74,10 +73,10 @@ class Screened:
     ms: float
 
 
-def _best_ms(done: dict) -> float | None:
-    """The best full measurement recorded for a key (screened and failed choices aside)."""
-    times = [r["ms"] for r in done.values() if r.get("ms") is not None and math.isfinite(r["ms"])]
-    return min(times) if times else None
+def _full_times(done: dict) -> dict[str, float]:
+    """choice id -> ms of the choices timed in full (screened and failed ones have ms None)."""
+    return {cid: r["ms"] for cid, r in done.items()
+            if r.get("ms") is not None and math.isfinite(r["ms"])}
 
 
 def tune_key(
@@ -114,7 +113,7 @@ def tune_key(
             tick(f"{cid}: resumed")
             continue
         tick(cid)
-        best = _best_ms(done)
+        best = min(_full_times(done).values(), default=None)
         try:
             got = measure_choice(choice, None if best is None else SCREEN_FACTOR * best)
         except Exception as e:  # a failing candidate is a data point, not the end
@@ -125,8 +124,7 @@ def tune_key(
         partial = _read_partial(path)
         partial[key] = done
         _write_partial(path, partial)
-    timed = {cid: r["ms"] for cid, r in done.items() if r.get("ms") is not None
-             and math.isfinite(r["ms"])}  # screened and failed choices have ms None
+    timed = _full_times(done)
     summary = {"key": key, "candidates": len(choices), "measured": done}
     if not timed:
         summary["status"] = "failed"
@@ -166,23 +164,12 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
 
         fn()  # compiled and warm (the checked run above used the same kernels)
         if bound is not None:
-            one = _one_run_ms(fn, device)
+            one = one_run_ms(fn, device.type)
             if one > bound:
                 return Screened(one)
         return measure(fn, device.type, timing).ms
 
     return measure_choice
-
-
-def _one_run_ms(fn: Callable[[], object], device: torch.device) -> float:
-    """Milliseconds of one call of fn (device-synchronised)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) * 1e3
 
 
 def planned_first(plan, choices: list[dict]) -> list[dict]:
@@ -248,8 +235,11 @@ def format_tune(summaries: list[dict], cache: Path) -> str:
         elif s["status"] == "tuned":
             bad = sum(1 for r in s["measured"].values() if r.get("error"))
             out = sum(1 for r in s["measured"].values() if "screened_ms" in r)
-            notes = [f"{bad} failed"] * bool(bad) + [
-                f"{out} screened out after one run (> {SCREEN_FACTOR:g}x the best)"] * bool(out)
+            notes = []
+            if bad:
+                notes.append(f"{bad} failed")
+            if out:
+                notes.append(f"{out} screened out after one run (> {SCREEN_FACTOR:g}x the best)")
             lines.append(f"  {s['label']}: best {s['best']} of {s['candidates']} candidates"
                          + (f" ({', '.join(notes)})" if notes else ""))
         else:

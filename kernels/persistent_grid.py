@@ -355,17 +355,9 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     JOINT (gated cells, S = 1): one [GP * BH, K] @ [K, BB] dot for all gates (wa0 / wb0 hold
     the joint tile), then the gates are split out of it: no cross-warp reduction."""
     if JOINT:
-        acc = tl.zeros([GP * BH, BB], tl.float32)
-        if RESIDENT:
-            acc += _mm(wa0, _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, 1, DOT_DT), FP32_DOT)
-            if KB > 0:
-                acc += _mm(wb0, _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, 1, DOT_DT),
-                           FP32_DOT)
-        else:
-            ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)
-            for k0 in range(0, HOUT, KA):
-                acc += _mm(_tile(R, ja, jok, s_r, 1, k0, KA, HOUT, 1, DOT_DT),
-                           _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, 1, DOT_DT), FP32_DOT)
+        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
+        acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
+                     RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB)
         p0, p1, p2, p3 = _split_gates(acc, GP, BH, BB)
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,

@@ -559,13 +559,14 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
     add("y_packed", (N, D * Hout), "forward")
     if width:
         extra = extra_workspaces(cfg, N, B, width)
+        extra_names = {ws.name for ws in extra}
         for ws in extra:
             if ws.phase == "forward":
                 add(ws.name, ws.shape, ws.phase)
         for name, shape in backward_workspaces(cfg, N, B, width).items():
             if name in SLOT_PRIVATE:
                 add(name, shape[1:], "backward")  # slot 0; the others are pipeline.<name>
-            elif f"pipeline.{name}" not in {ws.name for ws in extra}:
+            elif f"pipeline.{name}" not in extra_names:
                 add(name, shape, "backward")
         for ws in extra:
             if ws.phase == "backward":
