@@ -37,7 +37,9 @@ Weights: resident or streamed (block_k)
   block_k = 0: the slice is loaded once per launch and kept on chip (shared memory, see
   Formulas). Tiles must be powers of two, so the reduction K is held in two power-of-two
   chunks (`_ksplit`: 768 = 512 + 256, 1536 = 1024 + 512) rather than one padded tile
-  (1024, 2048): a third less shared memory at H = 768, and what lets GRU H = 1536 fit.
+  (1024, 2048): a third less shared memory at H = 768, and what lets GRU H = 1536 fit; a
+  single chunk wider than 512 is halved (1024 = 512 + 512) to bound the registers of its
+  dot operand.
   block_k > 0: the slice is read from global memory (L2-resident across steps) in chunks of
   block_k columns inside every step: any H fits, at the cost of an L2 read of the weights
   per step. The planner uses it where a resident slice does not fit. A batch tile whose rows have
@@ -977,6 +979,18 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(max(n, 1)))
 
 
+# Resident reductions are cut so that no chunk is wider than this where two chunks can do it
+# (`_ksplit`). Each chunk's dot operand (the exchange rows [chunk, block_b]) is loaded into
+# registers whole: a [1024, 32] bf16 operand is 128 registers per thread at 4 warps, and the
+# sm_90 compiles of Triton 3.6 (`tritonrnn aot`, bf16, 4 warps) spilled: LSTM H=1024 B=64
+# forward 360 B per thread (81 local loads per step), backward 1264 B (356); GRU H=1024 B=64
+# 312 / 1184 B. With 512 + 512: 72 / 80 B (13 / 19 local loads per step) and 24 / 40 B, the
+# step loops 10-30% fewer instructions, 32 KiB less shared memory per program (the staged
+# operand halves), and LSTM H=1024 B=16 backward 24 B -> none. Same MMA count. Not yet
+# timed on a GPU (`scripts/step_ablation.py` variant `chunk1024` restores the single chunk).
+_MAX_CHUNK = 512
+
+
 def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
     """Chunks (KA, KB) of a reduction of length K.
 
@@ -984,15 +998,19 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
     Resident weights: two power-of-two chunks, KA = the largest power of two <= K and
     KB = pad(K - KA), whenever that is shorter than one padded chunk pad(K): 768 = 512 + 256
     and 1536 = 1024 + 512 exactly, where pad(K) would hold 1024 and 2048 (tiles are powers of
-    two). The padding left is at most 1/5 of K, against up to 1/2 for one chunk."""
+    two). The padding left is at most 1/5 of K, against up to 1/2 for one chunk. A single
+    chunk wider than _MAX_CHUNK is halved (1024 = 512 + 512): the same bytes, half the
+    registers for each chunk's operand."""
     if block_k:
         return block_k, 0
     ka = max(16, 1 << (max(K, 1).bit_length() - 1))
     rest = K - ka
-    if rest <= 0:
-        return _pad(K), 0
-    kb = _pad(rest)
-    return (ka, kb) if ka + kb < _pad(K) else (_pad(K), 0)
+    if rest > 0:
+        kb = _pad(rest)
+        if ka + kb < _pad(K):
+            return ka, kb
+    whole = _pad(K)
+    return (whole // 2, whole // 2) if whole > _MAX_CHUNK else (whole, 0)
 
 
 def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,

@@ -217,16 +217,36 @@ def test_reduction_split():
     # Two power-of-two chunks whenever they beat one padded chunk.
     assert pg._ksplit(768) == (512, 256)
     assert pg._ksplit(1536) == (1024, 512)
-    assert pg._ksplit(1024) == (1024, 0)
+    assert pg._ksplit(1024) == (512, 512)  # one chunk would be wider than _MAX_CHUNK
+    assert pg._ksplit(1000) == (512, 512)
+    assert pg._ksplit(2048) == (1024, 1024)
+    assert pg._ksplit(512) == (512, 0)
     assert pg._ksplit(33) == (32, 16)
     assert pg._ksplit(24) == (32, 0)  # 16 + 16 is no shorter than pad(24) = 32
     assert pg._ksplit(5) == (16, 0)
     assert pg._ksplit(1100) == (1024, 128)
     for K in range(1, 3000):
         ka, kb = pg._ksplit(K)
-        assert ka + kb >= K and ka + kb <= pg._pad(K) and (kb == 0 or ka + kb < 1.25 * K + 16)
+        # Two different chunks pad less than one; equal ones are a halved single chunk.
+        assert ka + kb >= K and ka + kb <= pg._pad(K)
+        assert kb in (0, ka) or ka + kb < 1.25 * K + 16
+        assert kb != ka or ka + kb == pg._pad(K) > pg._MAX_CHUNK
     # Streamed weights: chunks of block_k.
     assert pg._ksplit(1536, 64) == (64, 0)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_halved_chunk_matches_reference(cell, monkeypatch):
+    # A reduction held as two equal halves (H = 1024's 512 + 512 on a GPU), forced small:
+    # with _MAX_CHUNK = 16, H = 32 is two chunks of 16 in both passes.
+    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
+    assert pg._ksplit(32) == (16, 16)
+    ins, outs = _forward_problem(cell, 32, 0, *VARLEN)
+    _run_forward(ins, outs, False, persistent=True, block_h=16)
+    _check_forward(ins, outs, False)
+    ins, outs = _backward_problem(cell, 32, 0, *VARLEN)
+    _run_backward(ins, outs, False, persistent=True, block_h=16)
+    _check_backward(ins, outs, False)
 
 
 @PERSIST
@@ -471,10 +491,14 @@ def test_grid_formulas():
     # the resident slice plus the larger of the staged exchange operand (bf16) and the split-K
     # scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the forward's 4
     # gates joined in S = 2, its cap).
-    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(stage 2*16*1024, scratch 4*2*4*16*16).
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
-    # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*1024.
-    assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 172032
+    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(stage of one 512 chunk 2*16*512,
+    # scratch 4*2*4*16*16).
+    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 147456
+    # 16 x 32 tiles: the stage doubles (2*32*512).
+    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 131072
+    # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512.
+    assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
     # GRU H=512: R slice 2*3*16*512 + stage 2*16*512 (65536, as compiled with 8 warps).
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 49152 + 16384
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
@@ -490,7 +514,7 @@ def test_grid_formulas():
         2 * 4 * 16 * 256 + 2 * 32 * 256)
     # fp32: the exchange is staged in fp32.
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.float32, 16, 16) == (
-        4 * 4 * 16 * 1024 + 4 * 16 * 1024)
+        4 * 4 * 16 * 1024 + 4 * 16 * 512)
     # Streamed weights: a bound on one chunk's double-buffered tiles, independent of H.
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
         2 * 3 * 16 + 4 * 16)
