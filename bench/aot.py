@@ -227,7 +227,8 @@ class AotShape:
 
 def plan_layer(shape: AotShape, preset: str = "h100", constraints: dict | None = None):
     """(LayerPlan, source) the planner picks for the shape's recurrences on a device preset;
-    `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps)."""
+    `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps,
+    num_warps_bwd)."""
     from tritonrnn.rnn.planner import PRESETS, plan_constraints, recurrence_choice
 
     if preset not in PRESETS:
@@ -946,7 +947,8 @@ def format_report(report: dict) -> str:
         f"{report['shape']} on the {report['preset']} preset ({report['device']}), "
         f"sm_{report['arch']}, Triton {report['triton']}",
         f"  plan ({report['source']}): {lp['family']} block_b={lp['block_b']} "
-        f"block_h={lp['block_h'] or '-'} block_k={lp['block_k']} warps={lp['num_warps']} "
+        f"block_h={lp['block_h'] or '-'} block_k={lp['block_k']} warps={lp['num_warps']}"
+        f"{' (backward ' + str(lp['num_warps_bwd']) + ')' if lp.get('num_warps_bwd') else ''} "
         f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
         f"planner on-chip estimate={lp['onchip_bytes']} B",
     ]

@@ -163,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--block-b", type=int, metavar="N", help="force block_b (power of two >= 16)")
     a.add_argument("--block-k", type=int, metavar="N",
                    help="force block_k (0: resident weights; power of two >= 16: streamed)")
-    a.add_argument("--num-warps", type=int, metavar="N", help="force num_warps (power of two)")
+    a.add_argument("--num-warps", type=int, metavar="N",
+                   help="force num_warps (power of two; both passes)")
+    a.add_argument("--num-warps-bwd", type=int, metavar="N",
+                   help="force the backward's num_warps (power of two)")
     a.add_argument("--maxnreg", type=int, metavar="N",
                    help="experiment: cap registers per thread (Triton's maxnreg option, "
                    "16..255) on top of what the launchers pass")
@@ -403,7 +406,8 @@ def cmd_plan(args) -> int:
 _AOT_TILES = (("--block-h", "block_h", "a power of two >= 16"),
               ("--block-b", "block_b", "a power of two >= 16"),
               ("--block-k", "block_k", "0 (resident weights) or a power of two >= 16"),
-              ("--num-warps", "num_warps", "a power of two in [1, 32]"))
+              ("--num-warps", "num_warps", "a power of two in [1, 32]"),
+              ("--num-warps-bwd", "num_warps_bwd", "a power of two in [1, 32]"))
 
 
 def _aot_constraints(args) -> dict:
@@ -415,8 +419,9 @@ def _aot_constraints(args) -> dict:
         if v is None:
             continue
         pow2 = v > 0 and v & (v - 1) == 0
-        ok = {"block_k": v == 0 or (pow2 and v >= 16), "num_warps": pow2 and v <= 32}.get(
-            key, pow2 and v >= 16)
+        warps = pow2 and v <= 32
+        ok = {"block_k": v == 0 or (pow2 and v >= 16), "num_warps": warps,
+              "num_warps_bwd": warps}.get(key, pow2 and v >= 16)
         if not ok:
             raise UsageError(f"{opt}: expected {what}, got {v}")
         out[key] = v

@@ -178,7 +178,7 @@ def planned_first(plan, choices: list[dict]) -> list[dict]:
     lp = plan.layer(0)
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps}
     if lp.family != "persistent_cta":
-        own.update(block_h=lp.block_h, block_k=lp.block_k)
+        own.update(block_h=lp.block_h, block_k=lp.block_k, num_warps_bwd=lp.backward_warps)
     first = [c for c in choices if c == own]
     return first + [c for c in choices if c != own]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import json
 import os
 import tempfile
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # rnn/pipeline.py imports this module
     from .pipeline import Decision
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
-_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps")
+_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps", "num_warps_bwd")
 # Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
 # forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
 # another).
@@ -106,9 +107,9 @@ def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
 
     Keys: family (one of FAMILIES), block_b, block_h, block_k (0: the weight slice resident
-    on chip; a power of two: streamed in chunks of block_k every step), num_warps,
-    pipeline_chunks. A forced choice that cannot apply to a shape raises ValueError when that
-    shape is planned."""
+    on chip; a power of two: streamed in chunks of block_k every step), num_warps (both
+    passes), num_warps_bwd (the backward's, where it should differ), pipeline_chunks. A forced
+    choice that cannot apply to a shape raises ValueError when that shape is planned."""
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
             raise ValueError(
@@ -131,6 +132,8 @@ def plan_constraints(**overrides):
             raise ValueError(f"plan_constraints: {k} expected a positive int, got {v!r}")
         if k in ("block_b", "block_h") and (v < 16 or v & (v - 1)):
             raise ValueError(f"plan_constraints: {k} expected a power of two >= 16, got {v}")
+        if k in ("num_warps", "num_warps_bwd") and (v > 32 or v & (v - 1)):
+            raise ValueError(f"plan_constraints: {k} expected a power of two <= 32, got {v}")
     token = _constraints.set(tuple(sorted({**dict(_constraints.get()), **overrides}.items())))
     try:
         yield
@@ -208,6 +211,11 @@ class LayerPlan:
     onchip_bytes: int = 0  # per program
     block_k: int = 0  # persistent_grid / stepwise: 0 = weights resident, else streamed chunk
     num_dirs: int = 1  # 2: both directions of a bidirectional layer share each launch
+    num_warps_bwd: int = 0  # the backward kernel's warps; 0: num_warps
+
+    @property
+    def backward_warps(self) -> int:
+        return self.num_warps_bwd or self.num_warps
 
 
 def _pow2(n: int) -> int:
@@ -287,7 +295,9 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
             ):
-                return replace(lp, num_warps=_persistent_grid_warps(block_h, block_b))
+                fwd = _persistent_grid_warps(block_h, block_b)
+                bwd = _persistent_grid_bwd_warps(block_h, block_b)
+                return replace(lp, num_warps=fwd, num_warps_bwd=0 if bwd == fwd else bwd)
     return None
 
 
@@ -301,6 +311,20 @@ def _persistent_grid_warps(block_h: int, block_b: int) -> int:
     tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
     `kernels.persistent_grid._FWD_GATE_SPLIT`). Larger tiles keep 8 (not measured)."""
     return 4 if block_h * block_b <= 512 else 8
+
+
+def _persistent_grid_bwd_warps(block_h: int, block_b: int) -> int:
+    """Warps of a persistent-grid backward program: 4 below a 16 x 32 tile, else 8.
+
+    At 16 x 32 the backward's [block_h, block_b] output has 4 MMA tiles, so 4 warps run a
+    plain dot, each warp the whole K = G*H chain, where 8 split K in 8 (`_nsplit`).
+    Measured on an H100 (bf16, T = 1024, `scripts/step_ablation.py` layer times), LSTM H=768
+    B=64 backward: 12.8 ms with 8 warps, 14.3 with 4 (the forward: 4 warps 5.8 ms, 8 warps
+    12.2); at 16 x 16 tiles 4 warps win (LSTM H=768 B=16 6.5 vs 7.2 ms, GRU H=1024 B=16 5.9 vs
+    6.6). The sm_90 compiles agree (Triton 3.6, `tritonrnn aot`): with 4 warps the 16 x 32
+    backward spills (LSTM H=768 248 B per thread, 69 local loads per step), with 8 it does
+    not."""
+    return 4 if block_h * block_b < 512 else 8
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
@@ -363,11 +387,15 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         return base
     block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
     num_warps = choice.get("num_warps", base.num_warps)
+    # Forced warps apply to both passes unless the backward's are given too.
+    bwd = choice.get("num_warps_bwd", num_warps if "num_warps" in choice
+                     else base.backward_warps)
+    warps_bwd = {"num_warps_bwd": 0 if bwd == num_warps else bwd}
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
         plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
-                       num_dirs=num_dirs)
+                       num_dirs=num_dirs, **warps_bwd)
         smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
         if not props.interpreter and smem > props.smem_per_program:
             if strict:
@@ -405,7 +433,7 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                 f"{props.smem_per_program - _SMEM_SLACK}"
             )
         return base
-    return plan
+    return replace(plan, **warps_bwd)
 
 
 def recurrence_choice(
@@ -493,7 +521,9 @@ class Plan:
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
                 f"weights={'streamed/' + str(lp.block_k) if lp.block_k else 'resident'} "
-                f"warps={lp.num_warps} programs={lp.num_programs}"
+                f"warps={lp.num_warps}"
+                f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
+                f" programs={lp.num_programs}"
                 f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )
         if self.pipeline is not None:
@@ -696,11 +726,15 @@ def candidates(plan: Plan) -> list[dict]:
         for block_b in (16, 32, 64):
             if block_b > max(16, _pow2(plan.batch)):
                 continue
-            for num_warps in (4, 8):
+            for num_warps, num_warps_bwd in itertools.product((4, 8), (4, 8)):
                 grid = family != "persistent_cta"
+                if not grid and num_warps_bwd != num_warps:
+                    continue  # the one-program family's backward keeps the forward's warps
                 for block_h in (16, 32, 64, 128) if grid else (0,):
                     for block_k in (0, 64, 128) if grid else (None,):
                         choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
+                        if grid:
+                            choice["num_warps_bwd"] = num_warps_bwd
                         if block_h:
                             if block_h > _pow2(H):
                                 continue

@@ -59,11 +59,11 @@ class TritonRecurrence:
         elif lp.family == "persistent_cta":
             from tritonrnn.kernels.persistent_cta import cta_backward
 
-            cta_backward(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+            cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
         else:
             from tritonrnn.kernels.persistent_grid import grid_backward
 
-            _with_stepwise_fallback(grid_backward, args, lp)
+            _with_stepwise_fallback(grid_backward, args, lp, backward=True)
 
     def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
         """Both directions of a bidirectional layer; every tensor argument is a pair
@@ -99,11 +99,11 @@ class TritonRecurrence:
         if lp.family == "persistent_cta":
             from tritonrnn.kernels.persistent_cta import cta_backward_pair
 
-            cta_backward_pair(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+            cta_backward_pair(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
         else:
             from tritonrnn.kernels.persistent_grid import grid_backward_pair
 
-            _with_stepwise_fallback(grid_backward_pair, args, lp)
+            _with_stepwise_fallback(grid_backward_pair, args, lp, backward=True)
 
     @staticmethod
     def _shares_launch(lp: LayerPlan) -> bool:
@@ -114,14 +114,14 @@ class TritonRecurrence:
         return lp.family != "reference" and lp.num_dirs == 2
 
 
-def _with_stepwise_fallback(launch, args, lp: LayerPlan) -> None:
+def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False) -> None:
     """Runs a grid-family launcher. A persistent launch that raises RuntimeError is rerun
     stepwise (every output is rewritten, so the result is the same): a cooperative launch the
     driver refuses, or, with TRITONRNN_BARRIER_CHECK=sync, a grid barrier that timed out
     (e.g. another process holding SMs). In the default deferred mode a timeout is reported by
     a later launch or `check_barriers()` instead (kernels/grid_barrier.py)."""
     tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
-                 num_warps=lp.num_warps)
+                 num_warps=lp.backward_warps if backward else lp.num_warps)
     if lp.family != "persistent_grid":
         launch(*args, persistent=False, **tiles)
         return

@@ -16,7 +16,10 @@ Variants (comma-joined in one process):
     nocell    the cell nonlinearity is replaced by additions
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
-    w2/w4/w8  2 / 4 / 8 warps instead of the planner's; bh32: block_h 32
+    w2/w4/w8  2 / 4 / 8 warps instead of the planner's (both passes); bh32: block_h 32
+    bw2/bw4/bw8  the backward's warps only (seen in `layer` times)
+    chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
+              default halves them, 512 + 512)
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
@@ -92,21 +95,27 @@ def _apply(variant: str) -> None:
     from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn import planner
 
-    swaps = {  # part: (module, attribute, replacement)
-        "nowait": (pg, "grid_wait", _no_wait),
-        "noarrive": (pg, "grid_arrive", _no_arrive),
-        "nodot": (pg, "_fwd_pre", _no_dot),
-        "nocell": (cells, "cell_forward", _no_cell),
-        "noxg": (pg, "_load_gate", _no_load),
-        "nostore": (pg, "_store_rows", _no_store),
-        "joint": (pg, "_FWD_JOINT_GATES", True),
-        **{f"w{w}": (planner, "_persistent_grid_warps", lambda *a, w=w: w) for w in (2, 4, 8)},
-        **{f"s{n}": (pg, "_nsplit", _forced_split(n)) for n in (1, 2, 4, 8)},
+    def warps(w):
+        return lambda *_a: w
+
+    swaps = {  # part: [(module, attribute, replacement), ...]
+        "nowait": [(pg, "grid_wait", _no_wait)],
+        "noarrive": [(pg, "grid_arrive", _no_arrive)],
+        "nodot": [(pg, "_fwd_pre", _no_dot)],
+        "nocell": [(cells, "cell_forward", _no_cell)],
+        "noxg": [(pg, "_load_gate", _no_load)],
+        "nostore": [(pg, "_store_rows", _no_store)],
+        "joint": [(pg, "_FWD_JOINT_GATES", True)],
+        "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
+        **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
+                     (planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
+        **{f"bw{w}": [(planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
+        **{f"s{n}": [(pg, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
     }
     for part in variant.split(","):
         if part in swaps:
-            module, name, value = swaps[part]
-            setattr(module, name, value)
+            for module, name, value in swaps[part]:
+                setattr(module, name, value)
         elif part not in ("full", "bh32", "layer"):  # bh32 / layer: applied in _measure
             raise ValueError(f"--variant: unknown part {part!r}")
 
@@ -206,7 +215,14 @@ def main() -> int:
     ap.add_argument("--variants", help="variants separated by ';' (default: all)")
     ap.add_argument("--layer", action="store_true",
                     help="with --once: the whole layer through the ops (fwd, then bwd), T=256")
+    ap.add_argument("--shapes", metavar="MODE,H,B;...",
+                    help="shapes to time (default: " + ";".join(
+                        f"{m},{h},{b}" for m, h, b in SHAPES) + ")")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [(m, int(h), int(b)) for m, h, b in
+                  (item.split(",") for item in args.shapes.split(";"))]
     if args.once and args.layer:
         mode, H, B = args.once.split(",")
         _layer_once(mode, int(H), int(B))
@@ -216,13 +232,15 @@ def main() -> int:
         _measure(args.variant or "full", [(mode, int(H), int(B))], once=True)
         return 0
     if args.variant:
-        for row in _measure(args.variant):
+        for row in _measure(args.variant, shapes):
             print(json.dumps(row), flush=True)
         return 0
     rows = []
     for v in args.variants.split(";") if args.variants else VARIANTS:
-        r = subprocess.run([sys.executable, __file__, "--variant", v], capture_output=True,
-                           text=True, timeout=240)
+        cmd = [sys.executable, __file__, "--variant", v]
+        if args.shapes:
+            cmd += ["--shapes", args.shapes]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         if r.returncode != 0:
             print(f"{v}: rc {r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)

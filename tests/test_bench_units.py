@@ -314,7 +314,7 @@ def test_planned_first_puts_the_plans_choice_first():
     lp = plan.layer(0)
     assert ordered[0] == {"family": lp.family, "block_b": lp.block_b,
                           "num_warps": lp.num_warps, "block_h": lp.block_h,
-                          "block_k": lp.block_k}
+                          "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
     assert sorted(map(tune.choice_id, ordered)) == sorted(map(tune.choice_id,
                                                               candidates(plan)))
 

@@ -126,6 +126,34 @@ def test_constraints_force_each_family():
     assert _plan(H=64).layer(0).family == "persistent_cta"  # restored after the block
 
 
+@pytest.mark.parametrize("mode,H,B,fwd,bwd", [
+    ("lstm", 768, 16, 4, 4), ("gru", 1024, 16, 4, 4),  # 16 x 16 tiles: 4 warps both passes
+    ("lstm", 768, 64, 4, 8), ("lstm", 1024, 64, 4, 8), ("gru", 1024, 64, 4, 8),  # 16 x 32
+])
+def test_persistent_grid_warps_per_pass(mode, H, B, fwd, bwd):
+    lp = _plan(mode=mode, H=H, B=B).layer(0)
+    assert lp.family == "persistent_grid"
+    assert (lp.num_warps, lp.backward_warps) == (fwd, bwd)
+    assert lp.num_warps_bwd == (0 if bwd == fwd else bwd)  # 0: the forward's
+    assert ("(backward 8)" in _plan(mode=mode, H=H, B=B).explain()) == (bwd != fwd)
+
+
+def test_warps_constraints_per_pass():
+    with plan_constraints(num_warps=8):  # both passes
+        lp = _plan(H=768, B=64).layer(0)
+    assert (lp.num_warps, lp.backward_warps) == (8, 8)
+    with plan_constraints(num_warps_bwd=4):  # the backward only; the forward's from the rule
+        lp = _plan(H=768, B=64).layer(0)
+    assert (lp.num_warps, lp.backward_warps) == (4, 4)
+    with plan_constraints(num_warps=2, num_warps_bwd=16, family="stepwise"):
+        lp = _plan(H=768, B=16).layer(0)
+    assert (lp.family, lp.num_warps, lp.backward_warps) == ("stepwise", 2, 16)
+    for key, bad in (("num_warps", 3), ("num_warps_bwd", 64), ("num_warps_bwd", 0)):
+        with pytest.raises(ValueError, match=rf"plan_constraints: {key} expected"), \
+                plan_constraints(**{key: bad}):
+            pass
+
+
 def test_constraints_that_cannot_apply_raise():
     with plan_constraints(family="persistent_cta"), pytest.raises(
         ValueError, match=r"persistent_cta' needs \d+ bytes of shared memory for H=4096"
@@ -168,7 +196,12 @@ def test_candidates_run_on_the_device():
     assert {c.get("block_k") for c in cands} >= {0, 64, 128}
     for c in cands:
         with plan_constraints(**c):
-            _plan(H=256, B=16)  # every candidate plans without error
+            lp = _plan(H=256, B=16).layer(0)  # every candidate plans without error
+        assert lp.backward_warps == c.get("num_warps_bwd", c["num_warps"])
+    # The backward's warps are tuned apart from the forward's in the grid families.
+    grid = [c for c in cands if c["family"] == "persistent_grid"]
+    assert {(c["num_warps"], c["num_warps_bwd"]) for c in grid} == {(4, 4), (4, 8), (8, 4),
+                                                                      (8, 8)}
 
 
 def test_plan_for_errors():

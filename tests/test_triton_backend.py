@@ -76,6 +76,29 @@ def test_dropout_matches_reference_backend(mode):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("fwd,bwd", [(4, 8), (8, 2)])
+def test_backward_warps_apart_from_forward(fwd, bwd, monkeypatch):
+    # The backward launch gets the plan's backward warps (and with them its own split-K
+    # factor), the forward its own; both still match the oracle.
+    from tritonrnn.kernels import persistent_grid as pg
+
+    seen = {}
+
+    def spy(name, fn):
+        def launch(*args, **kw):
+            seen.setdefault(name, set()).add(kw["num_warps"])
+            return fn(*args, **kw)
+        monkeypatch.setattr(pg, name, launch)
+
+    spy("grid_forward", pg.grid_forward)
+    spy("grid_backward", pg.grid_backward)
+    with plan_constraints(family="persistent_grid", block_h=16, num_warps=fwd,
+                          num_warps_bwd=bwd):
+        compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=33, T=5, backend="triton",
+                           **FP32)
+    assert seen == {"grid_forward": {fwd}, "grid_backward": {bwd}}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bit_identical_runs(family):
     with _family(family):
