@@ -560,10 +560,18 @@ class Plan:
 
 
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[Buffer, ...]:
-    """Every buffer of a training step at N = B*T with dropout 0; width > 0: as the layer
-    pipeline with `width` stream slots allocates them (rnn/pipeline.py's workspace shapes,
-    the ones it adds named "pipeline.*")."""
-    from .pipeline import SLOT_PRIVATE, backward_workspaces, extra_workspaces
+    """Every buffer of a training step at N = B*T (the config's dropout included) as the
+    Triton backend's engine allocates it; width > 0: as the layer pipeline with `width`
+    stream slots allocates them (rnn/pipeline.py's workspace shapes, the ones it adds named
+    "pipeline.*"). Bidirectional: the Triton backend takes both directions of a layer in one
+    call (engine.pairs_directions), so the per-recurrence workspaces have a half per
+    direction ([2, N, C], listed with the leading 2)."""
+    from .pipeline import (
+        SLOT_PRIVATE,
+        backward_workspaces,
+        extra_workspaces,
+        forward_workspaces,
+    )
     from .reserve import PAYLOAD_OFFSET
 
     N = B * T
@@ -584,12 +592,16 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
         add("reserve.c_seq", (L * D, N, H), "reserve")
     if L > 1:
         add("reserve.layer_out", (L - 1, N, D * Hout), "reserve")
+    W = (D,) if D == 2 else ()  # a half per direction when the backend pairs them
+
     add("x_packed", (N, cfg.input_size), "forward")
-    add("xg", (N, G * H), "forward")
+    add("xg", (*W, N, G * H), "forward")
     add("y_packed", (N, D * Hout), "forward")
     if width:
         extra = extra_workspaces(cfg, N, B, width)
         extra_names = {ws.name for ws in extra}
+        if "dropped" in forward_workspaces(cfg, N, B, True):  # dropout > 0 between layers
+            add("dropped", (N, D * Hout), "forward")
         for ws in extra:
             if ws.phase == "forward":
                 add(ws.name, ws.shape, ws.phase)
@@ -607,17 +619,17 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
         # The inter-layer dropout scratch the unpipelined engine allocates for any dropout.
         add("dropped", (N, D * Hout), "forward")
         add("dropped", (N, D * Hout), "backward")
-    add("pre_x", (N, G * H), "backward")
-    add("pre_h", (N, G * H), "backward")
-    add("dpre_x", (N, G * H), "backward")
+    add("pre_x", (*W, N, G * H), "backward")
+    add("pre_h", (*W, N, G * H), "backward")
+    add("dpre_x", (*W, N, G * H), "backward")
     if cfg.rnn_mode == "gru":
-        add("dpre_h", (N, G * H), "backward")
-    add("h_prev", (N, Hout), "backward")
+        add("dpre_h", (*W, N, G * H), "backward")
+    add("h_prev", (*W, N, Hout), "backward")
     if cfg.is_lstm:
-        add("c_prev", (N, H), "backward")
+        add("c_prev", (*W, N, H), "backward")
     if P:
-        add("dh_total", (N, Hout), "backward")
-        add("m_seq", (N, H), "backward")
+        add("dh_total", (*W, N, Hout), "backward")
+        add("m_seq", (*W, N, H), "backward")
     add("dx_dy (ping-pong)", (2, N, max(cfg.input_size, D * Hout)), "backward")
     add("output_backprop slab", (T, B, D * Hout), "tensorarray")
     return tuple(out)
@@ -644,10 +656,12 @@ def plan_for(
     max_time: int,
     dtype: torch.dtype,
     device_properties: DeviceProperties | str | None = None,
+    dropout: float = 0.0,
 ) -> Plan:
     """Plans one RNN stack for a batch/time size on a device (a preset name, properties, or
     None for the current device). Cached by key; T and B enter only as power-of-two buckets
-    for the kernel choice (buffer sizes use the exact values)."""
+    for the kernel choice (buffer sizes use the exact values). `dropout` (between layers, as
+    cudnn_rnn's) changes only the buffers: the pipelined run's dropout scratch."""
     props = device_properties
     if props is None:
         props = _current_device_properties()
@@ -665,7 +679,7 @@ def plan_for(
             raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
     cfg = make_config(
         rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units, input_size=input_size,
-        direction=direction, num_proj=num_proj,
+        direction=direction, num_proj=num_proj, dropout=dropout,
     )
     constraints = _constraints.get()
     cache = load_tuning_cache()

@@ -233,27 +233,32 @@ def test_plan_bytes_match_what_the_engine_allocates(case):
     cfg = make_config(rnn_mode=mode, num_layers=L, num_units=H, input_size=I, num_proj=proj,
                       dropout=dropout, seed=5, seed2=6)
     kw = dict(rnn_mode=mode, input_size=I, num_units=H, num_layers=L, num_proj=proj, batch=B,
-              max_time=T, dtype=torch.float32, device_properties="interpreter")
+              max_time=T, dtype=torch.float32, device_properties="interpreter",
+              dropout=dropout)
     with plan_constraints(pipeline_chunks=chunks):
         plan = plan_for(**kw)
     with plan_constraints(pipeline_chunks=1):
         flat = plan_for(**kw)
     got, pipes, dx, dparams = _engine_run(cfg, chunks)
     want, no_pipes, dx_flat, dparams_flat = _engine_run(cfg, 1)
-    W, N, Hout, item = plan.pipeline.width, B * T, cfg.out_size, 4
+    W, N, Hout = plan.pipeline.width, B * T, cfg.out_size
 
     # The engine ran the plan's decision, forward and backward.
     assert no_pipes == [] and pipes == [plan.pipeline.pipeline] * 2
     assert W == 2 and flat.pipeline.chunks == 1
     # What the pipelined run allocates beyond the unpipelined one, phase by phase, equals
-    # the difference of the two plans' buffer lists (the plans assume dropout 0; with
-    # dropout the pipelined run also allocates dropped [N, Hout] forward and [W, N, Hout]
-    # backward, as explain() says; the unpipelined engine allocates its dropped either way).
-    drop = {"forward": N * Hout, "backward": W * N * Hout} if dropout else {}
+    # the difference of the two plans' buffer lists (with dropout: the pipelined run's
+    # dropped [N, Hout] forward and [W, N, Hout] backward; the unpipelined engine allocates
+    # its dropped either way).
     for phase in ("forward", "backward"):
         measured = _nbytes(got[phase]) - _nbytes(want[phase])
         planned = _phase_bytes(plan, phase) - _phase_bytes(flat, phase)
-        assert measured == planned + drop.get(phase, 0) * item, phase
+        assert measured == planned, phase
+    if dropout:
+        assert sorted((b.phase, b.name, b.shape) for b in plan.buffers if "dropped" in b.name
+                      ) == [("backward", "dropped", (N, Hout)),
+                            ("backward", "pipeline.dropped", (W - 1, N, Hout)),
+                            ("forward", "dropped", (N, Hout))]
     if not dropout:
         # The extras themselves, from the real tensors: W - 1 of the W slots of each
         # [W, N, C] backward buffer, and every [L, 2, B, C] state between chunks.

@@ -115,6 +115,83 @@ def test_reserve_and_buffers_in_plan():
         assert word in text
 
 
+@pytest.mark.parametrize("mode,direction,proj", [
+    ("lstm", "bidirectional", 0), ("gru", "bidirectional", 0), ("lstm", "unidirectional", 3),
+    ("lstm", "bidirectional", 3), ("rnn_tanh", "unidirectional", 0),
+])
+def test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, proj):
+    # Every workspace the engine allocates (engine.new_buffer) for a training step with the
+    # Triton backend, forward and backward, is in the plan with its shape: bidirectional
+    # layers' per-recurrence workspaces hold a half per direction. Not counted: the
+    # [L*D, B, C] final states and their gradients (outputs), and x_packed (the ops pack x
+    # before the engine runs); the dx/dy ping-pong is two flat [N * C] buffers.
+    from tritonrnn.rnn import engine
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.packing import make_pack_info
+    from tritonrnn.rnn.params import config_params_size
+    from tritonrnn.rnn.triton_backend import triton_recurrence
+
+    T, B, I, H, L = 4, 3, 5, 16, 2
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = make_config(rnn_mode=mode, num_layers=L, num_units=H, input_size=I,
+                      direction=direction, num_proj=proj)
+    info = make_pack_info([T] * B, T, dev)
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dev)
+
+    LD, Hout = L * cfg.num_dirs, cfg.out_size
+    x, h0 = randn(info.N, I), randn(LD, B, Hout)
+    c0 = randn(LD, B, H) if cfg.is_lstm else None
+    params = 0.3 * randn(config_params_size(cfg))
+    seen: dict[str, list[tuple]] = {"forward": [], "backward": []}
+    phase = ["forward"]
+    new_buffer = engine.new_buffer
+
+    def spy(*shape, dtype, device):
+        t = new_buffer(*shape, dtype=dtype, device=device)
+        seen[phase[0]].append(tuple(t.shape))
+        return t
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "new_buffer", spy)
+        rec = triton_recurrence()
+        fwd = engine.forward(cfg, rec, x, h0, c0, params, info, True)
+        phase[0] = "backward"
+        engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, randn(*fwd.y.shape),
+                        randn(LD, B, Hout), randn(LD, B, H) if c0 is not None else None,
+                        fwd.reserve)
+    plan = plan_for(rnn_mode=mode, input_size=I, num_units=H, num_layers=L,
+                    direction=direction, num_proj=proj, batch=B, max_time=T,
+                    dtype=torch.float32, device_properties=None if dev.type == "cuda"
+                    else "interpreter")
+    for ph in ("forward", "backward"):
+        got = sorted(s[1:] if len(s) == 3 and s[0] == 1 else s  # [1, N, C]: one direction
+                     for s in seen[ph] if not (len(s) == 3 and s[:2] == (LD, B)))
+        want = []
+        for b in plan.buffers:
+            if b.phase != ph or b.name == "x_packed":
+                continue
+            if b.name.startswith("dx_dy"):
+                want += [(b.shape[1] * b.shape[2],)] * 2
+            else:
+                want.append(b.shape)
+        assert got == sorted(want), ph
+
+
+def test_dropout_enters_the_pipelined_buffers():
+    kw = dict(mode="rnn_tanh", H=32, B=4, T=64, num_layers=3, device="h100")
+    with plan_constraints(pipeline_chunks=2):
+        dry, wet = _plan(**kw), _plan(**kw, dropout=0.25)
+    extra = {(b.phase, b.name) for b in wet.buffers} - {(b.phase, b.name) for b in dry.buffers}
+    assert extra == {("forward", "dropped"), ("backward", "dropped"),
+                     ("backward", "pipeline.dropped")}
+    assert wet.peak_bytes > dry.peak_bytes
+    with pytest.raises(ValueError, match=r"dropout: expected a float in \[0, 1\), got 1.5"):
+        _plan(dropout=1.5)
+
+
 def test_constraints_force_each_family():
     for family in ("persistent_cta", "persistent_grid", "stepwise", "reference"):
         with plan_constraints(family=family):
