@@ -15,7 +15,7 @@ import platform
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -138,6 +138,8 @@ def _plan_summary(shape: BenchShape) -> dict:
         "key": plan.key,
         "source": plan.source,
         "families": sorted({lp.family for lp in plan.layers}),
+        # Every recurrence gets the same choice: its tiles and warps say what was timed.
+        "recurrence": asdict(plan.layers[0]),
         "reserve_bytes": plan.reserve_bytes,
         "peak_bytes": plan.peak_bytes,
         # The layer pipeline as planned at T = max_time (chunks 1: off, with the reason).

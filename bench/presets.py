@@ -187,6 +187,10 @@ PRESETS: dict[str, list[BenchShape]] = {
     # at 1536 (the on-chip reach), fwd+bwd against cuDNN.
     "grid": _sweep(mode=["lstm", "gru"], hidden=[512, 768, 1024], batch=[1, 16, 64],
                    time=1024) + _sweep(mode="gru", hidden=1536, batch=[1, 16], time=1024),
+    # fp16, where cuDNN has its widest choice of algorithms (torch asks for cuDNN's persistent
+    # RNN algorithm only for fp16, and only on some GPUs): the anchor and B = 64 at H = 1024.
+    "fp16": _sweep(mode=["lstm", "gru"], hidden=[768, 1024], batch=[16, 64], time=1024,
+                   dtype="float16"),
     # Layer overlap: a 2-layer unidirectional stack (rnn/pipeline.py).
     "pipeline": _sweep(mode="lstm", hidden=768, batch=16, time=1024, layers=2),
     # Stacks: two bidirectional layers, and the LSTM projection.

@@ -3,11 +3,13 @@
 # install the project, then one stage per call (each fits the device tool's 10-minute limit).
 # Logs and JSON/PNG go to $OUT (the device tool brings them back), else to bench/results.
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors)
-#   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru vs cuDNN + barrier
+#   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
 #   bash scripts/gpu_session.sh tune      tritonrnn tune on the anchor shape, then anchor again
 #   bash scripts/gpu_session.sh ablation  scripts/step_ablation.py (where a grid step's time goes)
+#   bash scripts/gpu_session.sh wide      the B=64 tiles (16 x 32) with and without the 8-warp
+#                                         backward (bw4) and the 512 + 512 reduction (chunk1024)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         575 s in all)
@@ -31,7 +33,7 @@ case "${1:-tests}" in
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 6")
     python -m pytest -q -m gpu tests $par 2>&1 | tee "$out/gpu-tests.log" | tail -40 ;;
   bench)
-    for p in anchor small-batch gru; do
+    for p in anchor small-batch gru fp16; do
       tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
     done
     tr barrier --out "$out" 2>&1 | tee "$out/barrier.log" | tail -25 ;;
@@ -55,6 +57,11 @@ case "${1:-tests}" in
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
   ablation)
     python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
+  wide)
+    python scripts/step_ablation.py --out "$out/wide" \
+      --shapes "lstm,1024,64;gru,1024,64;lstm,768,64" \
+      --variants "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" 2>&1 \
+      | tee "$out/ablation-wide.log" | tail -20 ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -78,5 +85,5 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|profile|all" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|profile|all" >&2; exit 2 ;;
 esac

@@ -347,6 +347,11 @@ def test_plan_summary_records_the_layer_pipeline():
     assert forced["pipeline"]["chunks"] == 2 and forced["pipeline"]["source"] == "forced"
     assert forced["pipeline"]["extra_bytes"] > 0
     assert forced["peak_bytes"] > _plan_summary(shape)["peak_bytes"]
+    # ... and the recurrence's kernel choice (what was timed: family, tiles, warps per pass).
+    with plan_constraints(family="stepwise", block_h=16, num_warps=2, num_warps_bwd=8):
+        rec = _plan_summary(shape)["recurrence"]
+    assert {k: rec[k] for k in ("family", "block_h", "num_warps", "num_warps_bwd")} == {
+        "family": "stepwise", "block_h": 16, "num_warps": 2, "num_warps_bwd": 8}
 
 
 def test_table_rows_from_bench_reports_only(tmp_path, capsys):
