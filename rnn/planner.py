@@ -394,8 +394,10 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
+        # One program per batch tile: its backward keeps the forward's warps unless asked.
         plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
-                       num_dirs=num_dirs, **warps_bwd)
+                       num_dirs=num_dirs,
+                       **(warps_bwd if "num_warps_bwd" in choice else {}))
         smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
         if not props.interpreter and smem > props.smem_per_program:
             if strict:
@@ -593,7 +595,6 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
     if L > 1:
         add("reserve.layer_out", (L - 1, N, D * Hout), "reserve")
     W = (D,) if D == 2 else ()  # a half per direction when the backend pairs them
-
     add("x_packed", (N, cfg.input_size), "forward")
     add("xg", (*W, N, G * H), "forward")
     add("y_packed", (N, D * Hout), "forward")
@@ -743,7 +744,7 @@ def candidates(plan: Plan) -> list[dict]:
             for num_warps, num_warps_bwd in itertools.product((4, 8), (4, 8)):
                 grid = family != "persistent_cta"
                 if not grid and num_warps_bwd != num_warps:
-                    continue  # the one-program family's backward keeps the forward's warps
+                    continue  # the one-program family's warps are tuned for both passes
                 for block_h in (16, 32, 64, 128) if grid else (0,):
                     for block_k in (0, 64, 128) if grid else (None,):
                         choice = {"family": family, "block_b": block_b, "num_warps": num_warps}

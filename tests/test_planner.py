@@ -225,6 +225,10 @@ def test_warps_constraints_per_pass():
     with plan_constraints(num_warps=2, num_warps_bwd=16, family="stepwise"):
         lp = _plan(H=768, B=16).layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("stepwise", 2, 16)
+    assert _plan(H=768, B=64, device="interpreter").layer(0).backward_warps == 8
+    with plan_constraints(family="persistent_cta"):  # from that grid base (no smem check)
+        lp = _plan(H=768, B=64, device="interpreter").layer(0)
+    assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 4, 4)
     for key, bad in (("num_warps", 3), ("num_warps_bwd", 64), ("num_warps_bwd", 0)):
         with pytest.raises(ValueError, match=rf"plan_constraints: {key} expected"), \
                 plan_constraints(**{key: bad}):
