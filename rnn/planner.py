@@ -217,6 +217,10 @@ class LayerPlan:
     def backward_warps(self) -> int:
         return self.num_warps_bwd or self.num_warps
 
+    def with_backward_warps(self, warps: int) -> LayerPlan:
+        """This plan with the backward's warps set (stored as 0 when equal to num_warps)."""
+        return replace(self, num_warps_bwd=0 if warps == self.num_warps else warps)
+
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
@@ -297,7 +301,7 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             ):
                 fwd = _persistent_grid_warps(block_h, block_b)
                 bwd = _persistent_grid_bwd_warps(block_h, block_b)
-                return replace(lp, num_warps=fwd, num_warps_bwd=0 if bwd == fwd else bwd)
+                return replace(lp, num_warps=fwd).with_backward_warps(bwd)
     return None
 
 
@@ -390,14 +394,13 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     # Forced warps apply to both passes unless the backward's are given too.
     bwd = choice.get("num_warps_bwd", num_warps if "num_warps" in choice
                      else base.backward_warps)
-    warps_bwd = {"num_warps_bwd": 0 if bwd == num_warps else bwd}
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
         # One program per batch tile: its backward keeps the forward's warps unless asked.
         plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
-                       num_dirs=num_dirs,
-                       **(warps_bwd if "num_warps_bwd" in choice else {}))
+                       num_dirs=num_dirs).with_backward_warps(
+                           choice.get("num_warps_bwd", num_warps))
         smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
         if not props.interpreter and smem > props.smem_per_program:
             if strict:
@@ -435,7 +438,7 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                 f"{props.smem_per_program - _SMEM_SLACK}"
             )
         return base
-    return replace(plan, **warps_bwd)
+    return plan.with_backward_warps(bwd)
 
 
 def recurrence_choice(

@@ -1,6 +1,7 @@
 """Plan.explain() and the plan's buffers for the layer pipeline (rnn/pipeline.py): whether the
 stack is pipelined, with how many chunks and why (off / forced / automatic), and the extra
-workspaces a pipelined run allocates, checked against the tensors the engine really allocates.
+workspaces a pipelined run allocates, checked against the tensors the engine really allocates
+(as are the unpipelined buffers of the Triton backend).
 
 The automatic choice is opt-in (TRITONRNN_PIPELINE=1); every test sets or clears the variable
 itself. The plan cache is cleared around each test (one test patches the time model).
@@ -185,19 +186,20 @@ ENGINE_CASES = {
 }
 
 
-def _engine_run(cfg, chunks: int):
-    """engine.forward (training) + engine.backward on a 2-layer stack with every sequence
-    T long (so N = B * T, the plan's N), the reference backend, pipeline_chunks = chunks.
-    Returns ({phase: [every tensor engine.new_buffer allocated]}, pipelines run, dx, dparams)."""
-    L, Hout = cfg.num_layers, cfg.out_size
-    info = make_pack_info([T] * B, T, torch.device("cpu"))
+def _engine_run(cfg, chunks: int, rec=None, device: str = "cpu"):
+    """engine.forward (training) + engine.backward on the stack with every sequence T long
+    (so N = B * T, the plan's N), the given backend (default: the reference one) on
+    `device`, pipeline_chunks = chunks. Returns ({phase: [every tensor engine.new_buffer
+    allocated]}, pipelines run, dx, dparams)."""
+    LD, Hout = cfg.num_layers * cfg.num_dirs, cfg.out_size
+    info = make_pack_info([T] * B, T, torch.device(device))
     g = torch.Generator().manual_seed(11)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g).to(device)
 
-    x, h0 = randn(info.N, I), randn(L, B, Hout)
-    c0 = randn(L, B, H) if cfg.is_lstm else None
+    x, h0 = randn(info.N, I), randn(LD, B, Hout)
+    c0 = randn(LD, B, H) if cfg.is_lstm else None
     params = 0.3 * randn(config_params_size(cfg))
     seen: dict[str, list[torch.Tensor]] = {"forward": [], "backward": []}
     phase = ["forward"]
@@ -209,7 +211,7 @@ def _engine_run(cfg, chunks: int):
         return t
 
     pipes = []
-    rec = engine.ReferenceRecurrence()
+    rec = rec or engine.ReferenceRecurrence()
     with pytest.MonkeyPatch.context() as mp, plan_constraints(pipeline_chunks=chunks):
         mp.setattr(engine, "new_buffer", spy)
         mp.setattr(pipeline_mod, "run",
@@ -217,7 +219,7 @@ def _engine_run(cfg, chunks: int):
         fwd = engine.forward(cfg, rec, x, h0, c0, params, info, True)
         phase[0] = "backward"
         bwd = engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, randn(*fwd.y.shape),
-                              randn(L, B, Hout), randn(L, B, H) if c0 is not None else None,
+                              randn(LD, B, Hout), randn(LD, B, H) if c0 is not None else None,
                               fwd.reserve)
     return seen, pipes, bwd.dx, bwd.dparams
 
@@ -259,7 +261,7 @@ def test_plan_bytes_match_what_the_engine_allocates(case):
                       ) == [("backward", "dropped", (N, Hout)),
                             ("backward", "pipeline.dropped", (W - 1, N, Hout)),
                             ("forward", "dropped", (N, Hout))]
-    if not dropout:
+    else:
         # The extras themselves, from the real tensors: W - 1 of the W slots of each
         # [W, N, C] backward buffer, and every [L, 2, B, C] state between chunks.
         slots = [t for t in got["backward"] if t.dim() == 3 and t.shape[:2] == (W, N)]
@@ -273,3 +275,39 @@ def test_plan_bytes_match_what_the_engine_allocates(case):
     # largest entry): routing the allocations through rnn/pipeline.py changed nothing.
     for a, b in ((dx, dx_flat), (dparams, dparams_flat)):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * max(1.0, b.abs().max().item()))
+
+
+@pytest.mark.parametrize("mode,direction,proj", [
+    ("lstm", "bidirectional", 0), ("gru", "bidirectional", 0), ("lstm", "unidirectional", 3),
+    ("lstm", "bidirectional", 3), ("rnn_tanh", "unidirectional", 0),
+])
+def test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, proj):
+    # Every workspace the engine allocates for a training step with the Triton backend,
+    # forward and backward, is in the plan with its shape: bidirectional layers'
+    # per-recurrence workspaces hold a half per direction. Not counted: the [L*D, B, C] final
+    # states and their gradients (outputs), and x_packed (the ops pack x before the engine
+    # runs); the dx/dy ping-pong is two flat [N * C] buffers.
+    from tritonrnn.rnn.triton_backend import triton_recurrence
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = make_config(rnn_mode=mode, num_layers=2, num_units=H, input_size=I,
+                      direction=direction, num_proj=proj)
+    seen, _, _, _ = _engine_run(cfg, 1, triton_recurrence(), device)
+    plan = plan_for(rnn_mode=mode, input_size=I, num_units=H, num_layers=2,
+                    direction=direction, num_proj=proj, batch=B, max_time=T,
+                    dtype=torch.float32,
+                    device_properties=None if device == "cuda" else "interpreter")
+    LD = 2 * cfg.num_dirs
+    for phase in ("forward", "backward"):
+        got = sorted(s[1:] if len(s) == 3 and s[0] == 1 else s  # [1, N, C]: one direction
+                     for s in (tuple(t.shape) for t in seen[phase])
+                     if not (len(s) == 3 and s[:2] == (LD, B)))
+        want = []
+        for b in plan.buffers:
+            if b.phase != phase or b.name == "x_packed":
+                continue
+            if b.name.startswith("dx_dy"):
+                want += [(b.shape[1] * b.shape[2],)] * 2
+            else:
+                want.append(b.shape)
+        assert got == sorted(want), phase
