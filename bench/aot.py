@@ -33,6 +33,8 @@ from the launchers' own logic with "on GPU" instead of "interpreting":
                family), else 0
   UPCAST       False (interpreter: weights upcast to fp32)
   IEEE         recorded IEEE and the data is fp32 (interpreter: IEEE = not allow_tf32)
+  HOST_STEPS   -1: the kernel bounds its step loop itself (an interpreter that cannot loop
+               to a tensor gets the bound from the host, `persistent_cta._host_steps`)
 plus the launch option of a persistent launch (`cooperative_launch_options()`). When a kernel
 gains another interpreter-dependent constexpr, add its rule there.
 
@@ -429,6 +431,10 @@ def _gpu_ieee(recorded, ctx: GpuContext, gpu: dict):
     return bool(recorded) and ctx.dtype == torch.float32
 
 
+def _gpu_host_steps(recorded, ctx: GpuContext, gpu: dict):
+    return -1
+
+
 # Constexprs whose value the launchers choose from "am I in the interpreter?": name -> rule
 # (recorded value, context, GPU values decided so far) -> GPU value. Applied in this order to
 # every kernel that has the name.
@@ -438,6 +444,7 @@ INTERPRETER_CONSTEXPRS = {
     "BARRIER": _gpu_barrier,
     "UPCAST": _gpu_upcast,
     "IEEE": _gpu_ieee,
+    "HOST_STEPS": _gpu_host_steps,
 }
 
 

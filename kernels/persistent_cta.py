@@ -32,6 +32,7 @@ with R_k = R[k*H:(k+1)*H, :] and BLOCK_HO the padded Hout (= P with a projection
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -147,6 +148,19 @@ def _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE: tl.constexpr,
     return off.to(tl.int64) + offs_b.to(tl.int64)
 
 
+@triton.jit
+def _loop_steps(lens, HOST_STEPS: tl.constexpr):
+    """Steps the batch tile runs: its longest length (the rows are sorted longest first), or
+    HOST_STEPS >= 0, a bound the host passes where the interpreter cannot loop up to a
+    tensor (`_host_steps`). Steps past a row's length leave it untouched, so a larger bound
+    only adds idle steps. The loops name HOST_STEPS in their range() themselves: that
+    interpreter turns a constexpr assigned to a variable into a tensor."""
+    if HOST_STEPS >= 0:
+        return HOST_STEPS
+    else:
+        return tl.max(lens, axis=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------
@@ -162,6 +176,7 @@ def _cta_forward_kernel(
     CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, HAS_CSEQ: tl.constexpr,
     REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
+    HOST_STEPS: tl.constexpr = -1,
 ):
     IS_LSTM: tl.constexpr = CELL == 0
     pid = tl.program_id(0)
@@ -186,7 +201,7 @@ def _cta_forward_kernel(
     cols_o = tl.arange(0, BLOCK_HO)[None, :]
     lens = tl.load(LENS + offs_b, mask=in_b, other=0)
     # Sorted longest first, so the tile's first row bounds its loop; finished tiles stop early.
-    n_steps = tl.max(lens, axis=0)
+    n_steps = _loop_steps(lens, HOST_STEPS)
 
     # On-chip for all steps: R_k^T, bR_k (and Pw^T).
     w0 = _gate_weight(R, 0, G, H, HOUT, True, BLOCK_H, BLOCK_HO, UPCAST)
@@ -213,7 +228,7 @@ def _cta_forward_kernel(
     else:
         c = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
 
-    for s in range(0, n_steps):
+    for s in range(0, HOST_STEPS if HOST_STEPS >= 0 else n_steps):
         active = lens > s  # false for rows past B too (their lens load as 0)
         rows = _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE, NUM_DIRS)[:, None]
         act_h = active[:, None] & (cols_h < H)
@@ -267,6 +282,7 @@ def _cta_backward_kernel(
     CELL: tl.constexpr, G: tl.constexpr, HAS_PROJ: tl.constexpr, REVERSE: tl.constexpr,
     NUM_DIRS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HO: tl.constexpr,
+    HOST_STEPS: tl.constexpr = -1,
 ):
     IS_LSTM: tl.constexpr = CELL == 0
     IS_GRU: tl.constexpr = CELL == 1
@@ -297,7 +313,7 @@ def _cta_backward_kernel(
     cols_h = tl.arange(0, BLOCK_H)[None, :]
     cols_o = tl.arange(0, BLOCK_HO)[None, :]
     lens = tl.load(LENS + offs_b, mask=in_b, other=0)
-    n_steps = tl.max(lens, axis=0)
+    n_steps = _loop_steps(lens, HOST_STEPS)
 
     # On-chip for all steps: R_k (dh_prev = sum_k dph_k @ R_k) and Pw (dm = dh @ Pw).
     w0 = _gate_weight(R, 0, G, H, HOUT, False, BLOCK_H, BLOCK_HO, UPCAST)
@@ -324,7 +340,7 @@ def _cta_backward_kernel(
     if IS_LSTM:
         dc_T = tl.load(DCT + b64 * stride_dct + cols_h, mask=mask_bh, other=0.0).to(tl.float32)
 
-    for i in range(0, n_steps):
+    for i in range(0, HOST_STEPS if HOST_STEPS >= 0 else n_steps):
         s = n_steps - 1 - i
         active = lens > s
         rows = _step_rows(OFFS, lens, s, offs_b, active, rev, REVERSE, NUM_DIRS)[:, None]
@@ -423,6 +439,36 @@ def _block(n: int) -> int:
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _interpreter_loops_to_tensors() -> bool:
+    """Whether this Triton's interpreter runs `range(0, <tensor>)`. Triton 3.6's converts the
+    bound with int() on a one-element array, which NumPy >= 2.4 refuses (newer interpreters
+    squeeze it first); compiled kernels are not affected. Probed once per process (the
+    probe is local: tools that swap the modules' kernels, `bench/aot.py`, never see it)."""
+
+    @triton.jit
+    def probe(LENS, OUT):
+        n = 0
+        for _ in range(0, tl.max(tl.load(LENS + tl.arange(0, 2)), axis=0)):
+            n += 1
+        tl.store(OUT, n)
+
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        probe[(1,)](torch.tensor([3, 1], dtype=torch.int32), out)
+    except Exception:  # any failure: the host passes the bound
+        return False
+    return int(out) == 3
+
+
+def _host_steps(info: PackInfo) -> int:
+    """HOST_STEPS for a launch: -1 (the kernel bounds each tile's loop itself) except under an
+    interpreter that cannot loop to a tensor, where it is the batch's longest length."""
+    if _interpreting() and not _interpreter_loops_to_tensors():
+        return info.max_len
+    return -1
 
 
 def _row_stride(name: str, t: torch.Tensor | None) -> int:
@@ -600,7 +646,7 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
         CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
         REVERSE=bool(reverse), NUM_DIRS=num_dirs, UPCAST=upcast, IEEE=ieee,
         BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        num_warps=num_warps,
+        HOST_STEPS=_host_steps(info), num_warps=num_warps,
     )
 
 
@@ -709,7 +755,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
         H, Hout,
         CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), NUM_DIRS=num_dirs,
         UPCAST=upcast, IEEE=ieee, BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        num_warps=num_warps,
+        HOST_STEPS=_host_steps(info), num_warps=num_warps,
     )
 
 

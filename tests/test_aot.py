@@ -20,6 +20,7 @@ import triton.language as tl
 from tritonrnn.bench import aot
 from tritonrnn.kernels import persistent_cta as pc
 from tritonrnn.kernels import persistent_grid as pg
+from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.planner import _SMEM_SLACK, PRESETS
 
 H100 = PRESETS["h100"]
@@ -156,6 +157,9 @@ def test_grid_signature_runtime_args_are_not_specialised():
 ], ids=["grid-persistent-bf16", "stepwise-bf16", "stepwise-fp32", "cta-bf16", "cta-fp32"])
 def test_interpreter_constexprs_get_their_gpu_values(shape, constraints, expected):
     lp, launches = _capture(shape, **constraints)
+    if lp.family == "persistent_cta" and not pc._interpreter_loops_to_tensors():
+        # This interpreter takes the step loops' bound from the host (the capture's T = 2).
+        expected = {**expected, "HOST_STEPS": (aot._CAPTURE_T, -1)}
     ctx = aot.GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
     for launch in launches.values():
         sig, changed = aot.gpu_signature(aot.build_signature(launch), ctx)
@@ -180,6 +184,8 @@ def test_rules_match_the_launchers_logic_outside_the_interpreter(dtype, monkeypa
     assert aot._gpu_dot_dt(tl.float32, ctx, {}) == pg._DOT_DTYPES[dtype]
     assert aot._gpu_fp32_dot(True, ctx, {"DOT_DT": pg._DOT_DTYPES[dtype]}) is (
         dtype == torch.float32)
+    info = make_pack_info([3, 2], 3, torch.device("cpu"))
+    assert aot._gpu_host_steps(3, ctx, {}) == pc._host_steps(info) == -1
 
 
 # ----------------------------------------------------------------------------- parsing

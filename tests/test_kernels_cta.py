@@ -8,11 +8,14 @@ forward (so pre_h, y, h_prev, c_seq, c_prev are mutually consistent, as in the e
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
 
+from tritonrnn.kernels import persistent_cta
 from tritonrnn.kernels.persistent_cta import (
     cta_backward,
     cta_forward,
@@ -185,6 +188,64 @@ def test_backward_matches_reference(cell, H, P, lengths, reverse, block_b):
     p = make_problem(cell, H, P, lengths, reverse)
     got = run_backward(p, torch.float32, block_b=block_b)
     assert_outputs_close(got, run_backward(p, torch.float64), FP32_TOL)
+
+
+# Loops bounded by the host (HOST_STEPS, what an interpreter that cannot loop to a tensor
+# runs, e.g. Triton 3.6's with NumPy >= 2.4): every tile runs the batch's longest length. MANY
+# puts shorter rows in the second tile, which then runs idle steps before (backward) or after
+# (forward) its own, and must leave its rows' states and outputs untouched.
+HOST_BOUND_CASES = [
+    pytest.param("lstm", 17, 9, MANY, False, 16, id="lstm-H17-P9-B19-fwd"),
+    pytest.param("lstm", 17, 0, MANY, True, 16, id="lstm-H17-B19-rev"),
+    pytest.param("gru", 20, 0, MANY, True, 16, id="gru-H20-B19-rev"),
+    pytest.param("rnn_tanh", 24, 0, MANY, False, 16, id="rnn_tanh-H24-B19-fwd"),
+    pytest.param("rnn_relu", 24, 0, VARLEN, True, 16, id="rnn_relu-H24-varlen-rev"),
+]
+
+
+@pytest.mark.parametrize(ARGS, HOST_BOUND_CASES)
+def test_host_bounded_loops_match_reference(monkeypatch, cell, H, P, lengths, reverse,
+                                            block_b):
+    seen = []
+
+    def host_steps(info):
+        seen.append(info.max_len)
+        return info.max_len
+
+    monkeypatch.setattr(persistent_cta, "_host_steps", host_steps)
+    p = make_problem(cell, H, P, lengths, reverse)
+    got_f = run_forward(p, torch.float32, block_b=block_b)
+    got_b = run_backward(p, torch.float32, block_b=block_b)
+    assert seen == [max(lengths)] * 2
+    assert_outputs_close(got_f, run_forward(p, torch.float64), FP32_TOL)
+    assert_outputs_close(got_b, run_backward(p, torch.float64), FP32_TOL)
+
+
+def test_host_steps_only_where_the_interpreter_needs_them(monkeypatch):
+    info = make_pack_info([3, 9, 4], 9, torch.device(DEVICE))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(persistent_cta, "_interpreter_loops_to_tensors", lambda: False)
+    assert persistent_cta._host_steps(info) == 9
+    monkeypatch.setattr(persistent_cta, "_interpreter_loops_to_tensors", lambda: True)
+    assert persistent_cta._host_steps(info) == -1
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(persistent_cta, "_interpreter_loops_to_tensors", lambda: False)
+    assert persistent_cta._host_steps(info) == -1  # compiled kernels bound their own loops
+
+
+def test_interpreter_probe_matches_this_triton():
+    """The probe's answer is what this Triton's interpreter does with a tensor loop bound."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("probes the interpreter (TRITON_INTERPRET=1)")
+    import numpy as np
+
+    version = lambda mod: tuple(int(v) for v in mod.__version__.split(".")[:2])  # noqa: E731
+    if version(triton) >= (3, 7):  # the interpreter squeezes the bound (3.7.0 and later)
+        assert persistent_cta._interpreter_loops_to_tensors()
+    elif version(np) >= (2, 4):  # int() of a one-element array is an error since NumPy 2.4
+        assert not persistent_cta._interpreter_loops_to_tensors()
+    else:
+        pytest.skip("older NumPy: a DeprecationWarning, an error only under warning filters")
 
 
 def test_forward_without_c_seq():
