@@ -1044,6 +1044,11 @@ _FWD_GATE_SPLIT = 2
 # product (`_fwd_pre`, JOINT; GRU padded with a zero gate), which needs no cross-warp
 # reduction at all: with 16 x 16 tiles its 8 MMA tiles cover 4 warps. Not yet timed on a
 # GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
+# Its sm_90 compile (Triton 3.6, LSTM H=768 B=16, 4 warps) is a wgmma reading the joint
+# weight tile straight from shared memory (allocated once, before the step loop), but it
+# spills 64 B at 255 registers (11 local loads per step, 13 stores before the loop); the
+# likely cause is the prologue, which stages each [64, 512] weight chunk through registers
+# (128 per thread) on its way to shared memory.
 _FWD_JOINT_GATES = False
 
 
