@@ -1046,9 +1046,10 @@ _FWD_GATE_SPLIT = 2
 # GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
 # Its sm_90 compile (Triton 3.6, LSTM H=768 B=16, 4 warps) is a wgmma reading the joint
 # weight tile straight from shared memory (allocated once, before the step loop), but it
-# spills 64 B at 255 registers (11 local loads per step, 13 stores before the loop); the
-# likely cause is the prologue, which stages each [64, 512] weight chunk through registers
-# (128 per thread) on its way to shared memory.
+# spills 64 B at 255 registers (11 local loads per step, 13 stores before the loop). The
+# likely holder: the 48 HGMMAs' shared-memory descriptors, computed before the loop and kept
+# in ordinary registers (167 R2UR moves into uniform registers feed them in the loop); a
+# bar.sync between the two weight chunks' loads changed nothing.
 _FWD_JOINT_GATES = False
 
 
