@@ -24,6 +24,6 @@ report "$out/fwd"
   "${sections[@]}" -f -o "$out/bwd" python scripts/step_ablation.py --once "$shape" --layer \
   > "$out/ncu-bwd.log" 2>&1
 report "$out/bwd"
-tail -3 "$out/ncu-fwd.log" "$out/ncu-bwd.log"
+tail -n 3 "$out/ncu-fwd.log" "$out/ncu-bwd.log"
 grep -E "Duration|Warp Cycles Per Issued|Issued Warp|Stall|One or More" "$out/fwd-details.txt" \
-  | head -20
+  | head -20 || true  # no match: the details are in the report files anyway

@@ -62,7 +62,8 @@ def _no_arrive(sync_ptr):
 def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
             G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
-            FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+            FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
+            JOINT: tl.constexpr = False, GP: tl.constexpr = 4):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -90,7 +91,9 @@ def _forced_split(n: int):
     return nsplit
 
 
-def _apply(variant: str) -> None:
+def swaps() -> dict:
+    """Variant part -> [(module, attribute, replacement), ...]; the parts "full", "bh32" and
+    "layer" swap nothing (bh32 / layer: applied in `_measure`)."""
     from tritonrnn.kernels import cells
     from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn import planner
@@ -98,7 +101,7 @@ def _apply(variant: str) -> None:
     def warps(w):
         return lambda *_a: w
 
-    swaps = {  # part: [(module, attribute, replacement), ...]
+    return {
         "nowait": [(pg, "grid_wait", _no_wait)],
         "noarrive": [(pg, "grid_arrive", _no_arrive)],
         "nodot": [(pg, "_fwd_pre", _no_dot)],
@@ -112,12 +115,39 @@ def _apply(variant: str) -> None:
         **{f"bw{w}": [(planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
         **{f"s{n}": [(pg, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
     }
+
+
+_NO_SWAP = ("full", "bh32", "layer")
+
+
+def check_variant(variant: str) -> None:
+    """Raises ValueError naming the first unknown part of a comma-joined variant."""
+    if variant in ("bare4", "bare8"):
+        return
+    known = swaps()
     for part in variant.split(","):
-        if part in swaps:
-            for module, name, value in swaps[part]:
-                setattr(module, name, value)
-        elif part not in ("full", "bh32", "layer"):  # bh32 / layer: applied in _measure
-            raise ValueError(f"--variant: unknown part {part!r}")
+        if part not in known and part not in _NO_SWAP:
+            raise ValueError(f"variant {variant!r}: unknown part {part!r}; expected one of "
+                             f"{', '.join([*_NO_SWAP, *known])} (or bare4 / bare8 alone)")
+
+
+def _apply(variant: str) -> None:
+    check_variant(variant)
+    table = swaps()
+    for part in variant.split(","):
+        for module, name, value in table.get(part, ()):
+            setattr(module, name, value)
+
+
+def parse_shapes(text: str) -> list[tuple[str, int, int]]:
+    """"MODE,H,B;..." -> [(mode, H, B), ...]; ValueError naming the item otherwise."""
+    shapes = []
+    for item in text.split(";"):
+        parts = item.split(",")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            raise ValueError(f"--shapes: expected MODE,H,B items separated by ';', got {item!r}")
+        shapes.append((parts[0], int(parts[1]), int(parts[2])))
+    return shapes
 
 
 def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
@@ -206,7 +236,7 @@ def _layer_once(mode: str, H: int, B: int, T: int = 256) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant")
     ap.add_argument("--out", type=Path)
@@ -218,11 +248,20 @@ def main() -> int:
     ap.add_argument("--shapes", metavar="MODE,H,B;...",
                     help="shapes to time (default: " + ";".join(
                         f"{m},{h},{b}" for m, h, b in SHAPES) + ")")
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     args = ap.parse_args()
-    shapes = SHAPES
-    if args.shapes:
-        shapes = [(m, int(h), int(b)) for m, h, b in
-                  (item.split(",") for item in args.shapes.split(";"))]
+    # Checked before any GPU time is spent: each variant otherwise fails in its own process.
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+        for v in [args.variant] if args.variant else (
+                args.variants.split(";") if args.variants else VARIANTS):
+            check_variant(v or "full")
+    except ValueError as e:
+        ap.error(str(e))
     if args.once and args.layer:
         mode, H, B = args.once.split(",")
         _layer_once(mode, int(H), int(B))

@@ -1,0 +1,157 @@
+"""The lent-GPU scripts (scripts/gpu_session.sh, scripts/step_ablation.py) checked on the CPU,
+so that a device session does not spend its minutes on a command that cannot start.
+
+Every stage of gpu_session.sh runs with `python`, `nvidia-smi` and `ncu` replaced by stubs
+that only record their arguments; each recorded `python -m tritonrnn.bench ...` must parse
+with the command's own parser, each `scripts/step_ablation.py ...` with the script's (its
+variants and shapes included) and each pytest call must name existing paths. The ablation's
+no-op replacements must keep the signatures of what they replace, and every variant part must
+run its swapped kernels (in the interpreter: the outputs are garbage, only the run counts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritonrnn.bench.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "profile", "all"]
+
+
+def _load_ablation():
+    spec = importlib.util.spec_from_file_location("step_ablation",
+                                                  ROOT / "scripts" / "step_ablation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ABL = _load_ablation()
+
+# A stub records its name and arguments as one JSON line and runs nothing.
+RECORDER = """import json, os, sys
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+STUB = """#!/bin/sh
+exec "{py}" "{recorder}" "$(basename "$0")" "$@"
+"""
+
+
+def _record(stage: str, tmp_path: Path) -> list[list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text(RECORDER)
+    for name in ("python", "nvidia-smi", "ncu"):
+        stub = bin_dir / name
+        stub.write_text(STUB.format(py=sys.executable, recorder=recorder))
+        stub.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
+           "OUT": str(tmp_path / "out")}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), stage], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _python_calls(calls: list[list[str]]) -> list[list[str]]:
+    """The python command lines, also those ncu runs (`ncu ... python ARGS`)."""
+    out = []
+    for call in calls:
+        if call[0] == "python":
+            out.append(call[1:])
+        elif call[0] == "ncu" and "python" in call:
+            out.append(call[call.index("python") + 1:])
+    return out
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
+    calls = _python_calls(_record(stage, tmp_path))
+    checked = 0
+    for argv in calls:
+        if argv[:2] == ["-m", "tritonrnn.bench"]:
+            build_parser().parse_args(argv[2:])  # the CLI's errors exit: a failure here
+            checked += 1
+        elif argv and argv[0] == "scripts/step_ablation.py":
+            args = ABL.build_parser().parse_args(argv[1:])
+            if args.shapes:
+                ABL.parse_shapes(args.shapes)
+            for v in args.variants.split(";") if args.variants else ABL.VARIANTS:
+                ABL.check_variant(v)
+            checked += 1
+        elif argv[:2] == ["-m", "pytest"]:
+            paths = [a for a in argv[2:] if not a.startswith("-") and "/" in a or a == "tests"]
+            assert paths and all((ROOT / p).exists() for p in paths), argv
+            checked += 1
+    assert checked, f"stage {stage}: no command recorded ({calls})"
+
+
+def test_unknown_variant_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="unknown part 'nodots'"):
+        ABL.check_variant("full,nodots")
+    with pytest.raises(ValueError, match="MODE,H,B"):
+        ABL.parse_shapes("lstm,768;gru,1024,16")
+    assert ABL.parse_shapes("lstm,768,64;gru,1024,16") == [("lstm", 768, 64), ("gru", 1024, 16)]
+    r = subprocess.run([sys.executable, "scripts/step_ablation.py", "--variants", "full;s3"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown part 's3'" in r.stderr.splitlines()[-1]
+
+
+def _positional(fn) -> list[inspect.Parameter]:
+    fn = getattr(fn, "fn", fn)  # a @triton.jit object's Python function
+    return list(inspect.signature(fn).parameters.values())
+
+
+def _constexpr_positions(fn) -> list[int]:
+    return [i for i, p in enumerate(_positional(fn)) if "constexpr" in str(p.annotation)]
+
+
+@pytest.mark.parametrize("part", sorted(ABL.swaps()))
+def test_ablation_swaps_keep_the_replaced_signatures(part):
+    for module, name, value in ABL.swaps()[part]:
+        original = getattr(module, name)
+        if isinstance(original, (bool, int)):
+            assert type(value) is type(original), (part, name)
+        elif hasattr(original, "fn"):  # a jit helper: called positionally from the kernels
+            assert hasattr(value, "fn"), (part, name)
+            got, want = _positional(value), _positional(original)
+            assert len(got) == len(want), (part, name, len(got), len(want))
+            assert _constexpr_positions(value) == _constexpr_positions(original), (part, name)
+        else:  # a planner / kernel-module rule, called with the original's arguments
+            inspect.signature(value).bind(*[None] * len(_positional(original)))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="swapped helpers run in the interpreter (a GPU process would reuse "
+                           "kernels compiled before the swap)")
+@pytest.mark.parametrize("part", sorted(ABL.swaps()))
+def test_ablation_variant_kernels_run(part, monkeypatch):
+    from tritonrnn.rnn import cudnn_rnn, params_size
+    from tritonrnn.rnn.planner import plan_constraints
+
+    for module, name, value in ABL.swaps()[part]:
+        monkeypatch.setattr(module, name, value)
+    g = torch.Generator().manual_seed(0)
+    T, B, H = 3, 3, 32
+    n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=H)
+    x = torch.randn(T, B, H, generator=g)
+    h0 = torch.zeros(1, B, H)
+    params = (torch.randn(n, generator=g) * 0.1).requires_grad_()
+    with plan_constraints(family="persistent_grid", block_h=16):
+        out = cudnn_rnn(x, h0, torch.zeros(1, B, H), params, rnn_mode="lstm",
+                        backend="triton")
+        out.output.sum().backward()
+    assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
