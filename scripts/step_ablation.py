@@ -139,13 +139,15 @@ def _apply(variant: str) -> None:
             setattr(module, name, value)
 
 
-def parse_shapes(text: str) -> list[tuple[str, int, int]]:
-    """"MODE,H,B;..." -> [(mode, H, B), ...]; ValueError naming the item otherwise."""
+def parse_shapes(text: str, option: str = "--shapes") -> list[tuple[str, int, int]]:
+    """"MODE,H,B;..." -> [(mode, H, B), ...]; ValueError naming the option and the item
+    otherwise."""
     shapes = []
     for item in text.split(";"):
         parts = item.split(",")
         if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-            raise ValueError(f"--shapes: expected MODE,H,B items separated by ';', got {item!r}")
+            raise ValueError(f"{option}: expected MODE,H,B items separated by ';', "
+                             f"got {item!r}")
         shapes.append((parts[0], int(parts[1]), int(parts[2])))
     return shapes
 
@@ -251,31 +253,44 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def resolve(args) -> tuple[list[tuple[str, int, int]], list[str]]:
+    """(shapes, variants) the parsed arguments ask for; ValueError naming a bad shape or
+    variant part (--once: one shape)."""
+    if args.once:
+        shapes = parse_shapes(args.once, "--once")
+        if len(shapes) != 1:
+            raise ValueError(f"--once: expected one MODE,H,B, got {args.once!r}")
+    else:
+        shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    if args.variant or args.once:
+        variants = [args.variant or "full"]
+    else:
+        variants = args.variants.split(";") if args.variants else VARIANTS
+    for v in variants:
+        check_variant(v)
+    return shapes, variants
+
+
 def main() -> int:
     ap = build_parser()
     args = ap.parse_args()
     # Checked before any GPU time is spent: each variant otherwise fails in its own process.
     try:
-        shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
-        for v in [args.variant] if args.variant else (
-                args.variants.split(";") if args.variants else VARIANTS):
-            check_variant(v or "full")
+        shapes, variants = resolve(args)
     except ValueError as e:
         ap.error(str(e))
     if args.once and args.layer:
-        mode, H, B = args.once.split(",")
-        _layer_once(mode, int(H), int(B))
+        _layer_once(*shapes[0])
         return 0
     if args.once:
-        mode, H, B = args.once.split(",")
-        _measure(args.variant or "full", [(mode, int(H), int(B))], once=True)
+        _measure(variants[0], shapes, once=True)
         return 0
     if args.variant:
         for row in _measure(args.variant, shapes):
             print(json.dumps(row), flush=True)
         return 0
     rows = []
-    for v in args.variants.split(";") if args.variants else VARIANTS:
+    for v in variants:
         cmd = [sys.executable, __file__, "--variant", v]
         if args.shapes:
             cmd += ["--shapes", args.shapes]

@@ -86,11 +86,7 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
             build_parser().parse_args(argv[2:])  # the CLI's errors exit: a failure here
             checked += 1
         elif argv and argv[0] == "scripts/step_ablation.py":
-            args = ABL.build_parser().parse_args(argv[1:])
-            if args.shapes:
-                ABL.parse_shapes(args.shapes)
-            for v in args.variants.split(";") if args.variants else ABL.VARIANTS:
-                ABL.check_variant(v)
+            ABL.resolve(ABL.build_parser().parse_args(argv[1:]))  # shapes and variants
             checked += 1
         elif argv[:2] == ["-m", "pytest"]:
             paths = [a for a in argv[2:] if not a.startswith("-") and "/" in a or a == "tests"]
