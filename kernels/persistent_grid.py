@@ -42,9 +42,14 @@ Weights: resident or streamed (block_k)
   dot operand.
   block_k > 0: the slice is read from global memory (L2-resident across steps) in chunks of
   block_k columns inside every step: any H fits, at the cost of an L2 read of the weights
-  per step. The planner uses it where a resident slice does not fit. A batch tile whose rows have
-all finished (sorted lengths: from step max(len in tile) on) skips its matmuls and only
-carries its state over.
+  per step. The planner uses it where a resident slice does not fit. Each streamed product is
+  one software-pipelined loop over its chunks: the forward's gates joined in one
+  [GP * block_h, block_k] tile (`_joint_gates`), the backward's gates in one loop over all
+  G*H rows of R (they are contiguous), and with batch tiles of 64 or more the product formed
+  transposed, the batch as the MMA's M dimension (`_swap_dots`): every such loop is then a
+  Hopper wgmma (sm_90 compiles, Triton 3.6; per-gate [32, 64] products were mma.sync).
+A batch tile whose rows have all finished (sorted lengths: from step max(len in tile) on)
+skips its matmuls and only carries its state over.
 
 Split K (`_nsplit`): a plain tl.dot spreads the program's warps over its [rows, batch] output
 in 16 x 8 MMA tiles, so a 16 x 16 gate tile (block_h = block_b = 16, the small-batch case)
@@ -228,9 +233,28 @@ def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.co
 
 
 @triton.jit
+def _tile_t(W, a_idx, a_ok, a_stride, b_stride, k0, KC: tl.constexpr, K: tl.constexpr,
+            DT: tl.constexpr):
+    """`_tile` transposed ([KC, BM], S = 1): tile[c, i] = W[a_idx[i] * a_stride + (k0 + c) *
+    b_stride], zero past K."""
+    kk = (k0 + tl.arange(0, KC)[:, None]).to(tl.int64)
+    ptr = W + a_idx[None, :].to(tl.int64) * a_stride + kk * b_stride
+    return tl.load(ptr, mask=a_ok[None, :] & (kk < K), other=0.0).to(DT)
+
+
+@triton.jit
+def _kpart_t(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
+    """`_kpart` transposed ([batch, KC], S = 1): tile[j, c] = X[jb[j], k0 + c]."""
+    kk = k0 + tl.arange(0, KC)[None, :]
+    return tl.load(X + jb64[:, None] * x_row + kk, mask=(kk < K) & x_ok[:, None], other=0.0,
+                   cache_modifier=".cg").to(DT)
+
+
+@triton.jit
 def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
             K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
-            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr):
+            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
+            SWAP: tl.constexpr = False):
     """acc[s, i, j] += the part s of sum_k W[a_idx[i], k] * X[jb[j], k] over k < K ([S, BM, BB]
     fp32; summing over s gives the product, `tl.sum(acc, axis=0)`).
 
@@ -238,11 +262,21 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
     warps each run 1/S of the MMAs (a [16, K] @ [K, 16] dot would otherwise keep one warp
     busy and the others computing copies of its result).
     RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
-    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call."""
+    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call.
+    SWAP (streamed, S = 1): the product is formed transposed, [batch, K] @ [K, rows], and
+    turned once at the end: the batch tile becomes the MMA's M dimension, so a batch tile of
+    64 makes the loop a Hopper wgmma (M a multiple of 64) where 32 rows would be mma.sync."""
     if RESIDENT:
         acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
         if KB > 0:
             acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, S, DOT_DT), FP32_DOT)
+    elif SWAP and S == 1:
+        acc_t = tl.zeros([acc.shape[1], acc.shape[0]], tl.float32)
+        for k0 in range(0, K, KA):
+            acc_t += _mm(_kpart_t(X, x_row, jb64, x_ok, k0, KA, K, DOT_DT),
+                         _tile_t(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, DOT_DT),
+                         FP32_DOT)
+        acc += tl.trans(acc_t)
     else:
         for k0 in range(0, K, KA):
             w = _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, S, DOT_DT)
@@ -254,10 +288,10 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
 def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
            K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr,
-           BB: tl.constexpr):
+           BB: tl.constexpr, SWAP: tl.constexpr = False):
     """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32 (`_dot_w3`)."""
     acc = _dot_w3(_zacc(S, BM, BB), W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row,
-                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
     return _ksum(acc, S)
 
 
@@ -337,11 +371,19 @@ def _joint_rows(hs, h_ok, G: tl.constexpr, H: tl.constexpr, GP: tl.constexpr,
 
 @triton.jit
 def _split_gates(acc, GP: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
-    """The four [BH, BB] gate tiles of a joint product acc [GP * BH, BB] (GP = 4)."""
-    t = tl.reshape(tl.permute(tl.reshape(acc, [2, 2, BH, BB]), (2, 3, 0, 1)), [BH, BB, 2, 2])
-    even, odd = tl.split(t)  # last axis: gate % 2
-    p0, p2 = tl.split(even)
-    p1, p3 = tl.split(odd)
+    """The four [BH, BB] gate tiles of a joint product acc [GP * BH, BB] (GP = 4), or acc and
+    three zero tiles (GP = 1: one gate)."""
+    if GP == 1:
+        p0 = acc
+        p1 = tl.zeros([BH, BB], tl.float32)
+        p2 = p1
+        p3 = p1
+    else:
+        t = tl.reshape(tl.permute(tl.reshape(acc, [2, 2, BH, BB]), (2, 3, 0, 1)),
+                       [BH, BB, 2, 2])
+        even, odd = tl.split(t)  # last axis: gate % 2
+        p0, p2 = tl.split(even)
+        p1, p3 = tl.split(odd)
     return p0, p1, p2, p3
 
 
@@ -350,16 +392,17 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-             JOINT: tl.constexpr = False, GP: tl.constexpr = 4):
+             JOINT: tl.constexpr = False, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
-    JOINT (gated cells, S = 1): one [GP * BH, K] @ [K, BB] dot for all gates (wa0 / wb0 hold
-    the joint tile), then the gates are split out of it: no cross-warp reduction."""
+    JOINT (S = 1): one [GP * BH, K] @ [K, BB] dot for all gates (wa0 / wb0 hold the joint
+    tile; GP = 1 for a one-gate cell), then the gates are split out of it: no cross-warp
+    reduction. SWAP: the streamed dot formed transposed (`_dot_w3`)."""
     if JOINT:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
-                     RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB)
+                     RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB, SWAP)
         p0, p1, p2, p3 = _split_gates(acc, GP, BH, BB)
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
@@ -460,6 +503,7 @@ def _fwd_cell_phase(
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr, GP: tl.constexpr,
+    SWAP: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -470,7 +514,7 @@ def _fwd_cell_phase(
     if tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, JOINT, GP)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, JOINT, GP, SWAP)
         p0 += b0[:, None]
         p1 += b1[:, None]
         p2 += b2[:, None]
@@ -512,13 +556,13 @@ def _fwd_proj_phase(
     pwa, pwb, h_own, is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
     KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-    BARRIER: tl.constexpr,
+    BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
 ):
     """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice; publishes h,
     arrives, then writes y / hT. Returns the carried h_own."""
     if tile_on:
         hp = _dot_w(PW, os_, o_ok, s_pw, 1, pwa, pwb, MX, H, jb64, act, H, KA, KB, RESIDENT,
-                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
     else:
         hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
     mo = o_ok[:, None] & act[None, :]
@@ -544,7 +588,7 @@ def _grid_fwd_kernel(
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr = False,
-    GP: tl.constexpr = 4,
+    GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -651,7 +695,7 @@ def _grid_fwd_kernel(
                 x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC, u,
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
-                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, JOINT, GP)
+                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, JOINT, GP, SWAP)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -659,12 +703,12 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, JOINT, GP)
+                    BARRIER, JOINT, GP, SWAP)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
                     os_, o_ok, pwa, pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, PS,
-                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER)
+                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP)
         act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok,
                                                u + 1, u_end, rev, G, H, NPH, REVERSE, NUM_DIRS,
                                                BLOCK_H, BLOCK_B)
@@ -692,11 +736,18 @@ def _grid_fwd_kernel(
 def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, src, jb64,
                act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
-               FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
+               FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+               SWAP: tl.constexpr = False):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
-    Every gate accumulates into one split-K accumulator: one reduction per step."""
+    Every gate accumulates into one split-K accumulator: one reduction per step. Streamed
+    weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
+    G*H of them (one software pipeline per step instead of one per gate)."""
+    if not RESIDENT:
+        acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
+                      jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
+        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
     acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                   jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
@@ -817,7 +868,7 @@ def _grid_bwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -914,7 +965,7 @@ def _grid_bwd_kernel(
             if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
-                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
             if q < S:
                 carry, dc = _bwd_cell_phase(
                     dy + carry, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
@@ -928,7 +979,7 @@ def _grid_bwd_kernel(
                 if (q > 0) & (s + 1 < tile_len):
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
                 if q < S:
                     mo = o_ok[:, None] & act[None, :]
                     dh = dy + carry
@@ -942,7 +993,7 @@ def _grid_bwd_kernel(
             else:
                 if s < tile_len:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
-                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B)
+                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
                 carry, dc = _bwd_cell_phase(
@@ -1040,7 +1091,8 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
 _FWD_GATE_SPLIT = 2
 
 
-# Experimental, off: the forward's gate dots as one joint [4 * block_h, K] @ [K, block_b]
+# Experimental for resident weights, off (streamed weights always join a gated cell's gates,
+# `_joint_gates`): the forward's gate dots as one joint [4 * block_h, K] @ [K, block_b]
 # product (`_fwd_pre`, JOINT; GRU padded with a zero gate), which needs no cross-warp
 # reduction at all: with 16 x 16 tiles its 8 MMA tiles cover 4 warps. Not yet timed on a
 # GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
@@ -1053,9 +1105,29 @@ _FWD_GATE_SPLIT = 2
 _FWD_JOINT_GATES = False
 
 
-def _joint_gates(cell: str) -> bool:
-    """Whether the forward uses the joint gate dot (gated cells, while switched on)."""
-    return _FWD_JOINT_GATES and cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
+    """Whether the forward uses the joint gate dot: with streamed weights (block_k > 0) for
+    gated cells, and for one-gate cells where the dot is swapped (`_swap_dots`: one path for
+    both); with resident weights only while _FWD_JOINT_GATES is switched on (gated cells).
+
+    Streamed, the joint tile turns the loop's four [block_h, block_k] @ [block_k, block_b]
+    products per chunk into one [4 * block_h, block_k] product: one MMA chain and one
+    software-pipelined load per chunk, and M = 4 * block_h >= 64 makes it a Hopper wgmma.
+    The weights are read from L2 either way, so the joint tile holds nothing on chip."""
+    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+    if block_k:
+        return gated or _swap_dots(block_k, block_b)
+    return _FWD_JOINT_GATES and gated
+
+
+def _swap_dots(block_k: int, block_b: int) -> bool:
+    """Whether the streamed dots are formed transposed (SWAP, `_dot_w3`): [batch, K] @
+    [K, rows], so that a batch tile of 64 or more is the MMA's M dimension. Hopper's wgmma
+    needs M to be a multiple of 64; the backward's [block_o = 32, K] @ [K, 64] of a large
+    batch (64 x 32 tiles) would otherwise run mma.sync (sm_90 compiles, Triton 3.6, LSTM
+    H=768 B=256). Batch tiles >= 64 have one MMA tile per warp without split K (S = 1), the
+    only case the swapped loop serves."""
+    return bool(block_k) and block_b >= 64
 
 
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
@@ -1102,16 +1174,31 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
     two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
     512 / 1536 (rechecked after the forward's split cap: LSTM H=256 bb=32 and GRU H=512 with
-    8 warps, LSTM H=768 with 4). Streamed weights (block_k = K > 0),
-    an upper bound (the compiles use 10 KiB for GRU H=1536 bh=bb=16, 34 KiB for LSTM bb=64):
-      2*K*(e*G*max(bh, BO) + 4*bb)
+    8 warps, LSTM H=768 with 4). Streamed weights (block_k = K > 0): the loop's software
+    pipeline, 3 buffers of one chunk's weight tile [rows, K] and exchange tile [K, bb] in the
+    dtype, for the widest dot (rows: the forward's joint gate tile GP*bh, GP = 4 for a gated
+    cell else 1, and with a projection BO; the backward's BO, with a projection bh), or that
+    dot's split-K scratch (4*S*rows*bb, one-gate cells at small batch) if larger:
+      3*K*e*(rows + bb)
+    Equal to the sm_90 bf16 compiles of Triton 3.6 for the joint / swapped loops (LSTM
+    H=768 B=256 64 x 32 tiles, K = 64 and 128; GRU H=1024; rnn_tanh H=2048; 16 x 16 and
+    16 x 32 tiles at K = 64); the unswapped backward loops of batch tiles below 64 take
+    2 buffers (less).
     """
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
     bh, bb = block_h, block_b
     BO = _block_o(H, P, block_h)
     if block_k:
-        return 2 * block_k * (e * G * max(bh, BO) + 4 * bb)
+        rows_f = (4 if G > 1 else 1) * bh
+        rows_b = BO
+        if P:
+            rows_f, rows_b = max(rows_f, BO), max(rows_b, bh)
+        scratch_f = 0
+        if not _joint_gates(cell, block_k, bb):  # one gate, split K
+            S = _gate_split(block_k, 0, num_warps, bh, bb)
+            scratch_f = 4 * S * bh * bb if S > 1 else 0
+        return max(3 * block_k * e * (max(rows_f, rows_b) + bb), scratch_f)
     (KF, kf2), (KB, kb2) = _ksplit(Hout), _ksplit(H)
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
@@ -1121,7 +1208,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    joint = _joint_gates(cell)
+    joint = _joint_gates(cell, block_k, block_b)
     stage_f = max(e * bb * KF, 4 * g4 * bh * bb if joint  # the gates' split-out conversion
                   else scratch(KF, kf2, bh, g4, _gate_split))
     stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
@@ -1376,7 +1463,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
-    joint = _joint_gates(cell)
+    joint = _joint_gates(cell, block_k, block_b)
+    swap = _swap_dots(block_k, block_b)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
@@ -1395,8 +1483,9 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
                 RS=1 if joint else _gate_split(rka, rkb, num_warps, block_h, block_b),
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, JOINT=joint, GP=4,
-                num_warps=num_warps, **(cooperative_launch_options() if barrier == 1 else {}),
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, JOINT=joint,
+                GP=4 if G > 1 else 1, SWAP=swap, num_warps=num_warps,
+                **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:
         check_flags(sync, "grid_forward")
@@ -1562,7 +1651,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
                 RS=_nsplit(rka, rkb, num_warps, _block_o(H, P, block_h), block_b),
                 PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, num_warps=num_warps,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
+                SWAP=_swap_dots(block_k, block_b), num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:

@@ -10,6 +10,8 @@
 #   bash scripts/gpu_session.sh ablation  scripts/step_ablation.py (where a grid step's time goes)
 #   bash scripts/gpu_session.sh wide      the B=64 tiles (16 x 32) with and without the 8-warp
 #                                         backward (bw4) and the 512 + 512 reduction (chunk1024)
+#   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
+#                                         transposed wgmma loops (noswap) and joint gates (nojoin)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         575 s in all)
@@ -62,6 +64,13 @@ case "${1:-tests}" in
       --shapes "lstm,1024,64;gru,1024,64;lstm,768,64" \
       --variants "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" 2>&1 \
       | tee "$out/ablation-wide.log" | tail -20 ;;
+  large)
+    python scripts/step_ablation.py --out "$out/large" \
+      --shapes "lstm,768,256;lstm,1024,256;gru,1024,256" \
+      --variants "layer;noswap,layer;noswap,nojoin,layer" 2>&1 \
+      | tee "$out/ablation-large.log" | tail -20
+    tr bench --preset large-batch --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
+      | tee "$out/bench-large-batch.log" | tail -20 ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -85,5 +94,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|profile|all" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|profile|all" >&2
+     exit 2 ;;
 esac

@@ -63,7 +63,7 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-            JOINT: tl.constexpr = False, GP: tl.constexpr = 4):
+            JOINT: tl.constexpr = False, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -109,6 +109,10 @@ def swaps() -> dict:
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
         "joint": [(pg, "_FWD_JOINT_GATES", True)],
+        # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
+        # in separate products (the loops as they were before both).
+        "noswap": [(pg, "_swap_dots", lambda *_a: False)],
+        "nojoin": [(pg, "_joint_gates", lambda *_a: False)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
@@ -178,7 +182,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
             kw = _recurrence_inputs(mode, H, B, T, torch.bfloat16, dev)
             fn = lambda kw=kw, lp=lp: grid_forward(  # noqa: E731
                 *kw.values(), persistent=True, block_h=lp.block_h, block_b=lp.block_b,
-                num_warps=lp.num_warps, _max_spin=1 << 20)
+                block_k=lp.block_k, num_warps=lp.num_warps, _max_spin=1 << 20)
         fn()
         torch.cuda.synchronize()
         if once:  # under a profiler: one more launch, nothing timed

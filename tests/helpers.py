@@ -152,6 +152,7 @@ LENGTHS = {
     "varlen": lambda T: [3, T, 1, T - 2],  # unsorted
     "zero": lambda T: [2, 0, T, 0, 1],  # length-0 sequences
     "batch1": lambda T: [T - 1],
+    "batch70": lambda T: [(37 * j) % (T + 1) for j in range(70)],  # 0..T, unsorted
 }
 
 

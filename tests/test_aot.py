@@ -504,3 +504,43 @@ def test_signature_matches_tritons_jit_specialisation():
         pytest.skip("this Triton has no create_function_from_signature to compare with")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "checked 6" in res.stdout
+
+
+# Large batch: the planner streams the weights (64 x 32 tiles, chunks of 64 columns). The
+# streamed loops join the forward's gates into one [4 * 32, 64] tile and form the dots
+# transposed, [batch 64, K] @ [K, rows], so both loops are Hopper wgmma where the per-gate
+# [32, 64] products were mma.sync (Triton 3.6 before: forward 32 MMA, 37 LDSM; backward 384
+# MMA, 389 LDSM, 153 BAR in the step loop, four inner loops).
+LARGE = [
+    ("lstm768-b256", aot.AotShape("lstm", hidden=768, batch=256, dtype=torch.bfloat16)),
+    ("gru1024-b256", aot.AotShape("gru", hidden=1024, batch=256, dtype=torch.bfloat16)),
+]
+
+
+@pytest.fixture(scope="module")
+def large_reports():
+    try:
+        out = aot.aot_reports([(s, None) for _, s in LARGE], "h100")
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
+    return dict(zip((name for name, _ in LARGE), out, strict=True))
+
+
+@pytest.mark.parametrize("name", [name for name, _ in LARGE])
+def test_large_batch_streamed_loops_are_wgmma(large_reports, name):
+    r = large_reports[name]
+    lp = r["plan"]
+    assert (lp["family"], lp["block_h"], lp["block_b"], lp["block_k"]) == (
+        "persistent_grid", 32, 64, 64)
+    fwd, bwd = _kernels(r)
+    assert fwd["constexprs"]["JOINT"] == "True" and fwd["constexprs"]["SWAP"] == "True"
+    assert bwd["constexprs"]["SWAP"] == "True"
+    for k in (fwd, bwd):
+        assert k["mma"] == "wgmma", k["kernel"]
+        assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
+        assert k["profile"]["LDSM"] <= 8, k["profile"]  # no mma.sync operand loads
+        # The planner's formula is the compiled size (3 pipeline buffers of the widest loop).
+        assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program - _SMEM_SLACK
+    assert fwd["shared"] == lp["onchip_bytes"]
+    # The backward's gates share one loop: a few MMAs per step, not 4 * 96.
+    assert bwd["profile"]["MMA"] <= 32, bwd["profile"]

@@ -527,6 +527,20 @@ def test_end_to_end_matches_torch_with_shared_launches(family, mode, proj, launc
                     torch.testing.assert_close(a, b, **PER_DIRECTION_TOL, msg=what)
 
 
+@pytest.mark.parametrize("mode,proj", [pytest.param("lstm", 5, id="lstm-proj5"),
+                                       pytest.param("gru", 0, id="gru"),
+                                       pytest.param("rnn_relu", 0, id="rnn_relu")])
+def test_large_batch_streamed_plan_end_to_end(mode, proj):
+    """The large-batch plan's kernels through the op: weights streamed, batch tiles of 64 (70
+    rows: a full and a partial tile), so every streamed dot runs transposed
+    (`persistent_grid._swap_dots`), both directions sharing launches; 2 layers against
+    torch.nn in float64, every output and gradient."""
+    assert pg._swap_dots(16, 64)
+    with plan_constraints(family="persistent_grid", block_h=16, block_b=64, block_k=16):
+        compare_with_torch(mode, L=2, bidirectional=True, lengths="batch70", proj=proj, I=3,
+                           H=17, T=4, backend="triton", device=DEV.type, **E2E)
+
+
 # -------------------------------------------------------------------------------------------
 # GPU only: the persistent pair with its two barriers, the timeout path, grid refusal, bf16
 # -------------------------------------------------------------------------------------------

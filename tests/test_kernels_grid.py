@@ -382,6 +382,40 @@ def test_joint_gate_forward_matches_reference(monkeypatch, cell, reverse, H, P, 
     _check_forward(ins, outs, reverse)
 
 
+# Streamed weights with batch tiles of 64 (the large-batch plans): every dot of the loop is
+# formed transposed, [batch, K] @ [K, rows] (SWAP), the forward's gates joined in one tile
+# (one gate: GP = 1) and the backward's gates in one loop over G*H. 70 rows: a full and a
+# partial batch tile, lengths 0..6 in a shuffled order (rows of a tile finish at different
+# steps); H = 33: three hidden slices, chunks of 16 with a ragged last one.
+def _swap_lengths():
+    g = torch.Generator().manual_seed(5)
+    return torch.randint(0, 7, (70,), generator=g).tolist(), 7
+
+
+@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
+                         ids=lambda v: str(v))
+@REVERSE
+@PERSIST
+def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
+    assert pg._swap_dots(16, 64) and not pg._swap_dots(16, 32) and not pg._swap_dots(0, 64)
+    assert pg._joint_gates(cell, 16, 64)
+    kw = dict(persistent=persistent, block_h=16, block_b=64, block_k=16, num_warps=4)
+    ins, outs = _forward_problem(cell, 33, P, *_swap_lengths())
+    _run_forward(ins, outs, reverse, **kw)
+    _check_forward(ins, outs, reverse)
+    ins, outs = _backward_problem(cell, 33, P, *_swap_lengths())
+    _run_backward(ins, outs, reverse, **kw)
+    _check_backward(ins, outs, reverse)
+
+
+def test_streamed_joint_gate_choice():
+    # Streamed gated cells always join their gates (no split K); one-gate cells only where
+    # the dot is swapped; resident weights only while _FWD_JOINT_GATES is on.
+    assert pg._joint_gates("lstm", 16, 16) and pg._joint_gates("gru", 64, 32)
+    assert not pg._joint_gates("rnn_tanh", 16, 32) and pg._joint_gates("rnn_relu", 16, 64)
+    assert not pg._joint_gates("lstm", 0, 64) and not pg._joint_gates("lstm")
+
+
 def test_joint_gate_onchip_bytes(monkeypatch):
     # GRU's joint tile holds 4 gate slots (one zero): 4/3 of the weight slice.
     off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16)
@@ -515,11 +549,17 @@ def test_grid_formulas():
     # fp32: the exchange is staged in fp32.
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.float32, 16, 16) == (
         4 * 4 * 16 * 1024 + 4 * 16 * 512)
-    # Streamed weights: a bound on one chunk's double-buffered tiles, independent of H.
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
-        2 * 3 * 16 + 4 * 16)
-    assert pg.grid_onchip_bytes("lstm", 8192, 8192, 0, torch.bfloat16, 16, 16, 64) == 2 * 64 * (
-        2 * 4 * 16 + 4 * 16)
+    # Streamed weights: one chunk's tiles, 3 pipeline buffers, independent of H; the forward's
+    # joint gate tile (4 * block_h rows, GRU padded) is the widest (as compiled, Triton 3.6).
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 3 * 64 * 2 * (
+        4 * 16 + 16) == 30720
+    assert pg.grid_onchip_bytes("lstm", 8192, 8192, 0, torch.bfloat16, 16, 16, 64) == 30720
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 64) == 3 * 64 * 2 * (
+        4 * 32 + 64) == 73728
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 128) == 147456
+    # One gate: rows = block_h in both directions.
+    assert pg.grid_onchip_bytes("rnn_tanh", 2048, 2048, 0, torch.bfloat16, 64, 64, 64) == (
+        3 * 64 * 2 * (64 + 64))
 
 
 # -------------------------------------------------------------------------------------------
@@ -540,6 +580,22 @@ def test_gpu_half_precision(cell, P, dtype, persistent):
     ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=dtype)
     _run_backward(ins, outs, True, persistent=persistent, block_h=32)
     _check_backward(ins, outs, True, dtype)
+
+
+@pytest.mark.gpu
+@PERSIST
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0), ("rnn_relu", 0)])
+def test_gpu_streamed_wgmma_loops_bf16(cell, P, persistent):
+    # The large-batch loops as the GPU compiles them (wgmma, transposed, joint gates), at the
+    # planner's large-batch tiles and warps: 64-wide batch tiles, chunks of 64 over H = 96
+    # (one full chunk and a ragged one).
+    kw = dict(persistent=persistent, block_h=32, block_b=64, block_k=64, num_warps=8)
+    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=torch.bfloat16)
+    _run_forward(ins, outs, True, **kw)
+    _check_forward(ins, outs, True, torch.bfloat16)
+    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=torch.bfloat16)
+    _run_backward(ins, outs, True, **kw)
+    _check_backward(ins, outs, True, torch.bfloat16)
 
 
 @pytest.mark.gpu
