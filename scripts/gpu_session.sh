@@ -11,7 +11,8 @@
 #   bash scripts/gpu_session.sh wide      the B=64 tiles (16 x 32) with and without the 8-warp
 #                                         backward (bw4) and the 512 + 512 reduction (chunk1024)
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
-#                                         transposed wgmma loops (noswap) and joint gates (nojoin)
+#                                         transposed wgmma loops (noswap) and joint gates
+#                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         575 s in all)
@@ -69,6 +70,11 @@ case "${1:-tests}" in
       --shapes "lstm,768,256;lstm,1024,256;gru,1024,256" \
       --variants "layer;noswap,layer;noswap,nojoin,layer" 2>&1 \
       | tee "$out/ablation-large.log" | tail -20
+    # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
+    python scripts/step_ablation.py --out "$out/b64" \
+      --shapes "lstm,768,64;lstm,1024,64;gru,1024,64" \
+      --variants "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer" 2>&1 \
+      | tee "$out/ablation-b64.log" | tail -20
     tr bench --preset large-batch --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
       | tee "$out/bench-large-batch.log" | tail -20 ;;
   profile)

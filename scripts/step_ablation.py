@@ -25,6 +25,10 @@ Variants (comma-joined in one process):
               the variant's warps)
     joint     the forward's experimental joint gate dot (kernels.persistent_grid
               _FWD_JOINT_GATES): one [4 x block_h, K] product, no split-K reduction
+    noswap / nojoin  streamed weights: the loops' dots untransposed / the forward's gates
+              in separate products (kernels' _swap_dots / _joint_gates)
+    bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
+              batch tiles of 64, hidden slices of 16) for the step and the layer times
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -121,7 +125,19 @@ def swaps() -> dict:
     }
 
 
-_NO_SWAP = ("full", "bh32", "layer")
+# Parts that are plan constraints (tritonrnn.rnn.plan_constraints, persistent grid), applied
+# where the planner is asked: the timed step's plan and the layer's ops.
+_CONSTRAINTS = {"bk64": {"block_k": 64}, "bk128": {"block_k": 128}, "bb64": {"block_b": 64},
+                "bh16": {"block_h": 16}}
+_NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
+
+
+def constraints(variant: str) -> dict:
+    """The plan constraints a variant's parts ask for ({} for none)."""
+    out = {}
+    for part in variant.split(","):
+        out.update(_CONSTRAINTS.get(part, {}))
+    return {"family": "persistent_grid", **out} if out else {}
 
 
 def check_variant(variant: str) -> None:
@@ -160,7 +176,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
     from tritonrnn.bench.barrier import _recurrence_inputs
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
     from tritonrnn.kernels.persistent_grid import grid_forward
-    from tritonrnn.rnn.planner import device_properties, recurrence_choice
+    from tritonrnn.rnn.planner import device_properties, plan_constraints, recurrence_choice
 
     if not variant.startswith("bare"):
         _apply(variant)
@@ -169,7 +185,8 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
     props = device_properties(dev)
     rows = []
     for mode, H, B in shapes:
-        lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, props)
+        with plan_constraints(**constraints(variant)):
+            lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, props)
         for w in ("w2", "w4", "w8"):
             if w in parts:
                 lp = replace(lp, num_warps=int(w[1:]))
@@ -192,14 +209,23 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
         ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
                      "programs": lp.num_programs, "num_warps": lp.num_warps,
-                     "block_b": lp.block_b, "block_h": lp.block_h, "step_us": ms * 1e3 / T})
+                     "block_b": lp.block_b, "block_h": lp.block_h, "block_k": lp.block_k,
+                     "step_us": ms * 1e3 / T})
         if "layer" in parts:
-            rows[-1].update(_layer_ms(mode, H, B))
+            rows[-1].update(_layer_ms(mode, H, B, constraints(variant)))
     return rows
 
 
-def _layer_ms(mode: str, H: int, B: int) -> dict:
-    """The layer's fwd and bwd (T steps, bf16) through the ops, do_bench medians in ms."""
+def _layer_ms(mode: str, H: int, B: int, cons: dict | None = None) -> dict:
+    """The layer's fwd and bwd (T steps, bf16) through the ops, do_bench medians in ms, under
+    the plan constraints `cons` (the ops run on this thread: the constraints hold for both)."""
+    from tritonrnn.rnn.planner import plan_constraints
+
+    with plan_constraints(**(cons or {})):
+        return _layer_ms_planned(mode, H, B)
+
+
+def _layer_ms_planned(mode: str, H: int, B: int) -> dict:
     from tritonrnn.bench.presets import BenchShape
     from tritonrnn.bench.runners import build_case
     from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop

@@ -86,13 +86,35 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
             build_parser().parse_args(argv[2:])  # the CLI's errors exit: a failure here
             checked += 1
         elif argv and argv[0] == "scripts/step_ablation.py":
-            ABL.resolve(ABL.build_parser().parse_args(argv[1:]))  # shapes and variants
+            shapes, variants = ABL.resolve(ABL.build_parser().parse_args(argv[1:]))
+            _check_plans(shapes, variants)
             checked += 1
         elif argv[:2] == ["-m", "pytest"]:
             paths = [a for a in argv[2:] if not a.startswith("-") and "/" in a or a == "tests"]
             assert paths and all((ROOT / p).exists() for p in paths), argv
             checked += 1
     assert checked, f"stage {stage}: no command recorded ({calls})"
+
+
+def _check_plans(shapes, variants):
+    """Every variant's plan constraints give a plan for every shape on an H100 (the planner
+    raises ValueError otherwise, e.g. a grid that cannot be co-resident)."""
+    from tritonrnn.rnn.planner import PRESETS, plan_constraints, recurrence_choice
+
+    for v in variants:
+        cons = ABL.constraints(v)
+        for mode, H, B in shapes:
+            with plan_constraints(**cons):
+                lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, PRESETS["h100"])
+            for key, want in cons.items():
+                assert getattr(lp, key) == want, (v, mode, H, B, key)
+
+
+def test_ablation_constraint_parts():
+    assert ABL.constraints("full,layer") == {}
+    assert ABL.constraints("bk64,bb64,layer") == {"family": "persistent_grid", "block_k": 64,
+                                                 "block_b": 64}
+    ABL.check_variant("bk128,bb64,bh16,layer")
 
 
 def test_unknown_variant_and_bad_shapes_are_refused():
@@ -146,11 +168,15 @@ def test_ablation_variant_kernels_run(part, monkeypatch):
     x = torch.randn(T, B, H, generator=g)
     h0 = torch.zeros(1, B, H)
     params = (torch.randn(n, generator=g) * 0.1).requires_grad_()
-    with plan_constraints(family="persistent_grid", block_h=16):
-        out = cudnn_rnn(x, h0, torch.zeros(1, B, H), params, rnn_mode="lstm",
-                        backend="triton")
-        out.output.sum().backward()
-    assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
+    # Resident (most parts), and streamed with a batch tile of 64 (noswap / nojoin change
+    # only those kernels: the transposed loops and the joint gate tile).
+    for extra in ({}, {"block_k": 16, "block_b": 64}):
+        with plan_constraints(family="persistent_grid", block_h=16, **extra):
+            out = cudnn_rnn(x, h0, torch.zeros(1, B, H), params, rnn_mode="lstm",
+                            backend="triton")
+            out.output.sum().backward()
+        assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
+        params.grad = None
 
 
 def test_names_the_ablation_imports_exist():
