@@ -277,6 +277,18 @@ _STREAM_K = 64
 _SMEM_SLACK = 7 * 1024
 
 
+def _weights_label(cell: str, lp: LayerPlan) -> str:
+    """How a plan holds its recurrent weights, for Plan.explain(): resident, or streamed in
+    chunks of block_k with the loops' shape (joint gate tile, transposed products)."""
+    if not lp.block_k:
+        return "resident"
+    from tritonrnn.kernels.persistent_grid import _joint_gates, _swap_dots
+
+    shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
+                                   ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
+    return f"streamed/{lp.block_k}" + (f" ({', '.join(shape)})" if shape else "")
+
+
 def _grid_warps(onchip: int, block_h: int, block_b: int) -> int:
     """8 warps once a program holds a large slice or tile (keeps registers per thread low)."""
     return 8 if onchip > 64 * 1024 or block_h * block_b >= 512 else 4
@@ -525,7 +537,7 @@ class Plan:
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
-                f"weights={'streamed/' + str(lp.block_k) if lp.block_k else 'resident'} "
+                f"weights={_weights_label(self.rnn_mode, lp)} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
                 f" programs={lp.num_programs}"

@@ -194,6 +194,19 @@ def test_plan_prints_explain(capsys):
     assert out.startswith("Plan ")
     assert "H=768" in out and "B=16" in out and "T=1024" in out
     assert "reserve:" in out and "NVIDIA H100" in out
+    assert "weights=resident " in out
+
+
+@pytest.mark.parametrize("mode, batch, label", [
+    ("lstm", 256, "weights=streamed/64 (joint gates, transposed) "),  # 32 x 64 tiles
+    ("rnn_tanh", 16, "weights=streamed/64 warps"),  # one gate, 16-row batch tile: neither
+    ("gru", 16, "weights=streamed/64 (joint gates) "),
+])
+def test_plan_names_the_streamed_loops(capsys, mode, batch, label):
+    hidden = {"lstm": "768", "gru": "4096", "rnn_tanh": "8192"}[mode]
+    assert main(["plan", "--mode", mode, "--hidden", hidden, "--batch", str(batch),
+                 "--device-preset", "h100"]) == 0
+    assert label in capsys.readouterr().out
 
 
 def test_plan_shows_the_layer_pipeline(capsys, monkeypatch):
