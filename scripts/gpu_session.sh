@@ -66,17 +66,18 @@ case "${1:-tests}" in
       --variants "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" 2>&1 \
       | tee "$out/ablation-wide.log" | tail -20 ;;
   large)
-    python scripts/step_ablation.py --out "$out/large" \
+    # Time-boxed to fit one call (each ablation variant also has its own 240 s limit).
+    timeout 220 python scripts/step_ablation.py --out "$out/large" \
       --shapes "lstm,768,256;lstm,1024,256;gru,1024,256" \
       --variants "layer;noswap,layer;noswap,nojoin,layer" 2>&1 \
       | tee "$out/ablation-large.log" | tail -20
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
-    python scripts/step_ablation.py --out "$out/b64" \
+    timeout 200 python scripts/step_ablation.py --out "$out/b64" \
       --shapes "lstm,768,64;lstm,1024,64;gru,1024,64" \
       --variants "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer" 2>&1 \
       | tee "$out/ablation-b64.log" | tail -20
-    tr bench --preset large-batch --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
-      | tee "$out/bench-large-batch.log" | tail -20 ;;
+    timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
+      --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)

@@ -334,9 +334,9 @@ def main() -> int:
                      if "fwd_ms" in row else "")
             print(f"{v:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
                   f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}", flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "step_ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
+        if args.out:  # after every variant: a run cut short keeps what it finished
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "step_ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 
