@@ -415,13 +415,18 @@ WIDE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def wide_reports():
+def _compile_named(named) -> dict:
+    """{name: report} of the planner's heuristic plans for [(name, AotShape)] on an H100."""
     try:
-        out = aot.aot_reports([(s, None) for _, s in WIDE], "h100")
+        out = aot.aot_reports([(s, None) for _, s in named], "h100")
     except aot.ToolMissing as e:
         pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
-    return dict(zip((name for name, _ in WIDE), out, strict=True))
+    return dict(zip((name for name, _ in named), out, strict=True))
+
+
+@pytest.fixture(scope="module")
+def wide_reports():
+    return _compile_named(WIDE)
 
 
 @pytest.mark.parametrize("name", [name for name, _ in WIDE])
@@ -519,11 +524,7 @@ LARGE = [
 
 @pytest.fixture(scope="module")
 def large_reports():
-    try:
-        out = aot.aot_reports([(s, None) for _, s in LARGE], "h100")
-    except aot.ToolMissing as e:
-        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
-    return dict(zip((name for name, _ in LARGE), out, strict=True))
+    return _compile_named(LARGE)
 
 
 @pytest.mark.parametrize("name", [name for name, _ in LARGE])
