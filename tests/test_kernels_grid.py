@@ -584,18 +584,19 @@ def test_gpu_half_precision(cell, P, dtype, persistent):
 
 @pytest.mark.gpu
 @PERSIST
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0), ("rnn_relu", 0)])
-def test_gpu_streamed_wgmma_loops_bf16(cell, P, persistent):
+def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
     # The large-batch loops as the GPU compiles them (wgmma, transposed, joint gates), at the
     # planner's large-batch tiles and warps: 64-wide batch tiles, chunks of 64 over H = 96
     # (one full chunk and a ragged one).
     kw = dict(persistent=persistent, block_h=32, block_b=64, block_k=64, num_warps=8)
-    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=torch.bfloat16)
+    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
     _run_forward(ins, outs, True, **kw)
-    _check_forward(ins, outs, True, torch.bfloat16)
-    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=torch.bfloat16)
+    _check_forward(ins, outs, True, dtype)
+    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
     _run_backward(ins, outs, True, **kw)
-    _check_backward(ins, outs, True, torch.bfloat16)
+    _check_backward(ins, outs, True, dtype)
 
 
 @pytest.mark.gpu
