@@ -62,6 +62,11 @@ local memory) and all instructions. LDL/STL are also counted outside the step lo
 (`LDL_outside`/`STL_outside`: prologue, epilogue and anything not in the loop), so that a
 kernel whose spills cost memory traffic every step (in-loop LDL/STL) can be told from one
 that only saves and restores around the loop (spill bytes > 0, in-loop counts 0).
+`MMA_chain` is the longest chain of mma.sync (HMMA) instructions in the step loop, in address
+order, each taking as its accumulator the register the one before it wrote: the MMAs that
+must wait for each other's results (~30 cycles each on an H100), a latency floor of the step
+when a warp has too few independent chains to overlap them. (wgmma accumulates in place and
+is not counted.)
 
 Nothing is cached beyond Triton's own cache. A process that imported Triton or the kernels
 under TRITON_INTERPRET=1 (the CPU test suite) holds interpreter objects, not JITFunctions, down
@@ -710,14 +715,33 @@ def natural_loops(insns: list[SassInsn]) -> list[tuple[list[SassInsn], set[int]]
     return sorted(loops, key=lambda lb: -sum(len(lb[0][b]) for b in lb[1]))
 
 
+_HMMA = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?HMMA\.\S+\s+(R\d+),\s*R\d+"
+                   r"(?:\.reuse)?,\s*R\d+(?:\.reuse)?,\s*(R\d+|RZ)")
+
+
+def mma_chain(sass: str, addresses: set[int] | None = None) -> int:
+    """Longest dependent HMMA chain (destination -> accumulator input, address order) among
+    the instructions at `addresses` (all when None)."""
+    depth: dict[str, int] = {}
+    best = 0
+    for m in _HMMA.finditer(sass):
+        if addresses is not None and int(m.group(1), 16) not in addresses:
+            continue
+        dst, acc = m.group(2), m.group(3)
+        depth[dst] = (0 if acc == "RZ" else depth.get(acc, 0)) + 1
+        best = max(best, depth[dst])
+    return best
+
+
 def loop_profile(sass: str) -> dict:
     """Static counts over the step loop, the outermost (largest) natural loop of the SASS:
     {PROFILE_OPS column: count, "instructions" (NOPs excluded), "inner_loops" (other loop
-    headers inside it)}, all zero when the kernel has no loop; plus "<col>_outside" for each
+    headers inside it), "MMA_chain" (`mma_chain` in the loop)}, all zero when the kernel has
+    no loop; plus "<col>_outside" for each
     OUTSIDE_OPS column: its count in the rest of the function (prologue, epilogue, code after
     EXIT), the whole function when there is no loop."""
     out = dict.fromkeys(PROFILE_OPS, 0)
-    out.update(instructions=0, inner_loops=0)
+    out.update(instructions=0, inner_loops=0, MMA_chain=0)
     out.update(dict.fromkeys((f"{c}_outside" for c in OUTSIDE_OPS), 0))
     insns = parse_sass(sass)
     loops = natural_loops(insns)
@@ -734,6 +758,7 @@ def loop_profile(sass: str) -> dict:
                 if ins.base in root:
                     out[root[ins.base]] += 1
         out["inner_loops"] = sum(1 for _, other in loops[1:] if other <= body)
+        out["MMA_chain"] = mma_chain(sass, in_loop)
     for ins in insns:
         col = root.get(ins.base)
         if col in OUTSIDE_OPS and ins.addr not in in_loop:
@@ -942,9 +967,9 @@ def report_ok(report: dict) -> bool:
     return all(k["error"] is None and k["fits"] for k in report["kernels"])
 
 
-_PROFILE_COLS = ("LDG", "LDGSTS", "STG", "LDS", "STS", "LDSM", "LDL", "STL", "MMA", "BAR",
-                 "ATOM", "instructions")
-_SHORT = {"LDGSTS": "LDGST", "instructions": "instr"}
+_PROFILE_COLS = ("LDG", "LDGSTS", "STG", "LDS", "STS", "LDSM", "LDL", "STL", "MMA", "MMA_chain",
+                 "BAR", "ATOM", "instructions")
+_SHORT = {"LDGSTS": "LDGST", "instructions": "instr", "MMA_chain": "chain"}
 
 
 def format_report(report: dict) -> str:
@@ -998,7 +1023,8 @@ def format_report(report: dict) -> str:
                  "per SM by smem, registers and threads; step loop: static instruction counts "
                  "in the time-step loop, nested loops counted once;")
     lines.append("   LDL/STL: local-memory loads/stores (register spills), paid every step when in "
-                 "the step loop, once per launch outside it)")
+                 "the step loop, once per launch outside it; chain: the longest run of mma.sync "
+                 "each waiting for the one before)")
     over = {n: v for k in report["kernels"] for n, v in k["interpreter_overrides"].items()}
     if over:
         lines.append("  GPU values of interpreter-dependent constexprs: " + ", ".join(

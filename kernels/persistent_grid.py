@@ -169,6 +169,19 @@ def _zacc(S: tl.constexpr, BM: tl.constexpr, BB: tl.constexpr):
 
 
 @triton.jit
+def _sum2(a, b):
+    """a + b as an in-thread sum of the joined pair: two products stay independent MMA chains
+    (Triton folds `x + dot(p, q)` into dot(p, q, acc=x), which would chain them)."""
+    return tl.sum(tl.join(a, b), axis=-1)
+
+
+@triton.jit
+def _sum4(a, b, c, d):
+    """a + b + c + d as in-thread sums of joined tensors (`_sum2`): four independent chains."""
+    return _sum2(_sum2(a, b), _sum2(c, d))
+
+
+@triton.jit
 def _ksum(acc, S: tl.constexpr):
     """The product from a split-K accumulator: the S partial sums added (a cross-warp
     reduction), or acc itself when S == 1."""
@@ -417,7 +430,11 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
                    BB: tl.constexpr):
-    """`_fwd_pre` with one dot per gate, K split into S slices."""
+    """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
+    chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
+    (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
+    spill (Triton 3.6, LSTM H=1024 B=64: 72 B, 13 local loads per step -> none; GRU 24 B ->
+    none)."""
     a0 = _zacc(S, BH, BB)
     a1 = a0
     a2 = a0
@@ -427,7 +444,14 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
             xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
-            a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
+            z = _zacc(S, BH, BB)
+            b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
+            a0 = _sum2(a0, b0)
+            if G > 1:
+                a1 = _sum2(a1, b1)
+                a2 = _sum2(a2, b2)
+            if G > 3:
+                a3 = _sum2(a3, b3)
     else:
         for k0 in range(0, HOUT, KA):
             xk = _kpart(src, HOUT, jb64, b_ok, k0, KA, HOUT, S, DOT_DT)
@@ -737,7 +761,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
                FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-               SWAP: tl.constexpr = False):
+               SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
@@ -748,16 +772,27 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
         return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
-    acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
-                  jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+    z = _zacc(S, BLOCK_O, BLOCK_B)
+    acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
+                  RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
-        acc = _dot_w3(acc, R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1, src + H, G * H, jb64, act1,
-                      H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
-        acc = _dot_w3(acc, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2, src + 2 * H, G * H,
-                      jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
-    if G > 3:
-        acc = _dot_w3(acc, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
-                      jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        # Gate k's product starts its own accumulator where it opens a new chain (CHAINS).
+        t1 = _dot_w3(z if CHAINS == 4 else acc, R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1,
+                     src + H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        t2 = _dot_w3(z if CHAINS > 1 else t1, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2,
+                     src + 2 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        if G > 3:
+            t3 = _dot_w3(z if CHAINS == 4 else t2, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3,
+                         wb3, src + 3 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT,
+                         FP32_DOT)
+        else:
+            t3 = z if CHAINS == 4 else t2  # GRU: gate 2 ends the last chain
+        if CHAINS == 4:
+            acc = _sum4(acc, t1, t2, t3)
+        elif CHAINS == 2:
+            acc = _sum2(t1, t3)
+        else:
+            acc = t3
     return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
 
 
@@ -869,6 +904,7 @@ def _grid_bwd_kernel(
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
+    CHAINS: tl.constexpr = 4,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -965,7 +1001,7 @@ def _grid_bwd_kernel(
             if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
-                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
             if q < S:
                 carry, dc = _bwd_cell_phase(
                     dy + carry, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
@@ -979,7 +1015,7 @@ def _grid_bwd_kernel(
                 if (q > 0) & (s + 1 < tile_len):
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
                 if q < S:
                     mo = o_ok[:, None] & act[None, :]
                     dh = dy + carry
@@ -1089,6 +1125,29 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
 # B=16 7.40 us at S = 4, 5.19 at S = 2, 6.06 at S = 1; GRU H=1024 B=16 6.81 / 4.94 / 8.09.
 # The backward's reductions are smaller (one tile per slice) and keep S = num_warps.
 _FWD_GATE_SPLIT = 2
+
+
+def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int:
+    """Independent MMA chains of the backward's resident gate products (CHAINS, `_bwd_carry`;
+    K = the reduction held on chip, both chunks): 1 (the G gates chained through one
+    accumulator), 2 (two accumulators; `_bwd_carry` supports it, the rule does not pick it)
+    or 4 (one per gate), added in-thread at the end.
+
+    An MMA waits for the one before it in its chain (~30 cycles on an H100) while a warp
+    issues an independent one every few cycles, so a warp needs several chains in flight. A
+    warp with at most 2 MMA tiles of the [bo, bb] output (K split in S slices over the warps)
+    has only 2 chains of G * K / (16 * S) MMAs: LSTM H=768 B=16 (4 warps, S = 4) 2 chains of
+    48; one accumulator per gate makes them 8 of 12 (the sm_90 compile, Triton 3.6: no
+    spills; GRU H=1536 B=16: 72 -> 24, 12 local loads per step). Chains of 16 or fewer (LSTM
+    H=256) keep one: they gain little, and the compiles of more accumulators keep a few
+    values in local memory (LSTM H=256: 4 in-loop loads with 4 accumulators on Triton 3.6, an
+    8 B save/restore with 2 on 3.9). With 4 tiles per warp (16 x 32 tiles, 8 warps, S = 8)
+    the chains already overlap, and more accumulators spill (LSTM H=1024 B=64: 6 local loads
+    per step). Not yet timed on a GPU (step_ablation variant `chains1` restores one chain)."""
+    tiles = max(1, (bo // 16) * (bb // 8) * S // num_warps)
+    if tiles > 2 or G == 1:
+        return 1
+    return 4 if G * K // (16 * S) > 16 else 1
 
 
 # Experimental for resident weights, off (streamed weights always join a gated cell's gates,
@@ -1629,6 +1688,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(H, block_k)
     pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
+    rs = _nsplit(rka, rkb, num_warps, _block_o(H, P, block_h), block_b)
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
              "dpre_x", "dpre_h", "dh_total", "m_seq")
@@ -1649,10 +1709,13 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
                 BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, RESIDENT=block_k == 0,
                 RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
-                RS=_nsplit(rka, rkb, num_warps, _block_o(H, P, block_h), block_b),
+                RS=rs,
                 PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
-                SWAP=_swap_dots(block_k, block_b), num_warps=num_warps,
+                SWAP=_swap_dots(block_k, block_b),
+                CHAINS=_bwd_chains(_block_o(H, P, block_h), block_b, rs, num_warps, G,
+                                   rka + rkb),
+                num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:

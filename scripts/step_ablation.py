@@ -27,6 +27,7 @@ Variants (comma-joined in one process):
               _FWD_JOINT_GATES): one [4 x block_h, K] product, no split-K reduction
     noswap / nojoin  streamed weights: the loops' dots untransposed / the forward's gates
               in separate products (kernels' _swap_dots / _joint_gates)
+    chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
     bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
               batch tiles of 64, hidden slices of 16) for the step and the layer times
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
@@ -46,9 +47,9 @@ import triton
 import triton.language as tl
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "joint,layer", "nowait", "nowait,noarrive", "nodot", "nocell",
-            "noxg", "nostore", "nowait,noarrive,nodot", "nowait,noarrive,nodot,noxg,nostore",
-            "s1", "w8", "bare4"]
+VARIANTS = ["full,layer", "chains1,layer", "joint,layer", "nowait", "nowait,noarrive", "nodot",
+            "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
+            "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
 
 
@@ -117,6 +118,8 @@ def swaps() -> dict:
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],
         "nojoin": [(pg, "_joint_gates", lambda *_a: False)],
+        # The backward's resident gate products chained through one accumulator.
+        "chains1": [(pg, "_bwd_chains", lambda *_a: 1)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},

@@ -243,6 +243,25 @@ def test_a_branch_back_from_outside_is_no_loop():
     assert (prof["instructions"], prof["LDG"], prof["STG"]) == (2, 1, 0)
 
 
+def test_mma_chain_follows_accumulators_in_the_step_loop():
+    sass = """
+        /*0000*/                   HMMA.16816.F32.BF16 R40, R2, R4, RZ ;
+        /*0010*/                   HMMA.16816.F32.BF16 R40, R2, R4, R40 ;
+        /*0020*/                   HMMA.16816.F32.BF16 R8, R12.reuse, R16, RZ ;
+        /*0030*/                   HMMA.16816.F32.BF16 R20, R12, R16.reuse, RZ ;
+        /*0040*/                   HMMA.16816.F32.BF16 R8, R14, R18, R8 ;
+        /*0050*/               @P1 HMMA.16816.F32.BF16 R24, R14, R18, R8 ;
+        /*0060*/                   HMMA.16816.F32.BF16 R20, R14, R18, R20 ;
+        /*0070*/               @P0 BRA 0x20 ;
+        /*0080*/                   EXIT ;
+"""
+    # In the loop (0x20..0x70): R8 -> R8 -> R24 (3), R20 -> R20 (2); the chain of 2 at
+    # 0x00..0x10 is before the loop. Over the whole function the longest is still 3.
+    assert aot.loop_profile(sass)["MMA_chain"] == 3
+    assert aot.mma_chain(sass) == 3 and aot.mma_chain(sass, {0x0, 0x10}) == 2
+    assert aot.loop_profile(SASS)["MMA_chain"] == 1  # one HMMA (R8 written by no HMMA before)
+
+
 def test_loop_profile_labels_and_no_loop():
     labelled = """
         /*0000*/                   LDG.E R2, desc[UR4][R4.64] ;
@@ -365,6 +384,25 @@ def test_compiled_persistent_grid_bf16(reports):
         assert k["interpreter_overrides"]["BARRIER"] == ["0", "1"]
         assert k["profile"]["ATOM"] >= 2 and k["profile"]["inner_loops"] >= 1
         assert k["profile"]["MMA"] > 0 and k["profile"]["LDG"] > 0
+    # Dependent MMA chains: the forward's gates are separate products, K = 256 split in 2
+    # (256 / 32 = 8 MMAs each); the backward's 4 gates share one accumulator (chains of 16 or
+    # fewer, `_bwd_chains`), K split in 4: 4 gates * 4 = 16.
+    fwd, bwd = _kernels(r)
+    assert bwd["constexprs"]["CHAINS"] == "1"
+    assert fwd["profile"]["MMA_chain"] == 8 and bwd["profile"]["MMA_chain"] == 16
+
+
+def test_anchor_mma_chains():
+    """The anchor (LSTM H=768 B=16, 16 x 16 tiles, 4 warps): the backward's gates in 4
+    accumulators (K = 768 split in 4: chains of 12, not 4 * 12 = 48) and the forward's two
+    chunks (512 + 256, split in 2) as two chains per gate (16, not 24), none spilling."""
+    r = _compile_named([("anchor", aot.AotShape("lstm", hidden=768, batch=16,
+                                                     dtype=torch.bfloat16))])
+    fwd, bwd = _kernels(r["anchor"])
+    assert bwd["constexprs"]["CHAINS"] == "4"
+    assert fwd["profile"]["MMA_chain"] == 16 and bwd["profile"]["MMA_chain"] == 12
+    for k in (fwd, bwd):
+        assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
 
 
 def test_compiled_stepwise_fp32(reports):
@@ -456,7 +494,7 @@ def test_report_table_and_json_round_trip(reports, tmp_path):
     assert head.rstrip().endswith("LDL   STL") and head.count("LDL") == 2
     # Group line, header and kernel rows stay one screen wide.
     rows = [ln for ln in lines if "_grid_" in ln]
-    assert len(rows) == 2 and max(len(ln) for ln in (group, head, *rows)) <= 180
+    assert len(rows) == 2 and max(len(ln) for ln in (group, head, *rows)) <= 190
     assert {len(ln) for ln in (head, *rows)} == {len(head)}  # columns line up
     path = tmp_path / "aot.json"
     aot.write_json(list(reports.values()), path)

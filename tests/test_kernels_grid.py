@@ -364,6 +364,29 @@ def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps
     _check_backward(ins, outs, reverse)
 
 
+# The backward's resident gate products as 1, 2 or 4 independent MMA chains (CHAINS): the
+# same sum in any grouping. H = 33: two chunks (32 + 16); H = 32: one.
+@pytest.mark.parametrize("chains", [1, 2, 4])
+@pytest.mark.parametrize("cell, H", [("lstm", 33), ("gru", 33), ("lstm", 32), ("gru", 32)],
+                         ids=lambda v: str(v))
+def test_backward_gate_chains_match_reference(monkeypatch, cell, H, chains):
+    monkeypatch.setattr(pg, "_bwd_chains", lambda *_a: chains)
+    ins, outs = _backward_problem(cell, H, 0, *VARLEN)
+    _run_backward(ins, outs, True, persistent=False, block_h=16)
+    _check_backward(ins, outs, True)
+
+
+def test_backward_chain_rule():
+    # 16 x 16 tiles, 4 warps, S = 4: 2 MMA tiles per warp; LSTM H=768 (4 gates * 768 / 64 =
+    # 48 per chain) -> 4 chains; H=256 (16: short) -> 1; one gate -> 1.
+    assert pg._bwd_chains(16, 16, 4, 4, 4, 768) == 4
+    assert pg._bwd_chains(16, 16, 4, 4, 3, 1536) == 4
+    assert pg._bwd_chains(16, 16, 4, 4, 4, 256) == 1
+    assert pg._bwd_chains(16, 16, 4, 4, 1, 1024) == 1
+    # 16 x 32 tiles, 8 warps, S = 8: 4 tiles per warp, chains overlap already -> 1.
+    assert pg._bwd_chains(16, 32, 8, 8, 4, 1024) == 1
+
+
 # The experimental joint gate dot of the forward (pg._FWD_JOINT_GATES, off by default): one
 # [4 * block_h, K] product for all gates, split out afterwards; GRU padded with a zero gate.
 JOINT_CASES = pytest.mark.parametrize("cell, H, P, block_k", [
