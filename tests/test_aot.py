@@ -475,10 +475,10 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(wide_reports, name):
     fwd, bwd = _kernels(r)
     assert (fwd["num_warps"], bwd["num_warps"]) == (4, 8)
     assert fwd["constexprs"]["RKA"] == fwd["constexprs"]["RKB"] == "512"
-    # The backward's step loop has no local-memory traffic (Triton 3.6 and 3.9 compiles); the
-    # forward's is a few operations (3.6: 21, 3.9: 11).
+    # Neither step loop has local-memory traffic (Triton 3.6 and 3.9 compiles; the forward's
+    # had 21 / 11 operations before its two chunks became separate MMA chains).
     assert _local_ops(bwd)[0] == 0, bwd["profile"]
-    assert _local_ops(fwd)[0] <= 32, fwd["profile"]
+    assert _local_ops(fwd)[0] == 0, fwd["profile"]
     for k in (fwd, bwd):
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
