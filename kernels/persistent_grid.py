@@ -765,7 +765,8 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
-    Every gate accumulates into one split-K accumulator: one reduction per step. Streamed
+    Resident weights: the gates' products in CHAINS split-K accumulators (`_bwd_chains`: 1,
+    2 or 4 independent MMA chains), added in-thread, then one cross-warp reduction. Streamed
     weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
     G*H of them (one software pipeline per step instead of one per gate)."""
     if not RESIDENT:
