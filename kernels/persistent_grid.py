@@ -765,8 +765,8 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
-    Resident weights: the gates' products in CHAINS split-K accumulators (`_bwd_chains`: 1,
-    2 or 4 independent MMA chains), added in-thread, then one cross-warp reduction. Streamed
+    Resident weights: the gates' products in CHAINS split-K accumulators (`_bwd_chains`: 1
+    or 4 independent MMA chains), added in-thread, then one cross-warp reduction. Streamed
     weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
     G*H of them (one software pipeline per step instead of one per gate)."""
     if not RESIDENT:
@@ -777,23 +777,17 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
                   RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
-        # Gate k's product starts its own accumulator where it opens a new chain (CHAINS).
+        # CHAINS == 4: each gate's product starts from zero (its own chain); 1: from the
+        # previous gate's.
         t1 = _dot_w3(z if CHAINS == 4 else acc, R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1,
                      src + H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
-        t2 = _dot_w3(z if CHAINS > 1 else t1, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2,
+        t2 = _dot_w3(z if CHAINS == 4 else t1, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2,
                      src + 2 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        t3 = z if CHAINS == 4 else t2  # GRU: no fourth gate
         if G > 3:
-            t3 = _dot_w3(z if CHAINS == 4 else t2, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3,
-                         wb3, src + 3 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT,
-                         FP32_DOT)
-        else:
-            t3 = z if CHAINS == 4 else t2  # GRU: gate 2 ends the last chain
-        if CHAINS == 4:
-            acc = _sum4(acc, t1, t2, t3)
-        elif CHAINS == 2:
-            acc = _sum2(t1, t3)
-        else:
-            acc = t3
+            t3 = _dot_w3(t3, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
+                         jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+        acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
     return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
 
 
@@ -1131,8 +1125,7 @@ _FWD_GATE_SPLIT = 2
 def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int:
     """Independent MMA chains of the backward's resident gate products (CHAINS, `_bwd_carry`;
     K = the reduction held on chip, both chunks): 1 (the G gates chained through one
-    accumulator), 2 (two accumulators; `_bwd_carry` supports it, the rule does not pick it)
-    or 4 (one per gate), added in-thread at the end.
+    accumulator) or 4 (one per gate, added in-thread at the end).
 
     An MMA waits for the one before it in its chain (~30 cycles on an H100) while a warp
     issues an independent one every few cycles, so a warp needs several chains in flight. A
@@ -1142,9 +1135,10 @@ def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int
     spills; GRU H=1536 B=16: 72 -> 24, 12 local loads per step). Chains of 16 or fewer (LSTM
     H=256) keep one: they gain little, and the compiles of more accumulators keep a few
     values in local memory (LSTM H=256: 4 in-loop loads with 4 accumulators on Triton 3.6, an
-    8 B save/restore with 2 on 3.9). With 4 tiles per warp (16 x 32 tiles, 8 warps, S = 8)
-    the chains already overlap, and more accumulators spill (LSTM H=1024 B=64: 6 local loads
-    per step). Not yet timed on a GPU (step_ablation variant `chains1` restores one chain)."""
+    8 B save/restore with 2 accumulators on 3.9). With 4 tiles per warp (16 x 32 tiles, 8
+    warps, S = 8) the chains already overlap, and more accumulators spill (LSTM H=1024 B=64:
+    6 local loads per step). Not yet timed on a GPU (step_ablation variant `chains1` restores
+    one chain)."""
     tiles = max(1, (bo // 16) * (bb // 8) * S // num_warps)
     if tiles > 2 or G == 1:
         return 1
@@ -1689,7 +1683,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(H, block_k)
     pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
-    rs = _nsplit(rka, rkb, num_warps, _block_o(H, P, block_h), block_b)
+    bo = _block_o(H, P, block_h)
+    rs = _nsplit(rka, rkb, num_warps, bo, block_b)
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
              "dpre_x", "dpre_h", "dh_total", "m_seq")
@@ -1708,14 +1703,12 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 *(dirs[k] for k in order),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
-                BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b, RESIDENT=block_k == 0,
-                RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
-                RS=rs,
+                BLOCK_O=bo, BLOCK_B=block_b, RESIDENT=block_k == 0,
+                RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, RS=rs,
                 PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
                 SWAP=_swap_dots(block_k, block_b),
-                CHAINS=_bwd_chains(_block_o(H, P, block_h), block_b, rs, num_warps, G,
-                                   rka + rkb),
+                CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb),
                 num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )

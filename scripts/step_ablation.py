@@ -222,35 +222,30 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
 def _layer_ms(mode: str, H: int, B: int, cons: dict | None = None) -> dict:
     """The layer's fwd and bwd (T steps, bf16) through the ops, do_bench medians in ms, under
     the plan constraints `cons` (the ops run on this thread: the constraints hold for both)."""
-    from tritonrnn.rnn.planner import plan_constraints
-
-    with plan_constraints(**(cons or {})):
-        return _layer_ms_planned(mode, H, B)
-
-
-def _layer_ms_planned(mode: str, H: int, B: int) -> dict:
     from tritonrnn.bench.presets import BenchShape
     from tritonrnn.bench.runners import build_case
     from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
+    from tritonrnn.rnn.planner import plan_constraints
 
-    case = build_case(BenchShape(mode=mode, hidden=H, batch=B, time=T).validated(),
-                      torch.device("cuda"))
+    with plan_constraints(**(cons or {})):
+        case = build_case(BenchShape(mode=mode, hidden=H, batch=B, time=T).validated(),
+                          torch.device("cuda"))
 
-    def fwd():
-        return cudnn_rnn(case.x, case.h0, case.c0, case.params, None, is_training=True,
-                         rnn_mode=mode)
+        def fwd():
+            return cudnn_rnn(case.x, case.h0, case.c0, case.params, None, is_training=True,
+                             rnn_mode=mode)
 
-    out = fwd()
+        out = fwd()
 
-    def bwd():
-        return cudnn_rnn_backprop(case.x, case.h0, case.c0, case.params, None, out.output,
-                                  out.output_h, out.output_c if mode == "lstm" else None,
-                                  case.dy, case.dhT, case.dcT, out.reserve_space,
-                                  out.host_reserved, rnn_mode=mode)
+        def bwd():
+            return cudnn_rnn_backprop(case.x, case.h0, case.c0, case.params, None, out.output,
+                                      out.output_h, out.output_c if mode == "lstm" else None,
+                                      case.dy, case.dhT, case.dcT, out.reserve_space,
+                                      out.host_reserved, rnn_mode=mode)
 
-    bwd()
-    return {"fwd_ms": triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median"),
-            "bwd_ms": triton.testing.do_bench(bwd, warmup=25, rep=100, return_mode="median")}
+        bwd()
+        return {"fwd_ms": triton.testing.do_bench(fwd, warmup=25, rep=100, return_mode="median"),
+                "bwd_ms": triton.testing.do_bench(bwd, warmup=25, rep=100, return_mode="median")}
 
 
 def _layer_once(mode: str, H: int, B: int, T: int = 256) -> None:

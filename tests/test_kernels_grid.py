@@ -364,9 +364,9 @@ def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps
     _check_backward(ins, outs, reverse)
 
 
-# The backward's resident gate products as 1, 2 or 4 independent MMA chains (CHAINS): the
-# same sum in any grouping. H = 33: two chunks (32 + 16); H = 32: one.
-@pytest.mark.parametrize("chains", [1, 2, 4])
+# The backward's resident gate products as 1 or 4 independent MMA chains (CHAINS): the
+# same sum in either grouping. H = 33: two chunks (32 + 16); H = 32: one.
+@pytest.mark.parametrize("chains", [1, 4])
 @pytest.mark.parametrize("cell, H", [("lstm", 33), ("gru", 33), ("lstm", 32), ("gru", 32)],
                          ids=lambda v: str(v))
 def test_backward_gate_chains_match_reference(monkeypatch, cell, H, chains):
