@@ -51,6 +51,14 @@ Weights: resident or streamed (block_k)
 A batch tile whose rows have all finished (sorted lengths: from step max(len in tile) on)
 skips its matmuls and only carries its state over.
 
+Vector tiles (`vector_tiles`: block_b in 1, 2, 4, resident weights, block_h >= 8): a batch
+narrower than an MMA tile runs the resident products on the FMA units (`_vdot`): the weight
+slice is held in registers for all steps (never in shared memory), and each batch column's
+operand is loaded from the exchange straight into the weights' register layout, [rows, K]
+with K contiguous (the backward reads transposed copies of R and Pw so that its weights are
+contiguous along the reduction too). An MMA tile would compute 15/16 padding at B = 1, stage
+h (dph) in shared memory and read the whole weight slice from shared memory every step.
+
 Split K (`_nsplit`): a plain tl.dot spreads the program's warps over its [rows, batch] output
 in 16 x 8 MMA tiles, so a 16 x 16 gate tile (block_h = block_b = 16, the small-batch case)
 has 2 tiles for 8 warps: the other warps compute copies, and every warp issues the whole
@@ -152,7 +160,7 @@ from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets
 @triton.jit
 def _mm(a, b, FP32_DOT: tl.constexpr):
     """[S, M, K] @ [S, K, N] -> [S, M, N] with fp32 accumulation; fp32 operands in IEEE
-    precision (no tf32)."""
+    precision (no tf32). (Vector tiles, batch tiles narrower than an MMA, use `_vdot`.)"""
     if FP32_DOT:
         return tl.dot(a, b, input_precision="ieee")
     else:
@@ -264,6 +272,73 @@ def _kpart_t(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl
 
 
 @triton.jit
+def _vcol(jb64, x_ok, b: tl.constexpr, BB: tl.constexpr):
+    """Batch column b of a vector tile as int scalars: (its exchange row jb[b], x_ok[b] as 0
+    or 1)."""
+    sel = tl.arange(0, BB) == b
+    jb = tl.sum(tl.where(sel, jb64, 0), axis=0)
+    ok = tl.sum(tl.where(sel & x_ok, 1, 0), axis=0)
+    return jb, ok
+
+
+@triton.jit
+def _vx(X, x_row, jb, ok, k0, KC: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+        DT: tl.constexpr):
+    """One batch column of an exchange buffer as a vector tile's operand: the [BM, KC] tile
+    x[i, c] = X[jb, k0 + c] (every row the same), cast to DT and held in fp32, zero past K
+    and for a masked column. Loaded broadcast straight into the weights' register layout
+    (both are [BM, KC] with KC contiguous), so neither operand passes through shared
+    memory; the repeated addresses are served by L2 (.cg: the exchange changes every step)."""
+    kk = k0 + tl.arange(0, KC)[None, :] + tl.zeros([BM, 1], tl.int32)
+    # As a tensor: the interpreter mis-types a scalar bool & a mask.
+    x = tl.load(X + jb * x_row + kk, mask=(kk < K) & ((kk * 0 + ok) > 0), other=0.0,
+                cache_modifier=".cg")
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _vdot(w, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr,
+          BB: tl.constexpr):
+    """Vector tiles (`vector_tiles`): w [BM, KC] @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32 on
+    the FMA units, one batch column at a time: the products (exact in fp32 for bf16 / fp16
+    operands) summed over KC in fp32. The weights stay in registers across steps (no dot
+    operand is staged in shared memory)."""
+    BM: tl.constexpr = w.shape[0]
+    wf = w.to(tl.float32)
+    cols = tl.arange(0, BB)[None, :]
+    out = tl.zeros([BM, BB], tl.float32)
+    for b in tl.static_range(BB):
+        jb, ok = _vcol(jb64, x_ok, b, BB)
+        p = tl.sum(wf * _vx(X, x_row, jb, ok, k0, KC, K, BM, DT), axis=1)
+        out = tl.where(cols == b, p[:, None], out)
+    return out
+
+
+@triton.jit
+def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr,
+            G: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
+    """`_vdot` of the cell's gates (G is 1, 3 or 4) against one shared operand chunk: each
+    batch column's [BM, KC] operand is loaded once for all gates. Zeros for missing gates."""
+    BM: tl.constexpr = w0.shape[0]
+    cols = tl.arange(0, BB)[None, :]
+    p0 = tl.zeros([BM, BB], tl.float32)
+    p1 = p0
+    p2 = p0
+    p3 = p0
+    for b in tl.static_range(BB):
+        jb, ok = _vcol(jb64, x_ok, b, BB)
+        x = _vx(X, x_row, jb, ok, k0, KC, K, BM, DT)
+        sel = cols == b
+        p0 = tl.where(sel, tl.sum(w0.to(tl.float32) * x, axis=1)[:, None], p0)
+        if G > 1:
+            p1 = tl.where(sel, tl.sum(w1.to(tl.float32) * x, axis=1)[:, None], p1)
+            p2 = tl.where(sel, tl.sum(w2.to(tl.float32) * x, axis=1)[:, None], p2)
+        if G > 3:
+            p3 = tl.where(sel, tl.sum(w3.to(tl.float32) * x, axis=1)[:, None], p3)
+    return p0, p1, p2, p3
+
+
+@triton.jit
 def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
             K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
             S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -279,7 +354,11 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
     SWAP (streamed, S = 1): the product is formed transposed, [batch, K] @ [K, rows], and
     turned once at the end: the batch tile becomes the MMA's M dimension, so a batch tile of
     64 makes the loop a Hopper wgmma (M a multiple of 64) where 32 rows would be mma.sync."""
-    if RESIDENT:
+    if RESIDENT and acc.shape[-1] < 16:  # vector tiles (S = 1)
+        acc += _vdot(wa, X, x_row, jb64, x_ok, 0, KA, K, DOT_DT, acc.shape[-1])
+        if KB > 0:
+            acc += _vdot(wb, X, x_row, jb64, x_ok, KA, KB, K, DOT_DT, acc.shape[-1])
+    elif RESIDENT:
         acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
         if KB > 0:
             acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, S, DOT_DT), FP32_DOT)
@@ -439,7 +518,17 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
     a1 = a0
     a2 = a0
     a3 = a0
-    if RESIDENT:
+    if RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column
+        a0, a1, a2, a3 = _vgates(wa0, wa1, wa2, wa3, src, HOUT, jb64, b_ok, 0, KA, HOUT, G,
+                                 DOT_DT, BB)
+        if KB > 0:
+            b0, b1, b2, b3 = _vgates(wb0, wb1, wb2, wb3, src, HOUT, jb64, b_ok, KA, KB, HOUT, G,
+                                     DOT_DT, BB)
+            a0 += b0
+            a1 += b1
+            a2 += b2
+            a3 += b3
+    elif RESIDENT:
         xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
@@ -885,12 +974,12 @@ def _bwd_cell_phase(
 
 
 @triton.jit(do_not_specialize=["B", "S", "n_sub", "u_begin", "u_end", "max_spin",
-                               "sync_extra"])
+                               "sync_extra", "r_gate"])
 def _grid_bwd_kernel(
     PREX, s_px, PREH, s_ph, R, s_r, PW, s_pw, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp,
     DY, s_dy, DH0, s_dh0, DC0, s_dc0, DPREX, s_dpx, DPREH, s_dph, DHTOT, s_dht, MSEQ, s_ms,
     LENS, OFFS, DPHWS, CARRYWS, DCWS, DHWS, SYNC,
-    B, S, n_sub, u_begin, u_end, max_spin, sync_extra,
+    B, S, n_sub, u_begin, u_end, max_spin, sync_extra, r_sa, r_sb, r_gate, pw_sa, pw_sb,
     dir_px, dir_ph, dir_r, dir_pw, dir_y, dir_hp, dir_cs, dir_cp, dir_dy, dir_dh0, dir_dc0,
     dir_dpx, dir_dph, dir_dht, dir_ms,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
@@ -909,8 +998,13 @@ def _grid_bwd_kernel(
     index q in slot q % 2); CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state
     (LSTM); DHWS: [B, P] dh exchange in the tensors' dtype (projection); SYNC: int32 [2]
     barrier counter, error flag. Weights: R^T's reduction (H) in chunks RKA + RKB, Pw^T's (HOUT) in
-    PKA + PKB, resident or streamed as in the forward. NUM_DIRS = 2: as in the forward
-    (direction axis, dir_* offsets, stacked workspaces, one barrier each).
+    PKA + PKB, resident or streamed as in the forward. The resident chunks are read from
+    R + k * r_gate + o * r_sa + i * r_sb (gate k, output unit o, reduction index i) and
+    PW + h * pw_sa + i * pw_sb: from R and Pw themselves (r_sa = 1, r_sb = s_r, r_gate = H *
+    s_r; pw_sa = 1, pw_sb = s_pw), or from their transposes, contiguous along the reduction,
+    for vector tiles (`_vdot` loads its operand along the reduction: so do the weights).
+    NUM_DIRS = 2: as in the forward (direction axis, dir_* offsets, stacked workspaces, one
+    barrier each).
     """
     pid = tl.program_id(0)
     rev = 0
@@ -950,21 +1044,23 @@ def _grid_bwd_kernel(
 
     # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
-    wa0 = _wchunk(R, os_, o_ok, 1, s_r, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
-    wa1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 1, G, RESIDENT, DOT_DT, BLOCK_O, RS)
-    wa2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
+    wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
+    wa1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 1, G, RESIDENT, DOT_DT,
                   BLOCK_O, RS)
-    wa3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
+    wa2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
                   BLOCK_O, RS)
-    wb0 = _wchunk(R, os_, o_ok, 1, s_r, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
-    wb1 = _wchunk(R + H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 1, G, RESIDENT, DOT_DT, BLOCK_O, RS)
-    wb2 = _wchunk(R + 2 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
+    wa3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
                   BLOCK_O, RS)
-    wb3 = _wchunk(R + 3 * H * s_r, os_, o_ok, 1, s_r, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
+    wb0 = _wchunk(R, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
+    wb1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 1, G, RESIDENT, DOT_DT,
                   BLOCK_O, RS)
-    pwa = _wchunk(PW, hs, h_ok, 1, s_pw, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
+    wb2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS)
+    wb3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS)
+    pwa = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
                   BLOCK_H, PS)
-    pwb = _wchunk(PW, hs, h_ok, 1, s_pw, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
+    pwb = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
                   BLOCK_H, PS)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
@@ -1095,6 +1191,12 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
     return (whole // 2, whole // 2) if whole > _MAX_CHUNK else (whole, 0)
 
 
+def vector_tiles(block_b: int) -> bool:
+    """Whether batch tiles of block_b run the resident products on the FMA units (`_mm`):
+    tiles narrower than an MMA's 16 columns (block_b in 1, 2, 4; resident weights only)."""
+    return block_b < 16
+
+
 def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
             max_split: int = 32) -> int:
     """Split-K factor S of a [bm, K] @ [K, bb] product whose reduction is held in chunks
@@ -1106,8 +1208,9 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
     chain). Then the reduction is split instead: S = num_warps slices of K, the batch
     dimension of a 3-D dot (Triton places its warps along it), partial sums added at the end.
     Each slice keeps at least the 16 columns an MMA needs (S smaller where the chunks are
-    short). S = 1: the plain dot. `max_split` caps S (see `_gate_split`)."""
-    if (bm // 16) * (bb // 8) >= num_warps:
+    short). S = 1: the plain dot, and vector tiles (bb < 16, FMA products). `max_split` caps
+    S (see `_gate_split`)."""
+    if vector_tiles(bb) or (bm // 16) * (bb // 8) >= num_warps:
         return 1
     return max(1, min(num_warps, max_split, ka // 16, kb // 16 if kb else ka // 16))
 
@@ -1140,7 +1243,7 @@ def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int
     6 local loads per step). Not yet timed on a GPU (step_ablation variant `chains1` restores
     one chain)."""
     tiles = max(1, (bo // 16) * (bb // 8) * S // num_warps)
-    if tiles > 2 or G == 1:
+    if tiles > 2 or G == 1 or vector_tiles(bb):
         return 1
     return 4 if G * K // (16 * S) > 16 else 1
 
@@ -1238,7 +1341,13 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     H=768 B=256 64 x 32 tiles, K = 64 and 128; GRU H=1024; rnn_tanh H=2048; 16 x 16 and
     16 x 32 tiles at K = 64); the unswapped backward loops of batch tiles below 64 take
     2 buffers (less).
+    Vector tiles (block_b < 16) keep their weights in registers (`grid_vector_bytes`) and
+    stage nothing: their shared memory is the compiler's reduction scratch, 64 to 256 B in
+    the sm_90 compiles (Triton 3.6: LSTM H 512..1024, GRU 1024, block_b 1, 2, 4), counted
+    as 1 KiB.
     """
+    if block_b < 16:
+        return 1024
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
     bh, bb = block_h, block_b
@@ -1272,6 +1381,21 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
     bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + stage_b
     return max(fwd, bwd)
+
+
+def grid_vector_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                      block_h: int) -> int:
+    """Weight bytes one vector-tile program (`vector_tiles`) holds in registers for all steps,
+    the larger direction: forward G*block_h*Hout (R's rows) + BO*H (Pw's rows), backward
+    BO*G*H (R^T's columns) + block_h*P (Pw^T's), times the dtype's bytes (BO: the output
+    slice, `_block_o`). The planner divides it by the program's threads for its register
+    budget (`rnn.planner._vector_fit`)."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    BO = _block_o(H, P, block_h)
+    fwd = G * block_h * Hout + (BO * H if P else 0)
+    bwd = BO * G * H + (block_h * P if P else 0)
+    return e * max(fwd, bwd)
 
 
 def check_coresident(programs: int, sm_count: int) -> None:
@@ -1313,8 +1437,17 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
         if t is not None and t.dtype != dtype:
             raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
     for name, v in (("block_h", block_h), ("block_b", block_b)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if block_b < 16:  # vector tiles: FMA products of resident weights
+        if block_k:
+            raise ValueError(f"block_b < 16 (vector tiles) needs resident weights (block_k = 0), "
+                             f"got block_k = {block_k}")
+        if block_b > 4 or block_h < 8:
+            raise ValueError(f"vector tiles (block_b < 16) take block_b in 1, 2, 4 and "
+                             f"block_h >= 8, got block_b = {block_b}, block_h = {block_h}")
+    elif block_h < 16:
+        raise ValueError(f"block_h must be >= 16 with MMA tiles (block_b >= 16), got {block_h}")
     if block_k != 0 and (block_k < 16 or block_k & (block_k - 1)):
         raise ValueError(
             f"block_k must be 0 (resident weights) or a power of two >= 16, got {block_k}")
@@ -1445,6 +1578,14 @@ def grid_forward_pair(
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
     return _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
                     num_warps, _max_spin, _barrier_extra, _count_arrivals)
+
+
+def _transposed(w: torch.Tensor, off: int | None) -> tuple[torch.Tensor, int]:
+    """A weight matrix [rows, cols] transposed into a new contiguous [cols, rows] (for a pair:
+    both directions' transposes stacked, `off` elements apart in the original): (direction
+    0's transpose, direction 1's element offset from it, 0 for one direction)."""
+    t = _both(w, off).transpose(1, 2).contiguous()
+    return t[0], (t[0].numel() if off is not None else 0)
 
 
 def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
@@ -1667,6 +1808,21 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
 
     nd = 1 if dirs is None else 2
     off = dirs or {}
+    # Resident weight addressing (kernel docstring): R / Pw themselves, or for vector tiles
+    # their transposes (one copy per call), contiguous along the reduction.
+    dir_w = {}
+    if vector_tiles(block_b):
+        RT, dir_w["R"] = _transposed(R_, off.get("R"))
+        r_addr = (RT.stride(0), 1, H)
+        w_ptr = RT
+        if P:
+            PwT, dir_w["Pw"] = _transposed(Pw_, off.get("Pw"))
+            pw_addr, pw_ptr = (PwT.stride(0), 1), PwT
+        else:
+            pw_addr, pw_ptr = (1, 0), None
+    else:
+        r_addr, w_ptr = (1, R_.stride(0), H * R_.stride(0)), R_
+        pw_addr, pw_ptr = (1, Pw_.stride(0) if P else 0), Pw_
     nph = 2 if P else 1
     n_sub = nph * S + 1
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
@@ -1685,7 +1841,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
     bo = _block_o(H, P, block_h)
     rs = _nsplit(rka, rkb, num_warps, bo, block_b)
-    dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
+    dirs = {**(dirs or dict.fromkeys(BACKWARD_TENSORS, 0)), **dir_w}
     order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
              "dpre_x", "dpre_h", "dh_total", "m_seq")
 
@@ -1695,11 +1851,11 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
             _grid_bwd_kernel[(programs, nd)](
-                *arg(pre_x_), *arg(pre_h_), *arg(R_), *arg(Pw_ if P else None), *arg(y_),
+                *arg(pre_x_), *arg(pre_h_), *arg(w_ptr), *arg(pw_ptr if P else None), *arg(y_),
                 *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
                 *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
                 info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
-                B, S, n_sub, u0, u1, max_spin, barrier_extra,
+                B, S, n_sub, u0, u1, max_spin, barrier_extra, *r_addr, *pw_addr,
                 *(dirs[k] for k in order),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,

@@ -130,8 +130,11 @@ def plan_constraints(**overrides):
             continue
         if k != "family" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"plan_constraints: {k} expected a positive int, got {v!r}")
-        if k in ("block_b", "block_h") and (v < 16 or v & (v - 1)):
-            raise ValueError(f"plan_constraints: {k} expected a power of two >= 16, got {v}")
+        if k == "block_b" and (v & (v - 1) or 4 < v < 16):
+            raise ValueError(f"plan_constraints: block_b expected 1, 2, 4 (vector tiles) or a "
+                             f"power of two >= 16, got {v}")
+        if k == "block_h" and (v < 8 or v & (v - 1)):
+            raise ValueError(f"plan_constraints: block_h expected a power of two >= 8, got {v}")
         if k in ("num_warps", "num_warps_bwd") and (v > 32 or v & (v - 1)):
             raise ValueError(f"plan_constraints: {k} expected a power of two <= 32, got {v}")
     token = _constraints.set(tuple(sorted({**dict(_constraints.get()), **overrides}.items())))
@@ -280,9 +283,12 @@ _SMEM_SLACK = 7 * 1024
 def _weights_label(cell: str, lp: LayerPlan) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident, or streamed in
     chunks of block_k with the loops' shape (joint gate tile, transposed products)."""
+    from tritonrnn.kernels.persistent_grid import _joint_gates, _swap_dots, vector_tiles
+
+    if lp.family in ("persistent_grid", "stepwise") and vector_tiles(lp.block_b):
+        return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
         return "resident"
-    from tritonrnn.kernels.persistent_grid import _joint_gates, _swap_dots
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
@@ -314,6 +320,44 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
                 fwd = _persistent_grid_warps(block_h, block_b)
                 bwd = _persistent_grid_bwd_warps(block_h, block_b)
                 return replace(lp, num_warps=fwd).with_backward_warps(bwd)
+    return None
+
+
+# Vector tiles (kernels.persistent_grid.vector_tiles): batch buckets up to this size run the
+# persistent grid with batch tiles of the bucket's width (1 or 2: one tile) and the resident
+# products on the FMA units, the weights held in registers. A 16-wide MMA tile for one or
+# two rows computes 15/16 (7/8) padding, stages h (dph) in shared memory and reads the
+# weight slice from shared memory every step (LSTM H=768 B=1, 4 warps, S = 2: 120 ldmatrix
+# and 192 mma.sync per warp and step, every weight read twice); the vector tiles' step loop
+# reads no shared memory but the compiler's small layout conversions (sm_90 compiles,
+# Triton 3.6, LSTM H=768 block_h=8 B=1, 8 warps: forward 624 instructions, 85 FFMA, no
+# spills; backward 868). Bucket 4 stays on MMA tiles: its vector loop doubles (LSTM H=768:
+# 2027 / 2590 instructions, 253 registers; H=1024 spills). Not yet timed on a GPU:
+# `scripts/step_ablation.py` variant `mma1` restores the MMA tiles at B <= 2.
+_VECTOR_BATCH = 2
+_VECTOR_WARPS = 8
+# Register budget of the weights per thread: the sm_90 compiles (Triton 3.6, bf16, 8 warps,
+# B=1) hold 256 B (LSTM H=1024, block_h=8: 225 / 229 registers, no spill) and spill beyond
+# (LSTM H=768 block_h=16, 384 B: 3 local loads per step; GRU H=1536 block_h=16, 576 B: 146).
+_VECTOR_THREAD_BYTES = 256
+
+
+def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan | None:
+    """The vector-tile persistent grid (batch bucket <= _VECTOR_BATCH): the smallest hidden
+    slice (>= 8) whose grid is co-resident and whose weights fit the register budget, or
+    None (the MMA tiles then)."""
+    from tritonrnn.kernels.persistent_grid import grid_vector_bytes
+
+    if batch > _VECTOR_BATCH:
+        return None
+    for block_h in (8, 16, 32, 64):
+        if block_h > max(8, _pow2(H)):
+            break
+        lp = _grid("persistent_grid", cell, H, Hout, P, dtype, batch, block_h, batch,
+                   _VECTOR_WARPS, 0, num_dirs)
+        regs = grid_vector_bytes(cell, H, Hout, P, dtype, block_h) // (32 * _VECTOR_WARPS)
+        if lp.num_programs <= props.sm_count and regs <= _VECTOR_THREAD_BYTES:
+            return lp
     return None
 
 
@@ -361,6 +405,10 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> Laye
     if _cta_fits(cell, H, Hout, P, dtype, props):
         return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8), num_dirs=num_dirs)
     # A pair launch (both directions, one barrier each) first; else each direction alone.
+    for dirs in sorted({num_dirs, 1}, reverse=True):
+        vec = _vector_fit(cell, H, Hout, P, dtype, batch_bucket, props, dirs)
+        if vec is not None:
+            return vec
     for block_k in (0, _STREAM_K):
         for dirs in sorted({num_dirs, 1}, reverse=True):
             grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props, block_k, dirs)
@@ -402,6 +450,19 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             )
         return base
     block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
+    vector = base.block_b < 16 and base.family != "reference"
+    if "block_b" not in choice and vector and (
+        family == "persistent_cta" or choice.get("block_k", 0)
+    ):
+        block_b = 16  # a vector-tile heuristic forced elsewhere: back to MMA tiles
+    if block_b < 16 and (family == "persistent_cta" or choice.get("block_k", 0)):
+        if strict:
+            raise ValueError(
+                f"plan_constraints: block_b = {block_b} (vector tiles) needs resident weights "
+                f"(block_k = 0) and family 'persistent_grid' or 'stepwise', got family "
+                f"{family!r}, block_k = {choice.get('block_k', 0)}"
+            )
+        return base
     num_warps = choice.get("num_warps", base.num_warps)
     # Forced warps apply to both passes unless the backward's are given too.
     bwd = choice.get("num_warps_bwd", num_warps if "num_warps" in choice
@@ -425,6 +486,17 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         return plan
     block_h = choice.get("block_h", base.block_h or _grid_block_h(
         cell, H, Hout, P, dtype, block_b, batch, props))
+    if "block_h" not in choice and block_b >= 16 and block_h < 16:
+        block_h = _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props)
+    if block_b >= 16 and block_h < 16:
+        if strict:
+            raise ValueError(
+                f"plan_constraints: block_h = {block_h} needs vector tiles (block_b 1, 2 or "
+                f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
+            )
+        return base
+    if "num_warps" not in choice and vector and block_b >= 16:
+        num_warps = bwd = 4  # MMA tiles forced on a vector-tile heuristic
     block_k = choice.get("block_k", base.block_k)
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs)
@@ -752,16 +824,20 @@ def candidates(plan: Plan) -> list[dict]:
     Hout = P or H
     cell = plan.rnn_mode
     out = []
+    # Vector tiles (batch tiles of 1, 2, 4: the batch bucket's width, one tile) for the grid
+    # families, resident weights only, hidden slices from 8; MMA tiles from 16.
+    vec = (_pow2(plan.batch),) if _pow2(plan.batch) <= 4 else ()
     for family in ("persistent_cta", "persistent_grid", "stepwise"):
-        for block_b in (16, 32, 64):
+        grid = family != "persistent_cta"
+        for block_b in (*(vec if grid else ()), 16, 32, 64):
             if block_b > max(16, _pow2(plan.batch)):
                 continue
+            vector = block_b < 16
             for num_warps, num_warps_bwd in itertools.product((4, 8), (4, 8)):
-                grid = family != "persistent_cta"
                 if not grid and num_warps_bwd != num_warps:
                     continue  # the one-program family's warps are tuned for both passes
-                for block_h in (16, 32, 64, 128) if grid else (0,):
-                    for block_k in (0, 64, 128) if grid else (None,):
+                for block_h in ((8, 16, 32) if vector else (16, 32, 64, 128)) if grid else (0,):
+                    for block_k in ((0,) if vector else (0, 64, 128)) if grid else (None,):
                         choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
                         if grid:
                             choice["num_warps_bwd"] = num_warps_bwd

@@ -28,6 +28,8 @@ Variants (comma-joined in one process):
     noswap / nojoin  streamed weights: the loops' dots untransposed / the forward's gates
               in separate products (kernels' _swap_dots / _joint_gates)
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
+    mma1      MMA tiles (block_b 16) at batch 1 and 2 instead of vector tiles (the planner's
+              _VECTOR_BATCH = 0)
     bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
               batch tiles of 64, hidden slices of 16) for the step and the layer times
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
@@ -47,8 +49,8 @@ import triton
 import triton.language as tl
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "chains1,layer", "joint,layer", "nowait", "nowait,noarrive", "nodot",
-            "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
+VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
+            "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
 
@@ -120,9 +122,12 @@ def swaps() -> dict:
         "nojoin": [(pg, "_joint_gates", lambda *_a: False)],
         # The backward's resident gate products chained through one accumulator.
         "chains1": [(pg, "_bwd_chains", lambda *_a: 1)],
+        # Batch 1 and 2 on 16-wide MMA tiles (as before vector tiles).
+        "mma1": [(planner, "_VECTOR_BATCH", 0)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
-                     (planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
+                     (planner, "_persistent_grid_bwd_warps", warps(w)),
+                     (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},
         **{f"bw{w}": [(planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
         **{f"s{n}": [(pg, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
     }

@@ -449,6 +449,44 @@ def test_joint_gate_onchip_bytes(monkeypatch):
         2 * 16 * 512 + 2 * 16 * 512)
 
 
+# Vector tiles (block_b < 16): the resident products run on the FMA units (`_vdot`), the
+# weights held in registers, the backward's from transposed copies (contiguous along the
+# reduction). H = 17 with block_h = 8: three hidden slices, the last with one unit; three
+# rows (a tie, a zero length, max_len < T) in batch tiles of 1, 2, 4 (3, 2, 1 tiles, the
+# last partial); a projection P = 20 (output slices of 16 over the 3 programs). Small: the
+# interpreter runs every program of every step's launch (block_b = 1: 9 programs).
+VEC_LENGTHS = ([3, 0, 3], 4)
+
+
+@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("block_b", [1, 2, 4])
+@pytest.mark.parametrize("reverse, persistent", [(False, True), (True, False)],
+                         ids=["fwd_dir-persistent", "rev_dir-stepwise"])
+def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent):
+    assert pg.vector_tiles(block_b) and pg._nsplit(16, 16, 8, 8, block_b) == 1
+    kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
+    ins, outs = _forward_problem(cell, 17, P, *VEC_LENGTHS)
+    _run_forward(ins, outs, reverse, **kw)
+    _check_forward(ins, outs, reverse)
+    ins, outs = _backward_problem(cell, 17, P, *VEC_LENGTHS)
+    _run_backward(ins, outs, reverse, **kw)
+    _check_backward(ins, outs, reverse)
+
+
+def test_vector_tiles_batch_one_single_program():
+    # One program (H = 8, block_h = 8, B = 1): the persistent launch runs every step in one
+    # launch under the interpreter too, so the in-kernel step loop carries h, c in registers.
+    for cell in ("lstm", "gru"):
+        kw = dict(persistent=True, block_h=8, block_b=1, num_warps=4)
+        ins, outs = _forward_problem(cell, 8, 0, [6], 6)
+        _run_forward(ins, outs, False, **kw)
+        _check_forward(ins, outs, False)
+        ins, outs = _backward_problem(cell, 8, 0, [6], 6)
+        _run_backward(ins, outs, False, **kw)
+        _check_backward(ins, outs, False)
+
+
 @pytest.mark.parametrize("block_k", [0, 32], ids=["resident", "streamed"])
 def test_split_k_projection(block_k):
     # H = 96 (64 + 32: S = 2 for R in the forward, R^T in the backward), P = 64 (Pw's
@@ -511,8 +549,16 @@ def test_rejects_float64_bad_tiles_and_gru_projection():
     ins, outs = _forward_problem("lstm", 16, 0, [2], 2)
     with pytest.raises(ValueError, match="block_h"):
         _run_forward(ins, outs, False, persistent=False, block_h=24)
-    with pytest.raises(ValueError, match="block_b"):
+    with pytest.raises(ValueError, match="block_b in 1, 2, 4 .* got block_b = 8"):
         _run_forward(ins, outs, False, persistent=False, block_h=16, block_b=8)
+    with pytest.raises(ValueError, match="needs resident weights .* block_k = 16"):
+        _run_forward(ins, outs, False, persistent=False, block_h=16, block_b=2, block_k=16)
+    with pytest.raises(ValueError, match="block_h >= 8, got block_b = 1, block_h = 4"):
+        _run_forward(ins, outs, False, persistent=False, block_h=4, block_b=1)
+    with pytest.raises(ValueError, match="block_h must be >= 16 with MMA tiles .* got 8"):
+        _run_forward(ins, outs, False, persistent=False, block_h=8, block_b=16)
+    with pytest.raises(ValueError, match="block_b must be a power of two, got 3"):
+        _run_forward(ins, outs, False, persistent=False, block_h=16, block_b=3)
     with pytest.raises(ValueError, match="block_k must be 0 .* got 24"):
         _run_forward(ins, outs, False, persistent=False, block_h=16, block_k=24)
     ins64 = {k: (v.double() if torch.is_tensor(v) else v) for k, v in ins.items()}
@@ -602,6 +648,24 @@ def test_gpu_half_precision(cell, P, dtype, persistent):
     _check_forward(ins, outs, True, dtype)
     ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=dtype)
     _run_backward(ins, outs, True, persistent=persistent, block_h=32)
+    _check_backward(ins, outs, True, dtype)
+
+
+@pytest.mark.gpu
+@PERSIST
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block_b", [1, 2, 4])
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0), ("rnn_tanh", 0)])
+def test_gpu_vector_tiles_half_precision(cell, P, block_b, dtype, persistent):
+    # Vector tiles on hardware: weights in registers, FMA products, transposed backward
+    # weights; H = 96 in 12 slices of 8, 6 rows with varlen.
+    lengths, T = [7, 0, 5, 7, 2, 6], 7
+    kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
+    ins, outs = _forward_problem(cell, 96, P, lengths, T, dtype=dtype)
+    _run_forward(ins, outs, True, **kw)
+    _check_forward(ins, outs, True, dtype)
+    ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=dtype)
+    _run_backward(ins, outs, True, **kw)
     _check_backward(ins, outs, True, dtype)
 
 

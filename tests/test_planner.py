@@ -187,9 +187,65 @@ def test_constraints_that_cannot_apply_raise():
         family="fast"
     ):
         pass
-    with pytest.raises(ValueError, match=r"block_b expected a power of two >= 16, got 24"), \
+    with pytest.raises(ValueError, match=r"block_b expected 1, 2, 4 .* got 24"), \
             plan_constraints(block_b=24):
         pass
+    with pytest.raises(ValueError, match=r"block_b expected 1, 2, 4 .* got 8"), \
+            plan_constraints(block_b=8):
+        pass
+    with pytest.raises(ValueError, match=r"block_h expected a power of two >= 8, got 4"), \
+            plan_constraints(block_h=4):
+        pass
+
+
+@pytest.mark.parametrize("mode,H,B,block_h,programs", [
+    ("lstm", 512, 1, 8, 64), ("lstm", 768, 1, 8, 96), ("lstm", 1024, 1, 8, 128),
+    ("lstm", 768, 2, 8, 96), ("gru", 1024, 1, 8, 128), ("rnn_tanh", 2048, 1, 16, 128),
+])
+def test_vector_tiles_at_batch_one_and_two(mode, H, B, block_h, programs):
+    # Batch buckets 1 and 2: one batch tile of that width, the smallest co-resident hidden
+    # slice from 8 whose weights fit 256 B per thread at 8 warps (rnn_tanh H=2048: block_h 8
+    # would be 256 programs; 16 is 128 programs of 64 KiB, 256 B per thread).
+    lp = _plan(mode=mode, H=H, B=B).layer(0)
+    assert (lp.family, lp.block_b, lp.block_h, lp.block_k) == ("persistent_grid", B, block_h, 0)
+    assert (lp.num_programs, lp.num_warps, lp.backward_warps) == (programs, 8, 8)
+    assert "vector tiles" in _plan(mode=mode, H=H, B=B).explain()
+
+
+def test_vector_tiles_fall_back_to_mma_tiles():
+    # Bucket 4 and up: MMA tiles. GRU H=1536: block_h 8 needs 192 programs, 16 holds 576 B of
+    # weights per thread (the sm_90 compile spills): MMA tiles, weights in shared memory.
+    for mode, H, B in (("lstm", 768, 3), ("lstm", 768, 16), ("gru", 1536, 1)):
+        lp = _plan(mode=mode, H=H, B=B).layer(0)
+        assert (lp.block_b, lp.block_h) == (16, 16), (mode, H, B, lp)
+    # A pair launch of vector tiles that does not fit together runs a direction per launch.
+    lp = _plan(H=768, B=1, direction="bidirectional").layer(0)
+    assert (lp.block_b, lp.num_dirs, lp.num_programs) == (1, 1, 96)
+    assert _plan(H=256, B=1, direction="bidirectional").layer(0).num_dirs == 2
+
+
+def test_vector_tile_constraints():
+    # Forcing MMA tiles, streamed weights or the CTA family on a vector-tile heuristic leaves
+    # vector tiles (block_b 16, block_h >= 16, 4 warps); contradictions raise.
+    with plan_constraints(block_b=16):
+        lp = _plan(H=768, B=1).layer(0)
+    assert (lp.block_b, lp.block_h, lp.num_warps) == (16, 16, 4)
+    with plan_constraints(block_k=64):
+        assert _plan(H=768, B=1).layer(0).block_b == 16
+    with plan_constraints(family="stepwise"):
+        lp = _plan(H=768, B=1).layer(0)
+    assert (lp.family, lp.block_b, lp.block_h) == ("stepwise", 1, 8)
+    with plan_constraints(block_b=4, block_h=8):
+        assert (_plan(H=768, B=3).layer(0).block_b, _plan(H=768, B=3).layer(0).block_h) == (4, 8)
+    with plan_constraints(block_b=1, block_k=64), pytest.raises(
+            ValueError, match=r"block_b = 1 \(vector tiles\) needs resident weights"):
+        _plan(H=768, B=1)
+    with plan_constraints(block_b=2, family="persistent_cta"), pytest.raises(
+            ValueError, match=r"family 'persistent_cta'"):
+        _plan(H=64, B=2)
+    with plan_constraints(block_b=16, block_h=8), pytest.raises(
+            ValueError, match=r"block_h = 8 needs vector tiles"):
+        _plan(H=768, B=1)
 
 
 def test_tuning_cache_overrides_heuristic():
@@ -218,6 +274,16 @@ def test_candidates_run_on_the_device():
     grid = [c for c in cands if c["family"] == "persistent_grid"]
     assert {(c["num_warps"], c["num_warps_bwd"]) for c in grid} == {(4, 4), (4, 8), (8, 4),
                                                                       (8, 8)}
+    assert min(c["block_b"] for c in cands) == 16  # no vector tiles at B = 16
+    # B = 1: vector tiles too (block_b 1, block_h from 8, resident weights only).
+    p = _plan(H=256, B=1)
+    vec = [c for c in candidates(p) if c["block_b"] < 16]
+    assert vec and {c["block_b"] for c in vec} == {1} and {c["block_k"] for c in vec} == {0}
+    assert {c["block_h"] for c in vec} == {8, 16, 32}
+    assert {c["family"] for c in vec} == {"persistent_grid", "stepwise"}
+    for c in vec:
+        with plan_constraints(**c):
+            assert _plan(H=256, B=1).layer(0).block_b == 1
 
 
 def test_plan_for_errors():
