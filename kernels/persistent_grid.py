@@ -1192,7 +1192,7 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
 
 
 def vector_tiles(block_b: int) -> bool:
-    """Whether batch tiles of block_b run the resident products on the FMA units (`_mm`):
+    """Whether batch tiles of block_b run the resident products on the FMA units (`_vdot`):
     tiles narrower than an MMA's 16 columns (block_b in 1, 2, 4; resident weights only)."""
     return block_b < 16
 
