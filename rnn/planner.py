@@ -345,10 +345,14 @@ _VECTOR_THREAD_BYTES = 256
 def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan | None:
     """The vector-tile persistent grid (batch bucket <= _VECTOR_BATCH): the smallest hidden
     slice (>= 8) whose grid is co-resident and whose weights fit the register budget, or
-    None (the MMA tiles then)."""
+    None (the MMA tiles then).
+
+    Not on the interpreter preset: there every program of every step runs in NumPy, and the
+    vector tiles' slices of 8 and per-column operand tiles make the end-to-end tests several
+    times slower (tests force them with plan_constraints instead)."""
     from tritonrnn.kernels.persistent_grid import grid_vector_bytes
 
-    if batch > _VECTOR_BATCH:
+    if batch > _VECTOR_BATCH or props.interpreter:
         return None
     for block_h in (8, 16, 32, 64):
         if block_h > max(8, _pow2(H)):

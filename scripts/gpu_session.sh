@@ -13,6 +13,8 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
+#   bash scripts/gpu_session.sh vector    B = 1 and 2: vector tiles (FMA, weights in registers)
+#                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         575 s in all)
@@ -78,6 +80,15 @@ case "${1:-tests}" in
       | tee "$out/ablation-b64.log" | tail -20
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
+  vector)
+    timeout 400 python scripts/step_ablation.py --out "$out/vector" \
+      --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1;lstm,768,2" \
+      --variants "layer;mma1,layer" 2>&1 | tee "$out/ablation-vector.log" | tail -20
+    for shape in "lstm 768" "gru 1024"; do set -- $shape
+      timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
+        --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
+        | tee "$out/bench-$1-$2-b1.log" | tail -10
+    done ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -101,6 +112,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|vector|profile|all" >&2
      exit 2 ;;
 esac

@@ -50,6 +50,22 @@ def test_lstm_projection(family, lengths):
                            T=5, backend="triton", **FP32)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_vector_tiles_end_to_end(mode):
+    # Vector tiles (the planner's choice at B = 1 and 2 on a GPU) through cudnn_rnn: two
+    # bidirectional layers of one row, H = 17 in three slices of 8.
+    with plan_constraints(family="persistent_grid", block_b=1, block_h=8):
+        compare_with_torch(mode, L=2, bidirectional=True, lengths="batch1", I=4, H=17, T=5,
+                           backend="triton", **FP32)
+
+
+def test_vector_tiles_two_row_tiles_end_to_end():
+    # Four unsorted lengths in two tiles of 2 rows, both directions.
+    with plan_constraints(family="persistent_grid", block_b=2, block_h=8):
+        compare_with_torch("lstm", L=1, bidirectional=True, lengths="varlen", I=4, H=17, T=5,
+                           backend="triton", **FP32)
+
+
 def _run(mode, backend, dropout=0.0, dtype=torch.float32, device=DEVICE):
     g = torch.Generator().manual_seed(3)
     T, B, I, H, L = 5, 3, 4, 16, 3
