@@ -13,7 +13,11 @@ Family rule (documented in `recurrence_choice`):
      in shared memory and its states in registers without spilling (`_cta_fits`; on an H100
      padded H <= 128 for half LSTM/GRU, 256 for half tanh/relu, half that for fp32).
   3. "persistent_grid" when R split in hidden slices over at most one program per SM fits on
-     chip per program, and the grid is co-resident (programs <= SMs).
+     chip per program, and the grid is co-resident (programs <= SMs). At batch 1 and 2 (GPU
+     presets) first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
+     the weight slice in registers, FMA products) where the slice fits 256 B per thread;
+     else MMA tiles (batch tiles of 16..64, weights in shared memory), resident where the
+     slice fits, else streamed from L2 in chunks of 64 columns.
   4. "stepwise" otherwise (one launch per step; R streamed from L2/HBM). Never fails.
 A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
 replaces both, and raises when a forced choice cannot apply on the device.
@@ -106,9 +110,10 @@ _constraints: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonrnn_
 def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
 
-    Keys: family (one of FAMILIES), block_b, block_h, block_k (0: the weight slice resident
-    on chip; a power of two: streamed in chunks of block_k every step), num_warps (both
-    passes), num_warps_bwd (the backward's, where it should differ), pipeline_chunks. A forced
+    Keys: family (one of FAMILIES), block_b (1, 2, 4: the grid families' vector tiles;
+    powers of two >= 16: MMA tiles), block_h (>= 8 with vector tiles, >= 16 with MMA tiles),
+    block_k (0: the weight slice resident on chip; a power of two: streamed in chunks of
+    block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it should differ), pipeline_chunks. A forced
     choice that cannot apply to a shape raises ValueError when that shape is planned."""
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
