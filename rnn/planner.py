@@ -113,8 +113,9 @@ def plan_constraints(**overrides):
     Keys: family (one of FAMILIES), block_b (1, 2, 4: the grid families' vector tiles;
     powers of two >= 16: MMA tiles), block_h (>= 8 with vector tiles, >= 16 with MMA tiles),
     block_k (0: the weight slice resident on chip; a power of two: streamed in chunks of
-    block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it should differ), pipeline_chunks. A forced
-    choice that cannot apply to a shape raises ValueError when that shape is planned."""
+    block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it
+    should differ), pipeline_chunks. A forced choice that cannot apply to a shape raises
+    ValueError when that shape is planned."""
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
             raise ValueError(
