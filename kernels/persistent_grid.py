@@ -974,12 +974,12 @@ def _bwd_cell_phase(
 
 
 @triton.jit(do_not_specialize=["B", "S", "n_sub", "u_begin", "u_end", "max_spin",
-                               "sync_extra", "r_gate"])
+                               "sync_extra"])
 def _grid_bwd_kernel(
     PREX, s_px, PREH, s_ph, R, s_r, PW, s_pw, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp,
     DY, s_dy, DH0, s_dh0, DC0, s_dc0, DPREX, s_dpx, DPREH, s_dph, DHTOT, s_dht, MSEQ, s_ms,
     LENS, OFFS, DPHWS, CARRYWS, DCWS, DHWS, SYNC,
-    B, S, n_sub, u_begin, u_end, max_spin, sync_extra, r_sa, r_sb, r_gate, pw_sa, pw_sb,
+    B, S, n_sub, u_begin, u_end, max_spin, sync_extra,
     dir_px, dir_ph, dir_r, dir_pw, dir_y, dir_hp, dir_cs, dir_cp, dir_dy, dir_dh0, dir_dc0,
     dir_dpx, dir_dph, dir_dht, dir_ms,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
@@ -988,7 +988,7 @@ def _grid_bwd_kernel(
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
-    CHAINS: tl.constexpr = 4,
+    CHAINS: tl.constexpr = 4, WT: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -998,11 +998,10 @@ def _grid_bwd_kernel(
     index q in slot q % 2); CARRYWS: fp32 [B, HOUT] dh_carry state; DCWS: fp32 [B, H] dc state
     (LSTM); DHWS: [B, P] dh exchange in the tensors' dtype (projection); SYNC: int32 [2]
     barrier counter, error flag. Weights: R^T's reduction (H) in chunks RKA + RKB, Pw^T's (HOUT) in
-    PKA + PKB, resident or streamed as in the forward. The resident chunks are read from
-    R + k * r_gate + o * r_sa + i * r_sb (gate k, output unit o, reduction index i) and
-    PW + h * pw_sa + i * pw_sb: from R and Pw themselves (r_sa = 1, r_sb = s_r, r_gate = H *
-    s_r; pw_sa = 1, pw_sb = s_pw), or from their transposes, contiguous along the reduction,
-    for vector tiles (`_vdot` loads its operand along the reduction: so do the weights).
+    PKA + PKB, resident or streamed as in the forward. WT (vector tiles): R and PW are the
+    transposes of R and Pw ([HOUT, G*H] and [H, P], row strides s_r and s_pw), contiguous
+    along the reduction as `_vdot` loads its operand, and the resident chunks are read from
+    them.
     NUM_DIRS = 2: as in the forward (direction axis, dir_* offsets, stacked workspaces, one
     barrier each).
     """
@@ -1044,6 +1043,19 @@ def _grid_bwd_kernel(
 
     # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
+    # Gate k's resident R^T chunks: tile[o, i] = R[k*H + i, os[o]] (or RT[os[o], k*H + i]).
+    if WT:
+        r_sa = s_r
+        r_sb = 1
+        r_gate = H
+        pw_sa = s_pw
+        pw_sb = 1
+    else:
+        r_sa = 1
+        r_sb = s_r
+        r_gate = H * s_r
+        pw_sa = 1
+        pw_sb = s_pw
     wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS)
     wa1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 1, G, RESIDENT, DOT_DT,
                   BLOCK_O, RS)
@@ -1808,21 +1820,15 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
 
     nd = 1 if dirs is None else 2
     off = dirs or {}
-    # Resident weight addressing (kernel docstring): R / Pw themselves, or for vector tiles
-    # their transposes (one copy per call), contiguous along the reduction.
+    # Vector tiles read the weights from their transposes (WT; one copy per call), contiguous
+    # along the reduction.
     dir_w = {}
-    if vector_tiles(block_b):
-        RT, dir_w["R"] = _transposed(R_, off.get("R"))
-        r_addr = (RT.stride(0), 1, H)
-        w_ptr = RT
+    wt = vector_tiles(block_b)
+    w_ptr, pw_ptr = R_, Pw_
+    if wt:
+        w_ptr, dir_w["R"] = _transposed(R_, off.get("R"))
         if P:
-            PwT, dir_w["Pw"] = _transposed(Pw_, off.get("Pw"))
-            pw_addr, pw_ptr = (PwT.stride(0), 1), PwT
-        else:
-            pw_addr, pw_ptr = (1, 0), None
-    else:
-        r_addr, w_ptr = (1, R_.stride(0), H * R_.stride(0)), R_
-        pw_addr, pw_ptr = (1, Pw_.stride(0) if P else 0), Pw_
+            pw_ptr, dir_w["Pw"] = _transposed(Pw_, off.get("Pw"))
     nph = 2 if P else 1
     n_sub = nph * S + 1
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
@@ -1855,7 +1861,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),
                 *arg(dpre_x_), *arg(dpre_h_), *arg(dh_total_), *arg(m_seq_),
                 info.lengths_sorted, info.offsets, dph_ws, carry_ws, dc_ws, dh_ws, sync,
-                B, S, n_sub, u0, u1, max_spin, barrier_extra, *r_addr, *pw_addr,
+                B, S, n_sub, u0, u1, max_spin, barrier_extra,
                 *(dirs[k] for k in order),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
                 NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
@@ -1864,7 +1870,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
                 SWAP=_swap_dots(block_k, block_b),
-                CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb),
+                CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
