@@ -458,11 +458,14 @@ def test_joint_gate_onchip_bytes(monkeypatch):
 VEC_LENGTHS = ([3, 0, 3], 4)
 
 
-@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
+# Every cell (and the projection) in tiles of 1 row, forward direction, persistent; tiles of
+# 2 and 4 rows for LSTM (with and without the projection) and GRU, reversed and stepwise.
+VEC_CASES = [(c, P, 1, False, True) for c, P in [(c, 0) for c in CELLS] + [("lstm", 20)]] + [
+    (c, P, bb, True, False) for c, P in (("lstm", 0), ("lstm", 20), ("gru", 0)) for bb in (2, 4)]
+
+
+@pytest.mark.parametrize("cell, P, block_b, reverse, persistent", VEC_CASES,
                          ids=lambda v: str(v))
-@pytest.mark.parametrize("block_b", [1, 2, 4])
-@pytest.mark.parametrize("reverse, persistent", [(False, True), (True, False)],
-                         ids=["fwd_dir-persistent", "rev_dir-stepwise"])
 def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent):
     assert pg.vector_tiles(block_b) and pg._nsplit(16, 16, 8, 8, block_b) == 1
     kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
