@@ -13,8 +13,8 @@ Family rule (documented in `recurrence_choice`):
      in shared memory and its states in registers without spilling (`_cta_fits`; on an H100
      padded H <= 128 for half LSTM/GRU, 256 for half tanh/relu, half that for fp32).
   3. "persistent_grid" when R split in hidden slices over at most one program per SM fits on
-     chip per program, and the grid is co-resident (programs <= SMs). At batch 1 and 2 (GPU
-     presets) first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
+     chip per program, and the grid is co-resident (programs <= SMs). At batch 1 (GPU presets)
+     first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
      the weight slice in registers, FMA products) where the slice fits 256 B per thread;
      else MMA tiles (batch tiles of 16..64, weights in shared memory), resident where the
      slice fits, else streamed from L2 in chunks of 64 columns.
@@ -330,17 +330,19 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
 
 
 # Vector tiles (kernels.persistent_grid.vector_tiles): batch buckets up to this size run the
-# persistent grid with batch tiles of the bucket's width (1 or 2: one tile) and the resident
-# products on the FMA units, the weights held in registers. A 16-wide MMA tile for one or
-# two rows computes 15/16 (7/8) padding, stages h (dph) in shared memory and reads the
-# weight slice from shared memory every step (LSTM H=768 B=1, 4 warps, S = 2: 120 ldmatrix
-# and 192 mma.sync per warp and step, every weight read twice); the vector tiles' step loop
-# reads no shared memory but the compiler's small layout conversions (sm_90 compiles,
-# Triton 3.6, LSTM H=768 block_h=8 B=1, 8 warps: forward 624 instructions, 85 FFMA, no
-# spills; backward 868). Bucket 4 stays on MMA tiles: its vector loop doubles (LSTM H=768:
-# 2027 / 2590 instructions, 253 registers; H=1024 spills). Not yet timed on a GPU:
-# `scripts/step_ablation.py` variant `mma1` restores the MMA tiles at B <= 2.
-_VECTOR_BATCH = 2
+# persistent grid with one batch tile of the bucket's width and the resident products on the
+# FMA units, the weights held in registers. A 16-wide MMA tile for one row computes 15/16
+# padding, stages h (dph) in shared memory and reads the weight slice from shared memory
+# every step (LSTM H=768 B=1, 4 warps, S = 2: 120 ldmatrix and 192 mma.sync per warp and
+# step, every weight read twice); the vector tiles' step loop reads no shared memory but
+# the compiler's small layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768
+# block_h=8 B=1, 8 warps: forward 624 instructions, 85 FFMA, no spills; backward 868;
+# the MMA tile: 1093 / 1151 at 4 warps). Bucket 2 stays on MMA tiles: its vector loop
+# (1089 / 1444 instructions at 8 warps) issues about twice the MMA tile's instructions, a
+# trade the compiles cannot settle; bucket 4 doubles again (2027 / 2590, H=1024 spills).
+# Not yet timed on a GPU: `scripts/step_ablation.py` variant `mma1` restores the MMA tiles
+# at B = 1; plan_constraints(block_b=2, block_h=8) forces vector tiles at B = 2.
+_VECTOR_BATCH = 1
 _VECTOR_WARPS = 8
 # Register budget of the weights per thread: the sm_90 compiles (Triton 3.6, bf16, 8 warps,
 # B=1) hold 256 B (LSTM H=1024, block_h=8: 225 / 229 registers, no spill) and spill beyond

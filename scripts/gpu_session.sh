@@ -13,7 +13,7 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
-#   bash scripts/gpu_session.sh vector    B = 1 and 2: vector tiles (FMA, weights in registers)
+#   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
@@ -82,7 +82,7 @@ case "${1:-tests}" in
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
-      --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1;lstm,768,2" \
+      --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
       --variants "layer;mma1,layer" 2>&1 | tee "$out/ablation-vector.log" | tail -20
     for shape in "lstm 768" "gru 1024"; do set -- $shape
       timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \

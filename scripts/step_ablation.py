@@ -28,7 +28,7 @@ Variants (comma-joined in one process):
     noswap / nojoin  streamed weights: the loops' dots untransposed / the forward's gates
               in separate products (kernels' _swap_dots / _joint_gates)
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
-    mma1      MMA tiles (block_b 16) at batch 1 and 2 instead of vector tiles (the planner's
+    mma1      MMA tiles (block_b 16) at batch 1 instead of vector tiles (the planner's
               _VECTOR_BATCH = 0)
     bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
               batch tiles of 64, hidden slices of 16) for the step and the layer times
@@ -122,7 +122,7 @@ def swaps() -> dict:
         "nojoin": [(pg, "_joint_gates", lambda *_a: False)],
         # The backward's resident gate products chained through one accumulator.
         "chains1": [(pg, "_bwd_chains", lambda *_a: 1)],
-        # Batch 1 and 2 on 16-wide MMA tiles (as before vector tiles).
+        # Batch 1 on 16-wide MMA tiles (as before vector tiles).
         "mma1": [(planner, "_VECTOR_BATCH", 0)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),

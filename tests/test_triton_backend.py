@@ -52,7 +52,7 @@ def test_lstm_projection(family, lengths):
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_vector_tiles_end_to_end(mode):
-    # Vector tiles (the planner's choice at B = 1 and 2 on a GPU) through cudnn_rnn: two
+    # Vector tiles (the planner's choice at B = 1 on a GPU) through cudnn_rnn: two
     # bidirectional layers of one row, H = 17 in three slices of 8.
     with plan_constraints(family="persistent_grid", block_b=1, block_h=8):
         compare_with_torch(mode, L=2, bidirectional=True, lengths="batch1", I=4, H=17, T=5,
