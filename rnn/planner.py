@@ -508,7 +508,9 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             )
         return base
     if "num_warps" not in choice and vector and block_b >= 16:
-        num_warps = bwd = 4  # MMA tiles forced on a vector-tile heuristic
+        # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
+        num_warps = _persistent_grid_warps(block_h, block_b)
+        bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
     block_k = choice.get("block_k", base.block_k)
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs)

@@ -230,6 +230,12 @@ def test_vector_tile_constraints():
     with plan_constraints(block_b=16):
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.block_b, lp.block_h, lp.num_warps) == (16, 16, 4)
+    with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 backward 8 warps
+        lp = _plan(H=768, B=1).layer(0)
+    assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 4, 8)
+    with plan_constraints(block_b=16, num_warps_bwd=8):
+        lp = _plan(H=768, B=1).layer(0)
+    assert (lp.num_warps, lp.backward_warps) == (4, 8)
     with plan_constraints(block_k=64):
         assert _plan(H=768, B=1).layer(0).block_b == 16
     with plan_constraints(family="stepwise"):
