@@ -297,28 +297,13 @@ def _vx(X, x_row, jb, ok, k0, KC: tl.constexpr, K: tl.constexpr, BM: tl.constexp
 
 
 @triton.jit
-def _vdot(w, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr,
-          BB: tl.constexpr):
-    """Vector tiles (`vector_tiles`): w [BM, KC] @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32 on
-    the FMA units, one batch column at a time: the products (exact in fp32 for bf16 / fp16
-    operands) summed over KC in fp32. The weights stay in registers across steps (no dot
-    operand is staged in shared memory)."""
-    BM: tl.constexpr = w.shape[0]
-    wf = w.to(tl.float32)
-    cols = tl.arange(0, BB)[None, :]
-    out = tl.zeros([BM, BB], tl.float32)
-    for b in tl.static_range(BB):
-        jb, ok = _vcol(jb64, x_ok, b, BB)
-        p = tl.sum(wf * _vx(X, x_row, jb, ok, k0, KC, K, BM, DT), axis=1)
-        out = tl.where(cols == b, p[:, None], out)
-    return out
-
-
-@triton.jit
 def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr,
             G: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
-    """`_vdot` of the cell's gates (G is 1, 3 or 4) against one shared operand chunk: each
-    batch column's [BM, KC] operand is loaded once for all gates. Zeros for missing gates."""
+    """Vector tiles (`vector_tiles`): w_k [BM, KC] @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32
+    for the cell's gates (G is 1, 3 or 4; zeros for missing gates) on the FMA units, one
+    batch column at a time: the products (exact in fp32 for bf16 / fp16 operands) summed
+    over KC in fp32. Each column's [BM, KC] operand is loaded once for all gates. The
+    weights stay in registers across steps (no dot operand is staged in shared memory)."""
     BM: tl.constexpr = w0.shape[0]
     cols = tl.arange(0, BB)[None, :]
     p0 = tl.zeros([BM, BB], tl.float32)
@@ -336,6 +321,14 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.co
         if G > 3:
             p3 = tl.where(sel, tl.sum(w3.to(tl.float32) * x, axis=1)[:, None], p3)
     return p0, p1, p2, p3
+
+
+@triton.jit
+def _vdot(w, X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, DT: tl.constexpr,
+          BB: tl.constexpr):
+    """`_vgates` of one weight tile: w [BM, KC] @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32."""
+    p, _, _, _ = _vgates(w, w, w, w, X, x_row, jb64, x_ok, k0, KC, K, 1, DT, BB)
+    return p
 
 
 @triton.jit
@@ -1358,7 +1351,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     the sm_90 compiles (Triton 3.6: LSTM H 512..1024, GRU 1024, block_b 1, 2, 4), counted
     as 1 KiB.
     """
-    if block_b < 16:
+    if vector_tiles(block_b):
         return 1024
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
@@ -1451,7 +1444,7 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
     for name, v in (("block_h", block_h), ("block_b", block_b)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    if block_b < 16:  # vector tiles: FMA products of resident weights
+    if vector_tiles(block_b):  # FMA products of resident weights
         if block_k:
             raise ValueError(f"block_b < 16 (vector tiles) needs resident weights (block_k = 0), "
                              f"got block_k = {block_k}")

@@ -462,12 +462,14 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             )
         return base
     block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
-    vector = base.block_b < 16 and base.family != "reference"
+    from tritonrnn.kernels.persistent_grid import vector_tiles
+
+    vector = vector_tiles(base.block_b) and base.family != "reference"
     if "block_b" not in choice and vector and (
         family == "persistent_cta" or choice.get("block_k", 0)
     ):
         block_b = 16  # a vector-tile heuristic forced elsewhere: back to MMA tiles
-    if block_b < 16 and (family == "persistent_cta" or choice.get("block_k", 0)):
+    if vector_tiles(block_b) and (family == "persistent_cta" or choice.get("block_k", 0)):
         if strict:
             raise ValueError(
                 f"plan_constraints: block_b = {block_b} (vector tiles) needs resident weights "
@@ -498,16 +500,16 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         return plan
     block_h = choice.get("block_h", base.block_h or _grid_block_h(
         cell, H, Hout, P, dtype, block_b, batch, props))
-    if "block_h" not in choice and block_b >= 16 and block_h < 16:
+    if "block_h" not in choice and not vector_tiles(block_b) and block_h < 16:
         block_h = _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props)
-    if block_b >= 16 and block_h < 16:
+    if not vector_tiles(block_b) and block_h < 16:
         if strict:
             raise ValueError(
                 f"plan_constraints: block_h = {block_h} needs vector tiles (block_b 1, 2 or "
                 f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
             )
         return base
-    if "num_warps" not in choice and vector and block_b >= 16:
+    if "num_warps" not in choice and vector and not vector_tiles(block_b):
         # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
         num_warps = _persistent_grid_warps(block_h, block_b)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
@@ -831,6 +833,8 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id,
 
 def candidates(plan: Plan) -> list[dict]:
     """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`)."""
+    from tritonrnn.kernels.persistent_grid import vector_tiles
+
     if plan.dtype == "float64":
         return [{"family": "reference"}]
     dtype = getattr(torch, plan.dtype)
@@ -846,7 +850,7 @@ def candidates(plan: Plan) -> list[dict]:
         for block_b in (*(vec if grid else ()), 16, 32, 64):
             if block_b > max(16, _pow2(plan.batch)):
                 continue
-            vector = block_b < 16
+            vector = vector_tiles(block_b)
             for num_warps, num_warps_bwd in itertools.product((4, 8), (4, 8)):
                 if not grid and num_warps_bwd != num_warps:
                     continue  # the one-program family's warps are tuned for both passes
