@@ -4,8 +4,10 @@
 # project's .venv), the tests that depend on the Triton version: the sm_90 ahead-of-time
 # compiles (tests/test_aot.py: the spill and fit assertions with the GPU machine's compiler)
 # and the kernels under 3.6's interpreter (its frontend: an API the GPU's Triton lacks fails
-# here, not on the lent machine). The grid, backend and pair-launch tests run their LSTM cases
-# only (the other cells share the kernels' code; their time is the main suite's).
+# here, not on the lent machine). Every kernel runs here: the CTA, cell and dropout tests
+# whole, the grid kernels and the pair launches in their LSTM cases (the other cells share
+# the kernels' code), and the op end to end through each family once (varlen with zero
+# lengths); the end-to-end matrix over cells and layers is the main suite's.
 # Needs .venv (scripts/setup.sh, as scripts/test.sh runs it). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,6 @@ export PYTHONPATH=$PWD/$dir TRITON_INTERPRET=1
 .venv/bin/python -c "import triton; print('Triton', triton.__version__, 'from', triton.__file__)"
 .venv/bin/python -m pytest -q -n 2 -p no:cacheprovider \
   tests/test_aot.py tests/test_kernels_cta.py tests/test_cells.py tests/test_kernels_dropout.py \
-  "$@"
-.venv/bin/python -m pytest -q -n 2 -p no:cacheprovider -k lstm \
-  tests/test_kernels_grid.py tests/test_triton_backend.py tests/test_bidir_launch.py "$@"
+  tests/test_kernels_grid.py tests/test_bidir_launch.py tests/test_triton_backend.py \
+  -k "not (test_kernels_grid or test_bidir_launch or test_triton_backend) or (lstm and \
+(test_kernels_grid or pair_launch or engine_pair or unidirectional_varlen_zero_lengths))" "$@"
