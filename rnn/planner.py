@@ -336,17 +336,18 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
 # every step (LSTM H=768 B=1, 4 warps, S = 2: 120 ldmatrix and 192 mma.sync per warp and
 # step, every weight read twice); the vector tiles' step loop reads no shared memory but
 # the compiler's small layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768
-# block_h=8 B=1, 8 warps: forward 624 instructions, 85 FFMA, no spills; backward 868;
-# the MMA tile: 1093 / 1151 at 4 warps). Bucket 2 stays on MMA tiles: its vector loop
-# (1089 / 1444 instructions at 8 warps) issues about twice the MMA tile's instructions, a
-# trade the compiles cannot settle; bucket 4 doubles again (2027 / 2590, H=1024 spills).
+# block_h=8 B=1, 8 warps: forward 559 instructions, 85 FFMA, 15 bar.sync, no spills;
+# backward 698; the MMA tile: 1093 / 1151 at 4 warps). Bucket 2 stays on MMA tiles: its
+# vector loop (1422 / 1645 instructions at 8 warps) issues more than the MMA tile's, a
+# trade the compiles cannot settle; bucket 4 more again (2106 / 2414).
 # Not yet timed on a GPU: `scripts/step_ablation.py` variant `mma1` restores the MMA tiles
 # at B = 1; plan_constraints(block_b=2, block_h=8) forces vector tiles at B = 2.
 _VECTOR_BATCH = 1
 _VECTOR_WARPS = 8
 # Register budget of the weights per thread: the sm_90 compiles (Triton 3.6, bf16, 8 warps,
-# B=1) hold 256 B (LSTM H=1024, block_h=8: 225 / 229 registers, no spill) and spill beyond
-# (LSTM H=768 block_h=16, 384 B: 3 local loads per step; GRU H=1536 block_h=16, 576 B: 146).
+# B=1) hold 256 B (LSTM H=1024, block_h=8: 207 / 235 registers, no spill) and spill beyond
+# (LSTM H=768 block_h=16, 384 B: 7 local loads per backward step; GRU H=1536 block_h=16,
+# 576 B: 117 forward, 320 backward).
 _VECTOR_THREAD_BYTES = 256
 
 

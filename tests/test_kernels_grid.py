@@ -477,6 +477,24 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent):
     _check_backward(ins, outs, reverse)
 
 
+@pytest.mark.parametrize("cell, P, block_b", [("lstm", 0, 1), ("lstm", 20, 1), ("gru", 0, 2),
+                                           ("rnn_relu", 0, 4)], ids=str)
+def test_vector_tiles_in_slices(cell, P, block_b, monkeypatch):
+    # Slices of 8 columns (`vector_width`, 256 for bf16 on a GPU) of chunks of 16 (with
+    # _MAX_CHUNK = 16, H = 17 is 16 + 16): R, R^T, Pw and Pw^T chunks are each held as
+    # [2, rows, 8] (`_vgates`, `_vgate_sum`, `_vdot`).
+    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
+    monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
+    assert pg._ksplit(17) == (16, 16)
+    kw = dict(persistent=True, block_h=8, block_b=block_b, num_warps=8)
+    ins, outs = _forward_problem(cell, 17, P, *VEC_LENGTHS)
+    _run_forward(ins, outs, False, **kw)
+    _check_forward(ins, outs, False)
+    ins, outs = _backward_problem(cell, 17, P, *VEC_LENGTHS)
+    _run_backward(ins, outs, False, **kw)
+    _check_backward(ins, outs, False)
+
+
 def test_vector_tiles_batch_one_single_program():
     # One program (H = 8, block_h = 8, B = 1): the persistent launch runs every step in one
     # launch under the interpreter too, so the in-kernel step loop carries h, c in registers.
