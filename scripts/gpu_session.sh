@@ -83,7 +83,7 @@ case "${1:-tests}" in
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
       --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
-      --variants "layer;mma1,layer" 2>&1 | tee "$out/ablation-vector.log" | tail -20
+      --variants "layer;mma1,layer;vec1,layer" 2>&1 | tee "$out/ablation-vector.log" | tail -20
     for shape in "lstm 768" "gru 1024"; do set -- $shape
       timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \

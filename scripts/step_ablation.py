@@ -30,6 +30,9 @@ Variants (comma-joined in one process):
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
     mma1      MMA tiles (block_b 16) at batch 1 instead of vector tiles (the planner's
               _VECTOR_BATCH = 0)
+    vec1      vector tiles with each resident chunk in one slice (kernels'
+              vector_width: 512-column chunks spread over warps, so their reductions cross
+              warps through shared memory)
     bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
               batch tiles of 64, hidden slices of 16) for the step and the layer times
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
@@ -124,6 +127,8 @@ def swaps() -> dict:
         "chains1": [(pg, "_bwd_chains", lambda *_a: 1)],
         # Batch 1 on 16-wide MMA tiles (as before vector tiles).
         "mma1": [(planner, "_VECTOR_BATCH", 0)],
+        # Vector tiles with unsliced chunks.
+        "vec1": [(pg, "vector_width", lambda _dt: 1 << 16)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
