@@ -360,29 +360,11 @@ def _vsplit(acc):
 
 
 @triton.jit
-def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
-    """One weight chunk on the FMA units (a one-gate `_vgates`, nothing to join):
-    w @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32."""
-    v = _v3(w)
-    S: tl.constexpr = v.shape[0]
-    BM: tl.constexpr = v.shape[1]
-    KW: tl.constexpr = v.shape[2]
-    sel_b = tl.arange(0, BB)[None, :]
-    acc = tl.zeros([BM, BB], tl.float32)
-    for b in tl.static_range(BB):
-        jb, ok = _vcol(jb64, x_ok, b, BB)
-        x = _vx(X, x_row, jb, ok, k0, S, BM, KW, K, DT)
-        acc = tl.where(sel_b == b, tl.sum(tl.sum(v.to(tl.float32) * x, axis=2), axis=0)[:, None],
-                       acc)
-    return acc
-
-
-@triton.jit
 def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.constexpr,
                DT: tl.constexpr, BB: tl.constexpr):
     """Vector tiles: sum over the G gates of w_k @ X[jb, k * K + k0 : ...]^T -> [BM, BB] fp32,
     gate k's operand at column offset k * K of X's rows (the backward's dph exchange): the
-    gates' products are added elementwise and reduced once (`_vgates` for the layout)."""
+    gates' products are added elementwise and reduced once (slices as in `_vgates`)."""
     v0 = _v3(w0)
     S: tl.constexpr = v0.shape[0]
     BM: tl.constexpr = v0.shape[1]
@@ -401,6 +383,13 @@ def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.
                                                  DT)
         acc = tl.where(sel_b == b, tl.sum(tl.sum(prod, axis=2), axis=0)[:, None], acc)
     return acc
+
+
+@triton.jit
+def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
+    """One weight chunk on the FMA units (`_vgate_sum` of one gate):
+    w @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32."""
+    return _vgate_sum(w, w, w, w, X, x_row, jb64, x_ok, k0, K, 1, DT, BB)
 
 
 @triton.jit
