@@ -460,14 +460,25 @@ VEC_LENGTHS = ([3, 0, 3], 4)
 
 # Every cell (and the projection) in tiles of 1 row, forward direction, persistent; tiles of
 # 2 and 4 rows for LSTM (with and without the projection) and GRU, reversed and stepwise.
-VEC_CASES = [(c, P, 1, False, True) for c, P in [(c, 0) for c in CELLS] + [("lstm", 20)]] + [
-    (c, P, bb, True, False) for c, P in (("lstm", 0), ("lstm", 20), ("gru", 0)) for bb in (2, 4)]
+VEC_CASES = [(c, P, 1, False, True, False) for c, P in [(c, 0) for c in CELLS] + [("lstm", 20)]] + [
+    (c, P, bb, True, False, False) for c, P in (("lstm", 0), ("lstm", 20), ("gru", 0))
+    for bb in (2, 4)] + [
+    (c, P, bb, False, True, True) for c, P, bb in (("lstm", 0, 1), ("lstm", 20, 1), ("gru", 0, 2),
+                                                  ("rnn_relu", 0, 4))]
 
 
-@pytest.mark.parametrize("cell, P, block_b, reverse, persistent", VEC_CASES,
+@pytest.mark.parametrize("cell, P, block_b, reverse, persistent, sliced", VEC_CASES,
                          ids=lambda v: str(v))
-def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent):
+def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sliced,
+                                      monkeypatch):
     assert pg.vector_tiles(block_b) and pg._nsplit(16, 16, 8, 8, block_b) == 1
+    if sliced:
+        # Slices of 8 columns (`vector_width`, 256 for bf16 on a GPU) of chunks of 16 (with
+        # _MAX_CHUNK = 16, H = 17 is 16 + 16): R, R^T, Pw and Pw^T chunks are each held as
+        # [2, rows, 8] (`_vgates`, `_vgate_sum`, `_vdot`); otherwise one slice per chunk.
+        monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
+        monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
+        assert pg._ksplit(17) == (16, 16)
     kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
     ins, outs = _forward_problem(cell, 17, P, *VEC_LENGTHS)
     _run_forward(ins, outs, reverse, **kw)
@@ -475,24 +486,6 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent):
     ins, outs = _backward_problem(cell, 17, P, *VEC_LENGTHS)
     _run_backward(ins, outs, reverse, **kw)
     _check_backward(ins, outs, reverse)
-
-
-@pytest.mark.parametrize("cell, P, block_b", [("lstm", 0, 1), ("lstm", 20, 1), ("gru", 0, 2),
-                                           ("rnn_relu", 0, 4)], ids=str)
-def test_vector_tiles_in_slices(cell, P, block_b, monkeypatch):
-    # Slices of 8 columns (`vector_width`, 256 for bf16 on a GPU) of chunks of 16 (with
-    # _MAX_CHUNK = 16, H = 17 is 16 + 16): R, R^T, Pw and Pw^T chunks are each held as
-    # [2, rows, 8] (`_vgates`, `_vgate_sum`, `_vdot`).
-    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
-    monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
-    assert pg._ksplit(17) == (16, 16)
-    kw = dict(persistent=True, block_h=8, block_b=block_b, num_warps=8)
-    ins, outs = _forward_problem(cell, 17, P, *VEC_LENGTHS)
-    _run_forward(ins, outs, False, **kw)
-    _check_forward(ins, outs, False)
-    ins, outs = _backward_problem(cell, 17, P, *VEC_LENGTHS)
-    _run_backward(ins, outs, False, **kw)
-    _check_backward(ins, outs, False)
 
 
 def test_vector_tiles_batch_one_single_program():
