@@ -222,20 +222,22 @@ def _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KC: tl.constexpr, K: tl.conste
 @triton.jit
 def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constexpr,
             K: tl.constexpr, k: tl.constexpr, G: tl.constexpr, RESIDENT: tl.constexpr,
-            DT: tl.constexpr, BM: tl.constexpr, S: tl.constexpr):
-    """A resident weight chunk of gate k (`_tile`: columns k0 .. k0 + KC), or a placeholder
-    that is never read (streamed weights, a gate the cell lacks, an empty chunk KC == 0; the
-    compiler drops it)."""
+            DT: tl.constexpr, BM: tl.constexpr, S: tl.constexpr, VW: tl.constexpr = 0):
+    """A resident weight chunk of gate k (`_tile`: columns k0 .. k0 + KC, split S ways), or
+    a placeholder that is never read (streamed weights, a gate the cell lacks, an empty chunk
+    KC == 0; the compiler drops it). Vector tiles (VW > 0) hold the chunk in slices of VW
+    columns (`vector_width`) instead."""
+    SC: tl.constexpr = KC // VW if VW > 0 and KC > VW else S
     if RESIDENT:
         if k < G:
             if KC > 0:
-                return _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KC, K, S, DT)
+                return _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KC, K, SC, DT)
             else:
-                return _zacc(S, BM, 16).to(DT)
+                return _zacc(SC, BM, 16).to(DT)
         else:
-            return _zacc(S, BM, 16).to(DT)
+            return _zacc(SC, BM, 16).to(DT)
     else:
-        return _zacc(S, BM, 16).to(DT)
+        return _zacc(SC, BM, 16).to(DT)
 
 
 @triton.jit
@@ -801,11 +803,6 @@ def _grid_fwd_kernel(
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    # Vector tiles (VW > 0) hold each resident chunk in slices of VW columns (`vector_width`).
-    RSA: tl.constexpr = RKA // VW if VW > 0 and RKA > VW else RS
-    RSB: tl.constexpr = RKB // VW if VW > 0 and RKB > VW else RS
-    PSA: tl.constexpr = PKA // VW if VW > 0 and PKA > VW else PS
-    PSB: tl.constexpr = PKB // VW if VW > 0 and PKB > VW else PS
     if JOINT:  # one [GP * BLOCK_H, K] tile for all gates (wa0 / wb0); the rest unused
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
         wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H, 1)
@@ -818,28 +815,28 @@ def _grid_fwd_kernel(
         wb2 = wa1
         wb3 = wa1
     else:
-        wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RSA)
+        wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
         wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RSA)
+                      BLOCK_H, RS, VW)
         wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RSA)
+                      BLOCK_H, RS, VW)
         wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RSA)
-        wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RSB)
+                      BLOCK_H, RS, VW)
+        wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
         wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RSB)
+                      BLOCK_H, RS, VW)
         wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT,
-                      DOT_DT, BLOCK_H, RSB)
+                      DOT_DT, BLOCK_H, RS, VW)
         wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT,
-                      DOT_DT, BLOCK_H, RSB)
+                      DOT_DT, BLOCK_H, RS, VW)
     b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
     b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
     b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
     b3 = _gate_b(BR, hs, h_ok, 3, G, H, BLOCK_H)
     pwa = _wchunk(PW, os_, o_ok, s_pw, 1, 0, PKA, H, 0, (P > 0) * 1, RESIDENT, DOT_DT, BLOCK_O,
-                  PSA)
+                  PS, VW)
     pwb = _wchunk(PW, os_, o_ok, s_pw, 1, PKA, PKB, H, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_O, PSB)
+                  BLOCK_O, PS, VW)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
     h_at = jb64[None, :] * HOUT + os_[:, None]
@@ -1124,29 +1121,24 @@ def _grid_bwd_kernel(
         r_gate = H * s_r
         pw_sa = 1
         pw_sb = s_pw
-    # Vector tiles (VW > 0) hold each resident chunk in slices of VW columns (`vector_width`).
-    RSA: tl.constexpr = RKA // VW if VW > 0 and RKA > VW else RS
-    RSB: tl.constexpr = RKB // VW if VW > 0 and RKB > VW else RS
-    PSA: tl.constexpr = PKA // VW if VW > 0 and PKA > VW else PS
-    PSB: tl.constexpr = PKB // VW if VW > 0 and PKB > VW else PS
-    wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RSA)
+    wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS, VW)
     wa1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 1, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSA)
+                  BLOCK_O, RS, VW)
     wa2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSA)
+                  BLOCK_O, RS, VW)
     wa3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSA)
-    wb0 = _wchunk(R, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RSB)
+                  BLOCK_O, RS, VW)
+    wb0 = _wchunk(R, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS, VW)
     wb1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 1, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSB)
+                  BLOCK_O, RS, VW)
     wb2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSB)
+                  BLOCK_O, RS, VW)
     wb3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
-                  BLOCK_O, RSB)
+                  BLOCK_O, RS, VW)
     pwa = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_H, PSA)
+                  BLOCK_H, PS, VW)
     pwb = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
-                  BLOCK_H, PSB)
+                  BLOCK_H, PS, VW)
 
     keep_o = o_ok[:, None] & b_ok[None, :]
     keep_h = h_ok[:, None] & b_ok[None, :]
