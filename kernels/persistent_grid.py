@@ -509,7 +509,7 @@ def _acc_gates(a0, a1, a2, a3, w0, w1, w2, w3, x, G: tl.constexpr, FP32_DOT: tl.
 @triton.jit
 def _joint_rows(hs, h_ok, G: tl.constexpr, H: tl.constexpr, GP: tl.constexpr,
                 BH: tl.constexpr):
-    """Rows of R for the joint gate tile [GP * BH, K] (`JOINT`): row g * BH + i is gate g's
+    """Rows of R for the joint gate tile [GP * BH, K] (GATES = 1): row g * BH + i is gate g's
     unit hs[i], i.e. R row g * H + hs[i]; gates g >= G (GRU's padding to GP = 4) masked."""
     g = tl.arange(0, GP)[:, None]
     idx = tl.reshape(g * H + hs[None, :], [GP * BH])
@@ -536,18 +536,70 @@ def _split_gates(acc, GP: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
 
 
 @triton.jit
+def _batched_chunk(W, hs, h_ok, s_r, k0: tl.constexpr, KC: tl.constexpr, K: tl.constexpr,
+                   G: tl.constexpr, GP: tl.constexpr, H: tl.constexpr, KS: tl.constexpr,
+                   DT: tl.constexpr, BH: tl.constexpr):
+    """A resident chunk of the gate-batched forward (GATES = 2), [KS * GP, BH, KC // KS]:
+    entry s * GP + g holds gate g's rows R[g * H + hs] over the columns k0 + s * KC / KS ..
+    k0 + (s + 1) * KC / KS, zero for gates g >= G (GRU's padding) and past K; a placeholder
+    that is never read when the chunk is empty (KC == 0)."""
+    if KC > 0:
+        e = tl.arange(0, KS * GP)[:, None, None]
+        g = e % GP
+        rows = (g * H + hs[None, :, None]).to(tl.int64)
+        kk = k0 + (e // GP) * (KC // KS) + tl.arange(0, KC // KS)[None, None, :]
+        ok = (g < G) & h_ok[None, :, None] & (kk < K)
+        return tl.load(W + rows * s_r + kk, mask=ok, other=0.0).to(DT)
+    else:
+        return _zacc(1, BH, 16).to(DT)
+
+
+@triton.jit
+def _batched_dot(w, X, x_row, jb64, x_ok, k0: tl.constexpr, KC: tl.constexpr, K: tl.constexpr,
+                 KS: tl.constexpr, GP: tl.constexpr, BB: tl.constexpr, DT: tl.constexpr,
+                 FP32_DOT: tl.constexpr):
+    """The gates' products [GP, BH, BB] of a gate-batched chunk w (`_batched_chunk`) with the
+    exchange rows X[jb, k0 : k0 + KC]: one 3-D dot whose batch entries are (K slice, gate),
+    the operand read once per slice and broadcast over the gates, the KS slices' partial sums
+    added at the end. Triton lays a 3-D dot's warps along its batch entries, so each warp
+    forms whole gate products: none computes a tile another warp also computes (the split-K
+    dots of `_fwd_pre_split` run every MMA num_warps / S times over when S < num_warps) and
+    with KS * GP = 2 * num_warps a warp holds all the slices of its gate, so their sum stays
+    in-thread."""
+    if KS == 1:
+        x = tl.reshape(_kpart(X, x_row, jb64, x_ok, k0, KC, K, 1, DT), [1, KC, BB])
+    else:
+        x = _kpart(X, x_row, jb64, x_ok, k0, KC, K, KS, DT)
+    xg = tl.reshape(tl.broadcast_to(x[:, None, :, :], [KS, GP, KC // KS, BB]),
+                    [KS * GP, KC // KS, BB])
+    acc = _mm(w, xg, FP32_DOT)
+    return tl.sum(tl.reshape(acc, [KS, GP, acc.shape[1], BB]), axis=0)
+
+
+@triton.jit
 def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-             JOINT: tl.constexpr = False, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
+             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
-    JOINT (S = 1): one [GP * BH, K] @ [K, BB] dot for all gates (wa0 / wb0 hold the joint
-    tile; GP = 1 for a one-gate cell), then the gates are split out of it: no cross-warp
-    reduction. SWAP: the streamed dot formed transposed (`_dot_w3`)."""
-    if JOINT:
+    GATES (`_fwd_gates`) says how the gates' products are formed: 0 one dot per gate
+    (`_fwd_pre_split`); 1 (joint, S = 1) one [GP * BH, K] @ [K, BB] dot for all gates (wa0 /
+    wb0 hold the joint tile; GP = 1 for a one-gate cell), then the gates are split out of
+    it: no cross-warp reduction; 2 (gate-batched, resident, GP = 4) one 3-D dot per chunk
+    whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
+    `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
+    (`_dot_w3`)."""
+    if GATES == 2:
+        acc = _batched_dot(wa0, src, HOUT, jb64, b_ok, 0, KA, HOUT, S, GP, BB, DOT_DT,
+                           FP32_DOT)
+        if KB > 0:
+            acc = _sum2(acc, _batched_dot(wb0, src, HOUT, jb64, b_ok, KA, KB, HOUT, S, GP, BB,
+                                          DOT_DT, FP32_DOT))
+        p0, p1, p2, p3 = _split_gates(tl.reshape(acc, [GP * BH, BB]), GP, BH, BB)
+    elif GATES == 1:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
                      RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB, SWAP)
@@ -673,7 +725,7 @@ def _fwd_cell_phase(
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, P: tl.constexpr,
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr, GP: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
@@ -685,7 +737,7 @@ def _fwd_cell_phase(
     if tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, JOINT, GP, SWAP)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP)
         p0 += b0[:, None]
         p1 += b1[:, None]
         p2 += b2[:, None]
@@ -758,7 +810,7 @@ def _grid_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
     RESIDENT: tl.constexpr, RKA: tl.constexpr, RKB: tl.constexpr, PKA: tl.constexpr,
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, JOINT: tl.constexpr = False,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
@@ -803,7 +855,16 @@ def _grid_fwd_kernel(
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    if JOINT:  # one [GP * BLOCK_H, K] tile for all gates (wa0 / wb0); the rest unused
+    if GATES == 2:  # gate-batched chunks (wa0 / wb0, in RS K slices); the rest unused
+        wa0 = _batched_chunk(R, hs, h_ok, s_r, 0, RKA, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
+        wb0 = _batched_chunk(R, hs, h_ok, s_r, RKA, RKB, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
+        wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
+        wa2 = wa1
+        wa3 = wa1
+        wb1 = wa1
+        wb2 = wa1
+        wb3 = wa1
+    elif GATES == 1:  # one [GP * BLOCK_H, K] tile for all gates (wa0 / wb0); the rest unused
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
         wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H, 1)
         wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
@@ -867,7 +928,7 @@ def _grid_fwd_kernel(
                 x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC, u,
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
-                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, JOINT, GP, SWAP)
+                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -875,7 +936,7 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, JOINT, GP, SWAP)
+                    BARRIER, GATES, GP, SWAP)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
@@ -1340,7 +1401,7 @@ def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int
 
 # Experimental for resident weights, off (streamed weights always join a gated cell's gates,
 # `_joint_gates`): the forward's gate dots as one joint [4 * block_h, K] @ [K, block_b]
-# product (`_fwd_pre`, JOINT; GRU padded with a zero gate), which needs no cross-warp
+# product (`_fwd_pre`, GATES = 1; GRU padded with a zero gate), which needs no cross-warp
 # reduction at all: with 16 x 16 tiles its 8 MMA tiles cover 4 warps. Not yet timed on a
 # GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
 # Its sm_90 compile (Triton 3.6, LSTM H=768 B=16, 4 warps) is a wgmma reading the joint
@@ -1365,6 +1426,62 @@ def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
     if block_k:
         return gated or _swap_dots(block_k, block_b)
     return _FWD_JOINT_GATES and gated
+
+
+# The forward's gate-batched product (`_fwd_gates`, `_batched_dot`) where the split-K gate
+# dots would repeat MMAs across warps. False restores those dots (`scripts/step_ablation.py`
+# variant `nobatch`).
+_FWD_GATE_BATCH = True
+
+
+def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int) -> int:
+    """How the forward forms its gates' recurrent products (the kernel's GATES): 1 joint
+    (`_joint_gates`), 2 gate-batched, 0 one split-K dot per gate (`_fwd_pre_split`).
+
+    Gate-batched: gated cells, resident weights, MMA tiles, where the [block_h, block_b] gate
+    output has fewer 16 x 8 MMA tiles than warps (`_nsplit` splits K there). Triton lays a
+    3-D dot's warps along its batch axis, so a split-K dot with S < num_warps slices runs
+    every MMA num_warps / S times: the anchor's (LSTM H=768 B=16, 16 x 16 tiles, 4 warps,
+    S = 2) 192 mma.sync per warp and step where 96 do. The gate-batched dot's batch entries
+    are (K slice, gate), GP * KS of them (`_batch_ksplit`): each warp forms whole gates, the
+    four gates' products come out of one dot, and with 4 warps a gate's slices meet
+    in-thread (no cross-warp reduction). The sm_90 compiles (Triton 3.6, bf16, 16 x 16
+    tiles, 4 warps), forward step loop instructions / mma.sync / bar.sync, split-K ->
+    gate-batched: LSTM H=768 1093 / 192 / 27 -> 736 / 96 / 22 (235 -> 172 registers, 61 ->
+    13 LDS), H=512 905 / 128 / 25 -> 614 / 64 / 18, H=1024 1210 / 256 / 27 -> 804 / 128 /
+    22, GRU H=1024 985 / 192 / 25 -> 726 / 128 / 22, GRU H=1536 1279 / 288 / 25 -> 1020 /
+    192 / 22 (GRU computes its zero fourth gate: a third more weight bytes on chip); the
+    longest MMA chain 16 (GRU H=1536 32 -> 16), no spills. With 4 warps a 16 x 32 output
+    has an MMA tile per warp already, and gate-batched it spills (LSTM H=768 B=64: 51 local
+    loads per step); with 8 warps (one entry per warp, the slices summed across warps) it
+    does not, and the planner gives those tiles 8 (`rnn.planner._persistent_grid_warps`).
+    Not yet timed on a GPU (`scripts/step_ablation.py` variant `nobatch`)."""
+    if _joint_gates(cell, block_k, block_b):
+        return 1
+    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+    if (_FWD_GATE_BATCH and gated and not block_k and not vector_tiles(block_b)
+            and (block_h // 16) * (block_b // 8) < num_warps):
+        return 2
+    return 0
+
+
+# The gate-batched forward cuts its chunks into K slices of at most this many columns: a
+# warp's slices of its gate are independent MMA chains of at most _BATCH_SLICE / 16 (the
+# backward's `_bwd_chains` keeps chains of 16 or fewer too), added in-thread.
+_BATCH_SLICE = 256
+
+
+def _batch_ksplit(ka: int, kb: int) -> int:
+    """K slices KS of the gate-batched forward's chunks (ka, kb), a power of two: at least 2
+    (one chain of 32 MMAs at LSTM H=768 otherwise) and enough that a slice of ka is at most
+    _BATCH_SLICE columns (GRU H=1536's 1024 + 512: 4, chains of 16 instead of 32, and its
+    one local load per step in the sm_90 compile gone), as long as every slice of both chunks
+    keeps the 16 columns an MMA needs; 1 where even 2 would not."""
+    low = min(ka, kb or ka)
+    ks = 2
+    while ka // ks > _BATCH_SLICE and low // (2 * ks) >= 16:
+        ks *= 2
+    return ks if low >= 16 * ks else 1
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
@@ -1402,8 +1519,11 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
-                      block_b: int, block_k: int = 0, num_warps: int = 8) -> int:
-    """Per-program shared-memory bytes of the larger direction.
+                      block_b: int, block_k: int = 0, num_warps: int = 8,
+                      fwd_warps: int | None = None) -> int:
+    """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
+    warps, whose split-K scratch grows with them; fwd_warps: the forward's, which decide its
+    gate layout `_fwd_gates`; default num_warps).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
     larger of the dot operand staged from the exchange (one chunk at a time, in the dtype) and
@@ -1421,7 +1541,13 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
     two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
     512 / 1536 (rechecked after the forward's split cap: LSTM H=256 bb=32 and GRU H=512 with
-    8 warps, LSTM H=768 with 4). Streamed weights (block_k = K > 0): the loop's software
+    8 warps, LSTM H=768 with 4). The gate-batched forward (`_fwd_gates` = 2) holds G4 gates'
+    rows (GRU's zero fourth gate too) and stages half a chunk's operand (KS = 2 and 4
+    slices, `_batch_ksplit`; all of it with KS = 1):
+      forward  = e*(G4*bh*RF + [P] BO*RB) + max(e*bb*KF/min(KS, 2), 4*G4*bh*bb, [P] ...)
+    equal to the compiles of LSTM H 256..1024 and GRU 512..1536 (16 x 16 tiles, 4 warps) and
+    of LSTM H 768 / 1024 and GRU 768 / 1024 (16 x 32 tiles, 8 warps).
+    Streamed weights (block_k = K > 0): the loop's software
     pipeline, 3 buffers of one chunk's weight tile [rows, K] and exchange tile [K, bb] in the
     dtype, for the widest dot (rows: the forward's joint gate tile GP*bh, GP = 4 for a gated
     cell else 1, and with a projection BO; the backward's BO, with a projection bh), or that
@@ -1461,9 +1587,13 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    joint = _joint_gates(cell, block_k, block_b)
-    stage_f = max(e * bb * KF, 4 * g4 * bh * bb if joint  # the gates' split-out conversion
-                  else scratch(KF, kf2, bh, g4, _gate_split))
+    gates = _fwd_gates(cell, block_k, bh, bb, num_warps if fwd_warps is None else fwd_warps)
+    joint = gates > 0  # the gates' product as one tile, split out (a layout conversion)
+    if gates == 2:
+        stage_f = max(e * bb * KF // min(_batch_ksplit(KF, kf2), 2), 4 * g4 * bh * bb)
+    else:
+        stage_f = max(e * bb * KF, 4 * g4 * bh * bb if joint
+                      else scratch(KF, kf2, bh, g4, _gate_split))
     stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
     if proj:
         stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
@@ -1748,7 +1878,9 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
-    joint = _joint_gates(cell, block_k, block_b)
+    gates = _fwd_gates(cell, block_k, block_h, block_b, num_warps)
+    r_split = {0: _gate_split(rka, rkb, num_warps, block_h, block_b), 1: 1,
+               2: _batch_ksplit(rka, rkb)}[gates]  # the kernel's RS
     swap = _swap_dots(block_k, block_b)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
@@ -1766,9 +1898,9 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 HAS_CSEQ=c_seq_ is not None, NPH=nph, NH=triton.cdiv(H, block_h),
                 BLOCK_H=block_h, BLOCK_O=_block_o(H, P, block_h), BLOCK_B=block_b,
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
-                RS=1 if joint else _gate_split(rka, rkb, num_warps, block_h, block_b),
+                RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, JOINT=joint,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap,
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),

@@ -273,7 +273,8 @@ def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, b
     return LayerPlan(
         family, block_b, block_h, num_warps,
         grid_programs(H, Hout, P, batch, block_h, block_b, num_dirs),
-        grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b, block_k),
+        grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b, block_k,
+                          fwd_warps=num_warps),
         block_k, num_dirs,
     )
 
@@ -287,14 +288,22 @@ _SMEM_SLACK = 7 * 1024
 
 
 def _weights_label(cell: str, lp: LayerPlan) -> str:
-    """How a plan holds its recurrent weights, for Plan.explain(): resident, or streamed in
-    chunks of block_k with the loops' shape (joint gate tile, transposed products)."""
-    from tritonrnn.kernels.persistent_grid import _joint_gates, _swap_dots, vector_tiles
+    """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
+    forward's gate-batched product where it has one), or streamed in chunks of block_k with
+    the loops' shape (joint gate tile, transposed products)."""
+    from tritonrnn.kernels.persistent_grid import (
+        _fwd_gates,
+        _joint_gates,
+        _swap_dots,
+        vector_tiles,
+    )
 
-    if lp.family in ("persistent_grid", "stepwise") and vector_tiles(lp.block_b):
+    grid = lp.family in ("persistent_grid", "stepwise")
+    if grid and vector_tiles(lp.block_b):
         return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
-        return "resident"
+        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps) == 2
+        return "resident (gate-batched forward)" if batched else "resident"
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
@@ -318,14 +327,13 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
         for block_b in (16, 32, 64):
             if block_b > max(16, _pow2(batch)):
                 break
-            lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
+            fwd = _persistent_grid_warps(block_h, block_b, cell, block_k)
+            lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, fwd,
                        block_k, num_dirs)
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
             ):
-                fwd = _persistent_grid_warps(block_h, block_b)
-                bwd = _persistent_grid_bwd_warps(block_h, block_b)
-                return replace(lp, num_warps=fwd).with_backward_warps(bwd)
+                return lp.with_backward_warps(_persistent_grid_bwd_warps(block_h, block_b))
     return None
 
 
@@ -333,13 +341,13 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
 # persistent grid with one batch tile of the bucket's width and the resident products on the
 # FMA units, the weights held in registers. A 16-wide MMA tile for one row computes 15/16
 # padding, stages h (dph) in shared memory and reads the weight slice from shared memory
-# every step (LSTM H=768 B=1, 4 warps, S = 2: 120 ldmatrix and 192 mma.sync per warp and
-# step, every weight read twice); the vector tiles' step loop reads no shared memory but
-# the compiler's small layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768
-# block_h=8 B=1, 8 warps: forward 559 instructions, 85 FFMA, 15 bar.sync, no spills;
-# backward 698; the MMA tile: 1093 / 1151 at 4 warps). Bucket 2 stays on MMA tiles: its
-# vector loop (1422 / 1645 instructions at 8 warps) issues more than the MMA tile's, a
-# trade the compiles cannot settle; bucket 4 more again (2106 / 2414).
+# every step (LSTM H=768 B=1, 4 warps, gate-batched: 96 ldmatrix and 96 mma.sync per warp
+# and step); the vector tiles' step loop reads no shared memory but the compiler's small
+# layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768 block_h=8 B=1, 8 warps:
+# forward 559 instructions, 85 FFMA, 15 bar.sync, no spills; backward 698; the MMA tile:
+# 736 / 1151 at 4 warps, 1093 in the forward before it was gate-batched). Bucket 2 stays
+# on MMA tiles: its vector loop (1422 / 1645 instructions at 8 warps) issues more than the
+# MMA tile's; bucket 4 more again (2106 / 2414).
 # Not yet timed on a GPU: `scripts/step_ablation.py` variant `mma1` restores the MMA tiles
 # at B = 1; plan_constraints(block_b=2, block_h=8) forces vector tiles at B = 2.
 _VECTOR_BATCH = 1
@@ -374,16 +382,32 @@ def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan 
     return None
 
 
-def _persistent_grid_warps(block_h: int, block_b: int) -> int:
-    """Warps of a persistent-grid program: 4 up to a 16 x 32 tile, else 8.
+def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
+                           block_k: int = 0) -> int:
+    """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; and 8
+    where that makes the forward gate-batched (`kernels.persistent_grid._fwd_gates`: gated
+    cells, resident weights, the 16 x 32 and 32 x 16 tiles, whose 4 MMA tiles per gate
+    keep 4 warps on split-K-free per-gate dots).
 
     A step's work per program is small (a [G*16, H] @ [H, <=32] product); more warps only
     lengthen its cross-warp reductions and shared-memory traffic. Measured on an H100
     (bf16, T = 1024, `scripts/step_ablation.py`), forward + backward of the layer, 8 -> 4
     warps: LSTM H=512 B=1 15.9 -> 10.4 ms, H=768 B=16 19.5 -> 14.2, H=768 B=64 (16 x 32
     tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
-    `kernels.persistent_grid._FWD_GATE_SPLIT`). Larger tiles keep 8 (not measured)."""
-    return 4 if block_h * block_b <= 512 else 8
+    `kernels.persistent_grid._FWD_GATE_SPLIT`). Larger tiles keep 8 (not measured).
+    Gate-batched, each of 8 warps forms one K slice of one gate's product: the sm_90
+    compiles (Triton 3.6, bf16, 16 x 32 tiles), forward step loop instructions / mma.sync
+    per warp, 4 warps per-gate dots -> 8 warps gate-batched: LSTM H=768 1242 / 192 -> 920 /
+    96, H=1024 1411 / 256 -> 992 / 128 (longest MMA chain 32 -> 16), GRU H=1024 1124 / 192
+    -> 912 / 128; no spills either way (8 warps per-gate, split K in 2, ran every MMA 4 times:
+    LSTM H=768 1535 / 384). Not yet timed on a GPU (`scripts/step_ablation.py` variant `w4`
+    restores 4 warps)."""
+    from tritonrnn.kernels.persistent_grid import _fwd_gates
+
+    if block_h * block_b > 512:
+        return 8
+    batched = _fwd_gates(cell, block_k, block_h, block_b, 8) == 2
+    return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4) != 2 else 4
 
 
 def _persistent_grid_bwd_warps(block_h: int, block_b: int) -> int:
@@ -443,9 +467,12 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
                     continue
                 lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
                            block_k, num_dirs)
+                warps = _grid_warps(lp.onchip_bytes, block_h, block_b)
+                if warps != 4:  # the forward's warps decide its gate layout (its bytes)
+                    lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch,
+                               warps, block_k, num_dirs)
                 if props.interpreter or lp.onchip_bytes <= budget:
-                    return replace(lp, num_warps=_grid_warps(lp.onchip_bytes, block_h,
-                                                             block_b))
+                    return lp
     return _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, batch, 4, _STREAM_K, num_dirs)
 
 
@@ -510,11 +537,11 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                 f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
             )
         return base
+    block_k = choice.get("block_k", base.block_k)
     if "num_warps" not in choice and vector and not vector_tiles(block_b):
         # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
-        num_warps = _persistent_grid_warps(block_h, block_b)
+        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
-    block_k = choice.get("block_k", base.block_k)
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs)
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:

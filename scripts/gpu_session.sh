@@ -13,6 +13,8 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
+#   bash scripts/gpu_session.sh batch     the gate-batched forward against per-gate split-K
+#                                         dots (nobatch: 16 x 32 tiles back on 4 warps)
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
@@ -80,6 +82,11 @@ case "${1:-tests}" in
       | tee "$out/ablation-b64.log" | tail -20
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
+  batch)
+    timeout 560 python scripts/step_ablation.py --out "$out/batch" \
+      --shapes "lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64" \
+      --variants "layer;nobatch,layer" 2>&1 \
+      | tee "$out/ablation-batch.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
       --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \

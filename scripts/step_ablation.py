@@ -17,7 +17,9 @@ Variants (comma-joined in one process):
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
     w2/w4/w8  2 / 4 / 8 warps instead of the planner's (both passes); bh32: block_h 32
-    bw2/bw4/bw8  the backward's warps only (seen in `layer` times)
+    bw2/bw4/bw8  the backward's warps only (seen in `layer` times); fw4/fw8 the forward's
+    nobatch   the forward's gate dots per gate, split K, instead of gate-batched (kernels'
+              _FWD_GATE_BATCH; the planner then gives 16 x 32 tiles' forward 4 warps again)
     chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
               default halves them, 512 + 512)
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
@@ -52,7 +54,7 @@ import triton
 import triton.language as tl
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
+VARIANTS = ["full,layer", "nobatch,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
@@ -73,7 +75,7 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-            JOINT: tl.constexpr = False, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
+            GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -119,6 +121,7 @@ def swaps() -> dict:
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
         "joint": [(pg, "_FWD_JOINT_GATES", True)],
+        "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],
@@ -134,6 +137,7 @@ def swaps() -> dict:
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},
         **{f"bw{w}": [(planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
+        **{f"fw{w}": [(planner, "_persistent_grid_warps", warps(w))] for w in (4, 8)},
         **{f"s{n}": [(pg, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
     }
 

@@ -446,7 +446,8 @@ def test_compile_options_reach_ptxas(reports):
 
 # The planner's own choice for B = 64 at H = 1024: 16 x 32 tiles, whose 4-warp compiles
 # spilled in every step before the backward got 8 warps and the 1024 reduction two 512 chunks
-# (Triton 3.6, in-loop local loads + stores: LSTM backward 518, forward 118; GRU 436 / 97).
+# (Triton 3.6, in-loop local loads + stores: LSTM backward 518, forward 118; GRU 436 / 97);
+# the forward runs 8 warps gate-batched since.
 WIDE = [
     ("lstm1024-b64", aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16)),
     ("gru1024-b64", aot.AotShape("gru", hidden=1024, batch=64, dtype=torch.bfloat16)),
@@ -471,10 +472,15 @@ def wide_reports():
 def test_wide_tiles_keep_spills_out_of_the_step_loop(wide_reports, name):
     r = wide_reports[name]
     lp = r["plan"]
-    assert (lp["block_h"], lp["block_b"], lp["num_warps"], lp["num_warps_bwd"]) == (16, 32, 4, 8)
+    assert (lp["block_h"], lp["block_b"], lp["num_warps"], lp["num_warps_bwd"]) == (16, 32, 8, 0)
     fwd, bwd = _kernels(r)
-    assert (fwd["num_warps"], bwd["num_warps"]) == (4, 8)
+    assert (fwd["num_warps"], bwd["num_warps"]) == (8, 8)
     assert fwd["constexprs"]["RKA"] == fwd["constexprs"]["RKB"] == "512"
+    # The forward gate-batched (`_fwd_gates`): each warp one K slice of one gate, no MMA
+    # computed twice (4 warps of per-gate dots: 256 mma.sync per warp at LSTM H=1024).
+    assert fwd["constexprs"]["GATES"] == "2" and fwd["constexprs"]["RS"] == "2"
+    assert fwd["profile"]["MMA"] == 4 * (32 // 8) * (1024 // 16) // 8  # 4 gates (GRU's
+    # padded), 4 MMA tiles of 16 x 8 each, K / 16 steps, over 8 warps
     # Neither step loop has local-memory traffic (Triton 3.6 and 3.9 compiles; the forward's
     # had 21 / 11 operations before its two chunks became separate MMA chains).
     assert _local_ops(bwd)[0] == 0, bwd["profile"]
@@ -572,7 +578,7 @@ def test_large_batch_streamed_loops_are_wgmma(large_reports, name):
     assert (lp["family"], lp["block_h"], lp["block_b"], lp["block_k"]) == (
         "persistent_grid", 32, 64, 64)
     fwd, bwd = _kernels(r)
-    assert fwd["constexprs"]["JOINT"] == "True" and fwd["constexprs"]["SWAP"] == "True"
+    assert fwd["constexprs"]["GATES"] == "1" and fwd["constexprs"]["SWAP"] == "True"
     assert bwd["constexprs"]["SWAP"] == "True"
     for k in (fwd, bwd):
         assert k["mma"] == "wgmma", k["kernel"]

@@ -194,7 +194,7 @@ def test_plan_prints_explain(capsys):
     assert out.startswith("Plan ")
     assert "H=768" in out and "B=16" in out and "T=1024" in out
     assert "reserve:" in out and "NVIDIA H100" in out
-    assert "weights=resident " in out
+    assert "weights=resident (gate-batched forward) " in out
 
 
 @pytest.mark.parametrize("mode, batch, label", [

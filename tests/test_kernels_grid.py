@@ -439,8 +439,52 @@ def test_streamed_joint_gate_choice():
     assert not pg._joint_gates("lstm", 0, 64) and not pg._joint_gates("lstm")
 
 
+# The gate-batched forward (`pg._fwd_gates` = 2: gated cells, resident weights, fewer MMA
+# tiles than warps): one 3-D dot per chunk over (K slice, gate) entries. H = 96 holds R as
+# 64 + 32 columns, each cut in KS = 2 slices; H = 128 with _BATCH_SLICE = 32 is one 128 chunk
+# in KS = 4 slices (GRU H=1536's 1024 + 512 on a GPU); P = 64: R's reduction is the
+# projection's 64. 16 x 32 tiles take it with 8 warps (batch 40: a full and a partial tile).
+# batched=False: the per-gate split-K dots (S = 2) it replaces, kept for comparison.
+BATCH_CASES = pytest.mark.parametrize("cell, H, P, block_b, warps, slice_, ks, batched", [
+    ("lstm", 96, 0, 16, 4, 256, 2, True), ("gru", 96, 0, 16, 4, 256, 2, True),
+    ("lstm", 128, 0, 16, 4, 32, 4, True), ("gru", 128, 0, 16, 4, 32, 4, True),
+    ("lstm", 64, 64, 16, 4, 256, 2, True), ("gru", 96, 0, 32, 8, 256, 2, True),
+    ("lstm", 96, 0, 16, 4, 256, 2, False), ("gru", 96, 0, 16, 4, 256, 2, False),
+], ids=lambda v: str(v))
+
+
+@BATCH_CASES
+@REVERSE
+def test_gate_batched_forward_matches_reference(monkeypatch, cell, H, P, block_b, warps,
+                                                slice_, ks, batched, reverse):
+    monkeypatch.setattr(pg, "_BATCH_SLICE", slice_)
+    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", batched)
+    assert pg._fwd_gates(cell, 0, 16, block_b, warps) == (2 if batched else 0)
+    assert pg._batch_ksplit(*pg._ksplit(P or H)) == ks
+    lengths, T = VARLEN if block_b == 16 else _swap_lengths()
+    ins, outs = _forward_problem(cell, H, P, lengths[:40], T)
+    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=block_b,
+                 num_warps=warps)
+    _check_forward(ins, outs, reverse)
+
+
+def test_gate_batch_choice():
+    # Gate-batched where the per-gate dots' output has fewer 16 x 8 MMA tiles than warps.
+    assert pg._fwd_gates("lstm", 0, 16, 16, 4) == 2 and pg._fwd_gates("gru", 0, 16, 16, 4) == 2
+    assert pg._fwd_gates("lstm", 0, 16, 32, 8) == 2 and pg._fwd_gates("lstm", 0, 32, 16, 8) == 2
+    assert pg._fwd_gates("lstm", 0, 16, 32, 4) == 0  # 4 MMA tiles, 4 warps: plain dots
+    assert pg._fwd_gates("rnn_tanh", 0, 16, 16, 4) == 0  # one gate: nothing to batch
+    assert pg._fwd_gates("lstm", 64, 16, 16, 4) == 1  # streamed: the joint tile
+    assert pg._fwd_gates("lstm", 0, 16, 4, 8) == 0  # vector tiles
+    # K slices: 2, more while a slice of the first chunk is wider than _BATCH_SLICE, none
+    # narrower than an MMA's 16 columns.
+    assert [pg._batch_ksplit(*pg._ksplit(K)) for K in (33, 48, 96, 512, 768, 1024, 1536)] == [
+        1, 1, 2, 2, 2, 2, 4]
+
+
 def test_joint_gate_onchip_bytes(monkeypatch):
-    # GRU's joint tile holds 4 gate slots (one zero): 4/3 of the weight slice.
+    # GRU's joint tile holds 4 gate slots (one zero), as the gate-batched chunks do, and
+    # stages the whole chunk's operand (the gate-batched forward half of it).
     off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16)
     monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == (
@@ -613,15 +657,22 @@ def test_grid_formulas():
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 147456
     # 16 x 32 tiles: the stage doubles (2*32*512).
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 131072
+    # GRU (8 warps, so the forward is gate-batched, `_fwd_gates`): the forward's rows of 4
+    # gates (one zero) 2*4*16*1024 + half a chunk's operand 2*32*256; 4 forward warps: the
+    # per-gate dots' 3 gates 2*3*16*1024 + stage 2*32*512 (both as compiled).
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32,
+                                fwd_warps=4) == 131072
     # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512.
     assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
-    # GRU H=512: R slice 2*3*16*512 + stage 2*16*512 (65536, as compiled with 8 warps).
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 49152 + 16384
+    # GRU H=512, the gate-batched forward (16 x 16 tiles): 4 gates' rows 2*4*16*512 + half
+    # the chunk's operand 2*16*256 (73728 as compiled; the backward 2*3*16*512 + 2*16*512).
+    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536 + 8192
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
-    # GRU H=1536 1024 + 512 (stage 2*16*1024).
+    # GRU H=1536 1024 + 512: its gate-batched forward 2*4*16*1536 + 2*16*512 is the larger
+    # (212992 as compiled, 4 K slices; the backward 180224).
     assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 180224
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
     # 16 x 32 tiles: the forward's scratch [2, 4*16, 32] fp32 and the backward's [8, 16, 32]
     # are as large as the staged operand (2*32*256): 49152, as compiled (Triton 3.6, 8 warps).
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
