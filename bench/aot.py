@@ -828,9 +828,17 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
         raise
     except Exception as e:  # a compile failure is a finding about the kernel
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
-        # Triton's messages start with a location and end with the cause: keep both.
+        # Triton's messages start with a location and end with the cause: keep both, and
+        # the innermost chained exception's message (nested jit helpers chain one
+        # CompilationError per call level, each ending in its source excerpt's caret).
         text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-        rep.error = f"{type(e).__name__}: {text}"[:300]
+        root = e
+        while (root.__cause__ or root.__context__) is not None:
+            root = root.__cause__ or root.__context__
+        if root is not e:  # the innermost exception says what went wrong
+            cause = (str(root).strip().splitlines() or [""])[-1]
+            text += f" <- {type(root).__name__}: {cause}"
+        rep.error = f"{type(e).__name__}: {text}"[:500]
         rep.compile_s = time.perf_counter() - t0
         return rep
     rep.compile_s = time.perf_counter() - t0

@@ -70,7 +70,16 @@ largest item of the step in the sm_90 compiles). Such dots cut the reduction int
 instead, the batch dimension of a 3-D dot (Triton puts its warps along it): each warp runs
 1/S of the MMAs and reads 1/S of the weights and of h from shared memory, and the S partial
 sums are added once per step (the forward joins its gates into one reduction). Output tiles
-with at least one MMA tile per warp keep the plain dot (S = 1).
+with at least one MMA tile per warp keep the plain dot (S = 1). With fewer slices than warps
+the extra warps compute copies again (the forward's gate dots use at most 2 slices, so 4
+warps ran every MMA twice).
+
+Gate-batched forward (`_fwd_gates`: gated cells, resident weights, MMA tiles with fewer MMA
+tiles than warps): the gates of a chunk are one 3-D dot whose batch entries are (K slice,
+gate), [KS * 4, BLOCK_H, chunk / KS] @ [KS * 4, chunk / KS, BLOCK_B] with h's slices
+broadcast over the gates (`_batched_chunk`, `_batched_dot`): each warp forms whole gates
+(GRU computes a zero fourth), nothing twice, and with 4 warps a gate's KS slices are summed
+in-thread. The anchor's forward: 96 mma.sync per warp per step instead of 192.
 
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from

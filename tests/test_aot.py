@@ -98,6 +98,25 @@ def test_capture_records_one_launch_per_pass_and_restores_everything():
     assert os.environ.get("TRITON_INTERPRET") == before[2]
 
 
+def test_compile_error_names_the_innermost_cause(monkeypatch):
+    # Nested @triton.jit helpers chain one CompilationError per call level, each ending in a
+    # caret line; the report keeps the outermost location and the innermost message.
+    def failing_compile(*_a, **_k):
+        try:
+            try:
+                raise AssertionError("input and other must have equal batch shapes")
+            except AssertionError as e:
+                raise RuntimeError("at 7:15:\n    return tl.dot(a, b)\n           ^") from e
+        except RuntimeError as e:
+            raise RuntimeError("at 142:24:\n    carry = _bwd_carry(...)\n            ^") from e
+
+    monkeypatch.setattr(aot, "compile_launch", failing_compile)
+    launch = aot.Launch("m", "_k", None, (4,), (), {"num_warps": 4})
+    rep = aot.report_kernel("forward", launch, aot.GpuContext(torch.float32, False), H100)
+    assert rep.error == ("RuntimeError: at 142:24: ... ^ <- AssertionError: input and other "
+                         "must have equal batch shapes")
+
+
 def test_recording_restores_on_error():
     original = pg._grid_fwd_kernel
     with pytest.raises(RuntimeError, match="boom"), aot.recording():
