@@ -403,9 +403,9 @@ def test_compiled_persistent_grid_bf16(reports):
         assert k["interpreter_overrides"]["BARRIER"] == ["0", "1"]
         assert k["profile"]["ATOM"] >= 2 and k["profile"]["inner_loops"] >= 1
         assert k["profile"]["MMA"] > 0 and k["profile"]["LDG"] > 0
-    # Dependent MMA chains: the forward's gates are separate products, K = 256 split in 2
-    # (256 / 32 = 8 MMAs each); the backward's 4 gates share one accumulator (chains of 16 or
-    # fewer, `_bwd_chains`), K split in 4: 4 gates * 4 = 16.
+    # Dependent MMA chains: the forward's gates are batch entries of one dot, K = 256 in 2
+    # slices (128 / 16 = 8 MMAs each); the backward's 4 gates share one accumulator (chains
+    # of 16 or fewer, `_bwd_chains`), K split in 4: 4 gates * 4 = 16.
     fwd, bwd = _kernels(r)
     assert bwd["constexprs"]["CHAINS"] == "1"
     assert fwd["profile"]["MMA_chain"] == 8 and bwd["profile"]["MMA_chain"] == 16
@@ -413,13 +413,17 @@ def test_compiled_persistent_grid_bf16(reports):
 
 def test_anchor_mma_chains():
     """The anchor (LSTM H=768 B=16, 16 x 16 tiles, 4 warps): the backward's gates in 4
-    accumulators (K = 768 split in 4: chains of 12, not 4 * 12 = 48) and the forward's two
-    chunks (512 + 256, split in 2) as two chains per gate (16, not 24), none spilling."""
+    accumulators (K = 768 split in 4: chains of 12, not 4 * 12 = 48) and the forward
+    gate-batched, its two chunks (512 + 256) in 2 K slices each (chains of 16, not 32),
+    none spilling. No MMA runs twice: 4 gates x 2 MMA tiles x 768 / 16 over 4 warps (the
+    per-gate split-K dots ran 192 per warp)."""
     r = _compile_named([("anchor", aot.AotShape("lstm", hidden=768, batch=16,
                                                      dtype=torch.bfloat16))])
     fwd, bwd = _kernels(r["anchor"])
     assert bwd["constexprs"]["CHAINS"] == "4"
+    assert fwd["constexprs"]["GATES"] == "2" and fwd["constexprs"]["RS"] == "2"
     assert fwd["profile"]["MMA_chain"] == 16 and bwd["profile"]["MMA_chain"] == 12
+    assert fwd["profile"]["MMA"] == bwd["profile"]["MMA"] == 4 * 2 * 768 // 16 // 4
     for k in (fwd, bwd):
         assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
 
