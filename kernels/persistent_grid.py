@@ -1443,9 +1443,14 @@ def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
 _FWD_GATE_BATCH = True
 
 
-def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int) -> int:
+def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int,
+               fma_dots: bool = False) -> int:
     """How the forward forms its gates' recurrent products (the kernel's GATES): 1 joint
     (`_joint_gates`), 2 gate-batched, 0 one split-K dot per gate (`_fwd_pre_split`).
+    fma_dots: the dots are exact fp32 on a GPU (input_precision "ieee", FMA units), which
+    stay per gate: Triton 3.6 lowers the gate-batched one with its broadcast operand staged
+    whole, past the shared memory of an H100 (LSTM H=512 B=16: 262144 B against 163840;
+    those fp32 loops spill either way). The interpreter's fp32 dots take the batched path.
 
     Gate-batched: gated cells, resident weights, MMA tiles, where the [block_h, block_b] gate
     output has fewer 16 x 8 MMA tiles than warps (`_nsplit` splits K there). Triton lays a
@@ -1469,7 +1474,7 @@ def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: i
         return 1
     gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
     if (_FWD_GATE_BATCH and gated and not block_k and not vector_tiles(block_b)
-            and (block_h // 16) * (block_b // 8) < num_warps):
+            and not fma_dots and (block_h // 16) * (block_b // 8) < num_warps):
         return 2
     return 0
 
@@ -1532,7 +1537,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
                       fwd_warps: int | None = None) -> int:
     """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
     warps, whose split-K scratch grows with them; fwd_warps: the forward's, which decide its
-    gate layout `_fwd_gates`; default num_warps).
+    gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
     larger of the dot operand staged from the exchange (one chunk at a time, in the dtype) and
@@ -1596,7 +1601,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         return 4 * S * gates * rows * bb if S > 1 else 0
 
     g4 = 4 if G > 1 else 1
-    gates = _fwd_gates(cell, block_k, bh, bb, num_warps if fwd_warps is None else fwd_warps)
+    gates = _fwd_gates(cell, block_k, bh, bb, num_warps if fwd_warps is None else fwd_warps,
+                       dtype == torch.float32)
     joint = gates > 0  # the gates' product as one tile, split out (a layout conversion)
     if gates == 2:
         stage_f = max(e * bb * KF // min(_batch_ksplit(KF, kf2), 2), 4 * g4 * bh * bb)
@@ -1887,7 +1893,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k)
     pka, pkb = _ksplit(H, block_k) if P else (16, 0)
-    gates = _fwd_gates(cell, block_k, block_h, block_b, num_warps)
+    gates = _fwd_gates(cell, block_k, block_h, block_b, num_warps,
+                       on_gpu and dot_dt == tl.float32)
     r_split = {0: _gate_split(rka, rkb, num_warps, block_h, block_b), 1: 1,
                2: _batch_ksplit(rka, rkb)}[gates]  # the kernel's RS
     swap = _swap_dots(block_k, block_b)

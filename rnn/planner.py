@@ -287,7 +287,7 @@ _STREAM_K = 64
 _SMEM_SLACK = 7 * 1024
 
 
-def _weights_label(cell: str, lp: LayerPlan) -> str:
+def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
     forward's gate-batched product where it has one), or streamed in chunks of block_k with
     the loops' shape (joint gate tile, transposed products)."""
@@ -302,7 +302,8 @@ def _weights_label(cell: str, lp: LayerPlan) -> str:
     if grid and vector_tiles(lp.block_b):
         return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
-        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps) == 2
+        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps,
+                                      dtype == torch.float32) == 2
         return "resident (gate-batched forward)" if batched else "resident"
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
@@ -327,7 +328,7 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
         for block_b in (16, 32, 64):
             if block_b > max(16, _pow2(batch)):
                 break
-            fwd = _persistent_grid_warps(block_h, block_b, cell, block_k)
+            fwd = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
             lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, fwd,
                        block_k, num_dirs)
             if lp.num_programs <= props.sm_count and (
@@ -383,7 +384,7 @@ def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan 
 
 
 def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
-                           block_k: int = 0) -> int:
+                           block_k: int = 0, dtype: torch.dtype = torch.bfloat16) -> int:
     """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; and 8
     where that makes the forward gate-batched (`kernels.persistent_grid._fwd_gates`: gated
     cells, resident weights, the 16 x 32 and 32 x 16 tiles, whose 4 MMA tiles per gate
@@ -406,8 +407,9 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
 
     if block_h * block_b > 512:
         return 8
-    batched = _fwd_gates(cell, block_k, block_h, block_b, 8) == 2
-    return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4) != 2 else 4
+    fma = dtype == torch.float32  # as a GPU runs it
+    batched = _fwd_gates(cell, block_k, block_h, block_b, 8, fma) == 2
+    return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
 
 
 def _persistent_grid_bwd_warps(block_h: int, block_b: int) -> int:
@@ -540,7 +542,7 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     block_k = choice.get("block_k", base.block_k)
     if "num_warps" not in choice and vector and not vector_tiles(block_b):
         # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
-        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k)
+        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs)
@@ -653,7 +655,7 @@ class Plan:
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
-                f"weights={_weights_label(self.rnn_mode, lp)} "
+                f"weights={_weights_label(self.rnn_mode, lp, self.dtype)} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
                 f" programs={lp.num_programs}"

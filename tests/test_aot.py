@@ -434,6 +434,14 @@ def test_compiled_stepwise_fp32(reports):
     for k in _kernels(r):
         assert k["shared"] > 0 and k["regs"] > 0
         assert k["mma"] == "fma"  # exact fp32 dots run on the FMA units
+    # The forward's gates: batched as the interpreter recorded them, per gate on the GPU
+    # (`_fwd_gates` fma_dots), with that path's K split.
+    fwd = _kernels(r)[0]
+    assert fwd["interpreter_overrides"]["GATES"] == ["2", "0"]
+    assert fwd["constexprs"]["RS"] == str(pg._gate_split(
+        int(fwd["constexprs"]["RKA"]), int(fwd["constexprs"]["RKB"]), fwd["num_warps"],
+        int(fwd["constexprs"]["BLOCK_H"]), int(fwd["constexprs"]["BLOCK_B"])))
+    for k in _kernels(r):
         assert k["constexprs"]["BARRIER"] == "0" and k["co_resident"] is None
         assert k["profile"]["FFMA"] > 0 and k["profile"]["ATOM"] == 0
         assert k["fits"] == (k["fits_smem"] and k["fits_regs"] and not k["spills"])

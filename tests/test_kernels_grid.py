@@ -476,6 +476,7 @@ def test_gate_batch_choice():
     assert pg._fwd_gates("rnn_tanh", 0, 16, 16, 4) == 0  # one gate: nothing to batch
     assert pg._fwd_gates("lstm", 64, 16, 16, 4) == 1  # streamed: the joint tile
     assert pg._fwd_gates("lstm", 0, 16, 4, 8) == 0  # vector tiles
+    assert pg._fwd_gates("lstm", 0, 16, 16, 4, fma_dots=True) == 0  # fp32 on a GPU
     # K slices: 2, more while a slice of the first chunk is wider than _BATCH_SLICE, none
     # narrower than an MMA's 16 columns.
     assert [pg._batch_ksplit(*pg._ksplit(K)) for K in (33, 48, 96, 512, 768, 1024, 1536)] == [
