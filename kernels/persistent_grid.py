@@ -864,20 +864,17 @@ def _grid_fwd_kernel(
     tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    if GATES == 2:  # gate-batched chunks (wa0 / wb0, in RS K slices); the rest unused
-        wa0 = _batched_chunk(R, hs, h_ok, s_r, 0, RKA, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
-        wb0 = _batched_chunk(R, hs, h_ok, s_r, RKA, RKB, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
-        wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
-        wa2 = wa1
-        wa3 = wa1
-        wb1 = wa1
-        wb2 = wa1
-        wb3 = wa1
-    elif GATES == 1:  # one [GP * BLOCK_H, K] tile for all gates (wa0 / wb0); the rest unused
-        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
-        wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H, 1)
-        wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
-                      1)
+    if GATES > 0:  # one tile per chunk for all gates (wa0 / wb0); the rest unused
+        if GATES == 2:  # gate-batched, in RS K slices
+            wa0 = _batched_chunk(R, hs, h_ok, s_r, 0, RKA, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
+            wb0 = _batched_chunk(R, hs, h_ok, s_r, RKA, RKB, HOUT, G, GP, H, RS, DOT_DT,
+                                 BLOCK_H)
+        else:  # joint, [GP * BLOCK_H, K]
+            ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
+            wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT,
+                          GP * BLOCK_H, 1)
+            wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT,
+                          GP * BLOCK_H, 1)
         wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
         wa2 = wa1
         wa3 = wa1
