@@ -17,7 +17,8 @@ Family rule (documented in `recurrence_choice`):
      first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
      the weight slice in registers, FMA products) where the slice fits 256 B per thread;
      else MMA tiles (batch tiles of 16..64, weights in shared memory), resident where the
-     slice fits, else streamed from L2 in chunks of 64 columns.
+     slice fits, else streamed from L2 in chunks of 64 columns (float32 on a GPU always
+     streamed: its FMA dots spill a resident chunk, `_weight_layouts`).
   4. "stepwise" otherwise (one launch per step; R streamed from L2/HBM). Never fails.
 A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
 replaces both, and raises when a forced choice cannot apply on the device.
@@ -283,6 +284,28 @@ _GRID_TILES = (16, 32, 64, 128)
 # Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
 # few KiB (with the compiler's multi-buffering) while each dot still has K = 64.
 _STREAM_K = 64
+
+
+def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, ...]:
+    """The block_k values the MMA-tile plans (persistent grid, stepwise) try, in order:
+    resident weights (0), then streamed in chunks of _STREAM_K.
+
+    float32 only streamed. Its exact dots run on the FMA units, and Triton's FMA lowering of
+    a dot loads each thread's rows of the whole reduction into registers before the first
+    product: a resident chunk is up to 512 columns wide, a streamed one 64. The sm_90
+    compiles (Triton 3.6, 16 x 16 tiles, 4 warps; resident -> streamed/64, spill bytes per
+    thread and local loads per step of forward / backward): LSTM H=512 B=16 12008 / 11456 B,
+    5765 / 5090 -> none; GRU H=768 9936 / 9304 B -> none; LSTM H=256 0 / 608 B (226 local
+    loads per backward step) -> none; rnn_tanh H=512 0 / 3408 B -> none. (8 warps still
+    spill resident: LSTM H=512 backward 560 B.) The vector tiles (B = 1) and the
+    persistent CTA keep their resident weights; `plan_constraints(block_k=0)` and the
+    tuner's candidates still reach the resident fp32 tiles.
+
+    Not on the interpreter preset: its fp32 dots are the half-precision dots' (NumPy, no FMA
+    lowering), so CI's fp32 tests keep running the plans a GPU runs in bf16 / fp16, checked
+    to fp32 accuracy (as `kernels.persistent_grid._fwd_gates` keeps their gate layout)."""
+    fma = dtype == torch.float32 and not props.interpreter
+    return (_STREAM_K,) if fma else (0, _STREAM_K)
 # Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
 _SMEM_SLACK = 7 * 1024
 
@@ -448,7 +471,7 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> Laye
         vec = _vector_fit(cell, H, Hout, P, dtype, batch_bucket, props, dirs)
         if vec is not None:
             return vec
-    for block_k in (0, _STREAM_K):
+    for block_k in _weight_layouts(dtype, props):
         for dirs in sorted({num_dirs, 1}, reverse=True):
             grid = _grid_fit(cell, H, Hout, P, dtype, batch_bucket, props, block_k, dirs)
             if grid is not None:
@@ -460,9 +483,10 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
     """Stepwise tiles: the largest hidden slice and batch tile whose per-launch weight slice
     fits in shared memory (the kernel stages its slice of R on chip for the step); past that,
     the weights streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
-    H, so this family never fails)."""
+    H, so this family never fails). float32 on a GPU streams from the start
+    (`_weight_layouts`)."""
     budget = props.smem_per_program - _SMEM_SLACK
-    for block_k in (0, _STREAM_K):
+    for block_k in _weight_layouts(dtype, props):
         for block_h in (64, 32, 16):
             for block_b in (64, 32, 16):
                 if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):

@@ -53,6 +53,31 @@ def test_reach_with_weights_resident_on_h100(mode, H):
     assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
 
 
+@pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("lstm", 512, 16), ("gru", 768, 16),
+                                      ("rnn_tanh", 512, 64), ("lstm", 512, 1)])
+def test_float32_streams_its_mma_tile_weights(mode, H, B):
+    # fp32 dots run on the FMA units, which load a resident chunk's whole reduction per
+    # thread and spill (`_weight_layouts`): the MMA-tile plans stream fp32 weights in chunks
+    # of 64 where bf16 keeps them resident; the vector tiles (B = 1) keep theirs in registers.
+    half = _plan(mode=mode, H=H, B=B).layer(0)
+    lp = _plan(mode=mode, H=H, B=B, dtype=torch.float32).layer(0)
+    assert half.block_k == 0 and lp.family == "persistent_grid"
+    assert lp.block_k == (0 if B == 1 else 64), lp
+    assert lp.num_programs <= PRESETS["h100"].sm_count
+    with plan_constraints(family="stepwise"):
+        assert _plan(mode=mode, H=H, B=16, dtype=torch.float32).layer(0).block_k == 64
+    with plan_constraints(family="persistent_grid", block_k=0):  # still reachable
+        assert _plan(mode=mode, H=H, B=16, dtype=torch.float32).layer(0).block_k == 0
+    # The persistent CTA keeps its resident fp32 weights.
+    assert _plan(mode=mode, H=64, B=B, dtype=torch.float32).layer(0).family == "persistent_cta"
+    # The interpreter's fp32 dots are its bf16 dots (no FMA lowering): there fp32 keeps its
+    # weights resident as a GPU's bf16 does, so CI checks that path to fp32 accuracy.
+    if B > 1:  # (no vector tiles on the interpreter preset)
+        interp = _plan(mode=mode, H=H, B=B, dtype=torch.float32, device="interpreter").layer(0)
+        assert (interp.family, interp.block_h, interp.block_b, interp.block_k) == (
+            lp.family, lp.block_h, lp.block_b, 0)
+
+
 def test_bidirectional_pair_launch_counts_both_directions():
     # LSTM H=768 B=16: 48 programs per direction, 96 together <= 132 SMs: one pair launch.
     p = _plan(H=768, B=16, direction="bidirectional")
