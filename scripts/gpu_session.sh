@@ -15,6 +15,10 @@
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
 #   bash scripts/gpu_session.sh batch     the gate-batched forward against per-gate split-K
 #                                         dots (nobatch: 16 x 32 tiles back on 4 warps)
+#   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16) on 8 warps (w8 both passes,
+#                                         fw8 the forward) against the planner's 4: gate-
+#                                         batched, 8 warps halve each warp's MMAs (anchor
+#                                         forward 96 -> 48, 736 -> 547 instructions)
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
@@ -87,6 +91,11 @@ case "${1:-tests}" in
       --shapes "lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64" \
       --variants "layer;nobatch,layer" 2>&1 \
       | tee "$out/ablation-batch.log" | tail -20 ;;
+  warps)
+    timeout 560 python scripts/step_ablation.py --out "$out/warps" \
+      --shapes "lstm,768,16;lstm,1024,16;gru,1024,16" \
+      --variants "layer;w8,layer;fw8,layer" 2>&1 \
+      | tee "$out/ablation-warps.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
       --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
@@ -119,6 +128,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|vector|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|vector|profile|all" >&2
      exit 2 ;;
 esac

@@ -25,8 +25,8 @@ import torch
 from tritonrnn.bench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large", "vector",
-          "profile", "all"]
+STAGES = ["tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large", "batch",
+          "warps", "vector", "profile", "all"]
 
 
 def _load_ablation():
