@@ -284,15 +284,17 @@ _GRID_TILES = (16, 32, 64, 128)
 # Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
 # few KiB (with the compiler's multi-buffering) while each dot still has K = 64.
 _STREAM_K = 64
+# Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
+_SMEM_SLACK = 7 * 1024
 
 
 def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, ...]:
     """The block_k values the MMA-tile plans (persistent grid, stepwise) try, in order:
     resident weights (0), then streamed in chunks of _STREAM_K.
 
-    float32 only streamed. Its exact dots run on the FMA units, and Triton's FMA lowering of
-    a dot loads each thread's rows of the whole reduction into registers before the first
-    product: a resident chunk is up to 512 columns wide, a streamed one 64. The sm_90
+    float32 on a GPU only streamed. Its exact dots run on the FMA units, and Triton's FMA
+    lowering of a dot loads each thread's rows of the whole reduction into registers before
+    the first product: a resident chunk is up to 512 columns wide, a streamed one 64. The sm_90
     compiles (Triton 3.6, 16 x 16 tiles, 4 warps; resident -> streamed/64, spill bytes per
     thread and local loads per step of forward / backward): LSTM H=512 B=16 12008 / 11456 B,
     5765 / 5090 -> none; GRU H=768 9936 / 9304 B -> none; LSTM H=256 0 / 608 B (226 local
@@ -306,8 +308,6 @@ def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, .
     to fp32 accuracy (as `kernels.persistent_grid._fwd_gates` keeps their gate layout)."""
     fma = dtype == torch.float32 and not props.interpreter
     return (_STREAM_K,) if fma else (0, _STREAM_K)
-# Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
-_SMEM_SLACK = 7 * 1024
 
 
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype) -> str:
