@@ -306,8 +306,12 @@ def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, .
     Not on the interpreter preset: its fp32 dots are the half-precision dots' (NumPy, no FMA
     lowering), so CI's fp32 tests keep running the plans a GPU runs in bf16 / fp16, checked
     to fp32 accuracy (as `kernels.persistent_grid._fwd_gates` keeps their gate layout)."""
-    fma = dtype == torch.float32 and not props.interpreter
-    return (_STREAM_K,) if fma else (0, _STREAM_K)
+    return (_STREAM_K,) if _fma_dots(dtype, props) else (0, _STREAM_K)
+
+
+def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
+    """Whether the MMA-tile kernels' dots run on the FMA units (exact float32 on a GPU)."""
+    return dtype == torch.float32 and not props.interpreter
 
 
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype) -> str:
@@ -484,10 +488,14 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
     fits in shared memory (the kernel stages its slice of R on chip for the step); past that,
     the weights streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
     H, so this family never fails). float32 on a GPU streams from the start
-    (`_weight_layouts`)."""
+    (`_weight_layouts`), in hidden slices of at most 32: its FMA dots hold a thread's rows of
+    a 64-column chunk in registers, and 64-unit slices spilled (sm_90 compiles, Triton 3.6,
+    8 warps, forward: LSTM H=1536 B=256 at 64 x 32 tiles 136 B, 33 local loads per step;
+    GRU H=2048 B=256 64 B, 11; at 32 x 64 tiles neither spills)."""
     budget = props.smem_per_program - _SMEM_SLACK
+    slices = (32, 16) if _fma_dots(dtype, props) else (64, 32, 16)
     for block_k in _weight_layouts(dtype, props):
-        for block_h in (64, 32, 16):
+        for block_h in slices:
             for block_b in (64, 32, 16):
                 if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):
                     continue

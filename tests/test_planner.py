@@ -78,6 +78,19 @@ def test_float32_streams_its_mma_tile_weights(mode, H, B):
             lp.family, lp.block_h, lp.block_b, 0)
 
 
+@pytest.mark.parametrize("mode,H", [("lstm", 1536), ("gru", 2048)])
+def test_float32_stepwise_slices_stay_narrow(mode, H):
+    # fp32 at B = 256: too large for a co-resident grid, stepwise, streamed. Its FMA dots
+    # spill with 64-unit hidden slices (`_stepwise_fit`): slices of 32 there; bf16 and the
+    # interpreter's fp32 (forced stepwise) keep 64.
+    lp = _plan(mode=mode, H=H, B=256, dtype=torch.float32).layer(0)
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 32, 64, 64), lp
+    with plan_constraints(family="stepwise"):
+        half = _plan(mode=mode, H=H, B=256).layer(0)
+        interp = _plan(mode=mode, H=H, B=256, dtype=torch.float32, device="interpreter")
+    assert half.block_h == interp.layer(0).block_h == 64, half
+
+
 def test_bidirectional_pair_launch_counts_both_directions():
     # LSTM H=768 B=16: 48 programs per direction, 96 together <= 132 SMs: one pair launch.
     p = _plan(H=768, B=16, direction="bidirectional")
