@@ -87,13 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time tritonrnn against cuDNN (and FlashRNN)",
                        description="Times tritonrnn against torch.nn (cuDNN) on padded and "
-                       "packed input, and FlashRNN when importable; writes JSON and a PNG.",
+                       "packed input, with the same cuDNN passes also replayed from CUDA "
+                       "graphs on a GPU (no host launches), and FlashRNN when importable; "
+                       "writes JSON and a PNG.",
                        epilog=EPILOG)
     _add_shape_options(b)
     b.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "fwdbwd", "all"),
                    default="all", help="which pass to time (default all)")
-    b.add_argument("--impl", action="append", choices=("tritonrnn", "torch", "torch-packed",
-                                                       "flashrnn"),
+    b.add_argument("--impl", action="append", choices=("tritonrnn", "torch", "torch-graph",
+                                                       "torch-packed", "flashrnn"),
                    help="implementations to run (repeatable; default all that apply)")
     b.add_argument("--backend", choices=("auto", "triton", "reference"), default="auto",
                    help="tritonrnn backend (default auto: Triton on a GPU or the interpreter)")

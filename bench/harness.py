@@ -27,7 +27,9 @@ from .roofline import PASSES, Ceilings, flops, measure_ceilings, min_bytes
 from .timing import TimingConfig, measure, synchronize
 
 SCHEMA = "tritonrnn.bench/1"
-IMPLS = ("tritonrnn", "torch", "torch-packed", "flashrnn")
+IMPLS = ("tritonrnn", "torch", "torch-graph", "torch-packed", "flashrnn")
+# The cuDNN baselines a speedup is given against (`_derive`: speedup_vs_<name>).
+BASELINES = ("torch", "torch-graph", "torch-packed")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -163,15 +165,17 @@ def _runner(impl: str, case: runners.Case, opts: BenchOptions) -> runners.Runner
     """A runner, or the reason this implementation does not run on this case."""
     if impl == "torch-packed" and case.lengths is None:
         return "skip: fixed-length input (torch-packed is the varlen baseline)"
-    if impl == "flashrnn":
-        why = runners.flashrnn_unsupported(case)
-        if why:
-            return f"skip: {why}"
+    why = {"flashrnn": runners.flashrnn_unsupported,
+           "torch-graph": runners.graph_unsupported}.get(impl, lambda _case: None)(case)
+    if why:
+        return f"skip: {why}"
     try:
         if impl == "tritonrnn":
             return runners.tritonrnn_runner(case, opts.backend)
         if impl in ("torch", "torch-packed"):
             return runners.torch_runner(case, packed=impl == "torch-packed")
+        if impl == "torch-graph":
+            return runners.torch_graph_runner(case)
         return runners.flashrnn_runner(case)
     except Exception as e:  # one failing implementation must not end the run
         return f"error: {type(e).__name__}: {e}".splitlines()[0]
@@ -219,7 +223,8 @@ def run_shape(shape: BenchShape, opts: BenchOptions, ceilings: Ceilings, tick=No
             try:
                 fn()  # one more warm-up, right before timing
                 t = measure(fn, dev.type, opts.timing)
-                peak = _peak_bytes(fn, dev)
+                peak = (runner.peak_bytes[p] if runner.peak_bytes is not None
+                        else _peak_bytes(fn, dev))
                 _check_barriers(dev)  # a timed run whose grid barrier failed is no result
                 run.update(status="ok", **t.as_dict(), peak_bytes=peak)
             except Exception as e:  # recorded, the sweep goes on
@@ -289,7 +294,7 @@ def _derive(record: dict, case: runners.Case, ceilings: Ceilings) -> None:
         run["roofline_ms"] = roof_ms
         run["bound"] = bound
         run["pct_roofline"] = 100.0 * roof_ms / run["ms"]
-        for base in ("torch", "torch-packed"):
+        for base in BASELINES:
             other = by_key.get((base, run["pass"]))
             key = "speedup_vs_" + base.replace("-", "_")
             run[key] = other["ms"] / run["ms"] if other else None
@@ -364,9 +369,12 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
             "bytes": "compulsory traffic: inputs, outputs, LSTM cell states, params (and "
             "their gradients), states; see tritonrnn.bench.roofline",
             "pct_roofline": "100 * max(flops/matrix_peak, bytes/memory_peak) / measured time",
-            "speedup": "baseline ms / implementation ms, same pass",
+            "speedup": "baseline ms / implementation ms, same pass (speedup_vs_<baseline>: "
+            "torch = cuDNN through torch.nn, launched eagerly; torch_graph = the same passes "
+            "replayed from CUDA graphs, no host launches; torch_packed = PackedSequence input)",
             "peak_bytes": "torch.cuda.max_memory_allocated during one call, above the "
-            "memory allocated before it (null on the CPU)",
+            "memory allocated before it (null on the CPU); torch-graph: what the pass's "
+            "capture allocated (its graph's memory pool)",
             "reserve_ratio": "tritonrnn's reserve_space bytes / cuDNN's reserve (from "
             "CudnnRnnBackward0._saved_result3); the design's target is <= 0.3",
         },
@@ -405,6 +413,7 @@ def display_name(impl: str, report: dict) -> str:
     return {
         "torch": "cuDNN" if gpu else "torch-cpu",
         "torch-packed": "cuDNN-packed" if gpu else "torch-cpu-packed",
+        "torch-graph": "cuDNN-graph",
     }.get(impl, impl)
 
 
@@ -412,7 +421,7 @@ def format_table(report: dict) -> str:
     """The human-readable summary printed after a run."""
     lines = []
     header = (f"{'pass':<7}{'impl':<17}{'ms (p20-p80)':>24}{'TFLOP/s':>9}{'%roof':>7}"
-              f"{'speedup':>9}{'peak mem':>11}")
+              f"{'speedup':>9}{'vs graph':>9}{'peak mem':>11}")
     for r in report["results"]:
         lines.append("")
         lines.append(f"== {r['label']}  (N={r['tokens']} tokens)")
@@ -423,11 +432,11 @@ def format_table(report: dict) -> str:
                 lines.append(f"{run['pass']:<7}{name:<17}  error: {run['reason']}")
                 continue
             ms = f"{run['ms']:.3f} ({run['ms_p20']:.3f}-{run['ms_p80']:.3f})"
-            sp = run.get("speedup_vs_torch")
+            sp, sg = run.get("speedup_vs_torch"), run.get("speedup_vs_torch_graph")
             lines.append(
                 f"{run['pass']:<7}{name:<17}{ms:>24}{run['tflops']:>9.3g}"
                 f"{run['pct_roofline']:>6.1f}%{(f'{sp:.2f}x' if sp else '-'):>9}"
-                f"{_fmt_bytes(run['peak_bytes']):>11}"
+                f"{(f'{sg:.2f}x' if sg else '-'):>9}{_fmt_bytes(run['peak_bytes']):>11}"
             )
         for impl, e in r["implementations"].items():
             name = display_name(impl, report)
@@ -448,7 +457,9 @@ def format_table(report: dict) -> str:
                 acc += f") {verdict}"
             else:
                 acc = e.get("correctness_note") or "not compared"
-            lines.append(f"  {name}: reserve {_fmt_bytes(e.get('reserve_bytes'))}; {acc}")
+            algo = e.get("cudnn_algo")
+            algo = f"; cuDNN algorithm fwd {algo['fwd']}, bwd {algo['bwd']}" if algo else ""
+            lines.append(f"  {name}: reserve {_fmt_bytes(e.get('reserve_bytes'))}; {acc}{algo}")
         for base, ratio in r.get("reserve_ratio", {}).items():
             lines.append(f"  reserve tritonrnn / {display_name(base, report)}: {ratio:.3f}")
         plan = r["plan"]

@@ -19,7 +19,7 @@ def plot_report(report: dict, path: Path) -> Path:
     labels = [r["label"] for r in results]
     passes = [p for p in ("fwd", "bwd", "fwdbwd")
               if any(run["pass"] == p for r in results for run in r["runs"])]
-    impls = [i for i in ("tritonrnn", "torch", "torch-packed", "flashrnn")
+    impls = [i for i in ("tritonrnn", "torch", "torch-graph", "torch-packed", "flashrnn")
              if any(run["impl"] == i and run["status"] == "ok"
                     for r in results for run in r["runs"])]
     fig, axes = plt.subplots(2, max(len(passes), 1), squeeze=False,
@@ -40,15 +40,21 @@ def plot_report(report: dict, path: Path) -> Path:
         ax.set_ylabel("ms (lower is better)")
         ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
-        speedups = []
-        for r in results:
-            run = next((q for q in r["runs"] if q["impl"] == "tritonrnn" and q["pass"] == p
-                        and q["status"] == "ok"), None)
-            sp = run.get("speedup_vs_torch") if run else None
-            speedups.append(sp if sp is not None else float("nan"))
-        sp_ax.bar(x, speedups, 0.5, color="tab:green")
+        bases = [b for b in ("torch", "torch-graph") if b in impls]
+        bw = 0.6 / max(len(bases), 1)
+        for k, base in enumerate(bases):
+            speedups = []
+            for r in results:
+                run = next((q for q in r["runs"] if q["impl"] == "tritonrnn"
+                            and q["pass"] == p and q["status"] == "ok"), None)
+                sp = run.get("speedup_vs_" + base.replace("-", "_")) if run else None
+                speedups.append(sp if sp is not None else float("nan"))
+            sp_ax.bar([i + (k - (len(bases) - 1) / 2) * bw for i in x], speedups, bw,
+                      label=f"vs {display_name(base, report)}")
         sp_ax.axhline(1.0, color="grey", linewidth=0.8)
-        sp_ax.set_title(f"{p}: tritonrnn speedup vs {display_name('torch', report)}")
+        if bases:
+            sp_ax.legend(fontsize=7)
+        sp_ax.set_title(f"{p}: tritonrnn speedup vs cuDNN")
         sp_ax.set_ylabel("x (higher is better)")
         sp_ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
     env = report["environment"]

@@ -158,6 +158,9 @@ class Runner:
     reserve_bytes: int | None = None
     reserve_note: str = ""
     info: dict = field(default_factory=dict)
+    # Bytes each pass holds, where a timed call cannot show them (a CUDA graph's replay
+    # allocates nothing: its memory was taken at capture); None: measured around one call.
+    peak_bytes: dict[str, int] | None = None
 
 
 # ----------------------------------------------------------------------------- tritonrnn
@@ -229,6 +232,64 @@ def cudnn_reserve_bytes(outputs: list[torch.Tensor]) -> tuple[int | None, str]:
     return None, "n/a: no CudnnRnnBackward node in the autograd graph (cuDNN not used here)"
 
 
+def expected_cudnn_algo(shape: BenchShape, packed: bool, major: int, minor: int,
+                        sm_count: int) -> dict[str, str]:
+    """The cuDNN RNN algorithm torch asks for, per pass ("fwd", "bwd"): "standard" (kernels
+    launched every time step), "persist_static" or "persist_static_small_h" (persistent
+    kernels). A mirror of torch's `get_algo` (aten/src/ATen/native/cudnn/RNN.cpp, unchanged in
+    substance across torch 2.x; read for this function in November 2026), for the report:
+    not a query of the library, so a torch that changes its rules makes this stale.
+
+    torch's rules: a projection, packed input or float64 -> standard. Persistent small-H
+    (compute capability >= 6.0): forward H <= 384 for tanh / relu cells, <= 192 for LSTM /
+    GRU; backward <= 256 / <= 128. Persistent static: fp16 only, one unidirectional layer,
+    H <= 1024, H and the input size multiples of 128, and the device rule: compute
+    capability 8.x or later (not 8.6) with >= 98 SMs, LSTM with B % 8 == 0 and B <= 128,
+    tanh / relu likewise and (B < 96 or H < 896), never GRU; Volta (7.0) has its own batch
+    rule. Otherwise standard: so bf16 and fp32 run the standard algorithm at H > 192 (LSTM,
+    GRU), and every `targets` shape does."""
+    dtype = shape.torch_dtype
+    one_gate = shape.mode in ("rnn_tanh", "rnn_relu")
+    out = {}
+    for name, fwd in (("fwd", True), ("bwd", False)):
+        algo = "standard"
+        if not shape.proj and not packed and dtype != torch.float64:
+            small = (384 if one_gate else 192) if fwd else (256 if one_gate else 128)
+            if major >= 6 and shape.hidden <= small:
+                algo = "persist_static_small_h"
+            elif dtype == torch.float16 and _persist_static(shape, major, minor, sm_count):
+                algo = "persist_static"
+        out[name] = algo
+    return out
+
+
+def _persist_static(shape: BenchShape, major: int, minor: int, sm_count: int) -> bool:
+    """torch's use_persist_common_heuristics and use_persist_device_heuristics."""
+    H, B = shape.hidden, shape.batch
+    if not (shape.layers == 1 and not shape.bidirectional and H <= 1024 and H % 128 == 0
+            and shape.input % 128 == 0):
+        return False
+    if major == 7:
+        return minor != 5 and ((B % 16 == 0 and B not in (80, 112)) or B == 8) and (
+            (shape.time >= 40 and B <= 128) or (shape.time >= 20 and B <= 96)
+            or (shape.time >= 10 and B <= 32))
+    if major < 8 or sm_count < 98 or minor == 6 or shape.mode == "gru":
+        return False
+    if shape.mode == "lstm":
+        return B % 8 == 0 and B <= 128
+    return B % 8 == 0 and B <= 128 and (B < 96 or H < 896)
+
+
+def _cudnn_algo_info(case: Case, packed: bool) -> dict:
+    if case.device.type != "cuda":
+        return {}
+    p = torch.cuda.get_device_properties(case.device)
+    return {"cudnn_algo": expected_cudnn_algo(case.shape, packed, p.major, p.minor,
+                                              p.multi_processor_count),
+            "cudnn_algo_note": "expected from torch's rules (bench.runners.expected_cudnn_algo),"
+                               " not queried"}
+
+
 def torch_runner(case: Case, packed: bool) -> Runner:
     s = case.shape
     impl = "torch-packed" if packed else "torch"
@@ -268,6 +329,7 @@ def torch_runner(case: Case, packed: bool) -> Runner:
         f"cuDNN {torch.backends.cudnn.version()}" if reserve is not None
         else ("native CPU" if case.device.type == "cpu" else "torch native CUDA")
     )
+    runner.info.update(_cudnn_algo_info(case, packed))
     if case.lengths is not None and not packed:
         runner.correctness_note = (
             "not compared: padded input runs every sequence to T (not the varlen semantics)"
@@ -279,6 +341,121 @@ def torch_runner(case: Case, packed: bool) -> Runner:
         "y": outs[0], "hT": outs[1], "cT": outs[2] if c0 is not None else None,
         "dx": grads[0], "dh0": grads[1], "dc0": grads[2] if c0 is not None else None,
         "dparams": params_from_torch(module, pgrads),
+    })
+    return runner
+
+
+# ----------------------------------------------------------------------------- torch.nn, graphed
+
+
+def graph_unsupported(case: Case) -> str | None:
+    """Why the CUDA-graph baseline cannot run this case, or None."""
+    if case.device.type != "cuda":
+        return "CUDA graphs need a GPU"
+    return None
+
+
+# Eager calls of a pass on the capture stream before it is captured: cuDNN's and the caching
+# allocator's first-call work (descriptors, workspace, autograd's setup) must not be captured.
+_GRAPH_WARMUP = 2
+
+
+def _capture(fn: Callable[[], list], stream: torch.cuda.Stream):
+    """fn captured once into a CUDA graph on `stream` (after `_GRAPH_WARMUP` eager calls there).
+    Returns (replay, outputs, pool_bytes): replay() reruns the captured kernels and returns
+    `outputs`, fn's results as the capture allocated them (rewritten by every replay);
+    pool_bytes is what the capture allocated (the graph's private memory pool holds it for the
+    graph's lifetime, so a replay allocates nothing and this is the pass's memory)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(_GRAPH_WARMUP):
+            fn()
+    stream.synchronize()
+    dev = stream.device
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outputs = fn()
+    pool_bytes = int(torch.cuda.max_memory_allocated(dev) - base)
+
+    def replay():
+        graph.replay()
+        return outputs
+
+    replay.graph = graph  # keeps the graph (and its pool) alive with the callable
+    return replay, outputs, pool_bytes
+
+
+def torch_graph_runner(case: Case) -> Runner:
+    """torch.nn (cuDNN) on the padded input, each pass captured once into a CUDA graph and
+    timed as graph replays: cuDNN's GPU time without the host's kernel launches.
+
+    cuDNN's standard RNN algorithm (what torch asks for in bf16 and fp32 past small H, and
+    in fp16 outside its persistent-kernel rules: `expected_cudnn_algo`) launches kernels
+    every time step, so the eager `torch` runner times the host's launch rate as much as the
+    GPU wherever the host is the slower of the two (the eager anchor's cuDNN medians moved
+    between 26.9 and 46.8 ms across runs on one H100). A replay issues the same kernels with
+    one launch. tritonrnn itself runs eagerly: this baseline is the stricter one.
+
+    Every pass is captured on one side stream, and the `bwd` pass's forward runs eagerly on
+    that stream too: autograd runs each backward kernel on its forward's stream, which must be
+    the capturing one. Correctness: the outputs and gradients of replays (outputs first filled
+    with NaN, so that a replay that wrote nothing fails) against the float64 oracle."""
+    s = case.shape
+    module = copy.deepcopy(case.module64).to(s.torch_dtype).train()
+    leaf = lambda t: None if t is None else t.detach().clone().requires_grad_()  # noqa: E731
+    x, h0, c0 = leaf(case.x), leaf(case.h0), leaf(case.c0)
+    inputs = [t for t in (x, h0, c0) if t is not None]
+    names, params = zip(*module.named_parameters(), strict=True)
+    params = list(params)
+    grad_outs = [t for t in (case.dy, case.dhT, case.dcT) if t is not None]
+    stream = torch.cuda.Stream(device=case.device)
+
+    def fwd():
+        from .oracle import torch_forward
+
+        return list(torch_forward(module, x, h0, c0, None))
+
+    def grads_of(outs, retain):
+        return list(torch.autograd.grad([o for o in outs if o is not None], inputs + params,
+                                        grad_outs, retain_graph=retain, allow_unused=True))
+
+    with torch.cuda.stream(stream):
+        saved = fwd()  # the forward whose saved tensors the captured backward reads
+    replays, outputs, pools = {}, {}, {}
+    for name, fn in (("fwd", fwd), ("bwd", lambda: grads_of(saved, retain=True)),
+                     ("fwdbwd", lambda: grads_of(fwd(), retain=False))):
+        replays[name], outputs[name], pools[name] = _capture(fn, stream)
+    torch.cuda.synchronize(case.device)
+
+    def replayed(name):
+        with torch.no_grad():  # the forward's outputs are autograd outputs
+            for t in outputs[name]:
+                if t is not None:
+                    t.fill_(float("nan"))
+        replays[name]()
+        torch.cuda.synchronize(case.device)
+        return outputs[name]
+
+    runner = Runner("torch-graph")
+    runner.passes = dict(replays)
+    runner.peak_bytes = pools
+    runner.info["rnn_backend"] = f"cuDNN {torch.backends.cudnn.version()} (CUDA graph replay)"
+    runner.info.update(_cudnn_algo_info(case, packed=False))
+    runner.reserve_note = "the same cuDNN reserve as torch (same module and algorithm)"
+    if case.lengths is not None:
+        runner.correctness_note = (
+            "not compared: padded input runs every sequence to T (not the varlen semantics)"
+        )
+        return runner
+    y, hT, cT = replayed("fwd")
+    grads = replayed("fwdbwd")
+    n_in = len(inputs)
+    runner.correctness = compare(case, {
+        "y": y, "hT": hT, "cT": cT,
+        "dx": grads[0], "dh0": grads[1], "dc0": grads[2] if c0 is not None else None,
+        "dparams": params_from_torch(module, dict(zip(names, grads[n_in:], strict=True))),
     })
     return runner
 

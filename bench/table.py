@@ -9,6 +9,15 @@ import argparse
 import json
 
 
+def _ms(run: dict) -> str:
+    """A run's median, or - where it did not run (reports from before torch-graph)."""
+    return f"{run['ms']:.2f}" if run.get("status") == "ok" else "-"
+
+
+def _x(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
+
+
 def rows(path: str) -> list[str]:
     with open(path) as f:
         report = json.load(f)
@@ -20,15 +29,17 @@ def rows(path: str) -> list[str]:
             if impl != "tritonrnn":
                 continue
             base = runs.get(("torch", pas), {})
+            graph = runs.get(("torch-graph", pas), {})
             fam = ",".join(r["plan"]["families"]) if r.get("plan") else "-"
             ratio = (r.get("reserve_ratio") or {}).get("torch")
             if run["status"] != "ok":
                 out.append(f"| {device} | {r['label']} | {pas} | {fam} | failed | "
-                           f"{base.get('ms', float('nan')):.2f} | - | - |")
+                           f"{_ms(base)} | - | {_ms(graph)} | - | - |")
                 continue
             out.append(
                 f"| {device} | {r['label']} | {pas} | {fam} | {run['ms']:.2f} | "
-                f"{base.get('ms', float('nan')):.2f} | {run['speedup_vs_torch']:.2f}x | "
+                f"{_ms(base)} | {_x(run.get('speedup_vs_torch'))} | {_ms(graph)} | "
+                f"{_x(run.get('speedup_vs_torch_graph'))} | "
                 f"{'-' if ratio is None else f'{ratio:.2f}'} |"
             )
     return out
@@ -49,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("paths", nargs="+", metavar="JSON")
     args = ap.parse_args(argv)
     print("| device | shape | pass | family | tritonrnn ms | cuDNN ms | speedup "
-          "| reserve / cuDNN |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| cuDNN-graph ms | speedup vs graph | reserve / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in args.paths:
         if not _is_bench_report(p):
             continue

@@ -355,25 +355,35 @@ def test_plan_summary_records_the_layer_pipeline():
 
 
 def test_table_rows_from_bench_reports_only(tmp_path, capsys):
-    """The README table: one row per tritonrnn run of a bench report; barrier / ablation JSON
+    """The README table: one row per tritonrnn run of a bench report, with the CUDA-graph
+    baseline where the report has it (- in reports from before it); barrier / ablation JSON
     files (other schemas) are skipped, not misread."""
     from tritonrnn.bench import table
 
-    run = {"impl": "tritonrnn", "pass": "fwdbwd", "status": "ok", "ms": 2.0,
-           "speedup_vs_torch": 3.0}
-    base = {"impl": "torch", "pass": "fwdbwd", "status": "ok", "ms": 6.0}
-    report = {"schema": "tritonrnn.bench/1", "environment": {"device": "GPU X"},
-              "results": [{"label": "lstm H8", "runs": [run, base],
-                           "plan": {"families": ["persistent_grid"]},
-                           "reserve_ratio": {"torch": 0.25}}]}
-    bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps(report))
+    def report(label, graph):
+        run = {"impl": "tritonrnn", "pass": "fwdbwd", "status": "ok", "ms": 2.0,
+               "speedup_vs_torch": 3.0}
+        runs = [run, {"impl": "torch", "pass": "fwdbwd", "status": "ok", "ms": 6.0}]
+        if graph:
+            run["speedup_vs_torch_graph"] = 1.5
+            runs.append({"impl": "torch-graph", "pass": "fwdbwd", "status": "ok", "ms": 3.0})
+        return {"schema": "tritonrnn.bench/1", "environment": {"device": "GPU X"},
+                "results": [{"label": label, "runs": runs,
+                             "plan": {"families": ["persistent_grid"]},
+                             "reserve_ratio": {"torch": 0.25}}]}
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps(report("lstm H8", graph=False)))
+    new.write_text(json.dumps(report("gru H8", graph=True)))
     other = tmp_path / "barrier.json"
     other.write_text(json.dumps({"device": "GPU X", "rows": [{"step_us": 1.0}]}))
-    table.main([str(bench), str(other)])
+    table.main([str(old), str(other), str(new)])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[2:] == ["| GPU X | lstm H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x "
-                         "| 0.25 |"]
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
+    assert lines[2:] == [
+        "| GPU X | lstm H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x | - | - | 0.25 |",
+        "| GPU X | gru H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x | 3.00 | 1.50x "
+        "| 0.25 |"]
 
 
 def test_source_hash_names_the_python_sources(tmp_path):
@@ -394,3 +404,116 @@ def test_source_hash_names_the_python_sources(tmp_path):
     (tmp_path / "kernels" / "m.py").rename(tmp_path / "kernels" / "n.py")
     assert source_hash(tmp_path) != first  # a renamed file is another tree
     assert environment(torch.device("cpu"))["source_sha256"] == source_hash()
+
+
+def test_graph_baseline_is_skipped_without_a_gpu():
+    case = runners.build_case(presets.BenchShape(mode="gru", hidden=8, batch=2, time=3,
+                                                 dtype="float32"), torch.device("cpu"))
+    assert runners.graph_unsupported(case) == "CUDA graphs need a GPU"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    presets.BenchShape(mode="lstm", hidden=64, batch=8, time=12, dtype="float32"),
+    presets.BenchShape(mode="gru", hidden=128, batch=16, time=20, dtype="bfloat16",
+                       layers=2, bidirectional=True),
+    presets.BenchShape(mode="lstm", hidden=64, batch=8, time=12, dtype="float16", proj=32),
+], ids=["lstm-fp32", "gru-bf16-2l-bi", "lstm-fp16-proj"])
+def test_graph_baseline_replays_what_torch_computes(shape):
+    """The CUDA-graph cuDNN baseline: every pass's replay gives what the eager torch.nn pass
+    gives on the same data (same cuDNN kernels), within the oracle's tolerances, and reports
+    the memory its capture took."""
+    dev = torch.device("cuda")
+    case = runners.build_case(shape, dev, seed=3)
+    graph = runners.torch_graph_runner(case)
+    eager = runners.torch_runner(case, packed=False)
+    assert graph.correctness["ok"], graph.correctness
+    assert set(graph.correctness["scaled_error"]) == set(eager.correctness["scaled_error"])
+    for name in ("fwd", "bwd", "fwdbwd"):
+        got = [t.clone() for t in graph.passes[name]() if t is not None]
+        want = [t for t in eager.passes[name]() if t is not None]
+        torch.cuda.synchronize()
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, equal_nan=False)
+        assert graph.peak_bytes[name] > 0
+
+
+H100, A100, A40 = (9, 0, 132), (8, 0, 108), (8, 6, 84)
+
+
+@pytest.mark.parametrize(("shape", "packed", "device", "fwd", "bwd"), [
+    (dict(mode="lstm", hidden=768, batch=16), False, H100, "standard", "standard"),
+    (dict(mode="lstm", hidden=768, batch=16, dtype="float16"), False, H100,
+     "persist_static", "persist_static"),
+    (dict(mode="lstm", hidden=768, batch=16, dtype="float16"), True, H100,
+     "standard", "standard"),
+    (dict(mode="lstm", hidden=768, batch=16, dtype="float16", proj=256), False, H100,
+     "standard", "standard"),
+    (dict(mode="lstm", hidden=768, batch=16, dtype="float16", layers=2), False, H100,
+     "standard", "standard"),
+    (dict(mode="lstm", hidden=768, batch=256, dtype="float16"), False, H100,
+     "standard", "standard"),
+    (dict(mode="lstm", hidden=768, batch=16, dtype="float16"), False, A40,
+     "standard", "standard"),
+    (dict(mode="lstm", hidden=1024, batch=64, dtype="float16"), False, A100,
+     "persist_static", "persist_static"),
+    (dict(mode="gru", hidden=768, batch=16, dtype="float16"), False, H100,
+     "standard", "standard"),
+    (dict(mode="rnn_tanh", hidden=1024, batch=96, dtype="float16"), False, H100,
+     "standard", "standard"),
+    (dict(mode="rnn_relu", hidden=768, batch=96, dtype="float16"), False, H100,
+     "persist_static", "persist_static"),
+    (dict(mode="lstm", hidden=192, batch=16), False, H100,
+     "persist_static_small_h", "standard"),
+    (dict(mode="gru", hidden=128, batch=4, dtype="float32"), False, H100,
+     "persist_static_small_h", "persist_static_small_h"),
+    (dict(mode="rnn_tanh", hidden=384, batch=16), False, H100,
+     "persist_static_small_h", "standard"),
+    (dict(mode="gru", hidden=128, batch=4, dtype="float64"), False, H100,
+     "standard", "standard"),
+], ids=lambda v: str(v) if not isinstance(v, dict) else "-".join(map(str, v.values())))
+def test_expected_cudnn_algo_follows_torch_rules(shape, packed, device, fwd, bwd):
+    """The report's cuDNN algorithm is torch's get_algo rule: persistent kernels only for
+    small H or for fp16 within the persistent rules; the bf16 anchor runs the standard one."""
+    s = presets.BenchShape(**{"time": 1024, **shape})
+    assert runners.expected_cudnn_algo(s, packed, *device) == {"fwd": fwd, "bwd": bwd}
+
+
+def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
+    """The printed summary: tritonrnn's speedup over eager cuDNN and over its graph replay,
+    the capture's memory as the graph's peak, and the cuDNN algorithm torch asks for."""
+    from tritonrnn.bench.harness import format_table
+
+    def run(impl, ms, **extra):
+        return {"impl": impl, "pass": "fwdbwd", "status": "ok", "ms": ms, "ms_p20": ms,
+                "ms_p80": ms, "tflops": 1.0, "pct_roofline": 5.0, "peak_bytes": 2048, **extra}
+
+    algo = {"fwd": "standard", "bwd": "standard"}
+    report = {
+        "environment": {"device_type": "cuda", "device": "GPU X"},
+        "roofline": {"memory_bytes_per_s": 3e12, "matrix_flops_per_s": {"bfloat16": 9e14}},
+        "results": [{
+            "label": "lstm H768 B16 T1024 bf16", "tokens": 16384,
+            "runs": [run("tritonrnn", 2.0, speedup_vs_torch=4.0, speedup_vs_torch_graph=1.5),
+                     run("torch", 8.0), run("torch-graph", 3.0)],
+            "implementations": {
+                "tritonrnn": {"status": "ok", "correctness": None, "reserve_bytes": 10},
+                "torch": {"status": "ok", "correctness": None, "reserve_bytes": 50,
+                          "cudnn_algo": algo},
+                "torch-graph": {"status": "ok", "correctness": None, "reserve_bytes": None,
+                                "cudnn_algo": algo},
+            },
+            "reserve_ratio": {"torch": 0.2},
+            "plan": {"families": ["persistent_grid"], "source": "heuristic",
+                     "reserve_bytes": 10},
+        }],
+    }
+    lines = format_table(report).splitlines()
+    assert "vs graph" in lines[2]
+    mine = next(line for line in lines if line.startswith("fwdbwd tritonrnn"))
+    assert mine.split()[-4:] == ["4.00x", "1.50x", "2.0", "KiB"]
+    graph = next(line for line in lines if line.startswith("fwdbwd cuDNN-graph"))
+    assert graph.split()[-4:] == ["-", "-", "2.0", "KiB"]
+    assert "  cuDNN-graph: reserve n/a; not compared; cuDNN algorithm fwd standard, bwd " \
+        "standard" in lines

@@ -119,8 +119,12 @@ def test_bench_smoke_writes_json_and_plot(tmp_path, capsys, monkeypatch):
         assert impls["tritonrnn"]["correctness"]["ok"]
         assert impls["tritonrnn"]["reserve_bytes"] > 0
         assert impls["flashrnn"]["status"] == "skip"
+        if env["device_type"] == "cpu":
+            assert impls["torch-graph"] == {"status": "skip",
+                                            "reason": "CUDA graphs need a GPU"}
         varlen = r["shape"]["varlen"] != "none"
-        expect = {"tritonrnn", "torch"} | ({"torch-packed"} if varlen else set())
+        expect = ({"tritonrnn", "torch"} | ({"torch-packed"} if varlen else set())
+                  | ({"torch-graph"} if env["device_type"] == "cuda" else set()))
         timed = {run["impl"] for run in r["runs"]}
         assert timed == expect
         for run in r["runs"]:

@@ -97,6 +97,19 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
     assert checked, f"stage {stage}: no command recorded ({calls})"
 
 
+def test_all_stage_fits_one_device_command():
+    """`all` is meant for a single call of the device tool, which stops a command at 600 s:
+    the budgets of its steps (`box SECONDS name ...`) must add up to less."""
+    import re
+
+    text = (ROOT / "scripts" / "gpu_session.sh").read_text()
+    block = text[text.index("\n  all)"):]
+    block = block[:block.index(";;")]
+    budgets = [int(n) for n in re.findall(r"^\s*box (\d+) ", block, re.MULTILINE)]
+    assert len(budgets) >= 8, budgets
+    assert sum(budgets) < 600, budgets
+
+
 def _check_plans(shapes, variants):
     """Every variant's plan constraints give a plan for every shape on an H100 (the planner
     raises ValueError otherwise, e.g. a grid that cannot be co-resident)."""
