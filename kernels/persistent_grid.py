@@ -135,7 +135,9 @@ Formulas (for the planner)
                        function for the formula, which matches the sm_90 compiles)
   The weights stay in shared memory for all steps and are read into registers for each
   step's dots (an L2 round trip costs far more than that read); their load sits inside a
-  runtime branch on purpose (see `_fwd_cell_phase`).
+  runtime branch on purpose (see `_fwd_cell_phase`). Experimental, off by default:
+  TRITONRNN_HOIST_WEIGHTS drops those branches where the slice fits in registers
+  (`_hoist_weights`: the weights then stay in registers, half the step's ldmatrix).
 
 Precision: loads in the tensors' dtype, fp32 math, states and workspaces, stores cast. tl.dot
 takes operands in the weights' dtype with fp32 accumulation on GPU (input_precision="ieee" for
@@ -742,7 +744,8 @@ def _fwd_cell_phase(
     nobody in the launch reads. Returns the carried (c, h_own)."""
     # A batch tile whose rows have all finished skips the matmuls (it only carries its state
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
-    # register load out of the step loop, which spills once the slice outgrows registers.
+    # register load out of the step loop, which spills once the slice outgrows registers
+    # (HOIST: tile_on is the constant True, no branch, `_hoist_weights`).
     if tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
@@ -821,6 +824,7 @@ def _grid_fwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
+    HOIST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -927,7 +931,10 @@ def _grid_fwd_kernel(
         dst = XWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
         is_last = (jb * 0 + u) == n_sub - 1
-        tile_on = s < tile_len
+        if HOIST:  # no runtime branch around the dots: their weights stay in registers
+            tile_on = True
+        else:
+            tile_on = s < tile_len
         # Every sub-step but the launch's last arrives exactly once, inside its phase.
         if NPH == 1:
             c, h_own = _fwd_cell_phase(
@@ -1121,6 +1128,7 @@ def _grid_bwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
+    HOIST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1229,11 +1237,19 @@ def _grid_bwd_kernel(
         q = u // NPH
         s = S - 1 - q
         act1 = b_ok & (lens > s + 1)
+        # Whether the tile has rows active at s + 1 (a carry to form; always, where HOIST
+        # keeps the dots out of runtime branches: act1 masks the carry then).
+        if HOIST:
+            carry_on = True
+            tile_on = True
+        else:
+            carry_on = (q > 0) & (s + 1 < tile_len)
+            tile_on = s < tile_len
         dph_src = DPHWS + ((q + 1) % 2).to(tl.int64) * dph_size  # written at index q - 1
         dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
         # Every sub-step but the last (q == S, which writes dh0) arrives exactly once.
         if NPH == 1:
-            if (q > 0) & (s + 1 < tile_len):  # rows active at s+1 exist in the tile
+            if carry_on:
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
                                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
@@ -1247,7 +1263,7 @@ def _grid_bwd_kernel(
                          carry.to(DH0.dtype.element_ty), mask=keep_o)
         else:
             if u % NPH == 0:
-                if (q > 0) & (s + 1 < tile_len):
+                if carry_on:
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
                                        RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
@@ -1262,7 +1278,7 @@ def _grid_bwd_kernel(
                     tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                              carry.to(DH0.dtype.element_ty), mask=keep_o)
             else:
-                if s < tile_len:
+                if tile_on:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
                                 PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
                 else:
@@ -1493,6 +1509,42 @@ def _batch_ksplit(ka: int, kb: int) -> int:
     while ka // ks > _BATCH_SLICE and low // (2 * ks) >= 16:
         ks *= 2
     return ks if low >= 16 * ks else 1
+
+
+# Experimental, off: resident MMA weights held in registers for all steps (HOIST). The
+# kernels' step loops form their resident products inside runtime branches (a batch tile
+# whose rows have all finished skips them), and that keeps the compiler from hoisting the
+# weights' shared -> register load out of the loop: every step reads the whole slice from
+# shared memory (ldmatrix). HOIST drops those branches (a finished tile's products are
+# formed and masked out: no step gets shorter by skipping them, the barrier waits for the
+# busiest program anyway), and the compiler then keeps the weights in registers. The sm_90
+# compiles (Triton 3.6, bf16; step loop instructions / ldmatrix per warp, forward ; backward,
+# branches -> HOIST):
+#   LSTM H=256 B=16 (4 warps, the planner's): 489 / 32 -> 461 / 16 ; 762 / 32 -> 710 / 16,
+#     no spills
+#   LSTM H=768 B=16 (8 warps): 547 / 48 -> 512 / 24 ; 753 / 48 -> 740 / 24, backward 16 B
+#     saved around the loop (no local memory in it); 4 warps (the planner's) spill 280 / 632 B
+#   LSTM H=512 / 1024, GRU H=1024, B=16 (8 warps): ldmatrix halved, no local memory in the
+#     step loop; LSTM H=512 on 4 warps: the backward spills 272 B (64 local loads per step)
+#   B=64 (16 x 32 tiles, 8 warps): forwards fine (LSTM H=768 920 / 72 -> 888 / 48), the
+#     backwards spill (LSTM H=768 104 B, 26 local loads per step; H=1024 392 B)
+# What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. Two
+# warps then share each SM sub-partition where the planner runs 4, so whether 8 warps with
+# register weights beat 4 without is a timing question: TRITONRNN_HOIST_WEIGHTS=fwd / bwd /
+# fwd,bwd turns it on per pass (`scripts/step_ablation.py` variants `hoist`, `hoistf`).
+_HOIST_PASSES = ("fwd", "bwd")
+
+
+def _hoist_weights(pass_name: str, block_k: int, block_b: int) -> bool:
+    """HOIST for a launch of `pass_name` ("fwd" / "bwd"): resident MMA tiles only (vector
+    tiles hold their weights in registers already; streamed ones read them every step), where
+    TRITONRNN_HOIST_WEIGHTS names the pass."""
+    raw = os.environ.get("TRITONRNN_HOIST_WEIGHTS", "")
+    asked = {p.strip() for p in raw.split(",") if p.strip()}
+    if not asked <= set(_HOIST_PASSES):
+        raise ValueError(f"TRITONRNN_HOIST_WEIGHTS: expected a comma list of "
+                         f"{', '.join(_HOIST_PASSES)} (or empty), got {raw!r}")
+    return pass_name in asked and not block_k and not vector_tiles(block_b)
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
@@ -1914,7 +1966,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
-                GP=4 if G > 1 else 1, SWAP=swap,
+                GP=4 if G > 1 else 1, SWAP=swap, HOIST=_hoist_weights("fwd", block_k, block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
@@ -2095,6 +2147,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
                 SWAP=_swap_dots(block_k, block_b),
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
+                HOIST=_hoist_weights("bwd", block_k, block_b),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )

@@ -19,11 +19,15 @@
 #                                         fw8 the forward) against the planner's 4: gate-
 #                                         batched, 8 warps halve each warp's MMAs (anchor
 #                                         forward 96 -> 48, 736 -> 547 instructions)
+#   bash scripts/gpu_session.sh hoist     resident weights held in registers
+#                                         (TRITONRNN_HOIST_WEIGHTS; variants hoist / hoistf)
+#                                         at the planner's warps and at 8: anchor 8 warps
+#                                         ldmatrix per warp and step 48 -> 24 in both passes
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
-#                                         575 s in all)
+#                                         585 s in all)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, anchor)
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
@@ -96,6 +100,11 @@ case "${1:-tests}" in
       --shapes "lstm,768,16;lstm,1024,16;gru,1024,16" \
       --variants "layer;w8,layer;fw8,layer" 2>&1 \
       | tee "$out/ablation-warps.log" | tail -20 ;;
+  hoist)
+    timeout 560 python scripts/step_ablation.py --out "$out/hoist" \
+      --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
+      --variants "layer;hoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" 2>&1 \
+      | tee "$out/ablation-hoist.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
       --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
@@ -130,6 +139,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|vector|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|profile|all" >&2
      exit 2 ;;
 esac

@@ -32,6 +32,9 @@ Variants (comma-joined in one process):
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
     mma1      MMA tiles (block_b 16) at batch 1 instead of vector tiles (the planner's
               _VECTOR_BATCH = 0)
+    hoist / hoistf  resident MMA weights held in registers (no runtime branch around the
+              dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both passes / the
+              forward only
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
@@ -96,6 +99,16 @@ def _no_store(ptr, stride, rows, cols, val, mask):
     pass
 
 
+def _hoisted(passes: tuple[str, ...]):
+    """`persistent_grid._hoist_weights` with TRITONRNN_HOIST_WEIGHTS naming `passes`."""
+    from tritonrnn.kernels import persistent_grid as pg
+
+    def hoist(pass_name: str, block_k: int, block_b: int) -> bool:
+        return pass_name in passes and not block_k and not pg.vector_tiles(block_b)
+
+    return hoist
+
+
 def _forced_split(n: int):
     """An `_nsplit` that always splits K n ways (capped by the chunk), both passes."""
     def nsplit(ka, kb, num_warps, bm, bb, max_split=32):
@@ -133,6 +146,8 @@ def swaps() -> dict:
         # Vector tiles with unsliced chunks.
         "vec1": [(pg, "vector_width", lambda _dt: 1 << 16)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
+        "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
+        "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},

@@ -298,6 +298,38 @@ def test_finished_batch_tile_is_skipped_correctly(proj):
 
 
 @PERSIST
+@pytest.mark.parametrize("cell, proj", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 12)],
+                         ids=["lstm", "gru", "rnn_tanh", "lstm-proj"])
+def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
+    """TRITONRNN_HOIST_WEIGHTS (`pg._hoist_weights`): the dots leave their runtime branches,
+    so a finished batch tile (the second: rows of lengths 2, 1 and 0) keeps forming its
+    products on stale exchange columns, and the backward reads the dph slot its first step
+    never wrote; every result must still be the reference's (act masks them out)."""
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
+    assert pg._hoist_weights("fwd", 0, 16) and pg._hoist_weights("bwd", 0, 16)
+    lengths, T = [5] * 16 + [2, 1, 0], 5
+    ins, outs = _forward_problem(cell, 33, proj, lengths, T)
+    _run_forward(ins, outs, True, persistent=persistent, block_h=16)
+    _check_forward(ins, outs, True)
+    ins, outs = _backward_problem(cell, 33, proj, lengths, T)
+    _run_backward(ins, outs, True, persistent=persistent, block_h=16)
+    _check_backward(ins, outs, True)
+
+
+def test_hoist_weights_choice(monkeypatch):
+    """Off by default; per pass; resident MMA tiles only; a bad value names the variable."""
+    monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
+    assert not pg._hoist_weights("fwd", 0, 16)
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", " fwd ")
+    assert pg._hoist_weights("fwd", 0, 16) and not pg._hoist_weights("bwd", 0, 16)
+    assert not pg._hoist_weights("fwd", 64, 16)  # streamed: nothing resident to hoist
+    assert not pg._hoist_weights("fwd", 0, 1)  # vector tiles: weights in registers already
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,both")
+    with pytest.raises(ValueError, match=r"TRITONRNN_HOIST_WEIGHTS: .*fwd, bwd.*'fwd,both'"):
+        pg._hoist_weights("fwd", 0, 16)
+
+
+@PERSIST
 def test_lstm_without_c_seq(persistent):
     # Inference: c_seq=None (no reserve); everything else still written.
     ins, outs = _forward_problem("lstm", 33, 0, [3, 1], 3)
@@ -700,6 +732,22 @@ def test_grid_formulas():
 # -------------------------------------------------------------------------------------------
 # GPU only: half precision, the barrier under load, its timeout path, grid refusal
 # -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@PERSIST
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0), ("rnn_relu", 0)])
+def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
+    """bf16 with the weights held in registers (TRITONRNN_HOIST_WEIGHTS), 16 x 16 tiles."""
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
+    lengths, T = [9] * 16 + [7, 0, 5, 2], 9
+    ins, outs = _forward_problem(cell, 96, P, lengths, T, dtype=torch.bfloat16)
+    _run_forward(ins, outs, True, persistent=persistent, block_h=16, num_warps=warps)
+    _check_forward(ins, outs, True, torch.bfloat16)
+    ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=torch.bfloat16)
+    _run_backward(ins, outs, True, persistent=persistent, block_h=16, num_warps=warps)
+    _check_backward(ins, outs, True, torch.bfloat16)
 
 
 @pytest.mark.gpu
