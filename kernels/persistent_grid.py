@@ -135,9 +135,10 @@ Formulas (for the planner)
                        function for the formula, which matches the sm_90 compiles)
   The weights stay in shared memory for all steps and are read into registers for each
   step's dots (an L2 round trip costs far more than that read); their load sits inside a
-  runtime branch on purpose (see `_fwd_cell_phase`). Experimental, off by default:
-  TRITONRNN_HOIST_WEIGHTS drops those branches where the slice fits in registers
-  (`_hoist_weights`: the weights then stay in registers, half the step's ldmatrix).
+  runtime branch on purpose (see `_fwd_cell_phase`), except where a pass's slice is small
+  enough to stay in registers (HOIST, `_hoist_weights`: the branches go, the compiler keeps
+  the weights in registers, and the step reads half the ldmatrix; TRITONRNN_HOIST_WEIGHTS
+  overrides the rule).
 
 Precision: loads in the tensors' dtype, fp32 math, states and workspaces, stores cast. tl.dot
 takes operands in the weights' dtype with fp32 accumulation on GPU (input_precision="ieee" for
@@ -1511,40 +1512,87 @@ def _batch_ksplit(ka: int, kb: int) -> int:
     return ks if low >= 16 * ks else 1
 
 
-# Experimental, off: resident MMA weights held in registers for all steps (HOIST). The
-# kernels' step loops form their resident products inside runtime branches (a batch tile
-# whose rows have all finished skips them), and that keeps the compiler from hoisting the
-# weights' shared -> register load out of the loop: every step reads the whole slice from
-# shared memory (ldmatrix). HOIST drops those branches (a finished tile's products are
-# formed and masked out: no step gets shorter by skipping them, the barrier waits for the
-# busiest program anyway), and the compiler then keeps the weights in registers. The sm_90
-# compiles (Triton 3.6, bf16; step loop instructions / ldmatrix per warp, forward ; backward,
-# branches -> HOIST):
-#   LSTM H=256 B=16 (4 warps, the planner's): 489 / 32 -> 461 / 16 ; 762 / 32 -> 710 / 16,
-#     no spills
-#   LSTM H=768 B=16 (8 warps): 547 / 48 -> 512 / 24 ; 753 / 48 -> 740 / 24, backward 16 B
-#     saved around the loop (no local memory in it); 4 warps (the planner's) spill 280 / 632 B
-#   LSTM H=512 / 1024, GRU H=1024, B=16 (8 warps): ldmatrix halved, no local memory in the
-#     step loop; LSTM H=512 on 4 warps: the backward spills 272 B (64 local loads per step)
-#   B=64 (16 x 32 tiles, 8 warps): forwards fine (LSTM H=768 920 / 72 -> 888 / 48), the
-#     backwards spill (LSTM H=768 104 B, 26 local loads per step; H=1024 392 B)
-# What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. Two
-# warps then share each SM sub-partition where the planner runs 4, so whether 8 warps with
-# register weights beat 4 without is a timing question: TRITONRNN_HOIST_WEIGHTS=fwd / bwd /
-# fwd,bwd turns it on per pass (`scripts/step_ablation.py` variants `hoist`, `hoistf`).
+# Resident MMA weights held in registers for all steps (HOIST). The kernels' step loops
+# form their resident products inside runtime branches (a batch tile whose rows have all
+# finished skips them), and that keeps the compiler from hoisting the weights' shared ->
+# register load out of the loop: every step reads the whole slice from shared memory
+# (ldmatrix). HOIST drops those branches (a finished tile's products are formed and masked
+# out: in a persistent launch no step gets shorter by skipping them, the barrier waits for
+# the busiest program anyway), and the compiler then keeps the weights in registers. The
+# sm_90 compiles (Triton 3.6, bf16; step loop instructions / ldmatrix per warp, forward ;
+# backward, branches -> HOIST):
+#   LSTM H=256 B=16 (4 warps, the planner's; 256 B of weights per thread): 489 / 32 ->
+#     461 / 16 ; 762 / 32 -> 710 / 16, no spills (Triton 3.9: 8 / 16 B saved around the
+#     loop, none in it)
+#   GRU H=256 B=16 (256 / 192 B): 413 / 32 -> 386 / 16 ; 609 / 24 -> 596 / 12, no spills
+#   rnn_tanh H=1024 B=16 (256 B): 522 / 64 -> 488 / 32 ; 521 / 32 -> 478 / 16, no spills
+#   rnn_relu H=512 B=64 (16 x 32 tiles, 128 B): 382 / 32 -> 354 / 16 ; 454 / 16 -> 444 / 8
+#   LSTM H=768 B=16 (8 warps, 384 B): 547 / 48 -> 512 / 24 ; 753 / 48 -> 740 / 24, the
+#     backward saves 16 B around the loop; on 4 warps (the planner's, 768 B) both spill,
+#     280 / 632 B
+#   LSTM H=512 / 1024, GRU H=1024, B=16 (8 warps, 256 to 512 B): no local memory in the
+#     step loop; LSTM H=512 on 4 warps (512 B): the backward spills 272 B (64 local loads
+#     per step)
+#   B=64 (16 x 32 tiles, 8 warps, 384 / 512 B): the forwards fit (LSTM H=768 920 / 72 ->
+#     888 / 48), the backwards spill (LSTM H=768 104 B, 26 local loads per step; H=1024
+#     392 B)
+#   Batch tiles of 32 (4 warps): rnn_tanh H=768 B=64 (192 B) forward 344 B spilled, 68 local
+#     stores per step; H=1024 (256 B) 2648 B at 32 registers, 424 local loads per step
+# What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. So the
+# planner's launches hoist with 16-wide batch tiles where a pass's weights take at most
+# _HOIST_THREAD_BYTES per thread (every such compile above fits with the same warps, and
+# does less); whether 8 warps
+# with register weights beat the planner's 4 without at the anchor is a timing question
+# (`scripts/step_ablation.py` variants `hoist`, `hoistf`, `nohoist`). A projection's two
+# phases alternate in a runtime branch of the step loop, so HOIST changes nothing there and
+# is not used. Stepwise launches (one step each, and more programs than SMs, where a
+# skipped tile does shorten the launch) keep the branches.
+# TRITONRNN_HOIST_WEIGHTS: "auto" (default, the rule), "off", or the passes to hoist
+# whatever their size ("fwd", "bwd", "fwd,bwd").
+_HOIST_THREAD_BYTES = 256
 _HOIST_PASSES = ("fwd", "bwd")
 
 
-def _hoist_weights(pass_name: str, block_k: int, block_b: int) -> bool:
-    """HOIST for a launch of `pass_name` ("fwd" / "bwd"): resident MMA tiles only (vector
-    tiles hold their weights in registers already; streamed ones read them every step), where
-    TRITONRNN_HOIST_WEIGHTS names the pass."""
-    raw = os.environ.get("TRITONRNN_HOIST_WEIGHTS", "")
+def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,
+                        num_warps: int) -> int:
+    """Bytes of a resident weight slice [rows, ka + kb] (chunks as held, padding included)
+    per thread of a program of num_warps warps: what HOIST keeps in registers."""
+    return rows * (ka + kb) * torch.empty(0, dtype=dtype).element_size() // (32 * num_warps)
+
+
+def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool = True,
+                   proj: int = 0, thread_bytes: int = 0) -> bool:
+    """HOIST for a launch of `pass_name` ("fwd" / "bwd"): resident MMA tiles (vector tiles
+    hold their weights in registers already; streamed ones read them every step) of a
+    persistent launch without a projection; by default 16-wide batch tiles whose weights take
+    at most _HOIST_THREAD_BYTES per thread (`weight_thread_bytes`), else as
+    TRITONRNN_HOIST_WEIGHTS says."""
+    raw = os.environ.get("TRITONRNN_HOIST_WEIGHTS", "").strip() or "auto"
     asked = {p.strip() for p in raw.split(",") if p.strip()}
-    if not asked <= set(_HOIST_PASSES):
-        raise ValueError(f"TRITONRNN_HOIST_WEIGHTS: expected a comma list of "
-                         f"{', '.join(_HOIST_PASSES)} (or empty), got {raw!r}")
-    return pass_name in asked and not block_k and not vector_tiles(block_b)
+    if raw not in ("auto", "off") and not (asked and asked <= set(_HOIST_PASSES)):
+        raise ValueError(f"TRITONRNN_HOIST_WEIGHTS: expected auto, off or a comma list of "
+                         f"{', '.join(_HOIST_PASSES)}, got {raw!r}")
+    if raw == "off" or block_k or vector_tiles(block_b) or not persistent or proj:
+        return False
+    if raw == "auto":
+        return block_b == 16 and thread_bytes <= _HOIST_THREAD_BYTES
+    return pass_name in asked
+
+
+def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+               block_h: int, block_b: int, block_k: int, num_warps: int, persistent: bool,
+               fma_dots: bool = False) -> bool:
+    """Whether a launch of `pass_name` ("fwd" / "bwd") of this shape and plan runs HOIST
+    (`_hoist_weights`): the resident slice is the forward's R rows (all gate slots of a joint
+    or gate-batched product, `_fwd_gates`) over Hout, or the backward's R columns over H."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    if pass_name == "fwd":
+        joint = _fwd_gates(cell, block_k, block_h, block_b, num_warps, fma_dots) > 0
+        rows, (ka, kb) = ((4 if G > 1 else 1) if joint else G) * block_h, _ksplit(Hout, block_k)
+    else:
+        rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k)
+    return _hoist_weights(pass_name, block_k, block_b, persistent, P,
+                          weight_thread_bytes(rows, ka, kb, dtype, num_warps))
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
@@ -1947,6 +1995,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     r_split = {0: _gate_split(rka, rkb, num_warps, block_h, block_b), 1: 1,
                2: _batch_ksplit(rka, rkb)}[gates]  # the kernel's RS
     swap = _swap_dots(block_k, block_b)
+    hoist = hoist_pass("fwd", cell, H, Hout, P, dtype, block_h, block_b, block_k, num_warps,
+                       persistent, on_gpu and dot_dt == tl.float32)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
@@ -1966,7 +2016,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
-                GP=4 if G > 1 else 1, SWAP=swap, HOIST=_hoist_weights("fwd", block_k, block_b),
+                GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
@@ -2147,7 +2197,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
                 SWAP=_swap_dots(block_k, block_b),
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
-                HOIST=_hoist_weights("bwd", block_k, block_b),
+                HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
+                                 num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )

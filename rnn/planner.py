@@ -314,14 +314,16 @@ def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
     return dtype == torch.float32 and not props.interpreter
 
 
-def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype) -> str:
+def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
-    forward's gate-batched product where it has one), or streamed in chunks of block_k with
+    forward's gate-batched product where it has one, and the passes that keep them in
+    registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks of block_k with
     the loops' shape (joint gate tile, transposed products)."""
     from tritonrnn.kernels.persistent_grid import (
         _fwd_gates,
         _joint_gates,
         _swap_dots,
+        hoist_pass,
         vector_tiles,
     )
 
@@ -329,9 +331,15 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype) -> str:
     if grid and vector_tiles(lp.block_b):
         return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
-        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps,
-                                      dtype == torch.float32) == 2
-        return "resident (gate-batched forward)" if batched else "resident"
+        fma = dtype == torch.float32  # as a GPU runs it
+        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps, fma) == 2
+        hoisted = [p for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps))
+                   if grid and hoist_pass(p, cell, H, P or H, P, dtype, lp.block_h,
+                                          lp.block_b, 0, w, lp.family == "persistent_grid",
+                                          fma)]
+        notes = (["gate-batched forward"] if batched else []) + (
+            [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
+        return "resident" + (f" ({'; '.join(notes)})" if notes else "")
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
@@ -684,10 +692,12 @@ class Plan:
             "  recurrences:",
         ]
         for i, lp in enumerate(self.layers):
+            weights = _weights_label(self.rnn_mode, lp, getattr(torch, self.dtype),
+                                     self.num_units, self.num_proj)
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
-                f"weights={_weights_label(self.rnn_mode, lp, self.dtype)} "
+                f"weights={weights} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
                 f" programs={lp.num_programs}"

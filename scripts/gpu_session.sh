@@ -20,9 +20,10 @@
 #                                         batched, 8 warps halve each warp's MMAs (anchor
 #                                         forward 96 -> 48, 736 -> 547 instructions)
 #   bash scripts/gpu_session.sh hoist     resident weights held in registers
-#                                         (TRITONRNN_HOIST_WEIGHTS; variants hoist / hoistf)
-#                                         at the planner's warps and at 8: anchor 8 warps
-#                                         ldmatrix per warp and step 48 -> 24 in both passes
+#                                         (HOIST; variants hoist / hoistf / nohoist) at the
+#                                         planner's warps and at 8: anchor 8 warps ldmatrix
+#                                         per warp and step 48 -> 24 in both passes; LSTM
+#                                         H=256 (the planner's rule hoists it) 32 -> 16
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
@@ -103,7 +104,7 @@ case "${1:-tests}" in
   hoist)
     timeout 560 python scripts/step_ablation.py --out "$out/hoist" \
       --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      --variants "layer;hoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" 2>&1 \
+      --variants "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" 2>&1 \
       | tee "$out/ablation-hoist.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \

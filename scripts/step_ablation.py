@@ -32,9 +32,10 @@ Variants (comma-joined in one process):
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
     mma1      MMA tiles (block_b 16) at batch 1 instead of vector tiles (the planner's
               _VECTOR_BATCH = 0)
-    hoist / hoistf  resident MMA weights held in registers (no runtime branch around the
-              dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both passes / the
-              forward only
+    hoist / hoistf / nohoist  resident MMA weights held in registers (no runtime branch
+              around the dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both
+              passes / the forward only / neither (the planner's rule: 16-wide batch tiles,
+              <= 256 B of weights per thread)
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
@@ -100,11 +101,13 @@ def _no_store(ptr, stride, rows, cols, val, mask):
 
 
 def _hoisted(passes: tuple[str, ...]):
-    """`persistent_grid._hoist_weights` with TRITONRNN_HOIST_WEIGHTS naming `passes`."""
+    """`persistent_grid._hoist_weights` as with TRITONRNN_HOIST_WEIGHTS naming `passes`
+    (none: off)."""
     from tritonrnn.kernels import persistent_grid as pg
 
-    def hoist(pass_name: str, block_k: int, block_b: int) -> bool:
-        return pass_name in passes and not block_k and not pg.vector_tiles(block_b)
+    def hoist(pass_name, block_k, block_b, persistent=True, proj=0, thread_bytes=0):
+        return (pass_name in passes and not block_k and not pg.vector_tiles(block_b)
+                and persistent and not proj)
 
     return hoist
 
@@ -148,6 +151,7 @@ def swaps() -> dict:
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
+        "nohoist": [(pg, "_hoist_weights", _hoisted(()))],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+import triton
 import triton.language as tl
 
 from tritonrnn.bench import aot
@@ -404,7 +405,13 @@ def test_compiled_persistent_grid_bf16(reports):
         assert k["grid"] == [16, 1] and k["programs"] == 16 and k["co_resident"]
         # The planner's shared-memory formula is what its fit decisions rest on.
         assert 0 < k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
-        assert k["regs"] > 0 and k["fits"]
+        # The weights stay in registers (HOIST): no local memory in the step loop. Triton 3.6
+        # (the GPU machines') spills nothing; 3.9 saves 8 / 16 B around the loop, which the
+        # report's `fits` counts as a spill.
+        assert k["constexprs"]["HOIST"] == "True"
+        assert k["regs"] > 0 and _local_ops(k)[0] == 0, k["profile"]
+        if triton.__version__.startswith("3.6."):
+            assert k["fits"] and not k["spills"]
         assert k["mma"] in ("mma", "wgmma")
         # The barrier is compiled in (BARRIER overridden): its atomics sit in the loop.
         assert k["interpreter_overrides"]["BARRIER"] == ["0", "1"]
@@ -452,17 +459,18 @@ def test_compiled_stepwise_fp32(reports):
 
 
 def test_hoisted_weights_leave_the_step_loop(reports, monkeypatch):
-    """TRITONRNN_HOIST_WEIGHTS (`kernels.persistent_grid._hoist_weights`): without the
-    runtime branches around the dots, the compiler keeps the resident weights in registers:
-    the step loops' ldmatrix halve (only h's / dph's operand is left), the same MMAs, no
-    local memory in the loop (LSTM H=256 B=16, 16 x 16 tiles, 4 warps: 32 -> 16 per warp in
-    both passes; Triton 3.6 spills nothing, 3.9 saves 8 / 16 B around the loop)."""
-    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
+    """HOIST (`kernels.persistent_grid._hoist_weights`, the planner's LSTM H=256 B=16: 16 x 16
+    tiles, 4 warps, 256 B of weights per thread): without the runtime branches around the
+    dots the compiler keeps the resident weights in registers: the step loops' ldmatrix
+    halve (only h's / dph's operand is left: 32 -> 16 per warp in both passes), the same
+    MMAs, no local memory in the loop (Triton 3.6 spills nothing, 3.9 saves 8 / 16 B around
+    the loop). TRITONRNN_HOIST_WEIGHTS=off compiles the branches."""
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
     try:
         (r,) = aot.aot_reports([(COMPILES[1][1], COMPILES[1][2])], "h100")
     except aot.ToolMissing as e:
         pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
-    for k, base in zip(_kernels(r), _kernels(reports["lstm256-grid-bf16"]), strict=True):
+    for k, base in zip(_kernels(reports["lstm256-grid-bf16"]), _kernels(r), strict=True):
         assert k["constexprs"]["HOIST"] == "True" and base["constexprs"]["HOIST"] == "False"
         assert k["profile"]["MMA"] == base["profile"]["MMA"], k["kernel"]
         assert 2 * k["profile"]["LDSM"] == base["profile"]["LDSM"], (k["profile"],

@@ -285,9 +285,10 @@ def test_single_program_projection_in_one_launch():
 
 
 @pytest.mark.parametrize("proj", [0, 12], ids=["noproj", "proj"])
-def test_finished_batch_tile_is_skipped_correctly(proj):
+def test_finished_batch_tile_is_skipped_correctly(proj, monkeypatch):
     # B = 18 with block_b = 16: the second batch tile's rows end early, so from step 2 on its
     # programs skip the matmuls and only carry their state (final states still written).
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")  # keep the skipping branches
     lengths, T = [5] * 16 + [2, 1], 5
     ins, outs = _forward_problem("lstm", 16, proj, lengths, T)
     _run_forward(ins, outs, True, persistent=False, block_h=16)
@@ -306,7 +307,7 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
     products on stale exchange columns, and the backward reads the dph slot its first step
     never wrote; every result must still be the reference's (act masks them out)."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
-    assert pg._hoist_weights("fwd", 0, 16) and pg._hoist_weights("bwd", 0, 16)
+    assert pg._hoist_weights("fwd", 0, 16, persistent) == persistent
     lengths, T = [5] * 16 + [2, 1, 0], 5
     ins, outs = _forward_problem(cell, 33, proj, lengths, T)
     _run_forward(ins, outs, True, persistent=persistent, block_h=16)
@@ -317,16 +318,35 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
 
 
 def test_hoist_weights_choice(monkeypatch):
-    """Off by default; per pass; resident MMA tiles only; a bad value names the variable."""
+    """By default: persistent launches of resident 16-wide MMA tiles without a projection,
+    at most 256 B of weights per thread; off; per pass whatever the size; a bad value names
+    the variable."""
+    hoist = pg._hoist_weights
+    bf16 = torch.bfloat16
+    lstm256 = pg.weight_thread_bytes(4 * 16, 256, 0, bf16, 4)
+    anchor = pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 4)
+    assert (lstm256, anchor, pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)) == (256, 768,
+                                                                                   384)
     monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
-    assert not pg._hoist_weights("fwd", 0, 16)
+    assert hoist("fwd", 0, 16, True, 0, lstm256) and hoist("bwd", 0, 16, True, 0, lstm256)
+    assert not hoist("fwd", 0, 16, True, 0, anchor)  # 768 B: spills (module comment)
+    assert not hoist("fwd", 0, 32, True, 0, 192)  # 32-wide batch tiles spilled at 192 B
+    assert not hoist("fwd", 0, 16, False, 0, lstm256)  # stepwise: skipping tiles pays
+    assert not hoist("fwd", 0, 16, True, 12, lstm256)  # projection: no effect
+    assert not hoist("fwd", 64, 16, True, 0, 0)  # streamed: nothing resident to hoist
+    assert not hoist("fwd", 0, 1, True, 0, 0)  # vector tiles: weights in registers already
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
+    assert not hoist("fwd", 0, 16, True, 0, lstm256)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", " fwd ")
-    assert pg._hoist_weights("fwd", 0, 16) and not pg._hoist_weights("bwd", 0, 16)
-    assert not pg._hoist_weights("fwd", 64, 16)  # streamed: nothing resident to hoist
-    assert not pg._hoist_weights("fwd", 0, 1)  # vector tiles: weights in registers already
-    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,both")
-    with pytest.raises(ValueError, match=r"TRITONRNN_HOIST_WEIGHTS: .*fwd, bwd.*'fwd,both'"):
-        pg._hoist_weights("fwd", 0, 16)
+    assert hoist("fwd", 0, 16, True, 0, anchor) and not hoist("bwd", 0, 16, True, 0, lstm256)
+    assert not hoist("fwd", 0, 16, False, 0, anchor)
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "")  # empty: as unset
+    assert hoist("fwd", 0, 16, True, 0, lstm256) and not hoist("fwd", 0, 16, True, 0, anchor)
+    for bad in ("fwd,both", "on", ","):
+        monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", bad)
+        with pytest.raises(ValueError, match=r"TRITONRNN_HOIST_WEIGHTS: expected auto, off "
+                                             r"or a comma list of fwd, bwd, got "):
+            hoist("fwd", 0, 16, True, 0, lstm256)
 
 
 @PERSIST
