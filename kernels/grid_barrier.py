@@ -16,6 +16,11 @@ Memory ordering (the CUDA cooperative-groups pattern, expressed with Triton atom
   with all the releases counted in it; then a bar.sync hands that ordering to every warp.
   A scalar Triton atomic runs on one thread and broadcasts its result through shared memory,
   so the spin loop's condition is uniform across the program (no divergent bar.sync).
+  In the sm_90 SASS (Triton 3.6, `tritonrnn aot --dump`) the arrival is MEMBAR.ALL.GPU then
+  a fire-and-forget REDG.E.ADD.STRONG.GPU, and ptxas turns the +0 acquire poll into a plain
+  load, LDG.E.STRONG.GPU followed by CCTL.IVALL (the L1 invalidation of an acquire): the
+  polls do not queue as read-modify-writes behind the arrivals at the counter's L2 slice,
+  and there is no atomic in the poll for an inline-PTX ld.acquire to replace.
 
 Split phase: `grid_arrive` / `grid_wait` are the two halves of `grid_sync`. The recurrent
 kernels publish their exchange slice, arrive, then issue the stores nobody waits for and the
