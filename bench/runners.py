@@ -290,15 +290,33 @@ def _cudnn_algo_info(case: Case, packed: bool) -> dict:
                                " not queried"}
 
 
-def torch_runner(case: Case, packed: bool) -> Runner:
-    s = case.shape
-    impl = "torch-packed" if packed else "torch"
-    module = copy.deepcopy(case.module64).to(s.torch_dtype).train()
+@dataclass
+class _TorchSetup:
+    """A torch.nn copy of the case's module in the benchmark dtype, with fresh leaf inputs."""
+
+    module: torch.nn.RNNBase
+    x: torch.Tensor
+    h0: torch.Tensor
+    c0: torch.Tensor | None
+    inputs: list[torch.Tensor]  # x, h0 (, c0): the inputs whose gradients are taken
+    names: list[str]
+    params: list[torch.Tensor]
+
+
+def _torch_setup(case: Case) -> _TorchSetup:
+    module = copy.deepcopy(case.module64).to(case.shape.torch_dtype).train()
     leaf = lambda t: None if t is None else t.detach().clone().requires_grad_()  # noqa: E731
     x, h0, c0 = leaf(case.x), leaf(case.h0), leaf(case.c0)
-    inputs = [t for t in (x, h0, c0) if t is not None]
     names, params = zip(*module.named_parameters(), strict=True)
-    params = list(params)
+    return _TorchSetup(module, x, h0, c0, [t for t in (x, h0, c0) if t is not None],
+                       list(names), list(params))
+
+
+def torch_runner(case: Case, packed: bool) -> Runner:
+    impl = "torch-packed" if packed else "torch"
+    t = _torch_setup(case)
+    module, x, h0, c0, inputs, names, params = (t.module, t.x, t.h0, t.c0, t.inputs, t.names,
+                                                t.params)
     lengths = case.lengths if packed else None
 
     def fwd():
@@ -402,14 +420,10 @@ def torch_graph_runner(case: Case) -> Runner:
     that stream too: autograd runs each backward kernel on its forward's stream, which must be
     the capturing one. Correctness: the outputs and gradients of replays (outputs first filled
     with NaN, so that a replay that wrote nothing fails) against the float64 oracle."""
-    s = case.shape
-    module = copy.deepcopy(case.module64).to(s.torch_dtype).train()
-    leaf = lambda t: None if t is None else t.detach().clone().requires_grad_()  # noqa: E731
-    x, h0, c0 = leaf(case.x), leaf(case.h0), leaf(case.c0)
-    inputs = [t for t in (x, h0, c0) if t is not None]
-    names, params = zip(*module.named_parameters(), strict=True)
-    params = list(params)
-    grad_outs = [t for t in (case.dy, case.dhT, case.dcT) if t is not None]
+    t = _torch_setup(case)
+    module, x, h0, c0, inputs, names, params = (t.module, t.x, t.h0, t.c0, t.inputs, t.names,
+                                                t.params)
+    grad_outs = [g for g in (case.dy, case.dhT, case.dcT) if g is not None]
     stream = torch.cuda.Stream(device=case.device)
 
     def fwd():
