@@ -1526,7 +1526,8 @@ def _batch_ksplit(ka: int, kb: int) -> int:
 #     loop, none in it)
 #   GRU H=256 B=16 (256 / 192 B): 413 / 32 -> 386 / 16 ; 609 / 24 -> 596 / 12, no spills
 #   rnn_tanh H=1024 B=16 (256 B): 522 / 64 -> 488 / 32 ; 521 / 32 -> 478 / 16, no spills
-#   rnn_relu H=512 B=64 (16 x 32 tiles, 128 B): 382 / 32 -> 354 / 16 ; 454 / 16 -> 444 / 8
+#   rnn_relu H=512 B=64 (four 16 x 16 batch tiles, 128 B): 382 / 32 -> 354 / 16 ; 454 / 16
+#     -> 444 / 8
 #   LSTM H=768 B=16 (8 warps, 384 B): 547 / 48 -> 512 / 24 ; 753 / 48 -> 740 / 24, the
 #     backward saves 16 B around the loop; on 4 warps (the planner's, 768 B) both spill,
 #     280 / 632 B
@@ -1541,9 +1542,9 @@ def _batch_ksplit(ka: int, kb: int) -> int:
 # What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. So the
 # planner's launches hoist with 16-wide batch tiles where a pass's weights take at most
 # _HOIST_THREAD_BYTES per thread (every such compile above fits with the same warps, and
-# does less); whether 8 warps
-# with register weights beat the planner's 4 without at the anchor is a timing question
-# (`scripts/step_ablation.py` variants `hoist`, `hoistf`, `nohoist`). A projection's two
+# does less); whether 8 warps with register weights beat the planner's 4 without at the
+# anchor is a timing question (`scripts/step_ablation.py` variants `hoist`, `hoistf`,
+# `nohoist`; `bash scripts/gpu_session.sh hoist`). A projection's two
 # phases alternate in a runtime branch of the step loop, so HOIST changes nothing there and
 # is not used. Stepwise launches (one step each, and more programs than SMs, where a
 # skipped tile does shorten the launch) keep the branches.
