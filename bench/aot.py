@@ -59,7 +59,8 @@ in), which "the largest range closed by a backward branch" would get wrong. Nest
 barrier's spin loop, streamed-weight K loops) are counted once, as instructions, not as
 iterations; `inner_loops` says how many there are. Counted per iteration: global loads/stores
 (LDG/STG), shared loads/stores (LDS/STS, LDSM), cp.async copies (LDGSTS), MMA instructions
-(HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED), local-memory loads
+(HMMA/HGMMA), fp32 FMAs, bar.sync (BAR), atomics (ATOM/ATOMG/ATOMS/RED), memory fences
+(MEMBAR: a grid barrier's release; in the JSON, not in the printed table), local-memory loads
 and stores (LDL/STL: register spills and their reloads, plus any per-thread array ptxas put in
 local memory) and all instructions. LDL/STL are also counted outside the step loop
 (`LDL_outside`/`STL_outside`: prologue, epilogue and anything not in the loop), so that a
@@ -427,7 +428,10 @@ def _gpu_fp32_dot(recorded, ctx: GpuContext, gpu: dict):
 
 
 def _gpu_barrier(recorded, ctx: GpuContext, gpu: dict):
-    return 1 if ctx.persistent else 0  # 2 (count arrivals only) is a test hook, never planned
+    # 2 (count arrivals only) is a test hook, never planned. A tagged exchange (int words,
+    # `kernels.persistent_grid.tagged_exchange`) runs its persistent launch without one.
+    tagged = any(gpu["_types"].get(x) in ("*i32", "*i64") for x in ("XWS", "DPHWS"))
+    return 1 if ctx.persistent and not tagged else 0
 
 
 def _gpu_upcast(recorded, ctx: GpuContext, gpu: dict):
@@ -481,7 +485,7 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
     # What a rule may read besides the GPU values decided so far: the recorded constexprs,
     # the launch's warps, the names changed so far.
     gpu = {"_recorded": sig.constexprs_by_name(), "_num_warps": sig.options.get("num_warps", 4),
-           "_changed": changed}
+           "_changed": changed, "_types": sig.signature}
     for name, rule in INTERPRETER_CONSTEXPRS.items():
         if name not in sig.names or sig.signature[name] != "constexpr":
             continue
@@ -492,7 +496,7 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
             changed[name] = (cons[key], value)
         cons[key] = value
     options = dict(sig.options)
-    if gpu.get("BARRIER") == 1:
+    if ctx.persistent and "BARRIER" in gpu:  # as the launchers: a barrier, or tagged waits
         from tritonrnn.kernels.grid_barrier import cooperative_launch_options
 
         options.update(cooperative_launch_options())
@@ -611,6 +615,8 @@ PROFILE_OPS = {
     "FFMA": ("FFMA",),
     "BAR": ("BAR",),
     "ATOM": ("ATOM", "ATOMG", "ATOMS", "RED", "REDG"),
+    # Memory fences (a grid barrier's release; not in the printed table).
+    "MEMBAR": ("MEMBAR",),
     # Local memory (per-thread, off-chip behind L1): where ptxas spills registers.
     "LDL": ("LDL",),
     "STL": ("STL",),
