@@ -71,7 +71,7 @@ import triton.language as tl
 DEFAULT_MAX_SPIN = 1 << 23
 
 # How often a waiting program also reads the error flag (a power of two, in polls).
-_ERR_POLL_MASK = tl.constexpr(1023)
+ERR_POLL_MASK = tl.constexpr(1023)
 
 
 @triton.jit
@@ -97,7 +97,7 @@ def grid_wait(sync_ptr, target, max_spin):
     while (seen < target) & (err == 0) & (spins < max_spin):
         seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
         spins += 1
-        if (spins & _ERR_POLL_MASK) == 0:
+        if (spins & ERR_POLL_MASK) == 0:
             err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
     failed = (seen < target).to(tl.int32)
     if failed != 0:
@@ -154,8 +154,9 @@ class BarrierTimeoutError(RuntimeError):
 
 
 _TIMEOUT_MESSAGE = (
-    "persistent-grid kernel: a grid barrier timed out (programs not co-resident, or the GPU is "
-    "shared with a kernel that holds SMs); the outputs are invalid. Retry with "
+    "persistent-grid kernel: a grid barrier (or a tagged exchange's wait) timed out (programs "
+    "not co-resident, or the GPU is shared with a kernel that holds SMs); the outputs are "
+    "invalid. Retry with "
     "persistent=False (stepwise)."
 )
 _CHECK_MODES = ("deferred", "sync")
@@ -211,10 +212,11 @@ def poll_earlier_launches() -> None:
 
 def check_flags(sync: torch.Tensor, what: str) -> None:
     """Error flags of a persistent launch just enqueued; sync: int32 [groups, 2] (counter,
-    flag). "sync" mode: raises BarrierTimeoutError now if this launch failed (a host sync);
-    "deferred": queues the flags for `poll_earlier_launches` / `check_barriers`."""
+    flag). "sync" mode (and tensors off the GPU, the interpreter): raises BarrierTimeoutError
+    now if this launch failed (a host sync); "deferred": queues the flags for
+    `poll_earlier_launches` / `check_barriers`."""
     flags = sync[:, 1]
-    if barrier_check_mode() == "sync":
+    if barrier_check_mode() == "sync" or flags.device.type != "cuda":
         _raise_if_failed(flags.cpu(), what, earlier=False)
         return
     host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)

@@ -111,6 +111,9 @@ sub-step reads that no program writes (`_fwd_loads` / `_bwd_loads`: packed rows,
 input-side gate tiles, the reserve tiles, dy); only then it waits. Those loads and stores
 are off the per-step chain (barrier -> exchange read -> dots -> cell -> publish), and the
 release fence no longer waits for them.
+Tagged exchange (forward, opt-in: TRITONRNN_TAGGED_EXCHANGE=fwd, `tagged_exchange`): h is
+published as words that carry the step's tag and read until the tags match, with no barrier
+in the launch (`_xpair`, `_publish`).
 
 Workspaces (allocated per call; states fp32, exchanges in the tensors' dtype, e bytes; bytes
 per direction, times D for a pair launch):
@@ -159,6 +162,7 @@ from ..rnn.packing import PackInfo
 from . import cells
 from .grid_barrier import (
     DEFAULT_MAX_SPIN,
+    ERR_POLL_MASK,
     check_flags,
     cooperative_launch_options,
     grid_arrive,
@@ -253,21 +257,111 @@ def _wchunk(W, a_idx, a_ok, a_stride, b_stride, k0: tl.constexpr, KC: tl.constex
 
 
 @triton.jit
+def _kptrs(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr):
+    """(pointers, mask) of the split-K operand `_kpart` reads."""
+    if S == 1:
+        kk = k0 + tl.arange(0, KC)[:, None]
+        return X + jb64[None, :] * x_row + kk, (kk < K) & x_ok[None, :]
+    else:
+        kk = (k0 + tl.arange(0, S)[:, None, None] * (KC // S)
+              + tl.arange(0, KC // S)[None, :, None])
+        return X + jb64[None, None, :] * x_row + kk, (kk < K) & x_ok[None, None, :]
+
+
+@triton.jit
 def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
            DT: tl.constexpr):
     """Split-K dot operand [S, KC // S, batch] of an exchange buffer [B, x_row], cast to
     the dot dtype DT: tile[s, c, j] = X[jb[j], k0 + s * KC // S + c], zero past K and for
     masked batch columns; [KC, batch] when S == 1."""
-    if S == 1:
-        kk = k0 + tl.arange(0, KC)[:, None]
-        return tl.load(X + jb64[None, :] * x_row + kk, mask=(kk < K) & x_ok[None, :],
-                       other=0.0, cache_modifier=".cg").to(DT)
+    ptr, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
+    return tl.load(ptr, mask=ok, other=0.0, cache_modifier=".cg").to(DT)
+
+
+@triton.jit
+def _tag(i):
+    """The tag of the tagged exchange words published at loop index i >= -1 (`_xword`; the
+    host's `exchange_tag`): 1 .. 32767, never 0 (a zeroed word), and different for i and
+    i + 2 (the next write of the same ping-pong slot)."""
+    return (i + 1) % 32767 + 1
+
+
+@triton.jit
+def _xword(v, XDT: tl.constexpr, tag):
+    """Tagged exchange word of v: v in the exchange dtype XDT in the low bits, the tag above,
+    so one aligned store carries both (int32 words for 16-bit XDT, int64 for fp32)."""
+    if XDT == tl.float32:  # noqa: SIM300 (XDT is a constexpr argument)
+        return v.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64) | (
+            tag.to(tl.int64) << 32)
     else:
-        kk = (k0 + tl.arange(0, S)[:, None, None] * (KC // S)
-              + tl.arange(0, KC // S)[None, :, None])
-        return tl.load(X + jb64[None, None, :] * x_row + kk,
-                       mask=(kk < K) & x_ok[None, None, :], other=0.0,
-                       cache_modifier=".cg").to(DT)
+        return v.to(XDT).to(tl.uint16, bitcast=True).to(tl.int32) | (tag << 16)
+
+
+@triton.jit
+def _xvalue(w, XDT: tl.constexpr, DT: tl.constexpr):
+    """The value of tagged exchange words w (`_xword`), cast to the dot dtype DT."""
+    if XDT == tl.float32:  # noqa: SIM300 (XDT is a constexpr argument)
+        return w.to(tl.uint32).to(tl.float32, bitcast=True).to(DT)
+    else:
+        return w.to(tl.uint16).to(XDT, bitcast=True).to(DT)
+
+
+@triton.jit
+def _xstale(w, ok, xtag):
+    """Non-zero where some masked-in word of w does not carry the tag xtag (tags and values
+    are non-negative: a word's bits above the value, xor the expected tag's, are zero)."""
+    SH: tl.constexpr = 32 if w.dtype == tl.int64 else 16
+    xt = xtag.to(w.dtype) << SH
+    return tl.max(tl.where(ok, w, xt) ^ xt) >> SH
+
+
+@triton.jit
+def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.constexpr,
+           S: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
+    """A resident reduction's two operand chunks (`_kpart`: columns 0 .. KA and KA .. KA +
+    KB; the second a copy of the first, never read, when KB == 0) from a tagged exchange (X
+    of int words, `tagged_exchange`): both chunks' words loaded together and reloaded
+    together, as volatile loads, until every masked-in word carries xtag (one wait per step:
+    a wait per chunk would serialise their L2 round trips). A wait that reaches max_spin
+    reloads, or sees the error flag xsync[1] set, sets that flag and returns what it has
+    (the host then reports the launch failed). (A plain exchange's chunks are loaded where
+    their dots use them, `_kpart`: holding both at once spills GRU H=1536's forward.)"""
+    pa, oa = _kptrs(X, x_row, jb64, x_ok, 0, KA, K, S)
+    wa = tl.zeros(pa.shape, X.dtype.element_ty)
+    pb, ob = pa, oa  # placeholders when KB == 0
+    if KB > 0:
+        pb, ob = _kptrs(X, x_row, jb64, x_ok, KA, KB, K, S)
+    wb = tl.zeros(pb.shape, X.dtype.element_ty)
+    # One copy of the loads (a do-while): the first pass always runs.
+    bad = xtag * 0 + 1
+    spins = xtag * 0 - 1
+    err = xtag * 0
+    while (bad != 0) & (err == 0) & (spins < max_spin):
+        wa = tl.load(pa, mask=oa, other=0, volatile=True)
+        bad = _xstale(wa, oa, xtag)
+        if KB > 0:
+            wb = tl.load(pb, mask=ob, other=0, volatile=True)
+            bad = bad | _xstale(wb, ob, xtag)
+        spins += 1
+        if (spins & ERR_POLL_MASK) == ERR_POLL_MASK:
+            err = tl.load(xsync + 1, volatile=True)
+    if bad != 0:
+        tl.atomic_xchg(xsync + 1, 1, sem="relaxed", scope="gpu")
+    xa = _xvalue(wa, XDT, DT)
+    xb = xa
+    if KB > 0:
+        xb = _xvalue(wb, XDT, DT)
+    return xa, xb
+
+
+@triton.jit
+def _publish(ptr, v, mask, XDT: tl.constexpr, u):
+    """Stores v into an exchange: in its dtype, or as the tagged words `_xword(v, XDT,
+    _tag(u))` where ptr points at int words (a tagged exchange, written at loop index u)."""
+    if ptr.dtype.element_ty == tl.int32 or ptr.dtype.element_ty == tl.int64:
+        tl.store(ptr, _xword(v, XDT, _tag(u)), mask=mask)
+    else:
+        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -567,11 +661,11 @@ def _batched_chunk(W, hs, h_ok, s_r, k0: tl.constexpr, KC: tl.constexpr, K: tl.c
 
 
 @triton.jit
-def _batched_dot(w, X, x_row, jb64, x_ok, k0: tl.constexpr, KC: tl.constexpr, K: tl.constexpr,
-                 KS: tl.constexpr, GP: tl.constexpr, BB: tl.constexpr, DT: tl.constexpr,
+def _batched_dot(w, x, KC: tl.constexpr, KS: tl.constexpr, GP: tl.constexpr, BB: tl.constexpr,
                  FP32_DOT: tl.constexpr):
     """The gates' products [GP, BH, BB] of a gate-batched chunk w (`_batched_chunk`) with the
-    exchange rows X[jb, k0 : k0 + KC]: one 3-D dot whose batch entries are (K slice, gate),
+    operand x of exchange columns k0 .. k0 + KC (`_kpart` split KS ways, [KC, BB] when KS is
+    1): one 3-D dot whose batch entries are (K slice, gate),
     the operand read once per slice and broadcast over the gates, the KS slices' partial sums
     added at the end. Triton lays a 3-D dot's warps along its batch entries, so each warp
     forms whole gate products: none computes a tile another warp also computes (the split-K
@@ -579,9 +673,7 @@ def _batched_dot(w, X, x_row, jb64, x_ok, k0: tl.constexpr, KC: tl.constexpr, K:
     with KS * GP = 2 * num_warps a warp holds all the slices of its gate, so their sum stays
     in-thread."""
     if KS == 1:
-        x = tl.reshape(_kpart(X, x_row, jb64, x_ok, k0, KC, K, 1, DT), [1, KC, BB])
-    else:
-        x = _kpart(X, x_row, jb64, x_ok, k0, KC, K, KS, DT)
+        x = tl.reshape(x, [1, KC, BB])
     xg = tl.reshape(tl.broadcast_to(x[:, None, :, :], [KS, GP, KC // KS, BB]),
                     [KS * GP, KC // KS, BB])
     acc = _mm(w, xg, FP32_DOT)
@@ -593,7 +685,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
+             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
+             XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
@@ -603,13 +696,19 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     it: no cross-warp reduction; 2 (gate-batched, resident, GP = 4) one 3-D dot per chunk
     whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
     `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
-    (`_dot_w3`)."""
+    (`_dot_w3`). XDT, xtag, xsync, max_spin: a tagged exchange src (`_xpair`; resident)."""
+    tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
     if GATES == 2:
-        acc = _batched_dot(wa0, src, HOUT, jb64, b_ok, 0, KA, HOUT, S, GP, BB, DOT_DT,
-                           FP32_DOT)
+        if tagged:
+            xa, xb = _xpair(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT, XDT, xtag, xsync,
+                            max_spin)
+        else:
+            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        acc = _batched_dot(wa0, xa, KA, S, GP, BB, FP32_DOT)
         if KB > 0:
-            acc = _sum2(acc, _batched_dot(wb0, src, HOUT, jb64, b_ok, KA, KB, HOUT, S, GP, BB,
-                                          DOT_DT, FP32_DOT))
+            if not tagged:
+                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
+            acc = _sum2(acc, _batched_dot(wb0, xb, KB, S, GP, BB, FP32_DOT))
         p0, p1, p2, p3 = _split_gates(tl.reshape(acc, [GP * BH, BB]), GP, BH, BB)
     elif GATES == 1:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
@@ -619,7 +718,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
-                                        DOT_DT, FP32_DOT, BH, BB)
+                                        DOT_DT, FP32_DOT, BH, BB, XDT, xtag, xsync, max_spin)
     return p0, p1, p2, p3
 
 
@@ -628,7 +727,8 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
-                   BB: tl.constexpr):
+                   BB: tl.constexpr, XDT: tl.constexpr = tl.float32, xtag=0, xsync=0,
+                   max_spin=0):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
@@ -651,10 +751,16 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                              BB)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
-        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
+        if tagged:
+            xa, xb = _xpair(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT, XDT, xtag, xsync,
+                            max_spin)
+        else:
+            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
-            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
+            if not tagged:
+                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
             z = _zacc(S, BH, BB)
             b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
             a0 = _sum2(a0, b0)
@@ -738,19 +844,27 @@ def _fwd_cell_phase(
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
-    SWAP: tl.constexpr = False,
+    SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
-    nobody in the launch reads. Returns the carried (c, h_own)."""
+    nobody in the launch reads. Returns the carried (c, h_own).
+    Tagged exchange (src / dst of int words; no projection, so sub-step u is step u): reads
+    the active rows' words of h_{u-1}, tagged `_tag(u - 1)`, and publishes h_u tagged
+    `_tag(u)` (the launch has no barrier then)."""
+    tagged: tl.constexpr = dst.dtype.element_ty == tl.int32 or dst.dtype.element_ty == tl.int64
     # A batch tile whose rows have all finished skips the matmuls (it only carries its state
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
     # register load out of the step loop, which spills once the slice outgrows registers
     # (HOIST: tile_on is the constant True, no branch, `_hoist_weights`).
     if tile_on:
-        p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
+        # A tagged exchange holds the words of the rows active at u - 1 only: read (and wait
+        # for) the active rows'.
+        x_ok = act if tagged else b_ok
+        p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, x_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, XDT,
+                                  _tag(u - 1), SYNC, max_spin)
         p0 += b0[:, None]
         p1 += b1[:, None]
         p2 += b2[:, None]
@@ -773,7 +887,11 @@ def _fwd_cell_phase(
         h_own = tl.where(act[None, :], m, h_own)
         # Only active rows are published: a finished row's column of the next step's dot is
         # never used (the column is masked out of every result), so stale data there is safe.
-        tl.store(dst + at, m.to(dst.dtype.element_ty), mask=m2)
+        _publish(dst + at, m, m2, XDT, u)
+        if tagged:
+            # No fence needed, but the stores must not be scheduled behind the next step's
+            # wait (the others wait for them): bar.sync keeps them in front.
+            tl.debug_barrier()
     else:
         tl.store(MX + jb64[None, :] * H + hs[:, None], m.to(MX.dtype.element_ty), mask=m2)
     _arrive(SYNC, u, u_end, BARRIER)
@@ -825,7 +943,7 @@ def _grid_fwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
-    HOIST: tl.constexpr = False,
+    HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -833,6 +951,9 @@ def _grid_fwd_kernel(
     own slice in registers in between); XWS: [2, B, HOUT] ping-pong h exchange in the
     tensors' dtype (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c state (LSTM); MWS: [B, H] m
     exchange in the tensors' dtype (projection); SYNC: int32 [2] barrier counter, error flag.
+    Tagged exchange (`tagged_exchange`): XWS holds int words (`_xword` of XDT values, h0 in
+    slot 0 tagged `_tag(-1)`) and the launch has no barrier (BARRIER = 0): a step waits for
+    its operand's words instead (`_xpair`).
     Weights: RESIDENT: R's reduction (HOUT) in on-chip chunks of RKA + RKB columns, Pw's (H)
     in PKA + PKB; streamed: read in chunks of RKA (PKA) columns every step.
     NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in time) reads its
@@ -942,7 +1063,8 @@ def _grid_fwd_kernel(
                 x0, x1, x2, x3, Y, s_y, CSEQ, s_cseq, HT, s_ht, R, s_r, MWS, src, dst, SYNC, u,
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
-                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP)
+                RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
+                XDT, max_spin)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1561,6 +1683,17 @@ def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,
     return rows * (ka + kb) * torch.empty(0, dtype=dtype).element_size() // (32 * num_warps)
 
 
+def _env_passes(var: str, passes: tuple[str, ...] = _HOIST_PASSES) -> str | set[str]:
+    """A per-pass switch from the environment: "auto" (unset or empty), "off", or the set of
+    `passes` that a comma list names; anything else raises, naming the variable."""
+    raw = os.environ.get(var, "").strip() or "auto"
+    asked = {p.strip() for p in raw.split(",") if p.strip()}
+    if raw not in ("auto", "off") and not (asked and asked <= set(passes)):
+        raise ValueError(f"{var}: expected auto, off or a comma list of {', '.join(passes)}, "
+                         f"got {raw!r}")
+    return raw if raw in ("auto", "off") else asked
+
+
 def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool = True,
                    proj: int = 0, thread_bytes: int = 0) -> bool:
     """HOIST for a launch of `pass_name` ("fwd" / "bwd"): resident MMA tiles (vector tiles
@@ -1568,16 +1701,63 @@ def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool 
     persistent launch without a projection; by default 16-wide batch tiles whose weights take
     at most _HOIST_THREAD_BYTES per thread (`weight_thread_bytes`), else as
     TRITONRNN_HOIST_WEIGHTS says."""
-    raw = os.environ.get("TRITONRNN_HOIST_WEIGHTS", "").strip() or "auto"
-    asked = {p.strip() for p in raw.split(",") if p.strip()}
-    if raw not in ("auto", "off") and not (asked and asked <= set(_HOIST_PASSES)):
-        raise ValueError(f"TRITONRNN_HOIST_WEIGHTS: expected auto, off or a comma list of "
-                         f"{', '.join(_HOIST_PASSES)}, got {raw!r}")
-    if raw == "off" or block_k or vector_tiles(block_b) or not persistent or proj:
+    asked = _env_passes("TRITONRNN_HOIST_WEIGHTS")
+    if asked == "off" or block_k or vector_tiles(block_b) or not persistent or proj:
         return False
-    if raw == "auto":
+    if asked == "auto":
         return block_b == 16 and thread_bytes <= _HOIST_THREAD_BYTES
     return pass_name in asked
+
+
+# Tagged exchange (TRITONRNN_TAGGED_EXCHANGE=fwd). Behind a grid barrier a forward step
+# pays, besides its work: the release fence before the arrival (it waits until the step's
+# stores are acknowledged), the arrival, the poll that sees the last one, and only then the
+# L2 round trip of the exchange read. A tagged exchange stores each value of h together with
+# the index of the step that wrote it, in one aligned word (int32: the 16-bit value and a
+# 15-bit tag; int64 for fp32), so a word read is either an old one or wholly the new one:
+# programs publish with plain stores (no fence, no arrival) and a step reads its operand
+# with volatile loads, again until every word it uses carries the expected tag (`_xpair`).
+# The fence and the counter leave the step's chain, and the read is the wait; the cost is
+# twice the exchange bytes, and rereading the operand while waiting. (NCCL's LL protocol
+# makes the same trade: data and flag in one store.) The ping-pong slots stay: a program
+# overwrites a slot only after reading the step that every other program published after
+# its last read of that slot.
+# The sm_90 compiles (Triton 3.6, forward step loop instructions per warp, barrier ->
+# tagged): LSTM H=256 B=16 461 -> 677; 8 warps: anchor 547 -> 935, LSTM H=1024 B=16 ->
+# 1052; the planner's 4 warps spill with the words of both chunks live (anchor 736 -> 1412,
+# 8 B; GRU H=1024 726 -> 1483, 40 B). The tag checks (a select, an xor and a max per word)
+# and the unpacking are the extra instructions; h's operand reaches the dots through LDS
+# instead of ldmatrix.
+# Forward only: the backward's operand is G times larger (dph of all gates: at the anchor
+# 192 KB of words per program and step, reread while waiting) and its per-gate chunks would
+# each need the wait, or all be held at once. Not on by default until timed on a GPU
+# (`scripts/step_ablation.py` variant `tagged`; `bash scripts/gpu_session.sh tagged`); where
+# "fwd" asks for it, it applies to persistent launches of resident MMA tiles without a
+# projection (whose second exchange keeps the barrier).
+_TAGGED_PASSES = ("fwd",)
+
+
+def tagged_exchange(pass_name: str, block_k: int, block_b: int, persistent: bool,
+                    proj: int = 0) -> bool:
+    """Whether a launch of `pass_name` ("fwd" / "bwd") runs the tagged exchange: where
+    TRITONRNN_TAGGED_EXCHANGE ("auto" = "off" until measured, or "fwd") asks for it and it
+    applies."""
+    asked = _env_passes("TRITONRNN_TAGGED_EXCHANGE", _TAGGED_PASSES)
+    if asked in ("auto", "off") or block_k or vector_tiles(block_b) or not persistent or proj:
+        return False
+    return pass_name in asked
+
+
+def exchange_tag(i: int) -> int:
+    """The tag of the words a step at loop index i >= -1 publishes (the kernels' `_tag`)."""
+    return (i + 1) % 32767 + 1
+
+
+def _tagged_words(v: torch.Tensor, dtype: torch.dtype, i: int) -> torch.Tensor:
+    """v (fp32) as the tagged exchange words of loop index i (the kernels' `_xword`)."""
+    if dtype == torch.float32:
+        return (v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (exchange_tag(i) << 32)
+    return (v.to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF) | (exchange_tag(i) << 16)
 
 
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
@@ -1979,11 +2159,19 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
+    tagged = tagged_exchange("fwd", block_k, block_b, persistent, P) and not count_arrivals
+    if tagged and not on_gpu:  # one launch per step: a step's words are all there already
+        max_spin = 1
     f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
-    x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
-    x_ws[:, 0].copy_(h_st)
+    if tagged:  # zeroed words: tag 0 is never expected; h0 as step -1's
+        x_ws = torch.zeros(nd, 2, B, Hout, device=dev,
+                           dtype=torch.int64 if dtype == torch.float32 else torch.int32)
+        x_ws[:, 0].copy_(_tagged_words(h_st, dtype, -1))
+    else:
+        x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
+        x_ws[:, 0].copy_(h_st)
     c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
     if lstm:
         c_ws.copy_(_both(c0, off.get("c0")))
@@ -2016,12 +2204,13 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
-                VW=vector_width(dot_dt) if vector_tiles(block_b) else 0, num_warps=num_warps,
+                VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
+                XDT=_DOT_DTYPES[dtype], num_warps=num_warps,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
-    if barrier == 1:
+    if barrier == 1 or tagged:
         check_flags(sync, "grid_forward")
     outs.finish()
     return sync if count_arrivals else None

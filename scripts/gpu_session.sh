@@ -24,6 +24,10 @@
 #                                         planner's warps and at 8: anchor 8 warps ldmatrix
 #                                         per warp and step 48 -> 24 in both passes; LSTM
 #                                         H=256 (the planner's rule hoists it) 32 -> 16
+#   bash scripts/gpu_session.sh tagged    the forward's tagged exchange (variant tagged: no
+#                                         grid barrier, h as tagged words) against the barrier,
+#                                         at the planner's warps and at 8 (where the larger
+#                                         slices' tagged compiles do not spill)
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
@@ -106,6 +110,11 @@ case "${1:-tests}" in
       --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
       --variants "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" 2>&1 \
       | tee "$out/ablation-hoist.log" | tail -20 ;;
+  tagged)
+    timeout 560 python scripts/step_ablation.py --out "$out/tagged" \
+      --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
+      --variants "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer" 2>&1 \
+      | tee "$out/ablation-tagged.log" | tail -20 ;;
   vector)
     timeout 400 python scripts/step_ablation.py --out "$out/vector" \
       --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
@@ -140,6 +149,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|profile|all" >&2
      exit 2 ;;
 esac

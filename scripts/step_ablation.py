@@ -36,6 +36,9 @@ Variants (comma-joined in one process):
               around the dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both
               passes / the forward only / neither (the planner's rule: 16-wide batch tiles,
               <= 256 B of weights per thread)
+    tagged    the forward's tagged exchange (kernels' tagged_exchange, as with
+              TRITONRNN_TAGGED_EXCHANGE=fwd): h published as tagged words, no grid barrier,
+              each step rereads its operand until the tags match
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
@@ -79,7 +82,8 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
-            GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False):
+            GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
+            XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -110,6 +114,14 @@ def _hoisted(passes: tuple[str, ...]):
                 and persistent and not proj)
 
     return hoist
+
+
+def _tagged(pass_name, block_k, block_b, persistent, proj=0):
+    """`persistent_grid.tagged_exchange` as with TRITONRNN_TAGGED_EXCHANGE=fwd."""
+    from tritonrnn.kernels import persistent_grid as pg
+
+    return (pass_name == "fwd" and not block_k and not pg.vector_tiles(block_b) and persistent
+            and not proj)
 
 
 def _forced_split(n: int):
@@ -152,6 +164,7 @@ def swaps() -> dict:
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         "nohoist": [(pg, "_hoist_weights", _hoisted(()))],
+        "tagged": [(pg, "tagged_exchange", _tagged)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},

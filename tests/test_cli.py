@@ -201,6 +201,17 @@ def test_plan_prints_explain(capsys):
     assert "weights=resident (gate-batched forward) " in out
 
 
+@pytest.mark.parametrize("tagged", ["off", "fwd"])
+def test_plan_names_register_weights_and_the_tagged_exchange(capsys, monkeypatch, tagged):
+    # LSTM H=256 B=16: HOIST by the planner's rule; the tagged exchange only when asked for.
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
+    assert main(["plan", "--mode", "lstm", "--hidden", "256", "--batch", "16",
+                 "--device-preset", "h100"]) == 0
+    notes = "gate-batched forward; in registers: fwd, bwd" + (
+        "; tagged exchange: fwd" if tagged == "fwd" else "")
+    assert f"weights=resident ({notes}) " in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("mode, batch, label", [
     ("lstm", 256, "weights=streamed/64 (joint gates, transposed) "),  # 32 x 64 tiles
     ("rnn_tanh", 16, "weights=streamed/64 warps"),  # one gate, 16-row batch tile: neither

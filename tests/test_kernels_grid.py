@@ -349,6 +349,93 @@ def test_hoist_weights_choice(monkeypatch):
             hoist("fwd", 0, 16, True, 0, lstm256)
 
 
+def _tagged_spy(monkeypatch) -> list:
+    """Records, per forward launch, whether its h exchange held tagged words."""
+    seen = []
+    real = pg.tagged_exchange
+
+    def spy(*a, **k):
+        on = real(*a, **k)
+        if a[0] == "fwd":
+            seen.append(on)
+        return on
+
+    monkeypatch.setattr(pg, "tagged_exchange", spy)
+    return seen
+
+
+@REVERSE
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("hoist", ["off", "fwd"])
+def test_tagged_exchange_matches_the_barrier_exchange(monkeypatch, cell, dtype, hoist,
+                                                      reverse):
+    """TRITONRNN_TAGGED_EXCHANGE=fwd (`pg.tagged_exchange`): the forward's h exchange holds
+    tagged words (int64 for fp32, int32 for bf16) and a step waits for its operand's tags
+    instead of a barrier. The same math: every output bit-identical to the plain exchange's,
+    and (fp32) the reference's. Lengths 5 x 16, 2, 1, 0: a second batch tile that finishes
+    early (HOIST: it keeps forming products, its columns' words stale and masked out of the
+    wait), and an empty row whose word is never published."""
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
+    seen = _tagged_spy(monkeypatch)
+    lengths, T = [5] * 16 + [2, 1, 0], 5
+    results = []
+    for mode in ("off", "fwd"):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
+        ins, outs = _forward_problem(cell, 33, 0, lengths, T, dtype)
+        _run_forward(ins, outs, reverse, persistent=True, block_h=16)
+        results.append(outs)
+    assert seen == [False, True]
+    for k, v in results[1].items():
+        if v is not None:
+            assert torch.equal(v, results[0][k]), k
+    if dtype == torch.float32:
+        _check_forward(ins, results[1], reverse)
+
+
+def test_tagged_exchange_choice(monkeypatch):
+    """Off by default (and "auto": off until timed on a GPU); "fwd" turns it on for
+    persistent launches of resident MMA tiles without a projection, never the backward; a
+    bad value names the variable. The tags: 1 .. 32767, h0's 1, two steps apart always
+    different (a ping-pong slot's old words never pass), across the wrap."""
+    te = pg.tagged_exchange
+    monkeypatch.delenv("TRITONRNN_TAGGED_EXCHANGE", raising=False)
+    assert not te("fwd", 0, 16, True)
+    for off in ("auto", "off", ""):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", off)
+        assert not te("fwd", 0, 16, True)
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
+    assert te("fwd", 0, 16, True) and te("fwd", 0, 32, True)
+    assert not te("bwd", 0, 16, True)
+    assert not te("fwd", 64, 16, True)  # streamed weights
+    assert not te("fwd", 0, 1, True)  # vector tiles
+    assert not te("fwd", 0, 16, False)  # stepwise: the launch boundary is the barrier
+    assert not te("fwd", 0, 16, True, 12)  # a projection
+    for bad in ("bwd", "fwd,bwd", "on"):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", bad)
+        with pytest.raises(ValueError, match=r"TRITONRNN_TAGGED_EXCHANGE: expected auto, off "
+                                             r"or a comma list of fwd, got "):
+            te("fwd", 0, 16, True)
+    tags = [pg.exchange_tag(i) for i in range(-1, 70000)]
+    assert tags[0] == 1 and min(tags) == 1 and max(tags) == 32767
+    assert all(a != b for a, b in zip(tags, tags[2:], strict=False))
+
+
+def test_tagged_exchange_wait_times_out(monkeypatch):
+    """A step whose operand never carries the expected tag (h0's words written with another
+    step's) stops rereading after max_spin, sets the error flag, and the launch raises
+    BarrierTimeoutError: no hang."""
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError, check_barriers
+
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
+    real = pg._tagged_words
+    monkeypatch.setattr(pg, "_tagged_words", lambda v, dtype, i: real(v, dtype, i + 2))
+    ins, outs = _forward_problem("lstm", 33, 0, [3, 3], 3)
+    with pytest.raises(BarrierTimeoutError, match="tagged exchange's wait"):
+        _run_forward(ins, outs, False, persistent=True, block_h=16, _max_spin=4)
+        check_barriers()  # a GPU reports it here (deferred check)
+
+
 @PERSIST
 def test_lstm_without_c_seq(persistent):
     # Inference: c_seq=None (no reserve); everything else still written.
@@ -752,6 +839,36 @@ def test_grid_formulas():
 # -------------------------------------------------------------------------------------------
 # GPU only: half precision, the barrier under load, its timeout path, grid refusal
 # -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hoist", ["off", "fwd"])
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+def test_gpu_tagged_exchange_stress(monkeypatch, cell, warps, hoist):
+    """The tagged exchange on a GPU (bf16, 16 x 16 tiles, 16 hidden slices x 3 batch tiles =
+    48 programs that never meet at a barrier; T = 400, varied lengths): repeated runs
+    bit-identical, and bit-identical to the barrier exchange (the same operands reach the
+    same dots), within bf16 of the reference."""
+    from tritonrnn.kernels.grid_barrier import check_barriers
+
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
+    seen = _tagged_spy(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.randint(0, 401, (40,), generator=g).tolist()
+    lengths[0] = 400
+    runs = []
+    for mode in ("off", "fwd", "fwd", "fwd"):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
+        ins, outs = _forward_problem(cell, 256, 0, lengths, 400, dtype=torch.bfloat16)
+        _run_forward(ins, outs, False, persistent=True, block_h=16, num_warps=warps)
+        runs.append({k: v.clone() for k, v in outs.items() if v is not None})
+    check_barriers()
+    assert seen == [False, True, True, True]
+    for r in runs[1:]:
+        for k in r:
+            assert torch.equal(r[k], runs[0][k]), k
+    _check_forward(ins, outs, False, torch.bfloat16)
 
 
 @pytest.mark.gpu
