@@ -1,0 +1,134 @@
+"""Random configurations of cudnn_rnn(backend="triton") against torch.nn in float64 (a
+development tool: the test suite's shapes are chosen; these are drawn).
+
+Each case draws a cell, layers, direction, batch-major or time-major, a projection, input and
+hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family and its tiles
+(plan_constraints: block_h, block_b, block_k, warps) and the experiment switches
+(TRITONRNN_HOIST_WEIGHTS, TRITONRNN_TAGGED_EXCHANGE), runs the forward and the autograd
+backward in float32 and compares every output and gradient with the float64 oracle of
+tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
+recorded as `refused` (the planner's ValueError names it), not as a failure.
+
+    python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl]
+
+Case i is drawn from seed i, so `--start i --cases 1` replays it. Exit status 1 if a case
+failed. Runs on the GPU when there is one, else in the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":  # the interpreter unless a GPU is present (as the tests)
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("TRITONRNN_POISON", "1")
+
+import torch  # noqa: E402
+
+SWITCHES = ("TRITONRNN_HOIST_WEIGHTS", "TRITONRNN_TAGGED_EXCHANGE")
+
+
+def draw(i: int) -> dict:
+    """Case i: {"shape": ..., "constraints": plan_constraints keys, "env": switches}."""
+    rng = random.Random(i * 7919 + 13)
+    mode = rng.choice(["lstm", "gru", "rnn_tanh", "rnn_relu"])
+    T = rng.randint(1, 7)
+    B = rng.choice([1, 1, 2, 3, 5, 9, 17, 20, 33])
+    lens = [T] * B if rng.random() < 0.3 else [rng.randint(0, T) for _ in range(B)]
+    H = rng.choice([1, 3, 8, 9, 16, 17, 24, 31, 33, 40, 64, 65])
+    proj = rng.choice([p for p in (0, 0, 3, 9) if p < H]) if mode == "lstm" else 0
+    shape = dict(mode=mode, L=rng.choice([1, 1, 2]), bidirectional=rng.random() < 0.4,
+                 time_major=rng.random() < 0.5, proj=proj, I=rng.randint(1, 20), H=H, T=T,
+                 lengths=lens, seed=rng.randint(0, 10**6))
+    family = rng.choice(["persistent_cta", "persistent_grid", "persistent_grid", "stepwise",
+                         None])
+    cons = {} if family is None else {"family": family}
+    if family in ("persistent_grid", "stepwise"):
+        if rng.random() < 0.6:
+            cons["block_h"] = rng.choice([8, 16, 32])
+        if rng.random() < 0.5:
+            cons["block_b"] = rng.choice([1, 2, 4, 16, 32])
+        if rng.random() < 0.5:
+            cons["block_k"] = rng.choice([0, 16, 32, 64])
+    if rng.random() < 0.4:
+        cons["num_warps"] = rng.choice([1, 2, 4, 8])
+    if rng.random() < 0.2:
+        cons["num_warps_bwd"] = rng.choice([2, 4, 8])
+    env = {}
+    if rng.random() < 0.3:
+        env["TRITONRNN_HOIST_WEIGHTS"] = rng.choice(["off", "fwd", "bwd", "fwd,bwd"])
+    if rng.random() < 0.3:
+        env["TRITONRNN_TAGGED_EXCHANGE"] = "fwd"
+    return {"shape": shape, "constraints": cons, "env": env}
+
+
+def run_case(case: dict) -> dict:
+    """Runs one drawn case; returns {"status": "ok" | "refused" | "failed", ...}."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    import helpers
+
+    from tritonrnn.rnn.planner import plan_constraints
+
+    s = case["shape"]
+    saved = {k: os.environ.get(k) for k in SWITCHES}
+    os.environ.update(case["env"])
+    helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.time()
+    try:
+        with plan_constraints(**case["constraints"]):
+            errors = helpers.compare_with_torch(
+                s["mode"], L=s["L"], bidirectional=s["bidirectional"], lengths="_fuzz",
+                time_major=s["time_major"], proj=s["proj"], I=s["I"], H=s["H"], T=s["T"],
+                backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5, seed=s["seed"],
+                device=device)
+        out = {"status": "ok", "max_error": max(errors.values())}
+    except ValueError as e:  # a forced choice the planner refuses, with its reason
+        out = {"status": "refused", "reason": str(e)[:300]}
+    except Exception as e:  # noqa: BLE001 (any other error is the finding)
+        out = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        helpers.LENGTHS.pop("_fuzz", None)
+    out["seconds"] = round(time.time() - t0, 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100, help="how many cases (default 100)")
+    ap.add_argument("--start", type=int, default=0, help="first case index (its seed)")
+    ap.add_argument("--out", type=Path, help="append one JSON line per case here")
+    args = ap.parse_args(argv)
+    counts = {"ok": 0, "refused": 0, "failed": 0}
+    for i in range(args.start, args.start + args.cases):
+        case = draw(i)
+        rec = {"case": i, **case, **run_case(case)}
+        counts[rec["status"]] += 1
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if rec["status"] == "failed":
+            print(f"case {i} FAILED: {json.dumps(case)}\n  {rec['error']}", flush=True)
+    print(f"{args.cases} cases from {args.start}: {counts['ok']} ok, {counts['refused']} refused "
+          f"by the planner, {counts['failed']} failed")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
