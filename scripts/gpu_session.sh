@@ -47,6 +47,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$out/gpu.txt"
 tr() { python -m tritonrnn.bench "$@"; }
+# One scripts/step_ablation.py sweep: ablate SECONDS NAME SHAPES VARIANTS (JSON in $out/NAME,
+# log in $out/ablation-NAME.log; SECONDS 0: no time box, as for timeout).
+ablate() { local secs=$1 name=$2 shapes=$3 variants=$4
+  timeout "$secs" python scripts/step_ablation.py --out "$out/$name" \
+    --shapes "$shapes" --variants "$variants" 2>&1 | tee "$out/ablation-$name.log" | tail -20; }
 case "${1:-tests}" in
   tests)
     # pytest-xdist where the machine has it (the GPU tests took ~110 s with -n 6, H100).
@@ -78,47 +83,30 @@ case "${1:-tests}" in
   ablation)
     python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
   wide)
-    python scripts/step_ablation.py --out "$out/wide" \
-      --shapes "lstm,1024,64;gru,1024,64;lstm,768,64" \
-      --variants "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" 2>&1 \
-      | tee "$out/ablation-wide.log" | tail -20 ;;
+    ablate 0 wide "lstm,1024,64;gru,1024,64;lstm,768,64" \
+      "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" ;;
   large)
     # Time-boxed to fit one call (each ablation variant also has its own 240 s limit).
-    timeout 220 python scripts/step_ablation.py --out "$out/large" \
-      --shapes "lstm,768,256;lstm,1024,256;gru,1024,256" \
-      --variants "layer;noswap,layer;noswap,nojoin,layer" 2>&1 \
-      | tee "$out/ablation-large.log" | tail -20
+    ablate 220 large "lstm,768,256;lstm,1024,256;gru,1024,256" \
+      "layer;noswap,layer;noswap,nojoin,layer"
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
-    timeout 200 python scripts/step_ablation.py --out "$out/b64" \
-      --shapes "lstm,768,64;lstm,1024,64;gru,1024,64" \
-      --variants "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer" 2>&1 \
-      | tee "$out/ablation-b64.log" | tail -20
+    ablate 200 b64 "lstm,768,64;lstm,1024,64;gru,1024,64" \
+      "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
   batch)
-    timeout 560 python scripts/step_ablation.py --out "$out/batch" \
-      --shapes "lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64" \
-      --variants "layer;nobatch,layer" 2>&1 \
-      | tee "$out/ablation-batch.log" | tail -20 ;;
+    ablate 560 batch "lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64" \
+      "layer;nobatch,layer" ;;
   warps)
-    timeout 560 python scripts/step_ablation.py --out "$out/warps" \
-      --shapes "lstm,768,16;lstm,1024,16;gru,1024,16" \
-      --variants "layer;w8,layer;fw8,layer" 2>&1 \
-      | tee "$out/ablation-warps.log" | tail -20 ;;
+    ablate 560 warps "lstm,768,16;lstm,1024,16;gru,1024,16" "layer;w8,layer;fw8,layer" ;;
   hoist)
-    timeout 560 python scripts/step_ablation.py --out "$out/hoist" \
-      --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      --variants "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" 2>&1 \
-      | tee "$out/ablation-hoist.log" | tail -20 ;;
+    ablate 560 hoist "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
+      "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" ;;
   tagged)
-    timeout 560 python scripts/step_ablation.py --out "$out/tagged" \
-      --shapes "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      --variants "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer" 2>&1 \
-      | tee "$out/ablation-tagged.log" | tail -20 ;;
+    ablate 560 tagged "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
+      "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer" ;;
   vector)
-    timeout 400 python scripts/step_ablation.py --out "$out/vector" \
-      --shapes "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
-      --variants "layer;mma1,layer;vec1,layer" 2>&1 | tee "$out/ablation-vector.log" | tail -20
+    ablate 400 vector "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" "layer;mma1,layer;vec1,layer"
     for shape in "lstm 768" "gru 1024"; do set -- $shape
       timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
