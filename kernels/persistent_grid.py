@@ -316,22 +316,15 @@ def _xstale(w, ok, xtag):
 
 
 @triton.jit
-def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.constexpr,
-           S: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
-    """A resident reduction's two operand chunks (`_kpart`: columns 0 .. KA and KA .. KA +
-    KB; the second a copy of the first, never read, when KB == 0) from a tagged exchange (X
-    of int words, `tagged_exchange`): both chunks' words loaded together and reloaded
-    together, as volatile loads, until every masked-in word carries xtag (one wait per step:
-    a wait per chunk would serialise their L2 round trips). A wait that reaches max_spin
-    reloads, or sees the error flag xsync[1] set, sets that flag and returns what it has
-    (the host then reports the launch failed). (A plain exchange's chunks are loaded where
-    their dots use them, `_kpart`: holding both at once spills GRU H=1536's forward.)"""
-    pa, oa = _kptrs(X, x_row, jb64, x_ok, 0, KA, K, S)
-    wa = tl.zeros(pa.shape, X.dtype.element_ty)
-    pb, ob = pa, oa  # placeholders when KB == 0
-    if KB > 0:
-        pb, ob = _kptrs(X, x_row, jb64, x_ok, KA, KB, K, S)
-    wb = tl.zeros(pb.shape, X.dtype.element_ty)
+def _xwait(pa, oa, pb, ob, TWO: tl.constexpr, xtag, xsync, max_spin):
+    """The words at pa (mask oa) and, if TWO, at pb (ob) of a tagged exchange, loaded and
+    reloaded together, as volatile loads, until every masked-in word carries xtag: one wait
+    per step (a wait per chunk would serialise their L2 round trips). A wait that reaches
+    max_spin reloads, or sees the error flag xsync[1] set, sets that flag and returns what
+    it has (the host then reports the launch failed). Returns (words a, words b; b a
+    placeholder unless TWO)."""
+    wa = tl.zeros(pa.shape, pa.dtype.element_ty)
+    wb = tl.zeros(pb.shape, pb.dtype.element_ty)
     # One copy of the loads (a do-while): the first pass always runs.
     bad = xtag * 0 + 1
     spins = xtag * 0 - 1
@@ -339,7 +332,7 @@ def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.const
     while (bad != 0) & (err == 0) & (spins < max_spin):
         wa = tl.load(pa, mask=oa, other=0, volatile=True)
         bad = _xstale(wa, oa, xtag)
-        if KB > 0:
+        if TWO:
             wb = tl.load(pb, mask=ob, other=0, volatile=True)
             bad = bad | _xstale(wb, ob, xtag)
         spins += 1
@@ -347,6 +340,22 @@ def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.const
             err = tl.load(xsync + 1, volatile=True)
     if bad != 0:
         tl.atomic_xchg(xsync + 1, 1, sem="relaxed", scope="gpu")
+    return wa, wb
+
+
+@triton.jit
+def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.constexpr,
+           S: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
+    """A resident reduction's two operand chunks (`_kpart`: columns 0 .. KA and KA .. KA +
+    KB; the second a copy of the first, never read, when KB == 0) from a tagged exchange (X
+    of int words, `tagged_exchange`), both waited for together (`_xwait`). (A plain
+    exchange's chunks are loaded where their dots use them, `_kpart`: holding both at once
+    spills GRU H=1536's forward.)"""
+    pa, oa = _kptrs(X, x_row, jb64, x_ok, 0, KA, K, S)
+    pb, ob = pa, oa  # placeholders when KB == 0
+    if KB > 0:
+        pb, ob = _kptrs(X, x_row, jb64, x_ok, KA, KB, K, S)
+    wa, wb = _xwait(pa, oa, pb, ob, KB > 0, xtag, xsync, max_spin)
     xa = _xvalue(wa, XDT, DT)
     xb = xa
     if KB > 0:
@@ -404,12 +413,41 @@ def _vx(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexp
     fp32, zero past K and for a masked column. Loaded broadcast straight into the weights'
     register layout (same shape, KW contiguous), so neither operand passes through shared
     memory; the repeated addresses are served by L2 (.cg: the exchange changes every step)."""
+    ptr, m = _vxptrs(X, x_row, jb, ok, k0, S, BM, KW, K)
+    x = tl.load(ptr, mask=m, other=0.0, cache_modifier=".cg")
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _vxptrs(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexpr,
+            K: tl.constexpr):
+    """(pointers, mask) of the operand `_vx` loads."""
     kk = (k0 + tl.arange(0, S)[:, None, None] * KW + tl.arange(0, KW)[None, None, :]
           + tl.zeros([1, BM, 1], tl.int32))
     # As a tensor: the interpreter mis-types a scalar bool & a mask.
-    x = tl.load(X + jb * x_row + kk, mask=(kk < K) & ((kk * 0 + ok) > 0), other=0.0,
-                cache_modifier=".cg")
-    return x.to(DT).to(tl.float32)
+    return X + jb * x_row + kk, (kk < K) & ((kk * 0 + ok) > 0)
+
+
+@triton.jit
+def _vxpair(wa, wb, X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr,
+            K: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
+    """A one-column vector tile's operands of its two resident chunks (weights wa, wb: their
+    slice shapes; `_vx`) from a tagged exchange, loaded, checked and reloaded together as
+    `_xpair` does for MMA tiles; fp32 values of DT. The second is a copy of the first, never
+    read, when KB == 0."""
+    jb, ok = _vcol(jb64, x_ok, 0, 1)
+    va = _v3(wa)
+    pa, oa = _vxptrs(X, x_row, jb, ok, 0, va.shape[0], va.shape[1], va.shape[2], K)
+    pb, ob = pa, oa  # placeholders when KB == 0
+    if KB > 0:
+        vb = _v3(wb)
+        pb, ob = _vxptrs(X, x_row, jb, ok, KA, vb.shape[0], vb.shape[1], vb.shape[2], K)
+    wa_, wb_ = _xwait(pa, oa, pb, ob, KB > 0, xtag, xsync, max_spin)
+    xa = _xvalue(wa_, XDT, DT).to(tl.float32)
+    xb = xa
+    if KB > 0:
+        xb = _xvalue(wb_, XDT, DT).to(tl.float32)
+    return xa, xb
 
 
 @triton.jit
@@ -444,18 +482,24 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.con
     for b in tl.static_range(BB):
         jb, ok = _vcol(jb64, x_ok, b, BB)
         x = _vx(X, x_row, jb, ok, k0, S, BM, KW, K, DT)
-        r0 = tl.sum(v0.to(tl.float32) * x, axis=2)
-        r1 = tl.zeros_like(r0)
-        r2 = r1
-        r3 = r1
-        if G > 1:
-            r1 = tl.sum(_v3(w1).to(tl.float32) * x, axis=2)
-            r2 = tl.sum(_v3(w2).to(tl.float32) * x, axis=2)
-        if G > 3:
-            r3 = tl.sum(_v3(w3).to(tl.float32) * x, axis=2)
-        q = tl.sum(tl.join(tl.join(r0, r1), tl.join(r2, r3)), axis=0)
-        acc = tl.where(sel_b == b, q[:, None, :, :], acc)
+        acc = tl.where(sel_b == b, _vq(w0, w1, w2, w3, x, G)[:, None, :, :], acc)
     return acc
+
+
+@triton.jit
+def _vq(w0, w1, w2, w3, x, G: tl.constexpr):
+    """One batch column of `_vgates`: the gates' products with that column's operand x
+    ([S, BM, KW] fp32, `_vx`), [BM, 2, 2] fp32 with gate g at [:, g % 2, g // 2]."""
+    r0 = tl.sum(_v3(w0).to(tl.float32) * x, axis=2)
+    r1 = tl.zeros_like(r0)
+    r2 = r1
+    r3 = r1
+    if G > 1:
+        r1 = tl.sum(_v3(w1).to(tl.float32) * x, axis=2)
+        r2 = tl.sum(_v3(w2).to(tl.float32) * x, axis=2)
+    if G > 3:
+        r3 = tl.sum(_v3(w3).to(tl.float32) * x, axis=2)
+    return tl.sum(tl.join(tl.join(r0, r1), tl.join(r2, r3)), axis=0)
 
 
 @triton.jit
@@ -738,7 +782,16 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
     a1 = a0
     a2 = a0
     a3 = a0
-    if RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
+    tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
+    if RESIDENT and BB < 16 and tagged:  # one column (`tagged_exchange`): both chunks' words
+        # waited for together, then the products of `_vgates`
+        xa, xb = _vxpair(wa0, wb0, src, HOUT, jb64, b_ok, KA, KB, HOUT, DOT_DT, XDT, xtag,
+                         xsync, max_spin)
+        q = _vq(wa0, wa1, wa2, wa3, xa, G)
+        if KB > 0:
+            q += _vq(wb0, wb1, wb2, wb3, xb, G)
+        a0, a1, a2, a3 = _vsplit(q[:, None, :, :])
+    elif RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
         # the gates' sums joined (one reduction and one layout conversion for all gates)
         if G == 1:
             a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB)
@@ -751,7 +804,6 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                              BB)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
-        tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
         if tagged:
             xa, xb = _xpair(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT, XDT, xtag, xsync,
                             max_spin)
@@ -1723,16 +1775,18 @@ def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool 
 # overwrites a slot only after reading the step that every other program published after
 # its last read of that slot.
 # The sm_90 compiles (Triton 3.6, forward step loop instructions per warp, barrier ->
-# tagged): LSTM H=256 B=16 461 -> 677; 8 warps: anchor 547 -> 935, LSTM H=1024 B=16 ->
-# 1052; the planner's 4 warps spill with the words of both chunks live (anchor 736 -> 1412,
-# 8 B; GRU H=1024 726 -> 1483, 40 B). The tag checks (a select, an xor and a max per word)
-# and the unpacking are the extra instructions; h's operand reaches the dots through LDS
-# instead of ldmatrix.
+# tagged): B = 1 (vector tiles, 8 warps) LSTM H=512 480 -> 467, H=768 559 -> 597, GRU
+# H=1024 552 -> 578; LSTM H=256 B=16 461 -> 677; 8 warps: anchor 547 -> 935, LSTM H=1024
+# B=16 -> 1052; the planner's 4 warps spill with the words of both chunks live (anchor
+# 736 -> 1412, 8 B; GRU H=1024 726 -> 1483, 40 B). The tag checks (a select, an xor and a
+# max per word) and the unpacking are the extra instructions; an MMA tile's h operand
+# reaches the dots through LDS instead of ldmatrix.
 # Forward only: the backward's operand is G times larger (dph of all gates: at the anchor
 # 192 KB of words per program and step, reread while waiting) and its per-gate chunks would
 # each need the wait, or all be held at once. Not on by default until timed on a GPU
 # (`scripts/step_ablation.py` variant `tagged`; `bash scripts/gpu_session.sh tagged`); where
-# "fwd" asks for it, it applies to persistent launches of resident MMA tiles without a
+# "fwd" asks for it, it applies to persistent launches of resident MMA tiles, or of
+# one-column vector tiles (B = 1: a few words per thread to check, `_vxpair`), without a
 # projection (whose second exchange keeps the barrier).
 _TAGGED_PASSES = ("fwd",)
 
@@ -1741,11 +1795,11 @@ def tagged_exchange(pass_name: str, block_k: int, block_b: int, persistent: bool
                     proj: int = 0) -> bool:
     """Whether a launch of `pass_name` ("fwd" / "bwd") runs the tagged exchange: where
     TRITONRNN_TAGGED_EXCHANGE ("auto" = "off" until measured, or "fwd") asks for it and it
-    applies."""
+    applies (resident MMA tiles, or one-column vector tiles: B = 1)."""
     asked = _env_passes("TRITONRNN_TAGGED_EXCHANGE", _TAGGED_PASSES)
-    if asked in ("auto", "off") or block_k or vector_tiles(block_b) or not persistent or proj:
+    if asked in ("auto", "off") or block_k or not persistent or proj:
         return False
-    return pass_name in asked
+    return pass_name in asked and (block_b == 1 or not vector_tiles(block_b))
 
 
 def exchange_tag(i: int) -> int:

@@ -27,7 +27,7 @@
 #   bash scripts/gpu_session.sh tagged    the forward's tagged exchange (variant tagged: no
 #                                         grid barrier, h as tagged words) against the barrier,
 #                                         at the planner's warps and at 8 (where the larger
-#                                         slices' tagged compiles do not spill)
+#                                         slices' tagged compiles do not spill), and at B = 1
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
@@ -103,8 +103,11 @@ case "${1:-tests}" in
     ablate 560 hoist "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
       "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" ;;
   tagged)
-    ablate 560 tagged "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer" ;;
+    ablate 330 tagged "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
+      "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer"
+    # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
+    ablate 220 tagged-b1 "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
+      "full;tagged;layer;tagged,layer" ;;
   vector)
     ablate 400 vector "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" "layer;mma1,layer;vec1,layer"
     for shape in "lstm 768" "gru 1024"; do set -- $shape

@@ -393,6 +393,29 @@ def test_tagged_exchange_matches_the_barrier_exchange(monkeypatch, cell, dtype, 
         _check_forward(ins, results[1], reverse)
 
 
+@REVERSE
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tagged_exchange_vector_tiles(monkeypatch, cell, dtype, reverse):
+    """The tagged exchange at batch 1 (one-column vector tiles, `_vxpair`: both chunks'
+    words in the weights' register layout, waited for together): bit-identical to the
+    barrier exchange, and (fp32) the reference. H = 33 in five hidden slices of 8, the
+    reduction in two chunks (32 + 16, `_ksplit`)."""
+    seen = _tagged_spy(monkeypatch)
+    results = []
+    for mode in ("off", "fwd"):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
+        ins, outs = _forward_problem(cell, 33, 0, [6], 6, dtype)
+        _run_forward(ins, outs, reverse, persistent=True, block_h=8, block_b=1, num_warps=2)
+        results.append(outs)
+    assert seen == [False, True]
+    for k, v in results[1].items():
+        if v is not None:
+            assert torch.equal(v, results[0][k]), k
+    if dtype == torch.float32:
+        _check_forward(ins, results[1], reverse)
+
+
 def test_tagged_exchange_choice(monkeypatch):
     """Off by default (and "auto": off until timed on a GPU); "fwd" turns it on for
     persistent launches of resident MMA tiles without a projection, never the backward; a
@@ -408,7 +431,7 @@ def test_tagged_exchange_choice(monkeypatch):
     assert te("fwd", 0, 16, True) and te("fwd", 0, 32, True)
     assert not te("bwd", 0, 16, True)
     assert not te("fwd", 64, 16, True)  # streamed weights
-    assert not te("fwd", 0, 1, True)  # vector tiles
+    assert te("fwd", 0, 1, True) and not te("fwd", 0, 2, True)  # vector tiles: one column
     assert not te("fwd", 0, 16, False)  # stepwise: the launch boundary is the barrier
     assert not te("fwd", 0, 16, True, 12)  # a projection
     for bad in ("bwd", "fwd,bwd", "on"):
@@ -421,7 +444,8 @@ def test_tagged_exchange_choice(monkeypatch):
     assert all(a != b for a, b in zip(tags, tags[2:], strict=False))
 
 
-def test_tagged_exchange_wait_times_out(monkeypatch):
+@pytest.mark.parametrize("block_b, block_h", [(16, 16), (1, 8)], ids=["mma", "vector"])
+def test_tagged_exchange_wait_times_out(monkeypatch, block_b, block_h):
     """A step whose operand never carries the expected tag (h0's words written with another
     step's) stops rereading after max_spin, sets the error flag, and the launch raises
     BarrierTimeoutError: no hang."""
@@ -430,9 +454,10 @@ def test_tagged_exchange_wait_times_out(monkeypatch):
     monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
     real = pg._tagged_words
     monkeypatch.setattr(pg, "_tagged_words", lambda v, dtype, i: real(v, dtype, i + 2))
-    ins, outs = _forward_problem("lstm", 33, 0, [3, 3], 3)
+    ins, outs = _forward_problem("lstm", 33, 0, [3] * min(block_b, 2), 3)
     with pytest.raises(BarrierTimeoutError, match="tagged exchange's wait"):
-        _run_forward(ins, outs, False, persistent=True, block_h=16, _max_spin=4)
+        _run_forward(ins, outs, False, persistent=True, block_h=block_h, block_b=block_b,
+                     _max_spin=4)
         check_barriers()  # a GPU reports it here (deferred check)
 
 
