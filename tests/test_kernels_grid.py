@@ -364,6 +364,25 @@ def _tagged_spy(monkeypatch) -> list:
     return seen
 
 
+def _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, lengths, T, **launch):
+    """The forward with the barrier exchange, then the tagged one (H = 33, persistent,
+    `launch` tiles): the second really tagged, every output bit-identical to the first, and
+    (fp32) the reference's."""
+    seen = _tagged_spy(monkeypatch)
+    results = []
+    for mode in ("off", "fwd"):
+        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
+        ins, outs = _forward_problem(cell, 33, 0, lengths, T, dtype)
+        _run_forward(ins, outs, reverse, persistent=True, **launch)
+        results.append(outs)
+    assert seen == [False, True]
+    for k, v in results[1].items():
+        if v is not None:
+            assert torch.equal(v, results[0][k]), k
+    if dtype == torch.float32:
+        _check_forward(ins, results[1], reverse)
+
+
 @REVERSE
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -377,20 +396,8 @@ def test_tagged_exchange_matches_the_barrier_exchange(monkeypatch, cell, dtype, 
     early (HOIST: it keeps forming products, its columns' words stale and masked out of the
     wait), and an empty row whose word is never published."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
-    seen = _tagged_spy(monkeypatch)
-    lengths, T = [5] * 16 + [2, 1, 0], 5
-    results = []
-    for mode in ("off", "fwd"):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
-        ins, outs = _forward_problem(cell, 33, 0, lengths, T, dtype)
-        _run_forward(ins, outs, reverse, persistent=True, block_h=16)
-        results.append(outs)
-    assert seen == [False, True]
-    for k, v in results[1].items():
-        if v is not None:
-            assert torch.equal(v, results[0][k]), k
-    if dtype == torch.float32:
-        _check_forward(ins, results[1], reverse)
+    _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, [5] * 16 + [2, 1, 0], 5,
+                                  block_h=16)
 
 
 @REVERSE
@@ -401,19 +408,8 @@ def test_tagged_exchange_vector_tiles(monkeypatch, cell, dtype, reverse):
     words in the weights' register layout, waited for together): bit-identical to the
     barrier exchange, and (fp32) the reference. H = 33 in five hidden slices of 8, the
     reduction in two chunks (32 + 16, `_ksplit`)."""
-    seen = _tagged_spy(monkeypatch)
-    results = []
-    for mode in ("off", "fwd"):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
-        ins, outs = _forward_problem(cell, 33, 0, [6], 6, dtype)
-        _run_forward(ins, outs, reverse, persistent=True, block_h=8, block_b=1, num_warps=2)
-        results.append(outs)
-    assert seen == [False, True]
-    for k, v in results[1].items():
-        if v is not None:
-            assert torch.equal(v, results[0][k]), k
-    if dtype == torch.float32:
-        _check_forward(ins, results[1], reverse)
+    _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, [6], 6, block_h=8,
+                                  block_b=1, num_warps=2)
 
 
 def test_tagged_exchange_choice(monkeypatch):
