@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -127,6 +128,59 @@ def test_grid_plans_are_co_resident_and_fit():
         if lp.family == "persistent_grid":
             assert lp.num_programs <= PRESETS["h100"].sm_count
             assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
+
+
+# Devices beside the presets: an A100-like part (108 SMs, 163 KiB per program), a small one
+# and a tiny one, where few of the H100's tiles fit.
+_OTHER_DEVICES = (
+    dataclasses.replace(PRESETS["h100"], name="a100-like", sm_count=108,
+                        smem_per_program=163 * 1024, l2_bytes=40 * 2**20),
+    dataclasses.replace(PRESETS["h100"], name="small", sm_count=20, smem_per_program=99 * 1024),
+    dataclasses.replace(PRESETS["h100"], name="tiny", sm_count=2, smem_per_program=48 * 1024,
+                        regs_per_sm=32768),
+)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_configurations_always_plan_within_the_device(seed):
+    # "Beyond what fits, the planner picks the fastest remaining option and never fails": drawn
+    # stacks (cells, sizes 1..8192, projections, layers, directions, batches 1..4096, dtypes,
+    # dropout) on the presets and smaller devices always get a plan, every grid plan is
+    # co-resident and within the shared memory, every CTA plan's weights within it too.
+    from tritonrnn.kernels.persistent_cta import cta_onchip_parts
+
+    rng = random.Random(seed)
+    devices = [PRESETS["h100"], PRESETS["h200"], PRESETS["interpreter"], *_OTHER_DEVICES]
+    families = set()
+    for _ in range(250):
+        mode = rng.choice(["lstm", "gru", "rnn_tanh", "rnn_relu"])
+        H = rng.choice([1, 7, 16, 33, 100, 128, 255, 256, 512, 768, 1024, 1536, 2048, 4096, 8192])
+        P = rng.choice([0, 0, 1, H // 2, H // 3]) if mode == "lstm" else 0
+        P = P if 0 < P < H else 0
+        props = rng.choice(devices)
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        layers = rng.choice([1, 2, 3])
+        plan = plan_for(
+            rnn_mode=mode, input_size=rng.choice([1, H, 3 * H + 1]), num_units=H,
+            num_layers=layers, direction=rng.choice(["unidirectional", "bidirectional"]),
+            num_proj=P, batch=rng.choice([1, 2, 3, 15, 16, 17, 64, 65, 256, 1024, 4096]),
+            max_time=rng.choice([1, 2, 100, 1024]), dtype=dtype, device_properties=props,
+            dropout=rng.choice([0.0, 0.3]),
+        )
+        for layer in range(layers):
+            lp = plan.layer(layer)
+            families.add(lp.family)
+            where = (mode, H, P, dtype, props.name, lp)
+            if lp.family == "persistent_grid":
+                assert lp.num_programs <= props.sm_count, where
+                assert lp.onchip_bytes <= props.smem_per_program, where
+            elif lp.family == "persistent_cta":
+                parts = cta_onchip_parts(mode, H, P or H, P, dtype, lp.block_b)
+                assert parts.smem <= props.smem_per_program, where
+            else:
+                assert lp.family == "stepwise", where
+        assert plan.explain()
+    assert families == {"persistent_cta", "persistent_grid", "stepwise"}
 
 
 def test_small_shared_memory_device_falls_back():
