@@ -4,7 +4,9 @@ A launch whose programs are all co-resident (grid <= SM count, one program per S
 synchronise all of them inside the kernel: every program arrives on one global int32 counter
 and spins until the counter reaches the barrier's target. The counter is monotonic within a
 launch (zeroed by the launcher), so barrier k of the launch waits for (k + 1) * num_programs
-arrivals and no reset or generation flag is needed.
+arrivals and no reset or generation flag is needed. It is an int32: the recurrent kernels'
+launchers split a run whose count would pass 2**31 - 1 into several launches
+(`persistent_grid._launch_ranges`).
 
 Memory ordering (the CUDA cooperative-groups pattern, expressed with Triton atomics):
 - `tl.debug_barrier()` (bar.sync) first, so every warp of the program has issued its stores of

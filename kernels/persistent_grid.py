@@ -1984,11 +1984,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# The grid barrier's counter is an int32 that a launch never resets (`grid_wait`'s target for
+# sub-step u is (u - u_begin + 1) * programs): a persistent launch covers at most
+# _COUNTER_LIMIT // programs - 1 sub-steps, so that no arrival count or target wraps (a
+# wrapped target would let a wait pass early: a silent race). A longer run (about 16 million
+# sub-steps at 132 programs) is split into launches and the launchers zero the counter
+# between them; states and exchange slots carry over as between the interpreter's one-step
+# launches.
+_COUNTER_LIMIT = 2**31 - 1
+
+
 def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
     """Sub-step ranges, one per launch. A barrier cannot run in the interpreter, so there a
-    persistent launch covers all sub-steps only when one program needs no barrier."""
+    persistent launch covers all sub-steps only when one program needs no barrier. A
+    persistent launch covers at most _COUNTER_LIMIT // programs - 1 sub-steps."""
     if persistent and (on_gpu or programs == 1):
-        return [(0, n_sub)]
+        per = max(1, _COUNTER_LIMIT // programs - 1)
+        if n_sub <= per:
+            return [(0, n_sub)]
+        return [(u, min(u + per, n_sub)) for u in range(0, n_sub, per)]
     return [(u, u + 1) for u in range(n_sub)]
 
 
@@ -2245,6 +2259,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
+            if u0 and barrier == 1:
+                sync[:, 0].zero_()  # a new launch's barrier counts from 0 (`_launch_ranges`)
             _grid_fwd_kernel[(programs, nd)](
                 xg_, xg_.stride(0), R_, R_.stride(0), bR, Pw_ if P else dummy,
                 Pw_.stride(0) if P else 0, y_, y_.stride(0), c_seq_arg, c_seq_arg.stride(0),
@@ -2426,6 +2442,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
 
     with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
+            if u0 and barrier == 1:
+                sync[:, 0].zero_()  # a new launch's barrier counts from 0 (`_launch_ranges`)
             _grid_bwd_kernel[(programs, nd)](
                 *arg(pre_x_), *arg(pre_h_), *arg(w_ptr), *arg(pw_ptr if P else None), *arg(y_),
                 *arg(h_prev_), *arg(c_seq_), *arg(c_prev_), *arg(dy_), *arg(dh0_), *arg(dc0_),

@@ -805,6 +805,46 @@ def test_launch_ranges():
     assert pg._launch_ranges(2, persistent=True, on_gpu=False, programs=3) == [(0, 1), (1, 2)]
 
 
+def test_launch_ranges_keep_the_barrier_counter_in_int32():
+    # A persistent launch's barrier targets reach (sub-steps + 1) x programs (with its first
+    # target at 1 x programs): past 2**31 - 1 they would wrap and a wait would pass early.
+    # Longer runs are split: at 132 programs after 16268814 sub-steps.
+    limit = 2**31 - 1
+    for n_sub, programs in ((2**24, 132), (3 * 2**24 + 5, 128), (2**31 - 1, 1), (5 * 10**8, 100)):
+        ranges = pg._launch_ranges(n_sub, persistent=True, on_gpu=True, programs=programs)
+        assert ranges[0][0] == 0 and ranges[-1][1] == n_sub
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert all((u1 - u0 + 1) * programs <= limit for u0, u1 in ranges), (n_sub, programs)
+    assert pg._launch_ranges(2**24, persistent=True, on_gpu=True, programs=132) == [
+        (0, 16268814), (16268814, 2**24)]
+    assert pg._launch_ranges(16268814, persistent=True, on_gpu=True, programs=132) == [
+        (0, 16268814)]
+
+
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 12), ("gru", 0), ("rnn_relu", 0)])
+def test_persistent_run_split_into_launches(monkeypatch, cell, P):
+    # A persistent run split where the barrier counter would overflow (`_launch_ranges`),
+    # forced here with a small limit on a one-program grid (which the interpreter runs as
+    # persistent launches): launches of 3 sub-steps, so with a projection (2 sub-steps per
+    # step) some boundaries fall inside a step; states and exchange slots carried across;
+    # every output bit-identical to the one-launch run and to the reference.
+    lengths, T = [7, 5, 0], 7
+    runs = []
+    for limit in (2**31 - 1, 4):
+        monkeypatch.setattr(pg, "_COUNTER_LIMIT", limit)
+        assert len(pg._launch_ranges(2 * T + 1, True, False, 1)) == (1 if limit > 4 else 5)
+        f_ins, f_outs = _forward_problem(cell, 16, P, lengths, T)
+        _run_forward(f_ins, f_outs, True, persistent=True, block_h=16)
+        b_ins, b_outs = _backward_problem(cell, 16, P, lengths, T)
+        _run_backward(b_ins, b_outs, True, persistent=True, block_h=16)
+        runs.append({**{"f." + k: v for k, v in f_outs.items() if v is not None},
+                     **{"b." + k: v for k, v in b_outs.items() if v is not None}})
+    for k, v in runs[0].items():
+        assert torch.equal(runs[1][k], v), k
+    _check_forward(f_ins, f_outs, True)
+    _check_backward(b_ins, b_outs, True)
+
+
 def test_grid_formulas():
     assert pg.grid_programs(33, 33, 0, 5, 16, 16) == 3
     assert pg.grid_programs(1024, 1024, 0, 64, 16, 16) == 64 * 4
@@ -889,6 +929,36 @@ def test_gpu_tagged_exchange_stress(monkeypatch, cell, warps, hoist):
         for k in r:
             assert torch.equal(r[k], runs[0][k]), k
     _check_forward(ins, outs, False, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tagged", ["off", "fwd"])
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0)])
+def test_gpu_split_persistent_launches(monkeypatch, cell, P, tagged):
+    """A persistent run split into launches where the barrier counter would overflow
+    (`_launch_ranges`; forced with a small limit: launches of 9 sub-steps at 48 programs, bf16,
+    T = 120): each launch's barrier counts from a zeroed counter (a stale count would let the
+    waits pass early), and every output is bit-identical to the one-launch run."""
+    from tritonrnn.kernels.grid_barrier import check_barriers
+
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(0, 121, (40,), generator=g).tolist()
+    lengths[0] = 120
+    runs = []
+    for limit in (2**31 - 1, 480):
+        monkeypatch.setattr(pg, "_COUNTER_LIMIT", limit)
+        f_ins, f_outs = _forward_problem(cell, 256, P, lengths, 120, dtype=torch.bfloat16)
+        _run_forward(f_ins, f_outs, False, persistent=True, block_h=16)
+        b_ins, b_outs = _backward_problem(cell, 256, P, lengths, 120, dtype=torch.bfloat16)
+        _run_backward(b_ins, b_outs, False, persistent=True, block_h=16)
+        check_barriers()
+        runs.append({**{"f." + k: v for k, v in f_outs.items() if v is not None},
+                     **{"b." + k: v for k, v in b_outs.items() if v is not None}})
+    for k, v in runs[0].items():
+        assert torch.equal(runs[1][k], v), k
+    _check_forward(f_ins, f_outs, False, torch.bfloat16)
+    _check_backward(b_ins, b_outs, False, torch.bfloat16)
 
 
 @pytest.mark.gpu
