@@ -135,6 +135,10 @@ def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
     nothing else (benchmark floor and barrier test). Returns the int32 sync tensor [2]
     (counter, error flag) without synchronising; the counter ends at n_barriers * programs.
     GPU only: the programs must all be resident (programs <= SM count)."""
+    if programs < 1 or n_barriers < 0 or n_barriers * programs > 2**31 - 1:
+        raise ValueError(
+            f"run_bare_barriers: expected programs >= 1 and 0 <= n_barriers <= (2**31 - 1) // "
+            f"programs (the int32 counter), got programs={programs}, n_barriers={n_barriers}")
     if os.environ.get("TRITON_INTERPRET") == "1" or torch.device(device).type != "cuda":
         raise ValueError("run_bare_barriers needs a CUDA device (a barrier deadlocks in the "
                          "interpreter)")

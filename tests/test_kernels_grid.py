@@ -1118,6 +1118,16 @@ def test_gpu_deferred_barrier_check_reports_the_failed_launch(monkeypatch):
     _check_forward(ins, outs, False)
 
 
+def test_bare_barrier_counts_are_validated():
+    from tritonrnn.kernels.grid_barrier import run_bare_barriers
+
+    for n, programs in ((2**24, 132), (-1, 4), (10, 0)):
+        with pytest.raises(ValueError, match=rf"programs={programs}, n_barriers={n}"):
+            run_bare_barriers(n, programs, DEV)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        run_bare_barriers(16268815, 132, torch.device("cpu"))
+
+
 def test_barrier_check_mode_is_validated(monkeypatch):
     from tritonrnn.kernels.grid_barrier import barrier_check_mode
 
