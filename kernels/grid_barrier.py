@@ -55,6 +55,12 @@ the queue without waiting and raises `BarrierTimeoutError` for a failed earlier 
 `check_barriers()` waits for all of them (tests and benchmarks call it). A failed launch's
 outputs are invalid. `TRITONRNN_BARRIER_CHECK=sync` reads the flag at once (one host sync per
 launch): the launch itself raises, and the Triton backend then reruns it stepwise.
+
+CUDA graphs: during a capture neither mode can check (an event query, a pinned allocation or
+a host sync would invalidate the capture), so `check_flags` keeps the launch's device flags
+instead (the captured launch zeroes its sync tensor first, so each replay rewrites them) and
+`check_barriers()`, called after replays, raises for a launch that failed in its latest
+replay.
 """
 
 from __future__ import annotations
@@ -168,6 +174,17 @@ _TIMEOUT_MESSAGE = (
 _CHECK_MODES = ("deferred", "sync")
 # Flags of launches not yet known to have succeeded: (event, pinned host flags, launch name).
 _pending: deque = deque()
+# Flags of launches captured into CUDA graphs, (device flags, launch name), most recent last:
+# every replay rewrites them (the capture zeroes the sync tensor before the launch), so they
+# hold the latest replay's outcome; `check_barriers` reads them. Bounded: the oldest fall off.
+_CAPTURED_KEPT = 4096
+_captured: deque = deque(maxlen=_CAPTURED_KEPT)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (no event queries, host syncs or
+    pinned allocations are allowed then)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def barrier_check_mode() -> str:
@@ -212,16 +229,22 @@ def _poll(wait: bool) -> None:
 
 def poll_earlier_launches() -> None:
     """Raises BarrierTimeoutError for an earlier launch whose failure is known by now, without
-    waiting (persistent launchers call it before they launch)."""
-    _poll(wait=False)
+    waiting (persistent launchers call it before they launch). Nothing during a CUDA-graph
+    capture (an event query there would invalidate the capture)."""
+    if not _capturing():
+        _poll(wait=False)
 
 
 def check_flags(sync: torch.Tensor, what: str) -> None:
     """Error flags of a persistent launch just enqueued; sync: int32 [groups, 2] (counter,
     flag). "sync" mode (and tensors off the GPU, the interpreter): raises BarrierTimeoutError
     now if this launch failed (a host sync); "deferred": queues the flags for
-    `poll_earlier_launches` / `check_barriers`."""
+    `poll_earlier_launches` / `check_barriers`. During a CUDA-graph capture (either mode):
+    keeps the device flags, which each replay rewrites, for `check_barriers`."""
     flags = sync[:, 1]
+    if _capturing():
+        _captured.append((flags, what))
+        return
     if barrier_check_mode() == "sync" or flags.device.type != "cuda":
         _raise_if_failed(flags.cpu(), what, earlier=False)
         return
@@ -234,5 +257,14 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
 
 def check_barriers() -> None:
     """Waits for every persistent launch checked so far and raises BarrierTimeoutError if any
-    of their barriers timed out (the deferred mode's explicit check point)."""
+    of their barriers timed out (the deferred mode's explicit check point). Launches captured
+    into CUDA graphs: raises if one failed in its latest replay (call it after the replays:
+    it synchronises their devices; the flags stay kept, a later replay rewrites them). Not
+    during a capture."""
+    if _capturing():
+        raise RuntimeError("check_barriers: called during a CUDA-graph capture (it waits for "
+                           "the GPU); call it after the graph's replays")
     _poll(wait=True)
+    for flags, what in list(_captured):
+        if bool(flags.any()):
+            raise BarrierTimeoutError(f"a CUDA-graph replay of {what}: {_TIMEOUT_MESSAGE}")

@@ -1093,6 +1093,66 @@ def test_gpu_barrier_timeout_raises_instead_of_hanging(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tagged", ["off", "fwd"])
+def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch, tagged):
+    """Persistent forward and backward launches captured into one CUDA graph (after a warm-up
+    on the capturing stream's side, as torch asks): replays on new inputs give the eager
+    results bit for bit; a replay whose barrier times out is reported by check_barriers()."""
+    from collections import deque
+
+    from tritonrnn.kernels import grid_barrier as gb
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError, check_barriers
+
+    monkeypatch.setattr(gb, "_captured", deque(maxlen=gb._CAPTURED_KEPT))  # this test's only
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
+    lengths, T = [40, 33, 0, 12, 40], 40
+    f_ins, f_outs = _forward_problem("lstm", 96, 0, lengths, T, dtype=torch.bfloat16)
+    b_ins, b_outs = _backward_problem("lstm", 96, 0, lengths, T, dtype=torch.bfloat16)
+
+    def run(**kw):
+        _run_forward(f_ins, f_outs, False, persistent=True, block_h=16, **kw)
+        _run_backward(b_ins, b_outs, False, persistent=True, block_h=16, **kw)
+
+    def snapshot():
+        return {**{"f." + k: v.clone() for k, v in f_outs.items() if v is not None},
+                **{"b." + k: v.clone() for k, v in b_outs.items() if v is not None}}
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # compiles and warms up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    check_barriers()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    g = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        for ins in (f_ins, b_ins):
+            for k in ("xg", "h0", "pre_x", "pre_h", "dy"):
+                if torch.is_tensor(ins.get(k)):
+                    ins[k].copy_(torch.randn(ins[k].shape, generator=g).to(ins[k].dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_barriers()
+        replayed = snapshot()
+        run()
+        check_barriers()
+        for k, v in snapshot().items():
+            assert torch.equal(replayed[k], v), k
+    _check_forward(f_ins, f_outs, False, torch.bfloat16)
+    _check_backward(b_ins, b_outs, False, torch.bfloat16)
+    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "off")  # a barrier that cannot be met
+    failing = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(failing):
+        _run_forward(f_ins, f_outs, False, persistent=True, block_h=16, _max_spin=2000,
+                     _barrier_extra=1)
+    failing.replay()
+    with pytest.raises(BarrierTimeoutError, match="a CUDA-graph replay of grid_forward"):
+        check_barriers()
+
+
+@pytest.mark.gpu
 def test_gpu_deferred_barrier_check_reports_the_failed_launch(monkeypatch):
     # Default mode: no host sync at the launch; the failure is reported by the explicit check
     # point, and by the next launch once the failed one has finished.
@@ -1126,6 +1186,39 @@ def test_bare_barrier_counts_are_validated():
             run_bare_barriers(n, programs, DEV)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         run_bare_barriers(16268815, 132, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["deferred", "sync"])
+def test_captured_launch_flags_are_checked_after_replays(monkeypatch, mode):
+    # During a CUDA-graph capture the checks must not query events, allocate pinned memory or
+    # sync (each would invalidate the capture): the launch's device flags are kept, and
+    # check_barriers() reads them after the replays (each replay rewrites them). Simulated:
+    # capture state patched, flags on the CPU standing in for the graph's device flags.
+    from collections import deque
+
+    from tritonrnn.kernels import grid_barrier as gb
+
+    class _NoQuery:
+        def query(self):
+            raise AssertionError("an event was queried during the capture")
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", mode)
+    monkeypatch.setattr(gb, "_captured", deque(maxlen=gb._CAPTURED_KEPT))
+    monkeypatch.setattr(gb, "_pending", deque([(_NoQuery(), torch.zeros(1), "earlier")]))
+    monkeypatch.setattr(gb, "_capturing", lambda: True)
+    sync = torch.zeros(2, 2, dtype=torch.int32)
+    gb.poll_earlier_launches()  # the persistent launchers' first call: no query
+    gb.check_flags(sync, "grid_forward")  # no raise, no copy: kept
+    with pytest.raises(RuntimeError, match="check_barriers: called during a CUDA-graph"):
+        gb.check_barriers()
+    monkeypatch.setattr(gb, "_pending", deque())
+    monkeypatch.setattr(gb, "_capturing", lambda: False)
+    gb.check_barriers()  # the replays so far succeeded
+    sync[1, 1] = 1  # a replay whose barrier (direction 1) timed out
+    with pytest.raises(gb.BarrierTimeoutError, match="a CUDA-graph replay of grid_forward"):
+        gb.check_barriers()
+    sync[1, 1] = 0  # the next replay succeeded and rewrote the flags
+    gb.check_barriers()
 
 
 def test_barrier_check_mode_is_validated(monkeypatch):
