@@ -22,9 +22,11 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
-def check_int(name: str, value: object, *, minimum: int) -> int:
+def check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}], got {value}")
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return value
@@ -97,8 +99,9 @@ def make_config(
     check_int("num_units", num_units, minimum=1)
     check_int("input_size", input_size, minimum=1)
     check_int("num_proj", num_proj, minimum=0)
-    check_int("seed", seed, minimum=-(2**63))
-    check_int("seed2", seed2, minimum=-(2**63))
+    # int64 attributes, as TensorFlow's (and the torch.library op's schema)
+    check_int("seed", seed, minimum=-(2**63), maximum=2**63 - 1)
+    check_int("seed2", seed2, minimum=-(2**63), maximum=2**63 - 1)
     if num_proj > 0:
         if rnn_mode != "lstm":
             raise ValueError(

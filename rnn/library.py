@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .config import check_int
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -289,6 +290,8 @@ def cudnn_rnn(
     for name, value in (("seed", seed), ("seed2", seed2), ("num_proj", num_proj)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    for name, value in (("seed", seed), ("seed2", seed2)):  # the schema's int64, as the op's
+        check_int(name, value, minimum=-(2**63), maximum=2**63 - 1)
     for name, value in (("is_training", is_training), ("time_major", time_major)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")

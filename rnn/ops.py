@@ -14,7 +14,7 @@ import torch
 
 from . import engine
 from . import reserve as reserve_mod
-from .config import RNNConfig, check_choice, make_config
+from .config import RNNConfig, check_choice, check_int, make_config
 from .packing import PackInfo, make_pack_info, pack, unpack
 from .params import check_params_tensor
 from .planner import current_constraints, plan_constraints
@@ -167,7 +167,12 @@ def _validate(
         H = input_c.shape[2]
         expect = (LD, B, H) if time_major else (B, LD, H)
         _check_shape("input_c", input_c, expect, "layer axis and batch of input_h")
-    if isinstance(num_proj, int) and not isinstance(num_proj, bool) and num_proj > 0:
+    check_int("num_proj", num_proj, minimum=0)  # before the state checks that use it
+    for name, state in (("input_h", input_h), ("input_c", input_c if rnn_mode == "lstm" else None)):
+        if state is not None and state.shape[2] < 1:
+            raise ValueError(f"{name}: expected a last dimension >= 1 (the state size), got "
+                             f"shape {list(state.shape)}")
+    if num_proj > 0:
         if rnn_mode == "lstm" and Hout != num_proj:
             raise ValueError(
                 f"input_h: expected last dimension num_proj={num_proj} (LSTM projection), "

@@ -188,10 +188,12 @@ def canonical_to_params(
                 )
     tensors = list(weights) + list(biases)
     ref = tensors[0]
-    for i, t in enumerate(tensors):
+    named = [("weights", i) for i in range(len(weights))]
+    named += [("biases", i) for i in range(len(biases))]
+    for (arg, i), t in zip(named, tensors, strict=True):
         if t.dtype != ref.dtype or t.device != ref.device:
             raise TypeError(
-                f"weights/biases[{i}]: expected dtype {ref.dtype} on {ref.device}, "
+                f"{arg}[{i}]: expected dtype {ref.dtype} on {ref.device} (weights[0]'s), "
                 f"got {t.dtype} on {t.device}"
             )
     return torch.cat([t.reshape(-1) for t in tensors])

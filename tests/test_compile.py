@@ -226,3 +226,6 @@ def test_library_op_matches_ops_and_rejects_inference_backward():
                           **{k: v for k, v in kw.items() if k not in ("seed", "seed2")})
     with pytest.raises(TypeError, match="sequence_lengths"):
         library.cudnn_rnn(x, h0, c0, p, [4, 1, 3], **kw)
+    for bad in (2**63, -(2**63) - 1):  # the op schema's int64, checked before it (as ops')
+        with pytest.raises(ValueError, match=rf"seed2: expected an int in \[.*\], got {bad}"):
+            library.cudnn_rnn(x, h0, c0, p, lens, **{**kw, "seed2": bad})

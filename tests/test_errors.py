@@ -74,6 +74,17 @@ FORWARD_CASES = {
     "proj_state": ({"num_proj": 3}, ValueError,
                    r"input_h: expected last dimension num_proj=3.*got shape \[1, 3, 6\]"),
     "proj_negative": ({"num_proj": -1}, ValueError, r"num_proj: expected an int >= 0, got -1"),
+    # A bad num_proj is named as such, not blamed on a state (input_h sized as a projection).
+    "proj_negative_small_h": ({"num_proj": -1, "input_h": torch.randn(1, B, 3)}, ValueError,
+                              r"num_proj: expected an int >= 0, got -1"),
+    "proj_float": ({"num_proj": 3.0, "input_h": torch.randn(1, B, 3)}, TypeError,
+                   r"num_proj: expected an int, got float 3.0"),
+    "state_size_zero": ({"input_h": torch.randn(1, B, 0), "input_c": torch.randn(1, B, 0)},
+                        ValueError, r"input_h: expected a last dimension >= 1 \(the state size\), "
+                        r"got shape \[1, 3, 0\]"),
+    "seed_past_int64": ({"seed": 2**63}, ValueError,
+                        r"seed: expected an int in \[-9223372036854775808, 9223372036854775807\], "
+                        r"got 9223372036854775808"),
     "is_training": ({"is_training": 1}, TypeError, r"is_training: expected a bool, got int"),
     "time_major": ({"time_major": "yes"}, TypeError, r"time_major: expected a bool, got str"),
     "seed_type": ({"seed": 1.5}, TypeError, r"seed: expected an int, got float"),
@@ -166,6 +177,11 @@ def test_params_helper_errors():
         params_size(**{**kw, "rnn_mode": "lstm2"})
     with pytest.raises(TypeError, match=r"weights\[0\]: expected a tensor, got list"):
         canonical_to_params([[0.0]] + w[1:], b, **kw)
+    with pytest.raises(TypeError, match=r"biases\[0\]: expected dtype torch.float32 on cpu "
+                       r"\(weights\[0\]'s\), got torch.float64"):
+        canonical_to_params(w, [b[0].double()] + b[1:], **kw)
+    with pytest.raises(TypeError, match=r"weights\[2\]: expected dtype torch.float32"):
+        canonical_to_params(w[:2] + [w[2].half()] + w[3:], b, **kw)
 
 
 def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
