@@ -165,16 +165,22 @@ class ArrayResource:
             )
 
     def _check_value(self, value: torch.Tensor, op: str) -> None:
+        """dtype and device of a value to store. An array without a device yet takes the
+        value's only when the value is stored (`_adopt_device`): a rejected value changes
+        nothing."""
         if value.dtype != self.dtype:
             self._check_dtype(value.dtype, op, "value")
         device = value.device
-        if self.device is None:
-            self.device = device
-        elif device != self.device:
+        if self.device is not None and device != self.device:
             raise TensorArrayDeviceError(
                 f"{self._prefix(op)}value must be on the array's device {self.device}, got a "
                 f"value on {device}"
             )
+
+    def _adopt_device(self, value: torch.Tensor) -> None:
+        """The first stored value fixes the device of an array made without one."""
+        if self.device is None:
+            self.device = value.device
 
     def _check_element_shape(self, shape: torch.Size, op: str) -> None:
         es = self.element_shape
@@ -314,19 +320,21 @@ class ArrayResource:
     def _check_write_target(self, i: int, shape, op: str, dup: bool = False) -> None:
         """Rules for writing ``shape`` at in-range index ``i`` (TF LockedWriteOrAggregate).
 
-        ``dup``: an earlier index of the same op already targets ``i``.
+        ``dup``: an earlier index of the same op already targets ``i`` (which may lie past the
+        current size of a dynamic array: then only the duplicate counts).
         """
-        if self.read_[i]:
+        exists = i < self.size
+        if exists and self.read_[i]:
             raise TensorArrayWriteError(
                 f"{self._prefix(op)}index {i} must be unread to be written, but it was already read"
             )
-        if self.written[i] or dup:
+        if (exists and self.written[i]) or dup:
             if not self.aggregate:
                 raise TensorArrayWriteError(
                     f"{self._prefix(op)}index {i} must be unwritten, but it was already written "
                     "(each index of a forward TensorArray is written once)"
                 )
-            existing = self._shape_of(i)
+            existing = self._shape_of(i) if exists else None
             if existing is not None and tuple(shape) != existing:
                 raise TensorArrayShapeError(
                     f"{self._prefix(op)}cannot aggregate into index {i}: the existing shape is "
@@ -375,6 +383,7 @@ class ArrayResource:
         self._check_element_shape(shape, op)
         if i < self.size:
             self._check_write_target(i, shape, op)
+        self._adopt_device(value)
         self._infer_shape(shape)
         if i >= self.size:
             self._grow(i + 1)
@@ -438,6 +447,7 @@ class ArrayResource:
                 if i < self.size or i in seen:
                     self._check_write_target(i, elem, op, dup=i in seen)
                 seen.add(i)
+        self._adopt_device(value)
         self._infer_shape(elem)
         if hi >= self.size:
             self._grow(hi + 1)
@@ -582,6 +592,7 @@ class ArrayResource:
                 )
         if n:
             self._check_range_targets(0, min(n, self.size), op, shapes=shapes)
+            self._adopt_device(value)
             self._infer_shape(shapes[0])
             if n > self.size:
                 self._grow(n)

@@ -412,6 +412,39 @@ def test_error_scatter_duplicate_indices_in_forward_array():
         ta.scatter([2, 0, 2], torch.ones(3, 1))
 
 
+@pytest.mark.parametrize("storage", STORAGES)
+def test_error_scatter_duplicate_indices_past_the_end_of_a_dynamic_array(storage):
+    # The duplicate lies beyond the current size (a growing scatter): the same write error,
+    # and the rejected scatter leaves the array as it was.
+    shape = (1,) if storage == "slab" else None
+    ta = TensorArray(torch.float32, 1, dynamic_size=True, element_shape=shape)
+    with raises(TensorArrayWriteError, ta, "index 3", "already written"):
+        ta.scatter([3, 3], torch.ones(2, 1))
+    assert ta.size() == 1
+    ta = ta.scatter([3, 0], torch.tensor([[3.0], [0.0]]))
+    assert ta.size() == 4 and ta.read(3).item() == 3.0
+
+
+@pytest.mark.parametrize("op", ["write", "scatter", "unstack", "split"])
+def test_rejected_value_does_not_fix_the_device(op):
+    # An array made without a device takes the first stored value's: a value rejected by a
+    # later check (shape, length) must not fix it ("nothing is lost").
+    ta = TensorArray(torch.float32, 2, element_shape=(3,))
+    bad = torch.ones(2, 4, device="meta")
+    with pytest.raises(TensorArrayShapeError):
+        if op == "write":
+            ta.write(0, bad[0])
+        elif op == "scatter":
+            ta.scatter([0, 1], bad)
+        elif op == "unstack":
+            ta.unstack(bad)
+        else:
+            ta.split(bad.reshape(8), [4, 4])
+    assert ta.device is None
+    ta = ta.write(0, torch.ones(3))
+    assert ta.device == torch.device("cpu")
+
+
 def test_error_write_after_read():
     ta = TensorArray(torch.float32, 3, clear_after_read=False).write(0, torch.ones(1))
     ta.read(0)
