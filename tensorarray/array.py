@@ -111,6 +111,14 @@ class TensorArray:
                 f"TensorArray {base!r}: allocator must be callable (shape, dtype, device) -> "
                 f"Tensor, got {type(allocator).__name__}"
             )
+        for flag, value in (("dynamic_size", dynamic_size),
+                            ("clear_after_read", clear_after_read),
+                            ("identical_element_shapes", identical_element_shapes)):
+            if not isinstance(value, bool):
+                raise TensorArrayTypeError(
+                    f"TensorArray {base!r}: {flag} must be a bool, got "
+                    f"{type(value).__name__} {value!r}"
+                )
         res = ArrayResource(
             unique_name(base),
             dtype,

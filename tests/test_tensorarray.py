@@ -340,6 +340,15 @@ def test_allocator_returning_a_wrong_tensor_raises():
         ta.write(0, torch.ones(3))
 
 
+@pytest.mark.parametrize("flag", ["dynamic_size", "clear_after_read", "identical_element_shapes"])
+@pytest.mark.parametrize("value", ["no", None, 2])
+def test_error_flags_must_be_bools(flag, value):
+    # A string "no" would otherwise turn into True without a word.
+    with pytest.raises(TensorArrayTypeError, match=rf"{flag} must be a bool, got "
+                       rf"{type(value).__name__} {re.escape(repr(value))}"):
+        TensorArray(torch.float32, 2, **{flag: value})
+
+
 def test_device_none_takes_the_first_value_device():
     ta = TensorArray(torch.float32, 1)
     assert ta.device is None
