@@ -32,6 +32,11 @@ def check_int(name: str, value: object, *, minimum: int, maximum: int | None = N
     return value
 
 
+def check_int64(name: str, value: object) -> int:
+    """An int64 attribute (TensorFlow's seeds, and the torch.library op schema's ints)."""
+    return check_int(name, value, minimum=-(2**63), maximum=2**63 - 1)
+
+
 @dataclass(frozen=True)
 class RNNConfig:
     """Shapes and attributes of one RNN stack (everything but T, B and the data).
@@ -99,9 +104,8 @@ def make_config(
     check_int("num_units", num_units, minimum=1)
     check_int("input_size", input_size, minimum=1)
     check_int("num_proj", num_proj, minimum=0)
-    # int64 attributes, as TensorFlow's (and the torch.library op's schema)
-    check_int("seed", seed, minimum=-(2**63), maximum=2**63 - 1)
-    check_int("seed2", seed2, minimum=-(2**63), maximum=2**63 - 1)
+    check_int64("seed", seed)
+    check_int64("seed2", seed2)
     if num_proj > 0:
         if rnn_mode != "lstm":
             raise ValueError(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .config import check_int
+from .config import check_int64
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -287,11 +287,10 @@ def cudnn_rnn(
     """
     if rnn_mode != "lstm" and rnn_mode in _GATES:
         input_c = None  # ignored for non-LSTM modes; None keeps it out of the graph
-    for name, value in (("seed", seed), ("seed2", seed2), ("num_proj", num_proj)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    for name, value in (("seed", seed), ("seed2", seed2)):  # the schema's int64, as the op's
-        check_int(name, value, minimum=-(2**63), maximum=2**63 - 1)
+    check_int64("seed", seed)  # the schema's int64 (as the op's), before torch's cast
+    check_int64("seed2", seed2)
+    if isinstance(num_proj, bool) or not isinstance(num_proj, int):
+        raise TypeError(f"num_proj: expected an int, got {type(num_proj).__name__} {num_proj!r}")
     for name, value in (("is_training", is_training), ("time_major", time_major)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
