@@ -22,6 +22,19 @@ def _not_tensor(res: ArrayResource, op: str, what: str, got: object) -> TensorAr
     )
 
 
+def _check_flow(res: ArrayResource, op: str, what: str, flow: object) -> torch.Tensor:
+    """A flow argument must be a scalar float tensor (TensorFlow's float32 flow; any float is
+    taken, as the flow only carries autograd edges)."""
+    if not isinstance(flow, torch.Tensor):
+        raise _not_tensor(res, op, what, flow)
+    if flow.dim() != 0 or not flow.is_floating_point():
+        raise TensorArrayTypeError(
+            f"TensorArray {res.name!r}: {op}: {what} must be a scalar float tensor (an array's "
+            f"flow), got shape {tuple(flow.shape)} dtype {flow.dtype}"
+        )
+    return flow
+
+
 def _as_prepend(shape_to_prepend: object, name: str) -> tuple[int, ...] | None:
     shape = as_partial_shape(shape_to_prepend, "shape_to_prepend", name)
     if shape is not None and not is_fully_defined(shape):
@@ -154,7 +167,9 @@ class TensorArray:
                 f"TensorArray: from_handle: handle must be a TensorArrayHandle, got "
                 f"{type(handle).__name__}"
             )
-        return cls._wrap(handle, handle._flow if flow is None else flow)
+        if flow is None:
+            return cls._wrap(handle, handle._flow)
+        return cls._wrap(handle, _check_flow(handle._res, "from_handle", "flow", flow))
 
     @classmethod
     def from_slab(
@@ -437,8 +452,7 @@ def tensor_array_grad(
             f"{type(handle).__name__}"
         )
     res = handle._res
-    if not isinstance(flow_in, torch.Tensor):
-        raise _not_tensor(res, "tensor_array_grad", "flow_in", flow_in)
+    _check_flow(res, "tensor_array_grad", "flow_in", flow_in)
     source = _check_source(source, res.name)
     prepend = _as_prepend(shape_to_prepend, res.name)
     with res.lock:

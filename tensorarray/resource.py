@@ -868,7 +868,6 @@ class ArrayResource:
         handle = self.grads.get(source)
         if handle is not None:
             return handle
-        self.dynamic_size = False
         prepend = tuple(shape_to_prepend) if shape_to_prepend is not None else ()
         es = self.element_shape
         grad_es = None if es is None else (*prepend, *es)
@@ -909,6 +908,9 @@ class ArrayResource:
                     g.shapes = shapes
         handle = TensorArrayHandle(g, self.registry, new_flow())
         self.registry.register(handle)
+        # Frozen only once the gradient array exists: a failed creation (the allocator, a
+        # name taken in the registry) leaves this array as it was.
+        self.dynamic_size = False
         self.grads[source] = handle
         return handle
 

@@ -13,6 +13,7 @@ from ta_helpers import nan_allocator, raises
 from tritonrnn.tensorarray import (
     TensorArray,
     TensorArrayClosedError,
+    TensorArrayError,
     TensorArrayGradError,
     TensorArrayGradResult,
     TensorArrayHandle,
@@ -20,6 +21,7 @@ from tritonrnn.tensorarray import (
     TensorArrayReadError,
     TensorArrayRegistry,
     TensorArrayShapeError,
+    TensorArrayTypeError,
     TensorArrayWriteError,
     tensor_array_grad,
 )
@@ -95,6 +97,26 @@ def test_grad_flow_argument_is_accepted():
     assert g.handle is ta.grad("gradients").handle
 
 
+@pytest.mark.parametrize(
+    "flow, fragment",
+    [
+        (0.0, "flow_in must be a torch.Tensor, got float"),
+        (torch.zeros(2), "flow_in must be a scalar float tensor (an array's flow), got shape (2,)"),
+        (torch.tensor(0), "got shape () dtype torch.int64"),
+    ],
+    ids=["float", "vector", "int"],
+)
+def test_error_flow_in_must_be_a_scalar_float_tensor(flow, fragment):
+    ta = forward("slab")
+    with raises(TensorArrayTypeError, ta, "tensor_array_grad", fragment):
+        tensor_array_grad(ta.handle, flow, "gradients")
+    with raises(TensorArrayTypeError, ta, "tensor_array_grad", fragment):
+        ta.grad("gradients", flow=flow)
+    with raises(TensorArrayTypeError, ta, "from_handle", fragment.replace("flow_in", "flow")):
+        TensorArray.from_handle(ta.handle, flow)
+    assert not ta.handle._res.grads  # nothing was created
+
+
 # ------------------------------------------------------------------------- freezing
 
 
@@ -110,6 +132,22 @@ def test_grad_freezes_a_dynamic_array_at_its_current_size():
         g.write(3, torch.ones(2))
     # Freezing is for good: a new source sees the same size.
     assert ta.grad("gradients_1").size() == 3
+
+
+def test_failed_grad_creation_leaves_the_array_growable():
+    # The gradient array's name "<name>@<source>" is taken by a user array: the lookup fails,
+    # and the forward array must not be frozen by the attempt.
+    ta = TensorArray(torch.float32, 0, dynamic_size=True).write(0, torch.ones(2))
+    squatter = TensorArray(torch.float32, 1, name=f"{ta.handle.name}@src")
+    source = squatter.handle.name.removeprefix(f"{ta.handle.name}@")
+    with pytest.raises(TensorArrayError, match="already registered"):
+        ta.grad(source)
+    assert ta.dynamic_size and ta.size() == 1
+    ta = ta.write(3, torch.ones(2))
+    assert ta.size() == 4
+    squatter.close()
+    g = ta.grad(source)
+    assert not ta.dynamic_size and g.size() == 4
 
 
 def test_grad_before_any_write_on_size0_dynamic_array_freezes_both_at_zero():
