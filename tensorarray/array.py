@@ -140,7 +140,7 @@ class TensorArray:
             bool(clear_after_read),
             es,
             bool(identical_element_shapes),
-            resolve_device(device),
+            resolve_device(device, base),
             allocator,
             registry,
         )

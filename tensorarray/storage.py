@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from .errors import TensorArrayError
+from .errors import TensorArrayDeviceError, TensorArrayError, TensorArrayTypeError
 
 __all__ = ["Allocator", "allocate_slab", "default_allocator", "resolve_device"]
 
@@ -35,14 +35,40 @@ def default_allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def resolve_device(device: torch.device | str | int | None) -> torch.device | None:
-    """Normalise ``device`` so that equal placements compare equal (``"cuda"`` -> ``cuda:N``)."""
+def resolve_device(
+    device: torch.device | str | int | None, array_name: str = "TensorArray"
+) -> torch.device | None:
+    """Normalise ``device`` so that equal placements compare equal (``"cuda"`` -> ``cuda:N``).
+
+    Raises:
+        TensorArrayTypeError: ``device`` is not a torch.device, str, int or None.
+        TensorArrayDeviceError: ``device`` names no device type torch knows, or a CUDA device
+            that this machine does not have.
+    """
     if device is None:
         return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    if isinstance(device, bool) or not isinstance(device, torch.device | str | int):
+        raise TensorArrayTypeError(
+            f"TensorArray {array_name!r}: device must be a torch.device, str, int or None, "
+            f"got {type(device).__name__} {device!r}"
+        )
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise TensorArrayDeviceError(
+            f"TensorArray {array_name!r}: device must name a torch device (e.g. 'cpu', "
+            f"'cuda:0'), got {device!r} ({e})"
+        ) from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if resolved.index is None and count:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        if resolved.index is None or resolved.index >= count:
+            raise TensorArrayDeviceError(
+                f"TensorArray {array_name!r}: device must be an available device; got "
+                f"{device!r}, and this machine has {count} CUDA device(s)"
+            )
+    return resolved
 
 
 def allocate_slab(

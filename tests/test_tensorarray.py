@@ -349,6 +349,21 @@ def test_error_flags_must_be_bools(flag, value):
         TensorArray(torch.float32, 2, **{flag: value})
 
 
+@pytest.mark.parametrize(
+    "device, exc, fragment",
+    [
+        ("gpu0", TensorArrayDeviceError, "device must name a torch device"),
+        ("cuda:99", TensorArrayDeviceError, "device must be an available device; got 'cuda:99'"),
+        (1.0, TensorArrayTypeError, "device must be a torch.device, str, int or None, got float"),
+        (True, TensorArrayTypeError, "got bool True"),
+    ],
+)
+def test_error_bad_device_is_named(device, exc, fragment):
+    with pytest.raises(exc, match=re.escape(fragment)) as info:
+        TensorArray(torch.float32, 2, name="dev", device=device)
+    assert "TensorArray 'dev'" in str(info.value)
+
+
 def test_device_none_takes_the_first_value_device():
     ta = TensorArray(torch.float32, 1)
     assert ta.device is None
