@@ -78,6 +78,11 @@ def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
             f"sequence_lengths: expected shape [{B}] (the batch), got "
             f"{list(sequence_lengths.shape)}"
         )
+    if sequence_lengths.is_meta:
+        raise ValueError(
+            "sequence_lengths: expected a tensor with data (the lengths are read on the host), "
+            "got a tensor on the meta device"
+        )
     lengths = sequence_lengths.tolist()
     for b, n in enumerate(lengths):
         if not 0 <= n <= T:

@@ -121,28 +121,39 @@ def views(reserve: torch.Tensor, layout: ReserveLayout):
     return cs, ys
 
 
+def _header_mismatch(what: str, got: torch.Tensor, layout: ReserveLayout) -> ValueError:
+    """The error for a header (``got``: 64 int8) that is not this configuration's."""
+    fields = got.view(torch.int64).tolist()
+    if fields[0] != MAGIC:  # < 2**63: stored as is
+        return ValueError(f"{what}: expected a tritonrnn reserve header, got no valid header")
+    return ValueError(
+        f"{what}: expected the header of a forward with this configuration, lengths and dtype "
+        f"(fingerprint {layout.fingerprint}, version {VERSION}, N={layout.N}, "
+        f"{layout.elements} payload elements), got fingerprint {fields[2]} (version "
+        f"{fields[1]}, N={fields[3]}, {fields[4]} payload elements): it is from another forward"
+    )
+
+
 def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None:
     """Raises ValueError/TypeError unless reserve_space belongs to this configuration."""
     if not isinstance(reserve, torch.Tensor):
         raise TypeError(f"reserve_space: expected a tensor, got {type(reserve).__name__}")
-    if reserve.numel() == 0:
-        raise ValueError(
-            "reserve_space: expected the reserve of a training forward, got an empty tensor "
-            "(the forward ran with is_training=False, which keeps no reserve for backprop)"
-        )
     if reserve.dtype != torch.uint8 or reserve.dim() != 1:
         raise TypeError(
             f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
             f"{reserve.dtype} of shape {list(reserve.shape)}"
         )
+    if reserve.numel() == 0:
+        raise ValueError(
+            "reserve_space: expected the reserve of a training forward, got an empty tensor "
+            "(the forward ran with is_training=False, which keeps no reserve for backprop)"
+        )
     expected = _header(layout)
     host_ok = False
     if isinstance(host_reserved, torch.Tensor) and host_reserved.numel() == HEADER_BYTES:
-        if not torch.equal(host_reserved.cpu().view(torch.int8).reshape(-1), expected):
-            raise ValueError(
-                "host_reserved: expected the header of a forward with this configuration, "
-                "lengths and dtype, got one from another forward"
-            )
+        got = host_reserved.cpu().view(torch.int8).reshape(-1)
+        if not torch.equal(got, expected):
+            raise _header_mismatch("host_reserved", got, layout)
         host_ok = True
     elif host_reserved is not None:
         raise ValueError(
@@ -160,10 +171,4 @@ def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None
         return
     got = reserve[:HEADER_BYTES].cpu().view(torch.int8)
     if not torch.equal(got, expected):
-        fields = got.view(torch.int64).tolist()
-        if fields[0] != MAGIC - (1 << 64) and fields[0] != MAGIC:
-            raise ValueError("reserve_space: expected a tritonrnn reserve, got no valid header")
-        raise ValueError(
-            f"reserve_space: expected fingerprint {layout.fingerprint} (this configuration, "
-            f"lengths and dtype), got {fields[2]} (version {fields[1]}, N={fields[3]})"
-        )
+        raise _header_mismatch("reserve_space", got, layout)

@@ -115,6 +115,8 @@ LENGTH_CASES = {
     "dtype": (torch.tensor([4.0, 4.0, 4.0]), TypeError,
               r"sequence_lengths: expected dtype int32 or int64, got torch.float32"),
     "list": ([4, 4, 4], TypeError, r"sequence_lengths: expected an int32/int64 tensor.*list"),
+    "meta": (torch.tensor([4, 4, 4], device="meta"), ValueError,
+             r"sequence_lengths: expected a tensor with data .*got a tensor on the meta device"),
 }
 
 

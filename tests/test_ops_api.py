@@ -185,14 +185,26 @@ def test_reserve_from_another_configuration_is_rejected():
     args = (x, h, c, p, torch.tensor([5, 4, 3]), a.output, a.output_h, a.output_c, a.output,
             a.output_h, a.output_c)
     # Same size, other lengths: caught by the header (host copy and device copy).
-    with pytest.raises(ValueError, match="host_reserved"):
+    fields = [b.host_reserved.view(torch.int64)[i].item() for i in (2, 3, 4)]
+    mine = a.host_reserved.view(torch.int64)[2].item()
+    got = (rf"got fingerprint {fields[0]} \(version 1, N={fields[1]}, {fields[2]} payload "
+           r"elements\): it is from another forward")
+    expected = rf"expected the header of a forward .*\(fingerprint {mine}, version 1, N=12,"
+    with pytest.raises(ValueError, match=rf"host_reserved: {expected}.*{got}"):
         cudnn_rnn_backprop(*args, b.reserve_space, b.host_reserved, backend="reference")
-    with pytest.raises(ValueError, match="fingerprint"):
+    with pytest.raises(ValueError, match=rf"reserve_space: {expected}.*{got}"):
         cudnn_rnn_backprop(*args, b.reserve_space, None, backend="reference")
+    with pytest.raises(ValueError, match="host_reserved: .*got no valid header"):
+        cudnn_rnn_backprop(*args, a.reserve_space, torch.zeros_like(a.host_reserved),
+                           backend="reference")
     with pytest.raises(ValueError, match="bytes"):
         cudnn_rnn_backprop(*args, a.reserve_space[:-8], None, backend="reference")
     with pytest.raises(TypeError, match="uint8"):
         cudnn_rnn_backprop(*args, a.reserve_space.float(), None, backend="reference")
+    # An empty tensor of another dtype is not an is_training=False reserve: the dtype is named.
+    with pytest.raises(TypeError, match=r"1-D uint8 tensor from cudnn_rnn, got torch.float32 "
+                                        r"of shape \[0\]"):
+        cudnn_rnn_backprop(*args, torch.empty(0), None, backend="reference")
     with pytest.raises(ValueError, match="no valid header"):
         cudnn_rnn_backprop(*args, torch.zeros_like(a.reserve_space), None, backend="reference")
 
