@@ -47,11 +47,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$out/gpu.txt"
 tr() { python -m tritonrnn.bench "$@"; }
-# One scripts/step_ablation.py sweep: ablate SECONDS NAME SHAPES VARIANTS (JSON in $out/NAME,
-# log in $out/ablation-NAME.log; SECONDS 0: no time box, as for timeout).
-ablate() { local secs=$1 name=$2 shapes=$3 variants=$4
-  timeout "$secs" python scripts/step_ablation.py --out "$out/$name" \
-    --shapes "$shapes" --variants "$variants" 2>&1 | tee "$out/ablation-$name.log" | tail -20; }
+# One scripts/step_ablation.py sweep: ablate SECONDS NAME runs its named set NAME (shapes and
+# variants: step_ablation.SETS; JSON in $out/NAME, log in $out/ablation-NAME.log; SECONDS 0:
+# no time box, as for timeout). Before a device session, on the CPU, compile every set's
+# kernels for sm_90 with the GPU machine's Triton (no device minute on a kernel that does not
+# compile or fit): PYTHONPATH=.triton36 .venv/bin/python scripts/step_ablation.py --aot --set all
+ablate() { local secs=$1 name=$2
+  timeout "$secs" python scripts/step_ablation.py --out "$out/$name" --set "$name" 2>&1 \
+    | tee "$out/ablation-$name.log" | tail -20; }
 case "${1:-tests}" in
   tests)
     # pytest-xdist where the machine has it (the GPU tests took ~110 s with -n 6, H100).
@@ -83,33 +86,26 @@ case "${1:-tests}" in
   ablation)
     python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
   wide)
-    ablate 0 wide "lstm,1024,64;gru,1024,64;lstm,768,64" \
-      "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer" ;;
+    ablate 0 wide ;;
   large)
     # Time-boxed to fit one call (each ablation variant also has its own 240 s limit).
-    ablate 220 large "lstm,768,256;lstm,1024,256;gru,1024,256" \
-      "layer;noswap,layer;noswap,nojoin,layer"
+    ablate 220 large
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
-    ablate 200 b64 "lstm,768,64;lstm,1024,64;gru,1024,64" \
-      "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"
+    ablate 200 b64
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
   batch)
-    ablate 560 batch "lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64" \
-      "layer;nobatch,layer" ;;
+    ablate 560 batch ;;
   warps)
-    ablate 560 warps "lstm,768,16;lstm,1024,16;gru,1024,16" "layer;w8,layer;fw8,layer" ;;
+    ablate 560 warps ;;
   hoist)
-    ablate 560 hoist "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer" ;;
+    ablate 560 hoist ;;
   tagged)
-    ablate 330 tagged "lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16" \
-      "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer"
+    ablate 330 tagged
     # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
-    ablate 220 tagged-b1 "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" \
-      "full;tagged;layer;tagged,layer" ;;
+    ablate 220 tagged-b1 ;;
   vector)
-    ablate 400 vector "lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1" "layer;mma1,layer;vec1,layer"
+    ablate 400 vector
     for shape in "lstm 768" "gru 1024"; do set -- $shape
       timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \

@@ -7,6 +7,16 @@ from its module's globals when it first compiles it, so swapping a helper in
 part. The outputs of a variant are garbage (no barrier means races); only its time counts.
 
     python scripts/step_ablation.py [--out DIR]        # every variant, every shape
+    python scripts/step_ablation.py --set wide         # a named set (scripts/gpu_session.sh)
+    python scripts/step_ablation.py --aot --set all    # no GPU: compile them for sm_90 instead
+
+`--aot` times nothing: each variant's forward and backward kernels, as the timed run would
+launch them, are compiled ahead of time for sm_90 (`tritonrnn.bench.aot`, Triton's ptxas) and
+reported per shape and pass: shared memory, registers, spills, whether the compile fits an
+H100, and the step loop's static instruction counts. Run it on the CPU before a device
+session (with the GPU machine's Triton: PYTHONPATH=.triton36) so that no device minute goes
+to a variant that does not compile or does not fit, and to read the timings against the
+instruction counts afterwards.
 
 Variants (comma-joined in one process):
     full      the production kernel
@@ -51,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -65,6 +76,26 @@ VARIANTS = ["full,layer", "nobatch,layer", "mma1,layer", "chains1,layer", "joint
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
+# The ablations of scripts/gpu_session.sh's stages, by name (`--set NAME`; the stage's
+# `ablate SECONDS NAME` call): (shapes, variants), as --shapes / --variants take them.
+SETS = {
+    "wide": ("lstm,1024,64;gru,1024,64;lstm,768,64",
+             "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer"),
+    "large": ("lstm,768,256;lstm,1024,256;gru,1024,256", "layer;noswap,layer;noswap,nojoin,layer"),
+    # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
+    "b64": ("lstm,768,64;lstm,1024,64;gru,1024,64",
+            "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"),
+    "batch": ("lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64",
+              "layer;nobatch,layer"),
+    "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w8,layer;fw8,layer"),
+    "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
+              "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
+    "tagged": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
+               "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer"),
+    # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
+    "tagged-b1": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "full;tagged;layer;tagged,layer"),
+    "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
+}
 
 
 @triton.jit
@@ -324,7 +355,33 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", metavar="MODE,H,B;...",
                     help="shapes to time (default: " + ";".join(
                         f"{m},{h},{b}" for m, h, b in SHAPES) + ")")
+    ap.add_argument("--set", choices=[*SETS, "all"],
+                    help="a named set of shapes and variants (scripts/gpu_session.sh's "
+                         "stages); 'all': every set (with --aot only)")
+    ap.add_argument("--aot", action="store_true",
+                    help="compile each variant's kernels for sm_90 instead of timing them "
+                         "(no GPU; run without TRITON_INTERPRET)")
     return ap
+
+
+def jobs(args) -> list[tuple[list[tuple[str, int, int]], list[str]]]:
+    """[(shapes, variants), ...] to run: one per named set (--set all: every set), else the
+    --shapes / --variants of `resolve`."""
+    if not args.set:
+        return [resolve(args)]
+    if args.shapes or args.variants or args.variant or args.once:
+        raise ValueError("--set: takes its shapes and variants from the set; expected no "
+                         "--shapes, --variants, --variant or --once with it")
+    if args.set == "all" and not args.aot:
+        raise ValueError("--set all: expected --aot with it (a timed run takes one set per "
+                         "device command)")
+    names = list(SETS) if args.set == "all" else [args.set]
+    out = []
+    for name in names:
+        shapes, variants = SETS[name]
+        out.append(resolve(argparse.Namespace(once=None, shapes=shapes, variant=None,
+                                              variants=variants)))
+    return out
 
 
 def resolve(args) -> tuple[list[tuple[str, int, int]], list[str]]:
@@ -345,14 +402,67 @@ def resolve(args) -> tuple[list[tuple[str, int, int]], list[str]]:
     return shapes, variants
 
 
+def _aot_rows(variant: str, shapes) -> list[dict]:
+    """The variant's forward and backward kernels for each shape, compiled for sm_90 in this
+    process (the variant applied first): one row per shape and pass."""
+    from tritonrnn.bench.aot import AotShape, _interpreted_process, aot_reports
+
+    if variant.startswith("bare"):
+        return []  # the bare barrier: nothing of the recurrence to compile
+    _apply(variant)
+    if _interpreted_process():
+        # aot_reports would compile in a fresh process, without this variant's swaps.
+        raise RuntimeError("--aot: the kernels were imported under TRITON_INTERPRET=1; run "
+                           "without it")
+    cons = constraints(variant)
+    if "bh32" in variant.split(","):
+        cons = {"family": "persistent_grid", **cons, "block_h": 32}
+    reports = aot_reports([(AotShape(mode=m, hidden=H, batch=B), cons or None)
+                           for m, H, B in shapes])
+    rows = []
+    for (mode, H, B), rep in zip(shapes, reports, strict=True):
+        plan = rep["plan"]
+        for k in rep["kernels"]:
+            rows.append({"variant": variant, "mode": mode, "H": H, "B": B, "phase": k["phase"],
+                         "triton": rep["triton"], "family": plan["family"],
+                         "block_b": plan["block_b"], "block_h": plan["block_h"],
+                         "block_k": plan["block_k"], "programs": k["programs"],
+                         "num_warps": k["num_warps"], "shared": k["shared"], "regs": k["regs"],
+                         "spill_bytes": k["stack"] + k["local"], "fits": k["fits"],
+                         "error": k["error"], **k["profile"]})
+    return rows
+
+
+def _aot_line(row: dict) -> str:
+    head = (f"{row['variant']:<26} {row['mode']} H{row['H']} B{row['B']} {row['phase']:<8} "
+            f"p{row['programs']} w{row['num_warps']}")
+    if row["error"]:
+        return f"{head}: ERROR {row['error']}"
+    return (f"{head}: smem {row['shared']} regs {row['regs']} spill {row['spill_bytes']} "
+            f"{'fits' if row['fits'] else 'DOES NOT FIT'} | step loop {row['instructions']} "
+            f"instr, MMA {row['MMA']}, LDSM {row['LDSM']}, LDL {row['LDL']}, BAR {row['BAR']}")
+
+
+def _time_line(row: dict) -> str:
+    layer = (f"  layer fwd {row['fwd_ms']:.2f} ms bwd {row['bwd_ms']:.2f} ms"
+             if "fwd_ms" in row else "")
+    return (f"{row['variant']:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
+            f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}")
+
+
 def main() -> int:
     ap = build_parser()
     args = ap.parse_args()
     # Checked before any GPU time is spent: each variant otherwise fails in its own process.
     try:
-        shapes, variants = resolve(args)
+        todo = jobs(args)
     except ValueError as e:
         ap.error(str(e))
+    if args.aot and args.once:
+        ap.error("--aot: compiles the variants' kernels; expected no --once with it")
+    if args.aot and os.environ.get("TRITON_INTERPRET") == "1":
+        ap.error("--aot: compiles for a GPU; run without TRITON_INTERPRET=1")
+    shapes, variants = todo[0]
     if args.once and args.layer:
         _layer_once(*shapes[0])
         return 0
@@ -360,27 +470,44 @@ def main() -> int:
         _measure(variants[0], shapes, once=True)
         return 0
     if args.variant:
-        for row in _measure(args.variant, shapes):
+        rows = _aot_rows(args.variant, shapes) if args.aot else _measure(args.variant, shapes)
+        for row in rows:
             print(json.dumps(row), flush=True)
         return 0
-    rows = []
-    for v in variants:
-        cmd = [sys.executable, __file__, "--variant", v]
-        if args.shapes:
-            cmd += ["--shapes", args.shapes]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    # Each variant in its own process (its swaps must precede the first compile), with the
+    # union of its shapes over the sets.
+    per_variant: dict[str, list] = {}
+    for shapes, variants in todo:
+        for v in variants:
+            have = per_variant.setdefault(v, [])
+            have += [sh for sh in shapes if sh not in have]
+    rows, failed = [], []
+    for v, shapes in per_variant.items():
+        cmd = [sys.executable, __file__, "--variant", v,
+               "--shapes", ";".join(f"{m},{h},{b}" for m, h, b in shapes)]
+        if args.aot:
+            cmd.append("--aot")
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=120 * len(shapes) if args.aot else 240)
         got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         if r.returncode != 0:
+            failed.append(v)
             print(f"{v}: rc {r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
         rows += got
         for row in got:
-            layer = (f"  layer fwd {row['fwd_ms']:.2f} ms bwd {row['bwd_ms']:.2f} ms"
-                     if "fwd_ms" in row else "")
-            print(f"{v:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
-                  f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}", flush=True)
+            print(_aot_line(row) if args.aot else _time_line(row), flush=True)
         if args.out:  # after every variant: a run cut short keeps what it finished
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "step_ablation.json").write_text(json.dumps(rows, indent=1) + "\n")
+            name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
+            (args.out / name).write_text(json.dumps(rows, indent=1) + "\n")
+    if args.aot:
+        errors = [r for r in rows if r["error"]]
+        misfits = [r for r in rows if not r["error"] and not r["fits"]]
+        version = rows[0]["triton"] if rows else "?"
+        print(f"{len(rows)} kernels compiled for sm_90 (Triton {version}): {len(errors)} "
+              f"failed, {len(misfits)} do not fit (spills, shared memory, "
+              f"registers or co-residency), {len(failed)} variant processes failed", flush=True)
+        return 1 if errors or failed else 0
     return 0
 
 

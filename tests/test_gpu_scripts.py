@@ -87,8 +87,8 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
             build_parser().parse_args(argv[2:])  # the CLI's errors exit: a failure here
             checked += 1
         elif argv and argv[0] == "scripts/step_ablation.py":
-            shapes, variants = ABL.resolve(ABL.build_parser().parse_args(argv[1:]))
-            _check_plans(shapes, variants)
+            for shapes, variants in ABL.jobs(ABL.build_parser().parse_args(argv[1:])):
+                _check_plans(shapes, variants)
             checked += 1
         elif argv[:2] == ["-m", "pytest"]:
             paths = [a for a in argv[2:] if not a.startswith("-") and "/" in a or a == "tests"]
@@ -140,6 +140,73 @@ def test_unknown_variant_and_bad_shapes_are_refused():
     r = subprocess.run([sys.executable, "scripts/step_ablation.py", "--variants", "full;s3"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown part 's3'" in r.stderr.splitlines()[-1]
+
+
+def test_every_named_set_is_run_by_a_stage_and_plans():
+    """step_ablation.SETS are the stages' ablations: each is used by gpu_session.sh, and each
+    of its variants plans every one of its shapes."""
+    import re
+
+    text = (ROOT / "scripts" / "gpu_session.sh").read_text()
+    used = re.findall(r"^\s*ablate \d+ ([\w-]+)", text, re.MULTILINE)
+    assert sorted(used) == sorted(ABL.SETS)
+    for name, (shapes, variants) in ABL.SETS.items():
+        args = ABL.build_parser().parse_args(["--set", name])
+        [(got_shapes, got_variants)] = ABL.jobs(args)
+        assert got_shapes == ABL.parse_shapes(shapes) and got_variants == variants.split(";")
+        _check_plans(got_shapes, got_variants)
+    args = ABL.build_parser().parse_args(["--aot", "--set", "all"])
+    assert len(ABL.jobs(args)) == len(ABL.SETS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "wide", "--shapes", "lstm,768,16"], "--set: takes its shapes and variants"),
+    (["--set", "all"], "--set all: expected --aot with it"),
+    (["--aot", "--once", "lstm,768,16"], "--aot: compiles the variants' kernels; expected no "
+                                         "--once"),
+])
+def test_set_and_aot_option_errors(argv, message):
+    r = subprocess.run([sys.executable, "scripts/step_ablation.py", *argv], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr.splitlines()[-1], r.stderr
+
+
+def test_aot_refuses_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "scripts/step_ablation.py", "--aot", "--set", "warps"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "--aot: compiles for a GPU; run without TRITON_INTERPRET=1" in r.stderr
+
+
+def test_aot_compiles_each_variant_with_its_swaps(tmp_path):
+    """`--aot` compiles each variant in a process of its own with the variant applied: the
+    planner's swaps (w8: 8 warps) and the kernels' (nohoist: the resident weights read from
+    shared memory every step instead of held in registers, so more ldmatrix in the step loop
+    than the planner's hoisted LSTM H=256 B=16) both reach the compiled kernels."""
+    from tritonrnn.bench import aot
+
+    try:
+        aot._tool("ptxas")
+        aot._tool("cuobjdump")
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "scripts/step_ablation.py", "--aot", "--shapes",
+                        "lstm,256,16", "--variants", "full;nohoist;w8", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "6 kernels compiled for sm_90" in r.stdout.splitlines()[-1]
+    rows = json.loads((tmp_path / "step_ablation_aot.json").read_text())
+    by = {(row["variant"], row["phase"]): row for row in rows}
+    assert sorted(by) == [(v, p) for v in ("full", "nohoist", "w8")
+                          for p in ("backward", "forward")]
+    assert all(row["error"] is None and row["mode"] == "lstm" and row["H"] == 256
+               for row in rows)
+    assert by["full", "forward"]["num_warps"] == 4 and by["w8", "forward"]["num_warps"] == 8
+    assert by["w8", "backward"]["num_warps"] == 8
+    for phase in ("forward", "backward"):
+        assert by["nohoist", phase]["LDSM"] > by["full", phase]["LDSM"], phase
 
 
 def _positional(fn) -> list[inspect.Parameter]:
