@@ -30,6 +30,13 @@
 #                                         slices' tagged compiles do not spill), and at B = 1
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
+#   bash scripts/gpu_session.sh spills    the planner's plans whose sm_90 compile spills in the
+#                                         step loop (GRU H=1536 B=1, 16 backward, 4 warps: 12
+#                                         local loads per step) against 8 backward warps (bw8)
+#                                         and one MMA chain (chains1), LSTM H=768 B=16 (4 warps
+#                                         won there) as the control;
+#                                         LSTM H=512 B=256 (16 x 64 tiles, 17 local loads per
+#                                         backward step) against streamed weights (bk64)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)
@@ -86,7 +93,7 @@ case "${1:-tests}" in
   ablation)
     python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
   wide)
-    ablate 0 wide ;;
+    ablate 560 wide ;;
   large)
     # Time-boxed to fit one call (each ablation variant also has its own 240 s limit).
     ablate 220 large
@@ -111,6 +118,9 @@ case "${1:-tests}" in
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
         | tee "$out/bench-$1-$2-b1.log" | tail -10
     done ;;
+  spills)
+    ablate 360 spills
+    ablate 200 spills-b256 ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -136,6 +146,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|profile|all" >&2
      exit 2 ;;
 esac

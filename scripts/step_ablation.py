@@ -95,6 +95,15 @@ SETS = {
     # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
     "tagged-b1": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "full;tagged;layer;tagged,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
+    # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
+    # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
+    # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
+    # (chains1): none, 1396 instructions, but chains of 72 MMAs instead of 3 x 24. LSTM
+    # H=768 B=16, where 4 warps won, as the control.
+    "spills": ("gru,1536,1;gru,1536,16;lstm,768,16", "layer;bw8,layer;chains1,layer"),
+    # The resident 16 x 64 backward of LSTM H=512 B=256 (8 warps) spills too: 72 B, 17 local
+    # loads per step; weights streamed in 64-column chunks (wgmma loops) do not.
+    "spills-b256": ("lstm,512,256", "layer;bk64,layer"),
 }
 
 

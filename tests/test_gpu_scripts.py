@@ -26,7 +26,7 @@ from tritonrnn.bench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large", "batch",
-          "warps", "hoist", "tagged", "vector", "profile", "all"]
+          "warps", "hoist", "tagged", "vector", "spills", "profile", "all"]
 
 
 def _load_ablation():
