@@ -7,8 +7,11 @@ the floor of that exchange is one grid barrier. This measures, on the same GPU i
   (kernels/grid_barrier.run_bare_barriers), in microseconds per barrier;
 - kernel step: the persistent-grid forward recurrence of one layer (the planner's tiles), in
   microseconds per time step (input projection excluded: it is one GEMM outside the loop);
+- backward step: the persistent-grid backward recurrence of the same layer (the planner's
+  backward warps; the GEMMs that recompute the pre-activations and form the weight
+  gradients excluded), per time step;
 
-and reports their ratio (design target: within 2x).
+and reports each step's ratio to the barrier (design target: within 2x).
 """
 
 from __future__ import annotations
@@ -48,30 +51,57 @@ def _recurrence_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     )
 
 
+def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
+    """grid_backward's arguments for one layer (`rnn.reference.recurrence_backward`'s
+    contract): random pre-activations, states and output gradients (their values do not
+    change the work), zeroed outputs."""
+    from tritonrnn.rnn.packing import make_pack_info
+
+    G = {"lstm": 4, "gru": 3}[mode]
+    info = make_pack_info([T] * B, T, device)
+    N = info.N
+    g = torch.Generator(device="cpu").manual_seed(1)
+    rnd = lambda *s: (torch.randn(*s, generator=g) * 0.1).to(device=device, dtype=dtype)  # noqa: E731
+    zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
+    lstm = mode == "lstm"
+    return dict(
+        cell=mode, pre_x=rnd(N, G * H), pre_h=rnd(N, G * H), R=rnd(G * H, H),
+        Pw=None, y=rnd(N, H), h_prev=rnd(N, H), c_seq=rnd(N, H) if lstm else None,
+        c_prev=rnd(N, H) if lstm else None, dy=rnd(N, H), dhT=rnd(B, H),
+        dcT=rnd(B, H) if lstm else None, info=info, reverse=False, dpre_x=zeros(N, G * H),
+        dpre_h=None if lstm else zeros(N, G * H), dh0=zeros(B, H),
+        dc0=zeros(B, H) if lstm else None, dh_total=None, m_seq=None,
+    )
+
+
 def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: TimingConfig) -> dict:
     """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio."""
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
-    from tritonrnn.kernels.persistent_grid import grid_forward
+    from tritonrnn.kernels.persistent_grid import grid_backward, grid_forward
     from tritonrnn.rnn.planner import device_properties, recurrence_choice
 
     props = device_properties(device)
     lp, _ = recurrence_choice(mode, H, H, 0, dtype, B, props)
     row = {"mode": mode, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
            "family": lp.family, "programs": lp.num_programs, "block_h": lp.block_h,
-           "block_b": lp.block_b, "num_warps": lp.num_warps}
+           "block_b": lp.block_b, "block_k": lp.block_k, "num_warps": lp.num_warps,
+           "num_warps_bwd": lp.backward_warps}
     if lp.family != "persistent_grid":
         row["note"] = f"planner picks {lp.family} for this shape: no barrier in the loop"
         return row
-    kw = _recurrence_inputs(mode, H, B, T, dtype, device)
+    tiles = dict(persistent=True, block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k)
+    fwd_kw = _recurrence_inputs(mode, H, B, T, dtype, device)
     step = time_callable(
-        lambda: grid_forward(*kw.values(), persistent=True, block_h=lp.block_h,
-                             block_b=lp.block_b, num_warps=lp.num_warps),
-        "cuda", timing,
-    )
+        lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps), "cuda", timing)
+    bwd_kw = _backward_inputs(mode, H, B, T, dtype, device)
+    bwd = time_callable(
+        lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps), "cuda", timing)
     bare = time_callable(lambda: run_bare_barriers(T, lp.num_programs, device), "cuda", timing)
     row["step_us"] = step.ms * 1e3 / T
+    row["bwd_step_us"] = bwd.ms * 1e3 / T
     row["barrier_us"] = bare.ms * 1e3 / T
     row["ratio"] = row["step_us"] / row["barrier_us"]
+    row["bwd_ratio"] = row["bwd_step_us"] / row["barrier_us"]
     return row
 
 
@@ -91,10 +121,12 @@ def run(T: int, dtype, timing: TimingConfig, shapes=SHAPES, on_row=None) -> list
 
 def format_rows(rows: list[dict]) -> str:
     lines = [f"{'mode':<5} {'H':>5} {'B':>3} {'family':<16} {'progs':>5} "
-             f"{'step us':>9} {'barrier us':>10} {'ratio':>6}"]
+             f"{'step us':>9} {'barrier us':>10} {'ratio':>6} {'bwd us':>9} {'ratio':>6}"]
     for r in rows:
         if "step_us" in r:
             tail = f"{r['step_us']:>9.2f} {r['barrier_us']:>10.2f} {r['ratio']:>6.2f}"
+            if "bwd_step_us" in r:  # rows from before 2026-11-25 have the forward only
+                tail += f" {r['bwd_step_us']:>9.2f} {r['bwd_ratio']:>6.2f}"
         else:
             tail = f"  ({r['note']})"
         lines.append(f"{r['mode']:<5} {r['H']:>5} {r['B']:>3} {r['family']:<16} "

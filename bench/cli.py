@@ -503,17 +503,24 @@ def cmd_barrier(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter); none found")
-    print(f"persistent-grid step vs bare grid barrier on {torch.cuda.get_device_name()}, "
+    device = torch.cuda.get_device_name()
+    print(f"persistent-grid forward and backward steps vs bare grid barrier on {device}, "
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
-    rows = run(args.time, dtypes[args.dtype], _timing(args), shapes,
-               on_row=lambda row: print(format_rows([row]).splitlines()[1], flush=True))
-    print(format_rows(rows))
+    path = None
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name().replace(" ", "-")
-        path = args.out / f"barrier-{name}-{_dt.date.today().isoformat()}.json"
-        path.write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                    "rows": rows}, indent=1) + "\n")
+        path = args.out / f"barrier-{device.replace(' ', '-')}-{_dt.date.today().isoformat()}.json"
+    done: list[dict] = []
+
+    def on_row(row: dict) -> None:
+        print(format_rows([row]).splitlines()[1], flush=True)
+        done.append(row)
+        if path is not None:  # after every shape: a run cut short keeps what it finished
+            path.write_text(json.dumps({"device": device, "rows": done}, indent=1) + "\n")
+
+    rows = run(args.time, dtypes[args.dtype], _timing(args), shapes, on_row=on_row)
+    print(format_rows(rows))
+    if path is not None:
         print(f"wrote {path}")
     return 0
 

@@ -517,3 +517,54 @@ def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
     assert graph.split()[-4:] == ["-", "-", "2.0", "KiB"]
     assert "  cuDNN-graph: reserve n/a; not compared; cuDNN algorithm fwd standard, bwd " \
         "standard" in lines
+
+
+# ----------------------------------------------------------------------------- barrier
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_barrier_step_inputs_follow_the_recurrence_contracts(mode):
+    """`tritonrnn barrier` times grid_forward and grid_backward on inputs it builds itself;
+    those must be what the kernels' contracts ask for: the kernels (one step per launch in
+    the interpreter) agree with the reference recurrences on them."""
+    import os
+
+    from tritonrnn.bench import barrier
+    from tritonrnn.kernels.persistent_grid import grid_backward, grid_forward
+    from tritonrnn.rnn import reference
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the kernels run on CPU tensors in the interpreter only")
+    H, B, T, dt, cpu = 16, 3, 4, torch.float32, torch.device("cpu")
+    tiles = dict(persistent=False, block_h=16, block_b=16)
+    fwd = barrier._recurrence_inputs(mode, H, B, T, dt, cpu)
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fwd.items()}
+    grid_forward(*fwd.values(), **tiles)
+    reference.recurrence_forward(*ref.values())
+    for name in ("y", "hT", "c_seq", "cT"):
+        if fwd[name] is not None:
+            torch.testing.assert_close(fwd[name], ref[name], rtol=1e-5, atol=1e-5)
+    bwd = barrier._backward_inputs(mode, H, B, T, dt, cpu)
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in bwd.items()}
+    grid_backward(**bwd, **tiles)
+    reference.recurrence_backward(**ref)
+    for name in ("dpre_x", "dpre_h", "dh0", "dc0"):
+        if bwd[name] is not None:
+            assert torch.count_nonzero(bwd[name]) > 0, name
+            torch.testing.assert_close(bwd[name], ref[name], rtol=1e-5, atol=1e-5)
+
+
+def test_barrier_rows_format_with_and_without_the_backward_step():
+    from tritonrnn.bench import barrier
+
+    base = {"mode": "lstm", "H": 768, "B": 16, "family": "persistent_grid", "programs": 48,
+            "step_us": 5.0, "barrier_us": 1.0, "ratio": 5.0}
+    old = dict(base)
+    new = dict(base, bwd_step_us=7.5, bwd_ratio=7.5)
+    cta = {"mode": "lstm", "H": 64, "B": 1, "family": "persistent_cta", "programs": 1,
+           "note": "planner picks persistent_cta for this shape: no barrier in the loop"}
+    lines = barrier.format_rows([old, new, cta]).splitlines()
+    assert lines[0].split()[-4:] == ["ratio", "bwd", "us", "ratio"]
+    assert lines[1].split()[-3:] == ["5.00", "1.00", "5.00"]
+    assert lines[2].split()[-5:] == ["5.00", "1.00", "5.00", "7.50", "7.50"]
+    assert lines[3].endswith(f"({cta['note']})")

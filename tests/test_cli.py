@@ -370,7 +370,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
     (path,) = tmp_path.glob("barrier-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert [(r["mode"], r["H"], r["B"]) for r in rows] == [("gru", 512, 1), ("gru", 512, 16)]
-    assert all(r["step_us"] > 0 and r["barrier_us"] > 0 for r in rows)
+    assert all(r["step_us"] > 0 and r["bwd_step_us"] > 0 and r["barrier_us"] > 0 for r in rows)
 
 
 # ----------------------------------------------------------------------------- aot
