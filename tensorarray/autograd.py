@@ -190,6 +190,16 @@ class ConcatFn(Function):
     @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
+        if len(ctx.lengths) != g.size:
+            # The array grew after the concat (a dynamic array; the gradient array has its
+            # size at the start of the backward). TensorFlow's rule, split of the gradient
+            # array, fails the same way; say why in terms of the forward array.
+            raise TensorArrayGradError(
+                f"TensorArray {ctx.res.name!r}: gradient of concat(): expected the array's "
+                f"size at the concat, {len(ctx.lengths)}, got {g.size} elements in its "
+                "gradient array: it grew after the concat, and the concat's gradient (a split "
+                "of the gradient array, as in TensorFlow) needs one length per element"
+            )
         with g.lock:
             g.split(grad, ctx.lengths)
         return None, None

@@ -303,6 +303,25 @@ def test_concat_grad_with_unread_pieces():
 # -------------------------------------------------------------- errors and freezing
 
 
+def test_concat_of_an_array_that_grew_afterwards_names_the_forward_array():
+    # TensorFlow's concat gradient splits the gradient array, which has the array's size at
+    # the backward: after growth the lengths cannot cover it (TensorFlow fails there too).
+    xs = [leaf((2, 3)) for _ in range(3)]
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, clear_after_read=False, name="grow")
+    ta = ta.write(0, xs[0]).write(1, xs[1])
+    v = ta.concat()
+    ta = ta.write(2, xs[2])
+    with pytest.raises(TensorArrayGradError) as info:
+        v.sum().backward()
+    msg = str(info.value)
+    assert msg.startswith(f"TensorArray {ta.handle.name!r}: gradient of concat(): expected the "
+                          "array's size at the concat, 2, got 3 elements"), msg
+    assert "it grew after the concat" in msg
+    # Concat after the growth: every element has its gradient.
+    for g in grads(ta.concat().sum(), xs):
+        torch.testing.assert_close(g, torch.ones(2, 3))
+
+
 def test_higher_order_gradients_are_refused():
     x = leaf((3, 2))
     y = TensorArray(torch.float32, 3).unstack(x * 1).stack()
