@@ -1501,19 +1501,31 @@ def _pad(n: int) -> int:
 # step loops 10-30% fewer instructions, 32 KiB less shared memory per program (the staged
 # operand halves), and LSTM H=1024 B=16 backward 24 B -> none. Same MMA count. Not yet
 # timed on a GPU (`scripts/step_ablation.py` variant `chunk1024` restores the single chunk).
+# The limit is for batch tiles of up to 32 columns; wider tiles scale it down (`_max_chunk`).
 _MAX_CHUNK = 512
 
 
-def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
-    """Chunks (KA, KB) of a reduction of length K.
+def _max_chunk(block_b: int) -> int:
+    """Widest single resident chunk for batch tiles of block_b columns: _MAX_CHUNK up to 32
+    columns, then narrower in proportion, so that a chunk's dot operand [chunk, block_b]
+    (loaded into registers whole) stays within _MAX_CHUNK x 32 elements. At 16 x 64 tiles
+    (LSTM H=512 B=256, 8 warps) the sm_90 backward (Triton 3.6) spilled 72 B per thread, 17
+    local loads per step, with K = 512 in one chunk; as 256 + 256 it spills nothing, its step
+    loop 1588 -> 1410 instructions (forward 1017 -> 978) and 32 KiB less shared memory per
+    program (131072 -> 98304 B). Not yet timed on a GPU."""
+    return max(16, _MAX_CHUNK * 32 // max(block_b, 32))
+
+
+def _ksplit(K: int, block_k: int = 0, block_b: int = 16) -> tuple[int, int]:
+    """Chunks (KA, KB) of a reduction of length K, for batch tiles of block_b columns.
 
     block_k > 0 (streamed weights): chunks of block_k, read every step (KA = block_k, KB = 0).
     Resident weights: two power-of-two chunks, KA = the largest power of two <= K and
     KB = pad(K - KA), whenever that is shorter than one padded chunk pad(K): 768 = 512 + 256
     and 1536 = 1024 + 512 exactly, where pad(K) would hold 1024 and 2048 (tiles are powers of
     two). The padding left is at most 1/5 of K, against up to 1/2 for one chunk. A single
-    chunk wider than _MAX_CHUNK is halved (1024 = 512 + 512): the same bytes, half the
-    registers for each chunk's operand."""
+    chunk wider than `_max_chunk(block_b)` is halved (1024 = 512 + 512, and 512 = 256 + 256
+    at 64-column tiles): the same bytes, half the registers for each chunk's operand."""
     if block_k:
         return block_k, 0
     ka = max(16, 1 << (max(K, 1).bit_length() - 1))
@@ -1523,7 +1535,7 @@ def _ksplit(K: int, block_k: int = 0) -> tuple[int, int]:
         if ka + kb < _pad(K):
             return ka, kb
     whole = _pad(K)
-    return (whole // 2, whole // 2) if whole > _MAX_CHUNK else (whole, 0)
+    return (whole // 2, whole // 2) if whole > _max_chunk(block_b) else (whole, 0)
 
 
 def vector_tiles(block_b: int) -> bool:
@@ -1823,9 +1835,10 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     if pass_name == "fwd":
         joint = _fwd_gates(cell, block_k, block_h, block_b, num_warps, fma_dots) > 0
-        rows, (ka, kb) = ((4 if G > 1 else 1) if joint else G) * block_h, _ksplit(Hout, block_k)
+        rows = ((4 if G > 1 else 1) if joint else G) * block_h
+        ka, kb = _ksplit(Hout, block_k, block_b)
     else:
-        rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k)
+        rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k, block_b)
     return _hoist_weights(pass_name, block_k, block_b, persistent, P,
                           weight_thread_bytes(rows, ka, kb, dtype, num_warps))
 
@@ -1924,7 +1937,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
             S = _gate_split(block_k, 0, num_warps, bh, bb)
             scratch_f = 4 * S * bh * bb if S > 1 else 0
         return max(3 * block_k * e * (max(rows_f, rows_b) + bb), scratch_f)
-    (KF, kf2), (KB, kb2) = _ksplit(Hout), _ksplit(H)
+    (KF, kf2), (KB, kb2) = _ksplit(Hout, 0, bb), _ksplit(H, 0, bb)
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
 
@@ -2245,8 +2258,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
         c_ws.copy_(_both(c0, off.get("c0")))
     m_ws = torch.empty(nd, B, H, dtype=dtype, device=dev) if P else x_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
-    rka, rkb = _ksplit(Hout, block_k)
-    pka, pkb = _ksplit(H, block_k) if P else (16, 0)
+    rka, rkb = _ksplit(Hout, block_k, block_b)
+    pka, pkb = _ksplit(H, block_k, block_b) if P else (16, 0)
     gates = _fwd_gates(cell, block_k, block_h, block_b, num_warps,
                        on_gpu and dot_dt == tl.float32)
     r_split = {0: _gate_split(rka, rkb, num_warps, block_h, block_b), 1: 1,
@@ -2429,8 +2442,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
         dc_ws.copy_(_both(dcT, off.get("dcT")))
     dh_ws = torch.empty(nd, B, P, dtype=dtype, device=dev) if P else dph_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
-    rka, rkb = _ksplit(H, block_k)
-    pka, pkb = _ksplit(Hout, block_k) if P else (16, 0)
+    rka, rkb = _ksplit(H, block_k, block_b)
+    pka, pkb = _ksplit(Hout, block_k, block_b) if P else (16, 0)
     bo = _block_o(H, P, block_h)
     rs = _nsplit(rka, rkb, num_warps, bo, block_b)
     dirs = {**(dirs or dict.fromkeys(BACKWARD_TENSORS, 0)), **dir_w}

@@ -35,8 +35,10 @@
 #                                         local loads per step) against 8 backward warps (bw8)
 #                                         and one MMA chain (chains1), LSTM H=768 B=16 (4 warps
 #                                         won there) as the control;
-#                                         LSTM H=512 B=256 (16 x 64 tiles, 17 local loads per
-#                                         backward step) against streamed weights (bk64)
+#                                         LSTM / GRU H=512 B=256 (16 x 64 tiles) resident
+#                                         in 256 + 256 chunks against one 512 chunk
+#                                         (nowidecap: 17 local loads per LSTM backward step)
+#                                         and streamed weights (bk64)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)

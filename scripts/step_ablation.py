@@ -32,6 +32,8 @@ Variants (comma-joined in one process):
               _FWD_GATE_BATCH; the planner then gives 16 x 32 tiles' forward 4 warps again)
     chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
               default halves them, 512 + 512)
+    nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
+              default narrows them, kernels' _max_chunk: 512 = 256 + 256 at 64 columns)
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
@@ -101,9 +103,11 @@ SETS = {
     # (chains1): none, 1396 instructions, but chains of 72 MMAs instead of 3 x 24. LSTM
     # H=768 B=16, where 4 warps won, as the control.
     "spills": ("gru,1536,1;gru,1536,16;lstm,768,16", "layer;bw8,layer;chains1,layer"),
-    # The resident 16 x 64 backward of LSTM H=512 B=256 (8 warps) spills too: 72 B, 17 local
-    # loads per step; weights streamed in 64-column chunks (wgmma loops) do not.
-    "spills-b256": ("lstm,512,256", "layer;bk64,layer"),
+    # The resident 16 x 64 backward of LSTM H=512 B=256 (8 warps) spilled too (72 B, 17
+    # local loads per step) with K = 512 in one chunk (nowidecap); as 256 + 256
+    # (`_max_chunk`, the default since 2026-11-25) it does not, nor do weights streamed in
+    # 64-column chunks (bk64, wgmma loops).
+    "spills-b256": ("lstm,512,256;gru,512,256", "layer;nowidecap,layer;bk64,layer"),
 }
 
 
@@ -201,6 +205,8 @@ def swaps() -> dict:
         # Vector tiles with unsliced chunks.
         "vec1": [(pg, "vector_width", lambda _dt: 1 << 16)],
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
+        # Batch tiles wider than 32 columns hold single chunks as wide as narrow tiles do.
+        "nowidecap": [(pg, "_max_chunk", lambda _bb: pg._MAX_CHUNK)],
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         "nohoist": [(pg, "_hoist_weights", _hoisted(()))],

@@ -592,6 +592,24 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(wide_reports, name):
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
+# The planner's resident plan for LSTM H=512 B=256: 16 x 64 tiles on 8 warps. Its backward
+# held K = 512 in one chunk and spilled in every step (Triton 3.6: 72 B, 17 local loads per
+# step); a 64-column tile halves its chunks (`persistent_grid._max_chunk`: 256 + 256).
+B256 = [("lstm512-b256", aot.AotShape("lstm", hidden=512, batch=256, dtype=torch.bfloat16))]
+
+
+def test_64_column_tiles_halve_their_chunks_and_do_not_spill():
+    r = _compile_named(B256)["lstm512-b256"]
+    lp = r["plan"]
+    assert (lp["block_h"], lp["block_b"], lp["block_k"], lp["num_warps"]) == (16, 64, 0, 8)
+    fwd, bwd = _kernels(r)
+    assert fwd["constexprs"]["RKA"] == fwd["constexprs"]["RKB"] == "256"
+    assert bwd["constexprs"]["RKA"] == bwd["constexprs"]["RKB"] == "256"
+    for k in (fwd, bwd):
+        assert _local_ops(k)[0] == 0, k["profile"]
+        assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text

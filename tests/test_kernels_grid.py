@@ -233,6 +233,15 @@ def test_reduction_split():
         assert kb != ka or ka + kb == pg._pad(K) > pg._MAX_CHUNK
     # Streamed weights: chunks of block_k.
     assert pg._ksplit(1536, 64) == (64, 0)
+    # Wider batch tiles halve narrower single chunks: the operand [chunk, block_b] stays
+    # within _MAX_CHUNK x 32 elements; two different chunks are kept as they are.
+    assert [pg._max_chunk(bb) for bb in (1, 16, 32, 64, 128)] == [512, 512, 512, 256, 128]
+    assert pg._ksplit(512, 0, 32) == (512, 0)
+    assert pg._ksplit(512, 0, 64) == (256, 256)
+    assert pg._ksplit(256, 0, 64) == (256, 0)
+    assert pg._ksplit(256, 0, 128) == (128, 128)
+    assert pg._ksplit(768, 0, 64) == (512, 256)
+    assert pg._ksplit(1024, 0, 64) == (512, 512)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
@@ -247,6 +256,26 @@ def test_halved_chunk_matches_reference(cell, monkeypatch):
     ins, outs = _backward_problem(cell, 32, 0, *VARLEN)
     _run_backward(ins, outs, False, persistent=True, block_h=16)
     _check_backward(ins, outs, False)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+def test_wide_tile_halves_its_chunk(cell, monkeypatch):
+    # 64-column batch tiles hold half the single chunk 32-column tiles do (`_max_chunk`):
+    # with _MAX_CHUNK = 32, H = 32 stays one chunk at block_b = 32 and is 16 + 16 at 64, in
+    # both passes, the planner's shared-memory count following.
+    monkeypatch.setattr(pg, "_MAX_CHUNK", 32)
+    assert pg._ksplit(32, 0, 32) == (32, 0) and pg._ksplit(32, 0, 64) == (16, 16)
+    lengths, T = [5, 3, 0, 5, 1], 5
+    ins, outs = _forward_problem(cell, 32, 0, lengths, T)
+    _run_forward(ins, outs, False, persistent=True, block_h=16, block_b=64)
+    _check_forward(ins, outs, False)
+    ins, outs = _backward_problem(cell, 32, 0, lengths, T)
+    _run_backward(ins, outs, False, persistent=True, block_h=16, block_b=64)
+    _check_backward(ins, outs, False)
+    halved = pg.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
+    monkeypatch.setattr(pg, "_MAX_CHUNK", 64)
+    assert pg._ksplit(32, 0, 64) == (32, 0)
+    assert halved < pg.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
 
 
 @PERSIST
