@@ -3,8 +3,11 @@ development tool: the test suite's shapes are chosen; these are drawn).
 
 Each case draws a cell, layers, direction, batch-major or time-major, a projection, input and
 hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family and its tiles
-(plan_constraints: block_h, block_b, block_k, warps) and the experiment switches
-(TRITONRNN_HOIST_WEIGHTS, TRITONRNN_TAGGED_EXCHANGE), runs the forward and the autograd
+(plan_constraints: block_h, block_b, block_k, warps), the experiment switches
+(TRITONRNN_HOIST_WEIGHTS, TRITONRNN_TAGGED_EXCHANGE) and the widest single resident chunk
+(`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
+their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU),
+runs the forward and the autograd
 backward in float32 and compares every output and gradient with the float64 oracle of
 tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
 recorded as `refused` (the planner's ValueError names it), not as a failure.
@@ -57,7 +60,7 @@ def draw(i: int) -> dict:
         if rng.random() < 0.6:
             cons["block_h"] = rng.choice([8, 16, 32])
         if rng.random() < 0.5:
-            cons["block_b"] = rng.choice([1, 2, 4, 16, 32])
+            cons["block_b"] = rng.choice([1, 2, 4, 16, 32, 64])
         if rng.random() < 0.5:
             cons["block_k"] = rng.choice([0, 16, 32, 64])
     if rng.random() < 0.4:
@@ -69,7 +72,8 @@ def draw(i: int) -> dict:
         env["TRITONRNN_HOIST_WEIGHTS"] = rng.choice(["off", "fwd", "bwd", "fwd,bwd"])
     if rng.random() < 0.3:
         env["TRITONRNN_TAGGED_EXCHANGE"] = "fwd"
-    return {"shape": shape, "constraints": cons, "env": env}
+    kernel = {"_MAX_CHUNK": rng.choice([16, 32])} if rng.random() < 0.3 else {}
+    return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel}
 
 
 def run_case(case: dict) -> dict:
@@ -78,11 +82,16 @@ def run_case(case: dict) -> dict:
         sys.path.insert(0, str(ROOT / "tests"))
     import helpers
 
+    from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn.planner import plan_constraints
 
     s = case["shape"]
     saved = {k: os.environ.get(k) for k in SWITCHES}
     os.environ.update(case["env"])
+    kernel = case.get("kernel", {})
+    saved_kernel = {k: getattr(pg, k) for k in kernel}
+    for k, v in kernel.items():
+        setattr(pg, k, v)
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
@@ -104,6 +113,8 @@ def run_case(case: dict) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        for k, v in saved_kernel.items():
+            setattr(pg, k, v)
         helpers.LENGTHS.pop("_fuzz", None)
     out["seconds"] = round(time.time() - t0, 2)
     return out

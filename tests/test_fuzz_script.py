@@ -24,18 +24,28 @@ def test_draws_are_reproducible_and_varied():
     assert {c["env"].get("TRITONRNN_TAGGED_EXCHANGE") for c in cases} == {None, "fwd"}
     assert len({c["env"].get("TRITONRNN_HOIST_WEIGHTS") for c in cases}) == 5
     assert any(0 in c["shape"]["lengths"] for c in cases)
+    assert {c["kernel"].get("_MAX_CHUNK") for c in cases} == {None, 16, 32}
+    assert 64 in {c["constraints"].get("block_b") for c in cases}
     assert all(c["shape"]["proj"] < c["shape"]["H"] or c["shape"]["proj"] == 0 for c in cases)
 
 
 def test_cases_run_clean(tmp_path):
+    from tritonrnn.kernels import persistent_grid as pg
+
     before = {k: os.environ.get(k) for k in FZ.SWITCHES}
+    chunk = pg._MAX_CHUNK
+    start = next(i for i in range(100) if FZ.draw(i)["kernel"])  # one case with a chunk set
     out = tmp_path / "fuzz.jsonl"
-    assert FZ.main(["--cases", "4", "--out", str(out)]) == 0
+    for first in (0, start):
+        assert FZ.main(["--cases", "4" if first == 0 else "1", "--start", str(first),
+                        "--out", str(out)]) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["case"] for r in recs] == [0, 1, 2, 3]
+    assert [r["case"] for r in recs] == [0, 1, 2, 3, start]
     assert {r["status"] for r in recs} <= {"ok", "refused"}
     assert any(r["status"] == "ok" for r in recs)
+    assert recs[-1]["kernel"] == FZ.draw(start)["kernel"]
     assert {k: os.environ.get(k) for k in FZ.SWITCHES} == before  # switches restored
+    assert chunk == pg._MAX_CHUNK  # and the kernel module's chunk width
 
 
 def test_a_failing_case_is_reported(tmp_path, monkeypatch, capsys):

@@ -167,6 +167,17 @@ BLOCK_K = pytest.mark.parametrize("block_k", [0, 16], ids=["resident", "streamed
 # -------------------------------------------------------------------------------------------
 
 
+def _check_layer(cell, H, P, lengths, T, *, reverse, **launch):
+    """The forward and the backward of one layer/direction, each launched with `launch`
+    (grid_forward / grid_backward keywords), against the float64 reference."""
+    ins, outs = _forward_problem(cell, H, P, lengths, T)
+    _run_forward(ins, outs, reverse, **launch)
+    _check_forward(ins, outs, reverse)
+    ins, outs = _backward_problem(cell, H, P, lengths, T)
+    _run_backward(ins, outs, reverse, **launch)
+    _check_backward(ins, outs, reverse)
+
+
 @BLOCK_K
 @PERSIST
 @REVERSE
@@ -192,12 +203,8 @@ def test_backward_matches_reference(cell, reverse, persistent, block_k):
 @REVERSE
 def test_projection_forward_backward(reverse, persistent, block_k):
     # H = 33 over 3 programs, P = 20 spread over them in 16-wide output slices (2 own one).
-    ins, outs = _forward_problem("lstm", 33, 20, *VARLEN)
-    _run_forward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
-    _check_forward(ins, outs, reverse)
-    ins, outs = _backward_problem("lstm", 33, 20, *VARLEN)
-    _run_backward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
-    _check_backward(ins, outs, reverse)
+    _check_layer("lstm", 33, 20, *VARLEN, reverse=reverse, persistent=persistent, block_h=16,
+                 block_k=block_k)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
@@ -205,12 +212,7 @@ def test_streamed_single_program_loop(cell):
     # One program (all steps in one launch, even in the interpreter) with streamed weights:
     # the K loop inside the step loop, 2 chunks of 16 for H = 32.
     lengths, T = [6, 4, 0], 7
-    ins, outs = _forward_problem(cell, 32, 0, lengths, T)
-    _run_forward(ins, outs, False, persistent=True, block_h=32, block_k=16)
-    _check_forward(ins, outs, False)
-    ins, outs = _backward_problem(cell, 32, 0, lengths, T)
-    _run_backward(ins, outs, False, persistent=True, block_h=32, block_k=16)
-    _check_backward(ins, outs, False)
+    _check_layer(cell, 32, 0, lengths, T, reverse=False, persistent=True, block_h=32, block_k=16)
 
 
 def test_reduction_split():
@@ -250,12 +252,7 @@ def test_halved_chunk_matches_reference(cell, monkeypatch):
     # with _MAX_CHUNK = 16, H = 32 is two chunks of 16 in both passes.
     monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
     assert pg._ksplit(32) == (16, 16)
-    ins, outs = _forward_problem(cell, 32, 0, *VARLEN)
-    _run_forward(ins, outs, False, persistent=True, block_h=16)
-    _check_forward(ins, outs, False)
-    ins, outs = _backward_problem(cell, 32, 0, *VARLEN)
-    _run_backward(ins, outs, False, persistent=True, block_h=16)
-    _check_backward(ins, outs, False)
+    _check_layer(cell, 32, 0, *VARLEN, reverse=False, persistent=True, block_h=16)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
@@ -266,12 +263,7 @@ def test_wide_tile_halves_its_chunk(cell, monkeypatch):
     monkeypatch.setattr(pg, "_MAX_CHUNK", 32)
     assert pg._ksplit(32, 0, 32) == (32, 0) and pg._ksplit(32, 0, 64) == (16, 16)
     lengths, T = [5, 3, 0, 5, 1], 5
-    ins, outs = _forward_problem(cell, 32, 0, lengths, T)
-    _run_forward(ins, outs, False, persistent=True, block_h=16, block_b=64)
-    _check_forward(ins, outs, False)
-    ins, outs = _backward_problem(cell, 32, 0, lengths, T)
-    _run_backward(ins, outs, False, persistent=True, block_h=16, block_b=64)
-    _check_backward(ins, outs, False)
+    _check_layer(cell, 32, 0, lengths, T, reverse=False, persistent=True, block_h=16, block_b=64)
     halved = pg.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
     monkeypatch.setattr(pg, "_MAX_CHUNK", 64)
     assert pg._ksplit(32, 0, 64) == (32, 0)
@@ -281,12 +273,7 @@ def test_wide_tile_halves_its_chunk(cell, monkeypatch):
 @PERSIST
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_batch_one(cell, persistent):
-    ins, outs = _forward_problem(cell, 33, 0, [4], 4)
-    _run_forward(ins, outs, True, persistent=persistent, block_h=16)
-    _check_forward(ins, outs, True)
-    ins, outs = _backward_problem(cell, 33, 0, [4], 4)
-    _run_backward(ins, outs, True, persistent=persistent, block_h=16)
-    _check_backward(ins, outs, True)
+    _check_layer(cell, 33, 0, [4], 4, reverse=True, persistent=persistent, block_h=16)
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -295,22 +282,12 @@ def test_single_program_runs_all_steps_in_one_launch(cell):
     # (states carried in registers, ping-pong parity, final-state writes) in one launch.
     assert pg._launch_ranges(7, persistent=True, on_gpu=False, programs=1) == [(0, 7)]
     lengths, T = [6, 4, 0], 7
-    ins, outs = _forward_problem(cell, 16, 0, lengths, T)
-    _run_forward(ins, outs, True, persistent=True, block_h=16)
-    _check_forward(ins, outs, True)
-    ins, outs = _backward_problem(cell, 16, 0, lengths, T)
-    _run_backward(ins, outs, True, persistent=True, block_h=16)
-    _check_backward(ins, outs, True)
+    _check_layer(cell, 16, 0, lengths, T, reverse=True, persistent=True, block_h=16)
 
 
 def test_single_program_projection_in_one_launch():
     lengths, T = [5, 5, 2], 6
-    ins, outs = _forward_problem("lstm", 16, 12, lengths, T)
-    _run_forward(ins, outs, False, persistent=True, block_h=16)
-    _check_forward(ins, outs, False)
-    ins, outs = _backward_problem("lstm", 16, 12, lengths, T)
-    _run_backward(ins, outs, False, persistent=True, block_h=16)
-    _check_backward(ins, outs, False)
+    _check_layer("lstm", 16, 12, lengths, T, reverse=False, persistent=True, block_h=16)
 
 
 @pytest.mark.parametrize("proj", [0, 12], ids=["noproj", "proj"])
@@ -319,12 +296,7 @@ def test_finished_batch_tile_is_skipped_correctly(proj, monkeypatch):
     # programs skip the matmuls and only carry their state (final states still written).
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")  # keep the skipping branches
     lengths, T = [5] * 16 + [2, 1], 5
-    ins, outs = _forward_problem("lstm", 16, proj, lengths, T)
-    _run_forward(ins, outs, True, persistent=False, block_h=16)
-    _check_forward(ins, outs, True)
-    ins, outs = _backward_problem("lstm", 16, proj, lengths, T)
-    _run_backward(ins, outs, True, persistent=False, block_h=16)
-    _check_backward(ins, outs, True)
+    _check_layer("lstm", 16, proj, lengths, T, reverse=True, persistent=False, block_h=16)
 
 
 @PERSIST
@@ -338,12 +310,7 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
     assert pg._hoist_weights("fwd", 0, 16, persistent) == persistent
     lengths, T = [5] * 16 + [2, 1, 0], 5
-    ins, outs = _forward_problem(cell, 33, proj, lengths, T)
-    _run_forward(ins, outs, True, persistent=persistent, block_h=16)
-    _check_forward(ins, outs, True)
-    ins, outs = _backward_problem(cell, 33, proj, lengths, T)
-    _run_backward(ins, outs, True, persistent=persistent, block_h=16)
-    _check_backward(ins, outs, True)
+    _check_layer(cell, 33, proj, lengths, T, reverse=True, persistent=persistent, block_h=16)
 
 
 def test_hoist_weights_choice(monkeypatch):
@@ -545,12 +512,7 @@ def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps
     assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
     assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == min(S, 2)
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
-    ins, outs = _forward_problem(cell, H, 0, *VARLEN)
-    _run_forward(ins, outs, reverse, **kw)
-    _check_forward(ins, outs, reverse)
-    ins, outs = _backward_problem(cell, H, 0, *VARLEN)
-    _run_backward(ins, outs, reverse, **kw)
-    _check_backward(ins, outs, reverse)
+    _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
 
 
 # The backward's resident gate products as 1 or 4 independent MMA chains (CHAINS): the
@@ -612,12 +574,7 @@ def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     assert pg._swap_dots(16, 64) and not pg._swap_dots(16, 32) and not pg._swap_dots(0, 64)
     assert pg._joint_gates(cell, 16, 64)
     kw = dict(persistent=persistent, block_h=16, block_b=64, block_k=16, num_warps=4)
-    ins, outs = _forward_problem(cell, 33, P, *_swap_lengths())
-    _run_forward(ins, outs, reverse, **kw)
-    _check_forward(ins, outs, reverse)
-    ins, outs = _backward_problem(cell, 33, P, *_swap_lengths())
-    _run_backward(ins, outs, reverse, **kw)
-    _check_backward(ins, outs, reverse)
+    _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
 def test_streamed_joint_gate_choice():
@@ -714,12 +671,7 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sli
         monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
         assert pg._ksplit(17) == (16, 16)
     kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
-    ins, outs = _forward_problem(cell, 17, P, *VEC_LENGTHS)
-    _run_forward(ins, outs, reverse, **kw)
-    _check_forward(ins, outs, reverse)
-    ins, outs = _backward_problem(cell, 17, P, *VEC_LENGTHS)
-    _run_backward(ins, outs, reverse, **kw)
-    _check_backward(ins, outs, reverse)
+    _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=reverse, **kw)
 
 
 def test_vector_tiles_batch_one_single_program():
@@ -727,12 +679,7 @@ def test_vector_tiles_batch_one_single_program():
     # launch under the interpreter too, so the in-kernel step loop carries h, c in registers.
     for cell in ("lstm", "gru"):
         kw = dict(persistent=True, block_h=8, block_b=1, num_warps=4)
-        ins, outs = _forward_problem(cell, 8, 0, [6], 6)
-        _run_forward(ins, outs, False, **kw)
-        _check_forward(ins, outs, False)
-        ins, outs = _backward_problem(cell, 8, 0, [6], 6)
-        _run_backward(ins, outs, False, **kw)
-        _check_backward(ins, outs, False)
+        _check_layer(cell, 8, 0, [6], 6, reverse=False, **kw)
 
 
 @pytest.mark.parametrize("block_k", [0, 32], ids=["resident", "streamed"])
@@ -741,12 +688,7 @@ def test_split_k_projection(block_k):
     # reduction over H in the forward, Pw^T's over P in the backward, split too).
     assert pg._nsplit(*pg._ksplit(64, block_k), 4, pg._block_o(96, 64, 16), 16) > 1
     kw = dict(persistent=False, block_h=16, block_k=block_k, num_warps=4)
-    ins, outs = _forward_problem("lstm", 96, 64, *VARLEN)
-    _run_forward(ins, outs, True, **kw)
-    _check_forward(ins, outs, True)
-    ins, outs = _backward_problem("lstm", 96, 64, *VARLEN)
-    _run_backward(ins, outs, True, **kw)
-    _check_backward(ins, outs, True)
+    _check_layer("lstm", 96, 64, *VARLEN, reverse=True, **kw)
 
 
 # Every sub-step of a launch but its last arrives at the barrier exactly once, whatever branch
