@@ -18,12 +18,14 @@ exposes it.
 from .array import TensorArray, TensorArrayGradResult, tensor_array_grad
 from .autograd import AUTOGRAD_SOURCE_PREFIX
 from .errors import (
+    TensorArrayAllocatorError,
     TensorArrayClosedError,
     TensorArrayDeviceError,
     TensorArrayDTypeError,
     TensorArrayError,
     TensorArrayGradError,
     TensorArrayIndexError,
+    TensorArrayNameError,
     TensorArrayReadError,
     TensorArrayShapeError,
     TensorArrayTypeError,
@@ -36,6 +38,7 @@ __all__ = [
     "AUTOGRAD_SOURCE_PREFIX",
     "Allocator",
     "TensorArray",
+    "TensorArrayAllocatorError",
     "TensorArrayClosedError",
     "TensorArrayDTypeError",
     "TensorArrayDeviceError",
@@ -44,6 +47,7 @@ __all__ = [
     "TensorArrayGradResult",
     "TensorArrayHandle",
     "TensorArrayIndexError",
+    "TensorArrayNameError",
     "TensorArrayReadError",
     "TensorArrayRegistry",
     "TensorArrayShapeError",

@@ -22,6 +22,17 @@ def _not_tensor(res: ArrayResource, op: str, what: str, got: object) -> TensorAr
     )
 
 
+def _next_flow(flow: torch.Tensor) -> torch.Tensor:
+    """The flow a mutation without autograd history returns: a new tensor object, as every
+    mutator returns a new flow. A flow with history stays connected (a view of it, made even
+    under no_grad), so the backward of a later read still runs before that of an earlier
+    write."""
+    if not flow.requires_grad:
+        return new_flow(flow)
+    with torch.enable_grad():
+        return flow.view_as(flow)
+
+
 def _check_flow(res: ArrayResource, op: str, what: str, flow: object) -> torch.Tensor:
     """A flow argument must be a scalar float tensor (TensorFlow's float32 flow; any float is
     taken, as the flow only carries autograd edges)."""
@@ -285,6 +296,7 @@ class TensorArray:
             handle._flow = WriteFn.apply(handle._flow, value, res, i)
         else:
             res.write(i, value)
+            handle._flow = _next_flow(handle._flow)
         return TensorArray._wrap(handle, handle._flow)
 
     def scatter(self, indices: list[int] | torch.Tensor, value: torch.Tensor) -> TensorArray:
@@ -298,6 +310,7 @@ class TensorArray:
             handle._flow = ScatterFn.apply(handle._flow, value, res, idx, "scatter")
         else:
             res.scatter(idx, value)
+            handle._flow = _next_flow(handle._flow)
         return TensorArray._wrap(handle, handle._flow)
 
     def unstack(self, value: torch.Tensor) -> TensorArray:
@@ -314,6 +327,7 @@ class TensorArray:
             handle._flow = ScatterFn.apply(handle._flow, value, res, None, "unstack")
         else:
             res.unstack(value)
+            handle._flow = _next_flow(handle._flow)
         return TensorArray._wrap(handle, handle._flow)
 
     def split(self, value: torch.Tensor, lengths: list[int] | torch.Tensor) -> TensorArray:
@@ -330,6 +344,7 @@ class TensorArray:
             handle._flow = SplitFn.apply(handle._flow, value, res, lens)
         else:
             res.split(value, lens)
+            handle._flow = _next_flow(handle._flow)
         return TensorArray._wrap(handle, handle._flow)
 
     # ------------------------------------------------------------------- reads
@@ -395,11 +410,15 @@ class TensorArray:
         return res.size
 
     def close(self) -> None:
-        """Free the storage and every gradient array of this array; later ops raise.
+        """Free the storage and every gradient array of this array; later ops raise, a second
+        close() included (TensorFlow is silent there).
 
-        Closing twice is a no-op.
+        A closed gradient array keeps its key: grad(source) on the forward array returns the
+        closed array again, as TensorFlow's lookup does, rather than a fresh accumulator.
         """
-        self._handle._res.close()
+        res = self._handle._res
+        res.check_open("close()")
+        res.close()
 
     def grad(
         self,

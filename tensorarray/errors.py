@@ -9,12 +9,14 @@ handle name and give the offending argument, what was expected and what was give
 from __future__ import annotations
 
 __all__ = [
+    "TensorArrayAllocatorError",
     "TensorArrayClosedError",
     "TensorArrayDTypeError",
     "TensorArrayDeviceError",
     "TensorArrayError",
     "TensorArrayGradError",
     "TensorArrayIndexError",
+    "TensorArrayNameError",
     "TensorArrayReadError",
     "TensorArrayShapeError",
     "TensorArrayTypeError",
@@ -61,3 +63,13 @@ class TensorArrayShapeError(TensorArrayError, ValueError):
 
 class TensorArrayGradError(TensorArrayError, ValueError):
     """Gradient-array misuse: the gradient of a gradient array, or concat without a split."""
+
+
+class TensorArrayAllocatorError(TensorArrayError, ValueError):
+    """An allocator that returned something unusable as a slab: not a tensor, the wrong shape,
+    dtype or device, or an expanded (stride-0) tensor."""
+
+
+class TensorArrayNameError(TensorArrayError, ValueError):
+    """A name already taken by a live array of the registry (for example a user array named
+    like the gradient array ``"<forward name>@<source>"`` that grad() is about to create)."""

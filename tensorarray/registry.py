@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import TensorArrayClosedError, TensorArrayError
+from .errors import TensorArrayClosedError, TensorArrayNameError
 from .storage import Allocator
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class TensorArrayRegistry:
         """Index ``handle`` under its name (names are unique, so this never replaces one)."""
         with self._lock:
             if handle.name in self._handles:
-                raise TensorArrayError(
+                raise TensorArrayNameError(
                     f"TensorArray {handle.name!r}: a live array with this name is already "
                     "registered; names must be unique"
                 )

@@ -21,7 +21,6 @@ every soft-copied entry) or a list of tensors with their shapes.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -76,7 +75,6 @@ class ArrayResource:
         "dynamic_size",
         "element_shape",
         "forward_name",
-        "forward_ref",
         "forward_was_split",
         "grads",
         "hist",
@@ -93,6 +91,7 @@ class ArrayResource:
         "slab_shape",
         "soft",
         "source",
+        "shape_origin",
         "was_split",
         "written",
     )
@@ -118,6 +117,9 @@ class ArrayResource:
         self.dynamic_size = dynamic_size
         self.clear_after_read = clear_after_read
         self.element_shape = element_shape
+        # Where element_shape came from, for error messages: "declared", "inferred from the
+        # first write" (identical_element_shapes) or "inherited from ..." (gradient arrays).
+        self.shape_origin = "declared"
         self.identical_element_shapes = identical_element_shapes
         self.device = device
         self.allocator = allocator
@@ -129,7 +131,6 @@ class ArrayResource:
         self.was_split = False
         self.forward_was_split = False
         self.forward_name: str | None = None
-        self.forward_ref: weakref.ref[ArrayResource] | None = None
         self.source: str | None = None
         self.grads: dict[str, TensorArrayHandle] = {}
         self.lock = threading.Lock()
@@ -186,16 +187,16 @@ class ArrayResource:
         es = self.element_shape
         if es is None or shape == es or is_compatible(es, shape):
             return
-        how = "inferred from the first write" if self.identical_element_shapes else "declared"
         raise TensorArrayShapeError(
             f"{self._prefix(op)}value shape {fmt_shape(shape)} is incompatible with the "
-            f"array's element shape {fmt_shape(es)} ({how})"
+            f"array's element shape {fmt_shape(es)} ({self.shape_origin})"
         )
 
     def _infer_shape(self, shape: torch.Size) -> None:
         """identical_element_shapes: the first written shape becomes the element shape."""
         if self.identical_element_shapes and not is_fully_defined(self.element_shape):
             self.element_shape = tuple(shape)
+            self.shape_origin = "inferred from the first write"
             if self.slab_shape is None and self.written.find(1) == -1:
                 self._use_slab(tuple(shape))
 
@@ -435,6 +436,11 @@ class ArrayResource:
         if lo < 0:
             raise TensorArrayIndexError(f"{self._prefix(op)}indices must be >= 0, got {lo}")
         if hi >= self.size and not self.dynamic_size:
+            if op.startswith("unstack"):
+                raise TensorArrayIndexError(
+                    f"{self._prefix(op)}value.shape[0] must be <= the fixed array size "
+                    f"{self.size}, got value shape {fmt_shape(value.shape)}"
+                )
             raise TensorArrayIndexError(
                 f"{self._prefix(op)}max index must be < the fixed array size {self.size}, got {hi}"
             )
@@ -505,8 +511,10 @@ class ArrayResource:
                 and not self.aggregate
                 and written.find(1) == -1
             ):
-                # A fresh forward array filled completely adopts the value as its slab: no copy.
-                self.slab = value
+                # A fresh forward array filled completely adopts the value as its slab: no copy
+                # unless the value is not contiguous (a transposed or expanded tensor), since
+                # the slab is one contiguous block whose rows may be written in place.
+                self.slab = value.contiguous()
             else:
                 slab = self._ensure_capacity(end)
                 if not has_data and not duplicates:
@@ -730,9 +738,9 @@ class ArrayResource:
         self._check_readable_range(0, n, op)
         shapes = self._read_shapes(range(n))
         first = shapes[0]
-        if len(first) == 0:
-            raise self._scalar_concat_error(0, op)
         for k, s in enumerate(shapes):
+            if len(s) == 0:
+                raise self._scalar_concat_error(k, op)
             if s[1:] != first[1:]:
                 raise TensorArrayShapeError(
                     f"{self._prefix(op)}elements must agree beyond dimension 0, but index 0 has "
@@ -885,7 +893,9 @@ class ArrayResource:
             is_grad=True,
         )
         g.forward_name = self.name
-        g.forward_ref = weakref.ref(self)
+        g.shape_origin = f"inherited from the forward array {self.name!r}" + (
+            f" with shape_to_prepend {fmt_shape(prepend)}" if prepend else ""
+        )
         g.forward_was_split = self.was_split
         g.source = source
         # Shape soft copy: written forward indices are written in the gradient with a shape but
@@ -922,7 +932,13 @@ class ArrayResource:
             handle._res.close()
 
     def close(self) -> None:
-        """Free the storage, close the gradient arrays and leave the registry (idempotent)."""
+        """Free the storage, close the gradient arrays and leave the registry (idempotent here;
+        the public close() refuses a closed array).
+
+        A closed gradient array stays under its (forward, source) key, as in TensorFlow, whose
+        closed arrays stay in the resource manager until the end of the step: grad(source)
+        returns it again and every op on it raises, instead of handing out a fresh zero
+        accumulator that would silently drop what was accumulated."""
         if self.closed:
             return
         self.closed = True
@@ -933,9 +949,3 @@ class ArrayResource:
         for handle in grads:
             handle._res.close()
         self.registry.unregister(self.name)
-        if self.is_grad and self.forward_ref is not None:
-            forward = self.forward_ref()
-            if forward is not None:
-                handle = forward.grads.get(self.source)  # type: ignore[arg-type]
-                if handle is not None and handle._res is self:
-                    del forward.grads[self.source]  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from .errors import TensorArrayDeviceError, TensorArrayError, TensorArrayTypeError
+from .errors import TensorArrayAllocatorError, TensorArrayDeviceError, TensorArrayTypeError
 
 __all__ = ["Allocator", "allocate_slab", "default_allocator", "resolve_device"]
 
@@ -84,18 +84,18 @@ def allocate_slab(
     """
     slab = (allocator or default_allocator)(shape, dtype, device)
     if not isinstance(slab, torch.Tensor):
-        raise TensorArrayError(
+        raise TensorArrayAllocatorError(
             f"TensorArray {array_name!r}: allocator must return a torch.Tensor of shape "
             f"{shape}, got {type(slab).__name__}"
         )
     if tuple(slab.shape) != shape or slab.dtype != dtype or slab.device != device:
-        raise TensorArrayError(
+        raise TensorArrayAllocatorError(
             f"TensorArray {array_name!r}: allocator returned a tensor of shape "
             f"{tuple(slab.shape)}, dtype {slab.dtype}, device {slab.device}; expected shape "
             f"{shape}, dtype {dtype}, device {device}"
         )
     if slab.numel() > 1 and 0 in slab.stride():
-        raise TensorArrayError(
+        raise TensorArrayAllocatorError(
             f"TensorArray {array_name!r}: allocator returned an expanded tensor (strides "
             f"{slab.stride()}); the slab is written in place and needs distinct memory per element"
         )

@@ -15,6 +15,7 @@ from ta_helpers import nan_allocator, raises
 
 from tritonrnn.tensorarray import (
     TensorArray,
+    TensorArrayAllocatorError,
     TensorArrayClosedError,
     TensorArrayDeviceError,
     TensorArrayDTypeError,
@@ -73,6 +74,41 @@ def test_flow_is_scalar_float32():
     assert ta.flow.shape == () and ta.flow.dtype == torch.float32
     ta2 = ta.write(0, rand((2,), torch.float16))
     assert ta2.flow.shape == () and ta2.flow.dtype == torch.float32
+
+
+MUTATIONS = {
+    "write": lambda ta, v: ta.write(0, v[0]),
+    "scatter": lambda ta, v: ta.scatter([1, 0], v),
+    "unstack": lambda ta, v: ta.unstack(v),
+    "split": lambda ta, v: ta.split(v.reshape(4), [2, 2]),
+}
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["plain", "history"])
+@pytest.mark.parametrize("op", sorted(MUTATIONS))
+def test_every_mutation_returns_a_new_flow(op, history):
+    # The spec: a mutator returns a new object that carries the new flow, whether or not the
+    # value has autograd history.
+    ta = TensorArray(torch.float32, 2)
+    value = rand((2, 2)).requires_grad_(history)
+    ta2 = MUTATIONS[op](ta, value)
+    assert ta2 is not ta and ta2.handle is ta.handle
+    assert ta2.flow is not ta.flow
+    assert ta2.flow.shape == () and ta2.flow.dtype == torch.float32
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
+def test_a_plain_write_keeps_the_flow_connected_to_earlier_writes(grad_mode):
+    # write(0, x) has history; write(1, plain) then returns a new flow. A read of index 0
+    # through the newest flow must still reach x's gradient: the new flow may not cut the
+    # ordering edge, even when the plain write runs under no_grad.
+    x = rand((3,)).requires_grad_()
+    ta = TensorArray(torch.float32, 2, element_shape=(3,)).write(0, x * 2)
+    with torch.set_grad_enabled(grad_mode):
+        ta = ta.write(1, rand((3,)))
+    w = rand((3,))
+    (ta.read(0) * w).sum().backward()
+    assert torch.equal(x.grad, 2 * w)
 
 
 def test_mutators_return_new_object_sharing_the_handle():
@@ -291,6 +327,22 @@ def test_unstack_into_fresh_shaped_array_adopts_value():
     assert torch.equal(ta5.stack(), torch.cat([y, torch.zeros(1, 2)]))
 
 
+@pytest.mark.parametrize("layout", ["transposed", "expanded"])
+@pytest.mark.parametrize("how", ["unstack", "from_slab"])
+def test_adopted_value_that_is_not_contiguous_becomes_a_contiguous_slab(layout, how):
+    base = rand((4, 3))
+    value = base.t() if layout == "transposed" else base[:, 0].expand(3, 4)
+    assert not value.is_contiguous()
+    if how == "unstack":
+        ta = TensorArray(torch.float32, 3, element_shape=(4,), clear_after_read=False)
+        ta = ta.unstack(value)
+    else:
+        ta = TensorArray.from_slab(value, clear_after_read=False)
+    assert ta.slab.is_contiguous() and 0 not in ta.slab.stride()
+    assert torch.equal(ta.stack(), value)
+    assert torch.equal(ta.read(1), value[1])
+
+
 def test_list_storage_has_no_slab():
     ta = TensorArray(torch.float32, 2).write(0, rand((3,)))
     assert ta.slab is None
@@ -333,11 +385,24 @@ def test_registry_allocator_is_the_default(registry):
     assert calls == [(2, 1)]
 
 
-def test_allocator_returning_a_wrong_tensor_raises():
-    bad = lambda shape, dtype, device: torch.empty(shape[1:], dtype=dtype, device=device)
+@pytest.mark.parametrize(
+    "bad, fragments",
+    [
+        (lambda shape, dtype, device: torch.empty(shape[1:], dtype=dtype), ["(2, 3)", "(3,)"]),
+        (lambda shape, dtype, device: torch.empty(shape, dtype=torch.float64), ["float64"]),
+        (lambda shape, dtype, device: [0.0] * shape[0], ["torch.Tensor", "list"]),
+        (lambda shape, dtype, device: torch.zeros(shape[1:], dtype=dtype).expand(shape),
+         ["expanded", "(0, 1)"]),
+    ],
+    ids=["shape", "dtype", "type", "expanded"],
+)
+def test_allocator_returning_a_wrong_tensor_raises(bad, fragments):
     ta = TensorArray(torch.float32, 2, element_shape=(3,), allocator=bad)
-    with raises(TensorArrayError, ta, "allocator", "(2, 3)"):
+    # A ValueError like every other TensorArray error (a builtin type callers can catch).
+    with raises(TensorArrayAllocatorError, ta, "allocator", *fragments) as info:
         ta.write(0, torch.ones(3))
+    assert isinstance(info.value, ValueError)
+    assert not ta.handle._res.written[0], "a failed allocation must leave the index unwritten"
 
 
 @pytest.mark.parametrize("flag", ["dynamic_size", "clear_after_read", "identical_element_shapes"])
@@ -396,7 +461,11 @@ def test_close_removes_from_registry_and_frees_storage(registry):
     ta.close()
     assert registry.names() == [] and ta.handle.closed and g.handle.closed
     assert ta.slab is None
-    ta.close()  # closing twice is a no-op
+    # close() is an op too: after close() it raises (TensorFlow is silent), on the forward
+    # array and on the gradient array that the forward's close() closed.
+    for closed in (ta, g):
+        with raises(TensorArrayClosedError, closed, "close()", "closed"):
+            closed.close()
 
 
 def test_registry_close_all(registry):
@@ -559,6 +628,10 @@ def test_error_element_shape_incompatible_with_declared():
     partial = TensorArray(torch.float32, 1, element_shape=(None, 3))
     with raises(TensorArrayShapeError, partial, "(2, 4)", "(None, 3)"):
         partial.write(0, torch.ones(2, 4))
+    # Declared and identical_element_shapes: still "declared", before any write.
+    both = TensorArray(torch.float32, 2, element_shape=(2, 3), identical_element_shapes=True)
+    with raises(TensorArrayShapeError, both, "(2, 4)", "(2, 3) (declared)"):
+        both.write(0, torch.ones(2, 4))
 
 
 def test_error_element_shape_incompatible_with_inferred():
@@ -593,6 +666,17 @@ def test_error_concat_of_scalars():
     empty = TensorArray(torch.float32, 0, element_shape=())
     with raises(TensorArrayShapeError, empty, "shape ()"):
         empty.concat()
+
+
+@pytest.mark.parametrize("scalar_at", [0, 1, 2])
+def test_error_concat_of_a_scalar_at_any_index(scalar_at):
+    # Elements of different ranks (list storage): the scalar is named wherever it sits.
+    ta = TensorArray(torch.float32, 3)
+    for i in range(3):
+        ta = ta.write(i, torch.tensor(1.0) if i == scalar_at else torch.ones(2))
+    with raises(TensorArrayShapeError, ta, f"index {scalar_at} has shape ()", "stack()"):
+        ta.concat()
+    assert torch.equal(ta.read(0), torch.ones(2) if scalar_at else torch.tensor(1.0))
 
 
 def test_error_concat_shapes_differ_beyond_dim0():
@@ -643,7 +727,7 @@ def test_error_scatter_max_index_past_fixed_size():
     ta = TensorArray(torch.float32, 3)
     with raises(TensorArrayIndexError, ta, "max index", "size 3", "got 5"):
         ta.scatter([0, 5], torch.ones(2, 1))
-    with raises(TensorArrayIndexError, ta, "size 3", "got 3"):
+    with raises(TensorArrayIndexError, ta, "unstack", "value.shape[0]", "size 3", "(4, 1)"):
         ta.unstack(torch.ones(4, 1))
 
 

@@ -13,11 +13,11 @@ from ta_helpers import nan_allocator, raises
 from tritonrnn.tensorarray import (
     TensorArray,
     TensorArrayClosedError,
-    TensorArrayError,
     TensorArrayGradError,
     TensorArrayGradResult,
     TensorArrayHandle,
     TensorArrayIndexError,
+    TensorArrayNameError,
     TensorArrayReadError,
     TensorArrayRegistry,
     TensorArrayShapeError,
@@ -140,8 +140,9 @@ def test_failed_grad_creation_leaves_the_array_growable():
     ta = TensorArray(torch.float32, 0, dynamic_size=True).write(0, torch.ones(2))
     squatter = TensorArray(torch.float32, 1, name=f"{ta.handle.name}@src")
     source = squatter.handle.name.removeprefix(f"{ta.handle.name}@")
-    with pytest.raises(TensorArrayError, match="already registered"):
+    with pytest.raises(TensorArrayNameError, match="already registered") as info:
         ta.grad(source)
+    assert isinstance(info.value, ValueError)
     assert ta.dynamic_size and ta.size() == 1
     ta = ta.write(3, torch.ones(2))
     assert ta.size() == 4
@@ -169,6 +170,18 @@ def test_grad_array_is_fixed_size_and_clear_after_read():
         g.read(0)
     with raises(TensorArrayWriteError, g, "index 0", "already read"):
         g.write(0, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("prepend", [None, (5,)])
+def test_error_grad_element_shape_is_named_as_inherited(prepend):
+    ta = TensorArray(torch.float32, 2, element_shape=(2, 3))
+    g = ta.grad("gradients", shape_to_prepend=prepend)
+    expected = (*(prepend or ()), 2, 3)
+    fragments = [str(expected), f"inherited from the forward array '{ta.handle.name}'"]
+    if prepend:
+        fragments.append("shape_to_prepend (5,)")
+    with raises(TensorArrayShapeError, g, "(9,)", *fragments):
+        g.write(0, torch.ones(9))
 
 
 def test_grad_inherits_element_shape_and_identical_flag_as_they_stand():
@@ -377,13 +390,23 @@ def test_closing_the_forward_array_closes_its_gradient_arrays():
             grad.read(0)
 
 
-def test_closing_a_gradient_array_frees_its_key():
+def test_a_closed_gradient_array_is_returned_again():
+    # TensorFlow keeps a closed array in its resource manager, so the (N, S) lookup finds the
+    # closed one and every op on it fails; a fresh zero accumulator would drop what was
+    # accumulated without a word.
     ta = forward("slab")
     g = ta.grad("gradients").write(0, torch.ones(2, 3))
     g.close()
-    fresh = ta.grad("gradients")
-    assert fresh.handle is not g.handle
-    assert torch.equal(fresh.read(0), torch.zeros(2, 3))
+    again = ta.grad("gradients")
+    assert again.handle is g.handle and again.handle.closed
+    with raises(TensorArrayClosedError, again, "read(index=0)", "closed"):
+        again.read(0)
+    with raises(TensorArrayClosedError, again, "closed"):
+        again.write(1, torch.ones(2, 3))
+    # Another source is another accumulator, open and empty.
+    other = ta.grad("gradients_1")
+    assert not other.handle.closed
+    assert torch.equal(other.read(0), torch.zeros(2, 3))
 
 
 def test_grad_slab_is_allocated_through_the_forward_allocator():
