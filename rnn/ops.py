@@ -61,6 +61,15 @@ def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{name}: expected a tensor on {device} (the input's), got {t.device}")
 
 
+def _check_ignored(name: str, t: object, rnn_mode: str) -> None:
+    """A cell state argument of a non-LSTM mode: ignored, but None or a tensor."""
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise TypeError(
+            f"{name}: expected None or a tensor (ignored for rnn_mode={rnn_mode!r}), got "
+            f"{type(t).__name__}"
+        )
+
+
 def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
     if sequence_lengths is None:
         return [T] * B
@@ -103,9 +112,15 @@ def _resolve_backend(backend: object, device: torch.device, dtype: torch.dtype):
     check_choice("backend", backend, BACKENDS)
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if backend == "auto":
-        backend = "triton" if device.type == "cuda" or interpret else "reference"
+        triton = device.type == "cuda" or (interpret and device.type == "cpu")
+        backend = "triton" if triton else "reference"
     if backend == "reference":
         return engine.ReferenceRecurrence()
+    if device.type == "meta":
+        raise ValueError(
+            "backend: 'triton' needs tensors with data, got tensors on the meta device (the "
+            "'reference' backend, which 'auto' picks there, runs on meta tensors)"
+        )
     if device.type != "cuda" and not interpret:
         raise ValueError(
             f"backend: 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got tensors on "
@@ -172,6 +187,8 @@ def _validate(
         H = input_c.shape[2]
         expect = (LD, B, H) if time_major else (B, LD, H)
         _check_shape("input_c", input_c, expect, "layer axis and batch of input_h")
+    else:
+        _check_ignored("input_c", input_c, rnn_mode)
     check_int("num_proj", num_proj, minimum=0)  # before the state checks that use it
     for name, state in (("input_h", input_h), ("input_c", input_c if rnn_mode == "lstm" else None)):
         if state is not None and state.shape[2] < 1:
@@ -397,9 +414,11 @@ def cudnn_rnn_backprop(
             _check_tensor(name, t, 3, dtype)
             _check_device(name, t, dev)
             _check_shape(name, t, tuple(input_c.shape), "input_c's shape")
+    else:
+        _check_ignored("output_c", output_c, cfg.rnn_mode)
+        _check_ignored("output_c_backprop", output_c_backprop, cfg.rnn_mode)
     layout = reserve_mod.reserve_layout(cfg, call.info, dtype)
-    reserve_mod.check(reserve_space, host_reserved, layout)
-    _check_device("reserve_space", reserve_space, dev)
+    reserve_space = reserve_mod.check(reserve_space, host_reserved, layout, dev)
     rec = _resolve_backend(backend, dev, dtype)
     return _backprop(
         call, rec, input, input_h, input_c, params, output, output_backprop,

@@ -123,7 +123,7 @@ def views(reserve: torch.Tensor, layout: ReserveLayout):
 
 def _header_mismatch(what: str, got: torch.Tensor, layout: ReserveLayout) -> ValueError:
     """The error for a header (``got``: 64 int8) that is not this configuration's."""
-    fields = got.view(torch.int64).tolist()
+    fields = got.contiguous().view(torch.int64).tolist()
     if fields[0] != MAGIC:  # < 2**63: stored as is
         return ValueError(f"{what}: expected a tritonrnn reserve header, got no valid header")
     return ValueError(
@@ -134,14 +134,30 @@ def _header_mismatch(what: str, got: torch.Tensor, layout: ReserveLayout) -> Val
     )
 
 
-def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None:
-    """Raises ValueError/TypeError unless reserve_space belongs to this configuration."""
+def check(
+    reserve: object, host_reserved: object, layout: ReserveLayout, device: torch.device
+) -> torch.Tensor:
+    """Raises ValueError/TypeError unless reserve_space belongs to this configuration.
+
+    Returns the reserve to read: ``reserve`` itself, or a contiguous copy when it is strided
+    or its payload is not 16-byte aligned (a reserve copied into a byte arena at an odd
+    offset): the payload is reinterpreted in place as the layout's dtype.
+    """
     if not isinstance(reserve, torch.Tensor):
         raise TypeError(f"reserve_space: expected a tensor, got {type(reserve).__name__}")
     if reserve.dtype != torch.uint8 or reserve.dim() != 1:
         raise TypeError(
             f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
             f"{reserve.dtype} of shape {list(reserve.shape)}"
+        )
+    if reserve.device != device:
+        raise ValueError(
+            f"reserve_space: expected a tensor on {device} (the input's), got {reserve.device}"
+        )
+    if reserve.is_meta:
+        raise ValueError(
+            "reserve_space: expected a tensor with data (its header is read), got a tensor on "
+            "the meta device"
         )
     if reserve.numel() == 0:
         raise ValueError(
@@ -151,7 +167,17 @@ def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None
     expected = _header(layout)
     host_ok = False
     if isinstance(host_reserved, torch.Tensor) and host_reserved.numel() == HEADER_BYTES:
-        got = host_reserved.cpu().view(torch.int8).reshape(-1)
+        if host_reserved.dtype.itemsize != 1:
+            raise TypeError(
+                f"host_reserved: expected the {HEADER_BYTES}-byte int8 tensor returned by "
+                f"cudnn_rnn, got dtype {host_reserved.dtype}"
+            )
+        if host_reserved.is_meta:
+            raise ValueError(
+                "host_reserved: expected a tensor with data (its header is read), got a "
+                "tensor on the meta device"
+            )
+        got = host_reserved.cpu().reshape(-1).view(torch.int8)
         if not torch.equal(got, expected):
             raise _header_mismatch("host_reserved", got, layout)
         host_ok = True
@@ -165,10 +191,13 @@ def check(reserve: object, host_reserved: object, layout: ReserveLayout) -> None
             f"reserve_space: expected {layout.nbytes} bytes for this configuration and "
             f"lengths, got {reserve.numel()} (it belongs to another configuration)"
         )
+    if not reserve.is_contiguous() or reserve.data_ptr() % 16:
+        reserve = reserve.clone(memory_format=torch.contiguous_format)
     if host_ok and reserve.device.type != "cpu":
         # The host copy matched and the size matches: reading the device header would cost a
         # device-to-host sync in every backward (and break CUDA graph capture).
-        return
+        return reserve
     got = reserve[:HEADER_BYTES].cpu().view(torch.int8)
     if not torch.equal(got, expected):
         raise _header_mismatch("reserve_space", got, layout)
+    return reserve

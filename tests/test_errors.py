@@ -146,6 +146,12 @@ BACKPROP_CASES = {
     "reserve_type": (11, "reserve", r"reserve_space: expected a tensor, got str"),
     "host_reserved": (12, torch.zeros(3, dtype=torch.int8),
                       r"host_reserved: expected the 64-byte tensor"),
+    "host_reserved_dtype": (12, torch.zeros(64), r"host_reserved: expected the 64-byte int8 "
+                            r"tensor.*got dtype torch.float32"),
+    "host_reserved_meta": (12, torch.zeros(64, dtype=torch.int8, device="meta"),
+                           r"host_reserved: expected a tensor with data.*meta"),
+    "reserve_meta": (11, torch.zeros(8, dtype=torch.uint8, device="meta"),
+                     r"reserve_space: expected a tensor on cpu.*got meta"),
 }
 
 
@@ -156,6 +162,74 @@ def test_backprop_errors(case):
     args[index] = value
     with pytest.raises((ValueError, TypeError), match=pattern):
         cudnn_rnn_backprop(*args, backend="reference")
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a tensor of stride 2."""
+    out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2]
+    return out.copy_(t)
+
+
+def _unaligned(t: torch.Tensor) -> torch.Tensor:
+    """t's values at byte offset 1 of a byte arena (contiguous, payload misaligned)."""
+    arena = torch.zeros(t.numel() + 1, dtype=torch.uint8)
+    return arena[1:].copy_(t)
+
+
+@pytest.mark.parametrize("layout", [_strided, _unaligned], ids=["strided", "unaligned"])
+def test_backprop_reads_a_strided_or_unaligned_reserve(layout):
+    # The reserve is opaque bytes: wherever the caller kept it, the backward reads it (a copy
+    # when it cannot be viewed as the payload dtype in place) and gives the same gradients.
+    args = _backprop_args()
+    want = cudnn_rnn_backprop(*args, backend="reference")
+    args[11] = layout(args[11])
+    args[12] = _strided(args[12])
+    got = cudnn_rnn_backprop(*args, backend="reference")
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+
+
+@pytest.mark.parametrize("layout", [_strided, _unaligned], ids=["strided", "unaligned"])
+def test_backprop_names_a_foreign_strided_reserve(layout):
+    args = _backprop_args()
+    reserve = args[11].clone()
+    reserve[16:24] = 7  # the fingerprint field (int64 at byte 16): 0x0707070707070707
+    args[11], args[12] = layout(reserve), None
+    with pytest.raises(ValueError, match=r"reserve_space: expected the header of a forward.*"
+                                         r"got fingerprint 506381209866536711"):
+        cudnn_rnn_backprop(*args, backend="reference")
+
+
+def test_ignored_cell_state_of_a_non_lstm_mode_is_none_or_a_tensor():
+    with pytest.raises(TypeError, match=r"input_c: expected None or a tensor \(ignored for "
+                                        r"rnn_mode='gru'\), got str"):
+        _call(mode="gru", input_c="nonsense")
+    assert _call(mode="gru", input_c=torch.zeros(1)).output.shape == (T, B, H)
+    a = _good("gru")
+    fwd = cudnn_rnn(a["input"], a["input_h"], None, a["params"], rnn_mode="gru",
+                    backend="reference")
+    args = [a["input"], a["input_h"], None, a["params"], None, fwd.output, fwd.output_h,
+            None, torch.ones_like(fwd.output), torch.ones_like(fwd.output_h), None,
+            fwd.reserve_space, fwd.host_reserved]
+    for index, name in ((7, "output_c"), (10, "output_c_backprop")):
+        bad = list(args)
+        bad[index] = 1.0
+        with pytest.raises(TypeError, match=rf"{name}: expected None or a tensor.*got float"):
+            cudnn_rnn_backprop(*bad, rnn_mode="gru", backend="reference")
+
+
+def test_meta_tensors_run_on_the_reference_backend_only(monkeypatch):
+    # Under the interpreter "auto" means Triton for CPU tensors; meta tensors have no data
+    # for Triton, so "auto" takes the reference path and an explicit "triton" is refused.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    meta = {k: v.to("meta") for k, v in _good().items()}
+    out = cudnn_rnn(meta["input"], meta["input_h"], meta["input_c"], meta["params"],
+                    backend="auto")
+    assert out.output.is_meta and out.output.shape == (T, B, H)
+    with pytest.raises(ValueError, match=r"backend: 'triton' needs tensors with data, got "
+                                         r"tensors on the meta device"):
+        cudnn_rnn(meta["input"], meta["input_h"], meta["input_c"], meta["params"],
+                  backend="triton")
 
 
 def test_backprop_reserve_of_other_mode_rejected():
