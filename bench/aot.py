@@ -138,10 +138,12 @@ def _raw_fn(kernel):
 
 def _names(kernel, fn, attr: str) -> tuple[str, ...]:
     """A kernel's do_not_specialize list as parameter names (JITFunction keeps indices or
-    names, InterpretedFunction its decorator keywords)."""
+    names, InterpretedFunction its decorator keywords: Triton <= 3.4 in its rewriter)."""
     value = getattr(kernel, attr, None)
     if value is None:
         value = getattr(kernel, "kwargs", {}).get(attr)
+    if value is None:
+        value = getattr(getattr(kernel, "rewriter", None), "kwargs", {}).get(attr)
     arg_names = list(inspect.signature(fn).parameters)
     return tuple(arg_names[v] if isinstance(v, int) else str(v) for v in (value or ()))
 
@@ -186,7 +188,13 @@ def recording(modules: tuple[str, ...] = KERNEL_MODULES):
     should launch these kernels meanwhile.
 
     The modules are imported before the environment changes, so a process that was not
-    interpreting keeps compiled-mode kernel objects."""
+    interpreting keeps compiled-mode kernel objects. Nothing runs in the interpreter: the
+    launchers' probe of it (`persistent_cta._interpreter_loops_to_tensors`, which only picks
+    HOST_STEPS, overridden for the GPU anyway) answers True instead of launching its kernel,
+    because Triton <= 3.5's interpreter leaves triton.language patched after a launch, and
+    every later compile in the process fails."""
+    from tritonrnn.kernels import persistent_cta
+
     mods = [importlib.import_module(m) for m in modules]
     sink: dict = {}
     swaps = []
@@ -194,13 +202,16 @@ def recording(modules: tuple[str, ...] = KERNEL_MODULES):
         for name, obj in list(vars(mod).items()):
             if _is_triton_kernel(obj):
                 swaps.append((mod, name, obj))
+    probe = persistent_cta._interpreter_loops_to_tensors
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         for mod, name, obj in swaps:
             setattr(mod, name, _Recorder(mod.__name__, name, obj, sink))
+        persistent_cta._interpreter_loops_to_tensors = lambda: True
         yield sink
     finally:
+        persistent_cta._interpreter_loops_to_tensors = probe
         for mod, name, obj in swaps:
             setattr(mod, name, obj)
         if old is None:
@@ -516,7 +527,10 @@ def _tool(name: str, arch: int = 90) -> str:
             with contextlib.suppress(ImportError):
                 from triton.backends.nvidia.compiler import get_ptxas
 
-                return get_ptxas(arch).path
+                try:
+                    return get_ptxas(arch).path
+                except TypeError:  # Triton <= 3.5: one ptxas for every architecture
+                    return get_ptxas().path
         return getattr(knobs.nvidia, name).path
     except (RuntimeError, AttributeError):
         raise ToolMissing(
