@@ -484,6 +484,12 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> Laye
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):
         return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8), num_dirs=num_dirs)
+    return _split_heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs)
+
+
+def _split_heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> LayerPlan:
+    """The heuristic among the families that split R over programs (vector tiles, the
+    persistent grid resident then streamed, stepwise): `_heuristic` past the CTA."""
     # A pair launch (both directions, one barrier each) first; else each direction alone.
     for dirs in sorted({num_dirs, 1}, reverse=True):
         vec = _vector_fit(cell, H, Hout, P, dtype, batch_bucket, props, dirs)
@@ -637,6 +643,36 @@ def recurrence_choice(
     if entry:
         return _apply(base, entry, *args, False, num_dirs), "tuned"
     return base, "heuristic"
+
+
+def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                   batch: int, props: DeviceProperties, num_dirs: int = 1) -> LayerPlan | None:
+    """The plan to run instead of `lp` when its compiled kernel needs more of the device than
+    the device has (Triton's OutOfResources at launch), or None when nothing smaller exists.
+
+    The on-chip estimates that the fit decisions rest on are calibrated on the sm_90 compiles
+    of the GPU machines' Triton (3.6); another compiler can take more. Triton 3.4's backward
+    of the persistent CTA did at LSTM H=128 B=16 bf16: 241920 B of shared memory against
+    196612 B on 3.6 and the H100's 232448 (`tritonrnn aot`). The candidates, the first whose
+    estimate is below `lp`'s: for the persistent CTA, the families that split R
+    (`_split_heuristic`); for a persistent grid with resident weights, the grid with the
+    weights streamed in chunks of _STREAM_K columns where it is co-resident; for all, stepwise
+    streamed at 16 x 16 tiles (a few KiB per program, which fits at any H). Every step needs
+    less on chip than the one before (a streamed chunk's multi-buffered tiles can take more
+    than a small resident slice: such a candidate is passed over), so the steps end."""
+    bucket = _bucket(batch)
+    if lp.family not in ("persistent_cta", "persistent_grid", "stepwise"):
+        return None
+    candidates = []
+    if lp.family == "persistent_cta":
+        candidates.append(_split_heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs))
+    if lp.family == "persistent_grid" and lp.block_k == 0:
+        candidates += [_grid_fit(cell, H, Hout, P, dtype, bucket, props, _STREAM_K, dirs)
+                       for dirs in sorted({num_dirs, 1}, reverse=True)]
+    candidates.append(
+        _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, bucket, 4, _STREAM_K, num_dirs))
+    return next((c for c in candidates
+                 if c is not None and c.onchip_bytes < lp.onchip_bytes), None)
 
 
 # ----------------------------------------------------------------------------- plans

@@ -7,17 +7,20 @@ LayerPlan (cached) and dispatches to the persistent-CTA, persistent-grid/stepwis
 to the reference recurrence for float64. A bidirectional layer's two directions share each
 launch (programs split between them: one launch for the persistent families, one per sub-step
 for stepwise), except where the pair's persistent grid would not be co-resident: then each
-direction gets its own persistent launch.
+direction gets its own persistent launch. A kernel that Triton refuses at launch for needing
+more of the device than it has is replaced by a smaller plan (`TritonRecurrence._run`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from . import reference
-from .planner import LayerPlan, device_properties, recurrence_choice
+from .planner import LayerPlan, _bucket, device_properties, recurrence_choice, smaller_choice
 
 
 def _dir(pair, d: int):
@@ -28,82 +31,139 @@ def _dir(pair, d: int):
 class TritonRecurrence:
     name = "triton"
 
-    def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1) -> LayerPlan:
+    def __init__(self) -> None:
+        # (pass, shape, plan) -> the plan run instead, once `plan`'s kernel was refused for
+        # needing more of the device than it has (`_run`). Process-wide, like Triton's own
+        # kernel cache: a refused compile is never launched again.
+        self._smaller: dict[tuple, LayerPlan] = {}
+
+    def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1,
+               phase: str = "forward") -> LayerPlan:
+        return self._choice(cell, R, Pw, batch, num_dirs, phase)[0]
+
+    def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
+        """(plan, source, shape): the planner's choice for this recurrence, or what replaced
+        it after a launch needed more than the device has; shape is `smaller_choice`'s."""
         H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
         Hout = R.shape[1]
         P = Pw.shape[0] if Pw is not None else 0
         props = device_properties(R.device)
-        return recurrence_choice(cell, H, Hout, P, R.dtype, batch, props, num_dirs)[0]
+        lp, source = recurrence_choice(cell, H, Hout, P, R.dtype, batch, props, num_dirs)
+        shape = (cell, H, Hout, P, R.dtype, batch, props, num_dirs)
+        while (key := _replaced_key(phase, shape, lp)) in self._smaller:
+            lp = self._smaller[key]
+        return lp, source, shape
+
+    def _run(self, phase: str, choice: tuple[LayerPlan, str, tuple],
+             launch: Callable[[LayerPlan], None]) -> None:
+        """Launches `choice`'s plan. A kernel that Triton refuses at launch for needing more
+        shared memory (or threads) than the device has (OutOfResources: the planner's
+        estimates are calibrated on one compiler, `planner.smaller_choice`) is replaced by
+        the next smaller plan, with a warning, and the replacement is kept for later calls of
+        the same pass and shape. Nothing ran before the refusal (it comes at the first
+        launch's load), so the outputs are written once, by the plan that ran. A plan forced
+        with plan_constraints is not replaced: the error names it."""
+        lp, source, shape = choice
+        cell, H, _, P, dtype, batch, _, _ = shape
+        while True:
+            try:
+                launch(lp)
+                return
+            except OutOfResources as err:
+                smaller = None if source == "constrained" else smaller_choice(lp, *shape)
+                what = (f"the {lp.family} {phase} kernel ({_tiles(lp)}) for {cell} H={H}"
+                        f"{f' P={P}' if P else ''} {dtype} B={batch}")
+                if smaller is None:
+                    err.add_note(f"tritonrnn: {what}" + (", forced by plan_constraints"
+                                 if source == "constrained" else ": no smaller plan is left"))
+                    raise
+                warnings.warn(f"tritonrnn: {what} needs more than this device has ({err}); "
+                              f"running {smaller.family} ({_tiles(smaller)}) instead",
+                              RuntimeWarning, stacklevel=4)
+                self._smaller[_replaced_key(phase, shape, lp)] = smaller
+                lp = smaller
 
     def forward(self, cell, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT) -> None:
-        lp = self.choose(cell, R, Pw, info.B)
         args = (cell, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT)
-        if lp.family == "reference":
-            reference.recurrence_forward(*args)
-        elif lp.family == "persistent_cta":
-            from tritonrnn.kernels.persistent_cta import cta_forward
 
-            cta_forward(*args, block_b=lp.block_b, num_warps=lp.num_warps)
-        else:
-            from tritonrnn.kernels.persistent_grid import grid_forward
+        def launch(lp: LayerPlan) -> None:
+            if lp.family == "reference":
+                reference.recurrence_forward(*args)
+            elif lp.family == "persistent_cta":
+                from tritonrnn.kernels.persistent_cta import cta_forward
 
-            _with_stepwise_fallback(grid_forward, args, lp)
+                cta_forward(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+            else:
+                from tritonrnn.kernels.persistent_grid import grid_forward
+
+                _with_stepwise_fallback(grid_forward, args, lp)
+
+        self._run("forward", self._choice(cell, R, Pw, info.B, 1, "forward"), launch)
 
     def backward(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                  reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
-        lp = self.choose(cell, R, Pw, info.B)
         args = (cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                 reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
-        if lp.family == "reference":
-            reference.recurrence_backward(*args)
-        elif lp.family == "persistent_cta":
-            from tritonrnn.kernels.persistent_cta import cta_backward
 
-            cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-        else:
-            from tritonrnn.kernels.persistent_grid import grid_backward
+        def launch(lp: LayerPlan) -> None:
+            if lp.family == "reference":
+                reference.recurrence_backward(*args)
+            elif lp.family == "persistent_cta":
+                from tritonrnn.kernels.persistent_cta import cta_backward
 
-            _with_stepwise_fallback(grid_backward, args, lp, backward=True)
+                cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
+            else:
+                from tritonrnn.kernels.persistent_grid import grid_backward
+
+                _with_stepwise_fallback(grid_backward, args, lp, backward=True)
+
+        self._run("backward", self._choice(cell, R, Pw, info.B, 1, "backward"), launch)
 
     def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
         """Both directions of a bidirectional layer; every tensor argument is a pair
         (direction 0, direction 1) with `forward`'s per-direction shapes, or None."""
-        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B, num_dirs=2)
-        if not self._shares_launch(lp):
-            for d in range(2):
-                self.forward(cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)), info, d == 1,
-                             *(_dir(t, d) for t in (y, c_seq, hT, cT)))
-            return
         args = (cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT)
-        if lp.family == "persistent_cta":
-            from tritonrnn.kernels.persistent_cta import cta_forward_pair
 
-            cta_forward_pair(*args, block_b=lp.block_b, num_warps=lp.num_warps)
-        else:
-            from tritonrnn.kernels.persistent_grid import grid_forward_pair
+        def launch(lp: LayerPlan) -> None:
+            if not self._shares_launch(lp):
+                for d in range(2):
+                    self.forward(cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)), info,
+                                 d == 1, *(_dir(t, d) for t in (y, c_seq, hT, cT)))
+            elif lp.family == "persistent_cta":
+                from tritonrnn.kernels.persistent_cta import cta_forward_pair
 
-            _with_stepwise_fallback(grid_forward_pair, args, lp)
+                cta_forward_pair(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+            else:
+                from tritonrnn.kernels.persistent_grid import grid_forward_pair
+
+                _with_stepwise_fallback(grid_forward_pair, args, lp)
+
+        self._run("forward", self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "forward"),
+                  launch)
 
     def backward_bidir(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                        info, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
         """Both directions' backward; pairs as in `forward_bidir`."""
-        lp = self.choose(cell, R[0], _dir(Pw, 0), info.B, num_dirs=2)
         ins = (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT)
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
-        if not self._shares_launch(lp):
-            for d in range(2):
-                self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
-                              *(_dir(t, d) for t in outs))
-            return
         args = (cell, *ins, info, *outs)
-        if lp.family == "persistent_cta":
-            from tritonrnn.kernels.persistent_cta import cta_backward_pair
 
-            cta_backward_pair(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-        else:
-            from tritonrnn.kernels.persistent_grid import grid_backward_pair
+        def launch(lp: LayerPlan) -> None:
+            if not self._shares_launch(lp):
+                for d in range(2):
+                    self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
+                                  *(_dir(t, d) for t in outs))
+            elif lp.family == "persistent_cta":
+                from tritonrnn.kernels.persistent_cta import cta_backward_pair
 
-            _with_stepwise_fallback(grid_backward_pair, args, lp, backward=True)
+                cta_backward_pair(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
+            else:
+                from tritonrnn.kernels.persistent_grid import grid_backward_pair
+
+                _with_stepwise_fallback(grid_backward_pair, args, lp, backward=True)
+
+        self._run("backward", self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward"),
+                  launch)
 
     @staticmethod
     def _shares_launch(lp: LayerPlan) -> bool:
@@ -112,6 +172,21 @@ class TritonRecurrence:
         programs are co-resident together, so a barrier never waits on a program that cannot
         start), never for the reference family."""
         return lp.family != "reference" and lp.num_dirs == 2
+
+
+def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
+    """TritonRecurrence._smaller's key: the pass, the shape as the planner keys it (the batch
+    by its power-of-two bucket) and the plan that was refused."""
+    cell, H, Hout, P, dtype, batch, props, num_dirs = shape
+    return phase, cell, H, Hout, P, dtype, _bucket(batch), props, num_dirs, lp
+
+
+def _tiles(lp: LayerPlan) -> str:
+    """A plan's tiles in a few words, for messages."""
+    if lp.family == "persistent_cta":
+        return f"block_b={lp.block_b}"
+    weights = f"streamed/{lp.block_k}" if lp.block_k else "resident"
+    return f"{lp.block_h} x {lp.block_b} tiles, weights {weights}"
 
 
 def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False) -> None:

@@ -1,0 +1,199 @@
+"""A kernel that Triton refuses at launch for needing more of the device than it has
+(OutOfResources) is replaced by a smaller plan (`rnn.planner.smaller_choice`,
+`rnn.triton_backend.TritonRecurrence._run`).
+
+The planner's on-chip estimates are calibrated on one compiler's sm_90 compiles (Triton 3.6);
+Triton 3.4's persistent-CTA backward at LSTM H=128 B=16 bf16 takes 241920 B of shared memory,
+over an H100's 232448. The interpreter has no such limit, so the CPU tests make the launchers
+refuse the way Triton does (its own exception, raised before anything runs); the GPU test
+gets a real refusal by planning for more shared memory than the GPU has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from helpers import compare_with_torch
+from triton.runtime.errors import OutOfResources
+
+from tritonrnn.kernels import persistent_cta as pc
+from tritonrnn.kernels import persistent_grid as pg
+from tritonrnn.rnn import planner
+from tritonrnn.rnn import triton_backend as tb
+from tritonrnn.rnn.planner import PRESETS, plan_constraints, recurrence_choice, smaller_choice
+
+H100 = PRESETS["h100"]
+FP32 = dict(dtype=torch.float32, rtol=2e-5, atol=2e-5)
+
+
+def _ladder(cell, H, P, dtype, batch, num_dirs):
+    lp, _ = recurrence_choice(cell, H, P or H, P, dtype, batch, H100, num_dirs)
+    steps = [lp]
+    while (nxt := smaller_choice(steps[-1], cell, H, P or H, P, dtype, batch, H100,
+                                 num_dirs)) is not None:
+        steps.append(nxt)
+        assert len(steps) <= 5, steps
+    return steps
+
+
+CTA, GRID, STEP = "persistent_cta", "persistent_grid", "stepwise"
+
+
+@pytest.mark.parametrize("shape, want", [
+    (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0), (GRID, 0)]),
+    (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0), (GRID, 0)]),
+    (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0), (GRID, 64)]),
+    (("lstm", 768, 0, torch.bfloat16, 1, 1), [(GRID, 0)]),  # vector tiles: R in registers
+    (("lstm", 768, 0, torch.bfloat16, 256, 1), [(GRID, 64), (STEP, 64)]),
+    (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0), (GRID, 64)]),
+    (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0), (GRID, 64)]),
+    (("rnn_tanh", 512, 0, torch.float32, 16, 1), [(GRID, 64)]),
+    (("gru", 4096, 0, torch.bfloat16, 16, 1), [(GRID, 64), (STEP, 64)]),
+], ids=["cta", "cta-pair", "grid", "vector", "streamed", "grid-pair", "proj", "fp32", "wide"])
+def test_each_smaller_plan_needs_less_on_chip(shape, want):
+    """The steps on an H100 (family, block_k): each needs less on chip by the planner's
+    estimate than the one before, keeps the pair launch of a bidirectional layer where it
+    fits, and never goes back to the CTA. A streamed chunk's tiles (30720 B at 16 x 16 for
+    LSTM) can take more than a small resident slice (LSTM H=128: 24576 B): no such step."""
+    steps = _ladder(*shape)
+    assert [(lp.family, lp.block_k) for lp in steps] == want, steps
+    for prev, nxt in zip(steps, steps[1:], strict=False):
+        assert nxt.onchip_bytes < prev.onchip_bytes, steps
+        if nxt.family == GRID:
+            assert nxt.num_programs <= H100.sm_count
+    assert {lp.num_dirs for lp in steps} == {shape[-1]}
+    floor = planner._grid(STEP, *shape[:2], shape[1], *shape[2:4], 16, 16, shape[4], 4,
+                          planner._STREAM_K, shape[5])
+    assert steps[-1].onchip_bytes <= floor.onchip_bytes  # nothing smaller was skipped
+
+
+def test_reference_and_unknown_families_have_nothing_smaller():
+    for lp in (planner.LayerPlan("reference"), planner.LayerPlan("persistent_cta",
+                                                                 onchip_bytes=0)):
+        assert smaller_choice(lp, "lstm", 8, 8, 0, torch.float32, 4, H100) is None
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """The process's Triton backend with no plans replaced yet (restored afterwards)."""
+    monkeypatch.setattr(tb._BACKEND, "_smaller", {})
+    return tb._BACKEND
+
+
+def _refuse(monkeypatch, module, name, calls):
+    """Makes module.name raise OutOfResources as Triton's launcher does (nothing run);
+    counts the calls in calls[name]."""
+    def launcher(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        raise OutOfResources(241920, 232448, "shared memory")
+    monkeypatch.setattr(module, name, launcher)
+
+
+def _count(monkeypatch, module, name, calls):
+    real = getattr(module, name)
+
+    def launcher(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, launcher)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one-dir", "pair"])
+def test_a_refused_cta_backward_runs_on_the_grid_and_stays_replaced(backend, monkeypatch,
+                                                                     bidirectional):
+    calls = {}
+    bwd = "cta_backward_pair" if bidirectional else "cta_backward"
+    _refuse(monkeypatch, pc, bwd, calls)
+    _count(monkeypatch, pc, "cta_forward_pair" if bidirectional else "cta_forward", calls)
+    _count(monkeypatch, pg, "grid_backward_pair" if bidirectional else "grid_backward", calls)
+    case = dict(L=1, bidirectional=bidirectional, lengths="varlen", I=4, H=17, T=5,
+                backend="triton", **FP32)
+    with pytest.warns(RuntimeWarning, match=r"the persistent_cta backward kernel \(block_b=16\) "
+                      r"for lstm H=17 torch.float32 B=\d+ needs more than this device has "
+                      r"\(out of resource: shared memory.*running persistent_grid"):
+        compare_with_torch("lstm", **case)
+    assert calls[bwd] == 1
+    # The replacement is kept: the next backward of the shape goes straight to the grid, with
+    # no warning; the forward still runs the persistent CTA.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compare_with_torch("lstm", seed=3, **case)
+    assert calls[bwd] == 1
+    assert calls["cta_forward_pair" if bidirectional else "cta_forward"] == 2
+    assert calls["grid_backward_pair" if bidirectional else "grid_backward"] == 2
+
+
+def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
+    """A resident persistent grid refused -> the grid with the weights streamed (block_k = 64),
+    which here runs (the refusing stand-in only refuses resident weights)."""
+    seen = []
+    real = pg.grid_forward
+
+    def launcher(*args, block_k, **kwargs):
+        seen.append(block_k)
+        if block_k == 0:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(*args, block_k=block_k, **kwargs)
+
+    monkeypatch.setattr(pg, "grid_forward", launcher)
+    with pytest.warns(RuntimeWarning, match=r"persistent_grid forward kernel \(16 x 16 tiles, "
+                      r"weights resident\).*running persistent_grid \(16 x 16 tiles, weights "
+                      r"streamed/64\)"):
+        compare_with_torch("gru", L=1, lengths="varlen", I=4, H=200, T=3, backend="triton",
+                           **FP32)
+    assert seen == [0, 64]
+
+
+def test_when_nothing_smaller_is_left_the_error_names_the_last_plan(backend, monkeypatch):
+    # LSTM H=17: the CTA -> the resident grid (16 x 16 tiles, 2 KiB of weights per program,
+    # less than any streamed layout) -> nothing smaller: Triton's error, with a note.
+    calls = {}
+    _refuse(monkeypatch, pc, "cta_backward", calls)
+    _refuse(monkeypatch, pg, "grid_backward", calls)
+    with (pytest.raises(OutOfResources) as info,
+          pytest.warns(RuntimeWarning, match="running persistent_grid")):
+        compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=17, T=5, backend="triton",
+                           **FP32)
+    assert info.value.__notes__ == [
+        "tritonrnn: the persistent_grid backward kernel (16 x 16 tiles, weights resident) for "
+        "lstm H=17 torch.float32 B=4: no smaller plan is left"]
+    assert calls == {"cta_backward": 1, "grid_backward": 1}
+
+
+def test_a_plan_forced_by_plan_constraints_is_not_replaced(backend, monkeypatch):
+    calls = {}
+    _refuse(monkeypatch, pc, "cta_backward", calls)
+    with (warnings.catch_warnings(), pytest.raises(OutOfResources) as info,
+          plan_constraints(family="persistent_cta")):
+        warnings.simplefilter("error")
+        compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=17, T=5, backend="triton",
+                           **FP32)
+    assert any("forced by plan_constraints" in n for n in info.value.__notes__)
+    assert calls == {"cta_backward": 1} and backend._smaller == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gpu_refused_launches_fall_back_to_a_plan_that_fits(backend, monkeypatch, mode):
+    """On a GPU, Triton's own refusal: the planner is told the device has 1 MiB of shared
+    memory per program, so it keeps R of H=256 on chip in one persistent CTA (4H x H bf16 =
+    512 KiB for LSTM, GRU's three gates 384 KiB: over any GPU's 227 KiB); the launches are
+    refused and smaller plans run. Their error against float64 (scaled by max(1, |ref|))
+    stays within 4 unit roundoffs of bf16, test_half_precision_on_gpu's floor."""
+    real = tb.device_properties(torch.device("cuda"))
+    big = dataclasses.replace(real, name=real.name + " (1 MiB planned)",
+                              smem_per_program=1 << 20)
+    monkeypatch.setattr(tb, "device_properties", lambda device=None: big)
+    monkeypatch.setattr(planner, "_cta_fits", lambda *args: True)
+    lp, _ = recurrence_choice(mode, 256, 256, 0, torch.bfloat16, 16, big)
+    assert lp.family == "persistent_cta" and lp.onchip_bytes > real.smem_per_program
+    with pytest.warns(RuntimeWarning, match=r"persistent_cta forward kernel"):
+        errs, _ = compare_with_torch(mode, L=1, lengths="varlen", I=32, H=256, T=16,
+                                     backend="triton", dtype=torch.bfloat16, device="cuda",
+                                     check=False)
+    assert max(errs.values()) <= 4 * 2.0**-8, errs
+    refused = {key[0] for key in backend._smaller if key[-1].family == "persistent_cta"}
+    assert refused == {"forward", "backward"}, backend._smaller
