@@ -80,7 +80,7 @@ def step_bounds(max_len: int, chunks: int) -> tuple[int, ...]:
 def stack_plans(cfg: RNNConfig, backend: str, batch: int, dtype: torch.dtype,
                 props: DeviceProperties) -> tuple[LayerPlan, ...]:
     """The recurrence plan of each layer as the backend named `backend` will run it: the
-    planner's choice for "triton" (the call TritonRecurrence.choose makes; every layer of a
+    planner's choice for "triton" (the call TritonRecurrence.plan_choice makes; every layer of a
     unidirectional stack has the same (H, Hout, P, B), hence the same plan), a "reference"
     plan for any other backend (torch ops: never pipelined by the rule)."""
     if backend == "triton":

@@ -37,19 +37,27 @@ class TritonRecurrence:
         # kernel cache: a refused compile is never launched again.
         self._smaller: dict[tuple, LayerPlan] = {}
 
+    def plan_choice(self, cell: str, R: torch.Tensor, Pw, batch: int,
+                    num_dirs: int = 1) -> tuple[LayerPlan, str]:
+        """(plan, source): the planner's choice for this recurrence (`recurrence_choice`;
+        source is heuristic, tuned or constrained). Tools that fix the plan override this."""
+        H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
+        P = Pw.shape[0] if Pw is not None else 0
+        return recurrence_choice(cell, H, R.shape[1], P, R.dtype, batch,
+                                 device_properties(R.device), num_dirs)
+
     def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1,
                phase: str = "forward") -> LayerPlan:
+        """The plan that runs `phase` of this recurrence: the planner's, or what replaced it
+        after a launch needed more than the device has (`_run`)."""
         return self._choice(cell, R, Pw, batch, num_dirs, phase)[0]
 
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
-        """(plan, source, shape): the planner's choice for this recurrence, or what replaced
-        it after a launch needed more than the device has; shape is `smaller_choice`'s."""
+        """(plan, source, shape) for `choose`; shape is `smaller_choice`'s arguments."""
+        lp, source = self.plan_choice(cell, R, Pw, batch, num_dirs)
         H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
-        Hout = R.shape[1]
         P = Pw.shape[0] if Pw is not None else 0
-        props = device_properties(R.device)
-        lp, source = recurrence_choice(cell, H, Hout, P, R.dtype, batch, props, num_dirs)
-        shape = (cell, H, Hout, P, R.dtype, batch, props, num_dirs)
+        shape = (cell, H, R.shape[1], P, R.dtype, batch, device_properties(R.device), num_dirs)
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
             lp = self._smaller[key]
         return lp, source, shape

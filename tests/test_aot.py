@@ -440,6 +440,7 @@ def test_compiled_persistent_grid_bf16(reports):
     assert fwd["profile"]["MMA_chain"] == 8 and bwd["profile"]["MMA_chain"] == 16
 
 
+@pytest.mark.compiler_specific
 def test_anchor_mma_chains():
     """The anchor (LSTM H=768 B=16, 16 x 16 tiles, 4 warps): the backward's gates in 4
     accumulators (K = 768 split in 4: chains of 12, not 4 * 12 = 48) and the forward
@@ -473,6 +474,7 @@ def test_compiled_stepwise_fp32(reports):
     assert "GATES" not in _kernels(r)[0]["interpreter_overrides"]  # streamed: per gate
 
 
+@pytest.mark.compiler_specific
 def test_hoisted_weights_leave_the_step_loop(reports, monkeypatch):
     """HOIST (`kernels.persistent_grid._hoist_weights`, the planner's LSTM H=256 B=16: 16 x 16
     tiles, 4 warps, 256 B of weights per thread): without the runtime branches around the
@@ -586,6 +588,7 @@ def wide_reports():
     return _compile_named(WIDE)
 
 
+@pytest.mark.compiler_specific
 @pytest.mark.parametrize("name", [name for name, _ in WIDE])
 def test_wide_tiles_keep_spills_out_of_the_step_loop(wide_reports, name):
     r = wide_reports[name]
@@ -613,6 +616,7 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(wide_reports, name):
 B256 = [("lstm512-b256", aot.AotShape("lstm", hidden=512, batch=256, dtype=torch.bfloat16))]
 
 
+@pytest.mark.compiler_specific
 def test_64_column_tiles_halve_their_chunks_and_do_not_spill():
     r = _compile_named(B256)["lstm512-b256"]
     lp = r["plan"]
@@ -706,10 +710,10 @@ def test_signature_matches_tritons_jit_specialisation():
     assert "checked 6" in res.stdout
 
 
-# Every kind of kernel the planner launches, as it plans them for an H100: the compile checks
-# that hold on every supported Triton (scripts/test_triton_floor.sh runs them with the oldest,
-# 3.4). What the compiles cost (instructions, spills) is the GPU machine's Triton's business:
-# the tests above, on 3.6.
+# Every kind of kernel the planner launches, as it plans them for an H100: they compile and
+# fit on every supported Triton (scripts/test_triton_floor.sh runs them with the oldest, 3.4).
+# What the compiles cost, shared memory against the planner's estimates included, is the
+# business of the GPU machines' Triton (3.6) and newer: the compiler_specific tests.
 KINDS = [  # (id, shape, family, block_k, MMA kind: fma for one-row tiles and exact fp32 dots)
     ("cta", aot.AotShape("lstm", hidden=64, batch=16), "persistent_cta", 0, "mma"),
     ("grid-gate-batched", aot.AotShape("lstm", hidden=768, batch=16), "persistent_grid", 0,
@@ -739,13 +743,23 @@ def test_the_planners_kernels_compile_for_sm90(kind_reports, name, family, block
     lp = r["plan"]
     assert (lp["family"], lp["block_k"]) == (family, block_k)
     for k in _kernels(r):
-        assert 0 < k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+        assert 0 < k["shared"] <= H100.smem_per_program
         assert 0 < k["regs"] <= 255 and k["fits_smem"] and k["fits_regs"]
         assert k["mma"] == mma
         if family == "persistent_grid":
             assert k["co_resident"] and k["programs"] == lp["num_programs"]
             assert k["interpreter_overrides"]["BARRIER"] == ["0", "1"]
             assert k["profile"]["ATOM"] >= 2  # the grid barrier is compiled in
+
+
+@pytest.mark.compiler_specific
+@pytest.mark.parametrize("name", [name for name, *_ in KINDS])
+def test_the_planners_estimates_hold_for_its_kernels(kind_reports, name):
+    """The planner's fit decisions rest on its on-chip estimate plus _SMEM_SLACK (Triton
+    3.4's persistent-CTA backward exceeds it: 88192 B against 74752 + 7168 at LSTM H=64)."""
+    lp = kind_reports[name]["plan"]
+    for k in _kernels(kind_reports[name]):
+        assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
 # Large batch: the planner streams the weights (64 x 32 tiles, chunks of 64 columns). The
