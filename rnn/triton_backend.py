@@ -41,10 +41,7 @@ class TritonRecurrence:
                     num_dirs: int = 1) -> tuple[LayerPlan, str]:
         """(plan, source): the planner's choice for this recurrence (`recurrence_choice`;
         source is heuristic, tuned or constrained). Tools that fix the plan override this."""
-        H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
-        P = Pw.shape[0] if Pw is not None else 0
-        return recurrence_choice(cell, H, R.shape[1], P, R.dtype, batch,
-                                 device_properties(R.device), num_dirs)
+        return recurrence_choice(*_shape(cell, R, Pw, batch, num_dirs))
 
     def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1,
                phase: str = "forward") -> LayerPlan:
@@ -53,11 +50,9 @@ class TritonRecurrence:
         return self._choice(cell, R, Pw, batch, num_dirs, phase)[0]
 
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
-        """(plan, source, shape) for `choose`; shape is `smaller_choice`'s arguments."""
+        """(plan, source, shape) for `choose` and `_run`."""
         lp, source = self.plan_choice(cell, R, Pw, batch, num_dirs)
-        H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
-        P = Pw.shape[0] if Pw is not None else 0
-        shape = (cell, H, R.shape[1], P, R.dtype, batch, device_properties(R.device), num_dirs)
+        shape = _shape(cell, R, Pw, batch, num_dirs)
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
             lp = self._smaller[key]
         return lp, source, shape
@@ -180,6 +175,14 @@ class TritonRecurrence:
         programs are co-resident together, so a barrier never waits on a program that cannot
         start), never for the reference family."""
         return lp.family != "reference" and lp.num_dirs == 2
+
+
+def _shape(cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int) -> tuple:
+    """A recurrence as the planner takes it (`recurrence_choice`'s and `smaller_choice`'s
+    arguments): (cell, H, Hout, P, dtype, batch, device properties, num_dirs)."""
+    H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
+    P = Pw.shape[0] if Pw is not None else 0
+    return cell, H, R.shape[1], P, R.dtype, batch, device_properties(R.device), num_dirs
 
 
 def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
