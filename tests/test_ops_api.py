@@ -146,6 +146,64 @@ def test_backprop_op_equals_autograd(mode):
     assert bp.input_backprop.shape == x.shape and bp.params_backprop.shape == p.shape
 
 
+def _strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a non-contiguous view (every other element of a buffer twice as long)."""
+    out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)
+    out.copy_(t)
+    assert not out.is_contiguous()
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("mode, case", [
+    ("lstm", "batch_major"), ("gru", "batch_major"),
+    ("lstm", "all_lengths_0"), ("rnn_tanh", "all_lengths_0"),
+    ("lstm", "strided_params"), ("rnn_relu", "strided_params"),
+])
+def test_explicit_backprop_against_the_float64_oracle(mode, case, backend):
+    """cudnn_rnn_backprop called TF style, from the reserve alone, against torch.nn in
+    float64, in the cases the spec states and the autograd tests do not reach: batch-major
+    tensors (the states really batch-major, [B, L*D, Hout]), every length 0 (every state
+    passes through, every output and input gradient 0) and params as a strided view.
+    backend="triton" runs the kernels (the interpreter on the CPU) in float32."""
+    T, lens_list = 4, [0, 0, 0] if case == "all_lengths_0" else [3, 4, 1]
+    time_major = case != "batch_major"
+    module, x, h0, c0, lens = make_case(mode, 3, 5, 2, True, 0, T, lens_list, time_major)
+    params = params_from_module(module)
+    g = torch.Generator().manual_seed(7)
+    dy = torch.randn(*x.shape[:2], 2 * 5, generator=g, dtype=F64)
+    dh = torch.randn(h0.shape, generator=g, dtype=F64)
+    dc = torch.randn(c0.shape, generator=g, dtype=F64) if c0 is not None else None
+    want = torch_oracle(module, x, h0, c0, lens, time_major, (dy, dh, dc))
+    dt, tol = (torch.float32, 2e-5) if backend == "triton" else (F64, 1e-10)
+    cast = lambda t: None if t is None else t.to(dt)  # noqa: E731
+    p = _strided_copy(cast(params)) if case == "strided_params" else cast(params)
+    kw = dict(rnn_mode=mode, direction="bidirectional", time_major=time_major,
+              backend=backend)
+    fwd = cudnn_rnn(cast(x), cast(h0), cast(c0), p, lens, **kw)
+    bp = cudnn_rnn_backprop(cast(x), cast(h0), cast(c0), p, lens, fwd.output, fwd.output_h,
+                            fwd.output_c, cast(dy), cast(dh), cast(dc), fwd.reserve_space,
+                            fwd.host_reserved, **kw)
+    close = lambda got, exp: torch.testing.assert_close(  # noqa: E731
+        got.double(), exp, rtol=tol, atol=tol)
+    close(fwd.output, want["output"])
+    close(fwd.output_h, want["output_h"])
+    close(bp.input_backprop, want["dx"])
+    close(bp.input_h_backprop, want["dh0"])
+    close(bp.params_backprop, params_from_module(module, tensors=want["dparams"]))
+    if mode == "lstm":
+        close(fwd.output_c, want["output_c"])
+        close(bp.input_c_backprop, want["dc0"])
+    else:
+        assert fwd.output_c.numel() == 0 and bp.input_c_backprop.numel() == 0
+    if case == "all_lengths_0":
+        assert torch.equal(fwd.output, torch.zeros_like(fwd.output))
+        assert torch.equal(bp.input_backprop, torch.zeros_like(bp.input_backprop))
+        assert torch.equal(fwd.output_h, cast(h0)) and torch.equal(bp.input_h_backprop,
+                                                                  cast(dh))
+    assert bp.params_backprop.shape == p.shape
+
+
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_reserve_size_within_budget(mode):
     """Reserve bytes = header + N*D*(L*H [lstm] + (L-1)*H) elements; N = sum(lengths)."""
