@@ -40,6 +40,14 @@ def partial_path() -> Path:
     return tuning_cache_path().with_name("tuning.partial.json")
 
 
+def _partial_key(key: str) -> str:
+    """A plan key's record in the partial file: its unfinished measurements are resumed only
+    by the Triton release that took them (as the cache's entries, `planner.tuning_entry`)."""
+    import triton
+
+    return f"{key}|triton {triton.__version__}"
+
+
 def _read_partial(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -96,17 +104,18 @@ def tune_key(
     out of resources, wrong numbers), while KeyboardInterrupt stops the run with every
     finished measurement kept. Returns a summary dict with status 'cached' | 'tuned' |
     'failed'."""
-    from tritonrnn.rnn.planner import load_tuning_cache, store_tuning_entry
+    from tritonrnn.rnn.planner import store_tuning_entry, tuning_entry
 
     tick = tick or (lambda _msg: None)
-    cached = load_tuning_cache().get(key)
+    cached = tuning_entry(key)
     if cached and not force:
         for _ in choices:
             tick(f"{key}: cached")
         return {"key": key, "status": "cached", "best": cached}
     path = partial_path()
     partial = _read_partial(path)
-    done: dict = dict(partial.get(key, {})) if not force else {}
+    pkey = _partial_key(key)
+    done: dict = dict(partial.get(pkey, {})) if not force else {}
     for choice in choices:
         cid = choice_id(choice)
         if cid in done:
@@ -122,7 +131,7 @@ def tune_key(
             done[cid] = ({"ms": None, "screened_ms": got.ms} if isinstance(got, Screened)
                          else {"ms": float(got)})
         partial = _read_partial(path)
-        partial[key] = done
+        partial[pkey] = done
         _write_partial(path, partial)
     timed = _full_times(done)
     summary = {"key": key, "candidates": len(choices), "measured": done}
@@ -133,7 +142,7 @@ def tune_key(
     best = json.loads(best_id)
     store_tuning_entry(key, best, timed[best_id], device_name)
     partial = _read_partial(path)
-    partial.pop(key, None)
+    partial.pop(pkey, None)
     _write_partial(path, partial)
     summary.update(status="tuned", best={**best, "ms": timed[best_id]})
     return summary
@@ -222,9 +231,9 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
 
 
 def _cached_keys() -> set[str]:
-    from tritonrnn.rnn.planner import load_tuning_cache
+    from tritonrnn.rnn.planner import load_tuning_cache, tuning_entry
 
-    return set(load_tuning_cache())
+    return {key for key in load_tuning_cache() if tuning_entry(key)}
 
 
 def format_tune(summaries: list[dict], cache: Path) -> str:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import triton
 
 from .config import make_config
 
@@ -193,13 +194,25 @@ def _load_cache(path: str, _mtime: int) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
+def tuning_entry(key: str) -> dict | None:
+    """The tuning cache's entry for a plan key when the running Triton timed it, else None.
+
+    A timing belongs to the compiler that built the kernels (another release compiles the
+    same choice to other code: Triton 3.4's persistent-CTA backward takes a third more shared
+    memory than 3.6's), so the planner ignores an entry from another release (or one that
+    names none) and `tritonrnn tune` times its key again."""
+    entry = load_tuning_cache().get(key)
+    return entry if entry and entry.get("triton") == triton.__version__ else None
+
+
 def store_tuning_entry(key: str, choice: dict, ms: float, device: str) -> None:
-    """Records the best choice for a plan key (atomic replace of the JSON file)."""
+    """Records the best choice for a plan key with the Triton release that timed it (atomic
+    replace of the JSON file; an entry for the key from another release is replaced)."""
     path = tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = dict(load_tuning_cache())
     entries[key] = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
-                    "ms": float(ms), "device": device}
+                    "ms": float(ms), "device": device, "triton": triton.__version__}
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
@@ -639,7 +652,7 @@ def recurrence_choice(
     args = (cell, H, Hout, P, dtype, bucket, props)
     if forced:
         return _apply(base, forced, *args, True, num_dirs), "constrained"
-    entry = load_tuning_cache().get(key)
+    entry = tuning_entry(key)
     if entry:
         return _apply(base, entry, *args, False, num_dirs), "tuned"
     return base, "heuristic"
@@ -902,7 +915,8 @@ def plan_for(
     constraints = _constraints.get()
     cache = load_tuning_cache()
     automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
-    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache), automatic)
+    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache), automatic,
+                        triton.__version__)
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -926,7 +940,9 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id,
-                 automatic: bool) -> Plan:
+                 automatic: bool, _triton: str) -> Plan:
+    """plan_for's Plan, cached by everything it depends on: the tuning cache's contents
+    (_cache_id) and the Triton release whose entries count (_triton) among them."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(

@@ -259,7 +259,7 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
     with pytest.raises(_Stop):
         tune.tune_key("k", choices, lambda c, b: measure(c, b, stop_after=2), "dev")
     assert calls == [1, 2, 4]
-    partial = json.loads(tune.partial_path().read_text())["k"]
+    partial = json.loads(tune.partial_path().read_text())[tune._partial_key("k")]
     assert len(partial) == 2  # the two finished measurements survived the interrupt
     assert "k" not in load_tuning_cache()
 
@@ -272,13 +272,43 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
     assert failed["ms"] is None and "out of resources" in failed["error"]
     entry = load_tuning_cache()["k"]
     assert entry["num_warps"] == 2 and entry["ms"] == 1.5 and entry["device"] == "dev"
-    assert "k" not in json.loads(tune.partial_path().read_text())
+    assert tune._partial_key("k") not in json.loads(tune.partial_path().read_text())
 
     calls.clear()
     assert tune.tune_key("k", choices, measure, "dev")["status"] == "cached"
     assert calls == []
     tune.tune_key("k", choices, measure, "dev", force=True)
     assert calls == [1, 2, 4, 8]
+
+
+def test_tune_key_times_again_what_another_triton_timed(tmp_path, monkeypatch):
+    """A cache entry and unfinished measurements from another Triton release are not this
+    release's timings: the key is timed again, and its new entry names the running release."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    import triton
+
+    from tritonrnn.rnn.planner import load_tuning_cache, store_tuning_entry, tuning_entry
+
+    choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8)]
+    calls = []
+
+    def measure(choice, bound):
+        calls.append(choice["num_warps"])
+        return {4: 2.0, 8: 1.0}[choice["num_warps"]]
+
+    monkeypatch.setattr(triton, "__version__", "3.4.0")
+    store_tuning_entry("k4", choices[0], 9.0, "dev")
+    tune._write_partial(tune.partial_path(), {tune._partial_key("k5"): {
+        tune.choice_id(choices[0]): {"ms": 9.0}}})
+    assert tuning_entry("k4")["triton"] == "3.4.0"
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert tuning_entry("k4") is None and load_tuning_cache()["k4"]["ms"] == 9.0
+    summary = tune.tune_key("k4", choices, measure, "dev")
+    assert summary["status"] == "tuned" and calls == [4, 8]
+    assert tuning_entry("k4") == {**choices[1], "ms": 1.0, "device": "dev", "triton": "3.6.0"}
+    calls.clear()
+    tune.tune_key("k5", choices, measure, "dev")  # 3.4's partial record is not resumed
+    assert calls == [4, 8]
 
 
 def test_tune_key_screens_out_slow_choices(tmp_path, monkeypatch):

@@ -361,6 +361,20 @@ def test_tuning_cache_overrides_heuristic():
     assert (tuned.layer(0).family, tuned.layer(0).block_h) == ("stepwise", 32)
 
 
+def test_tuning_entries_of_another_triton_are_ignored(monkeypatch):
+    import triton
+
+    base = _plan(H=192)
+    choice = {"family": "stepwise", "block_b": 16, "block_h": 32, "num_warps": 8}
+    monkeypatch.setattr(triton, "__version__", "3.4.0")
+    store_tuning_entry(base.key, choice, 1.25, "h100")
+    assert load_tuning_cache()[base.key]["triton"] == "3.4.0"
+    assert _plan(H=192).source == "tuned"
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    other = _plan(H=192)
+    assert other.source == "heuristic" and other.layer(0) == base.layer(0)
+
+
 def test_candidates_run_on_the_device():
     p = _plan(H=256, B=16)
     cands = candidates(p)
