@@ -126,6 +126,25 @@ def test_a_refused_cta_backward_runs_on_the_grid_and_stays_replaced(backend, mon
     assert calls["grid_backward_pair" if bidirectional else "grid_backward"] == 2
 
 
+@pytest.mark.parametrize("mode, proj", [("lstm", 0), ("lstm", 5), ("gru", 0), ("rnn_tanh", 0),
+                                        ("rnn_relu", 0)])
+def test_every_cell_runs_on_the_grid_when_the_cta_is_refused(backend, monkeypatch, mode, proj):
+    """Every persistent-CTA launcher refuses (forward and backward, one direction and pair):
+    two bidirectional layers of each cell (LSTM also with a projection) run on the grid and
+    match the oracle; one warning per pass (both layers share the shape's replacement)."""
+    calls = {}
+    for name in ("cta_forward", "cta_backward", "cta_forward_pair", "cta_backward_pair"):
+        _refuse(monkeypatch, pc, name, calls)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compare_with_torch(mode, L=2, bidirectional=True, lengths="zero", proj=proj, I=3,
+                           H=17, T=4, backend="triton", **FP32)
+    refused = [str(w.message) for w in seen if "needs more than this device has" in str(w.message)]
+    assert len(refused) == 2 and calls == {"cta_forward_pair": 1, "cta_backward_pair": 1}, (
+        refused, calls)
+    assert {k[0] for k in backend._smaller} == {"forward", "backward"}
+
+
 def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
     """A resident persistent grid refused -> the grid with the weights streamed (block_k = 64),
     which here runs (the refusing stand-in only refuses resident weights)."""
