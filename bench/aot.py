@@ -279,7 +279,7 @@ def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
     class Planned(TritonRecurrence):
         """The Triton backend with the recurrence choice fixed to `layer_plan`."""
 
-        def plan_choice(self, cell, R, Pw, batch, num_dirs=1):
+        def plan_choice(self, shape):
             return layer_plan, "constrained"  # never replaced by a smaller plan
 
     cfg = make_config(rnn_mode=shape.mode, num_layers=1, num_units=shape.hidden,

@@ -37,11 +37,11 @@ class TritonRecurrence:
         # kernel cache: a refused compile is never launched again.
         self._smaller: dict[tuple, LayerPlan] = {}
 
-    def plan_choice(self, cell: str, R: torch.Tensor, Pw, batch: int,
-                    num_dirs: int = 1) -> tuple[LayerPlan, str]:
-        """(plan, source): the planner's choice for this recurrence (`recurrence_choice`;
-        source is heuristic, tuned or constrained). Tools that fix the plan override this."""
-        return recurrence_choice(*_shape(cell, R, Pw, batch, num_dirs))
+    def plan_choice(self, shape: tuple) -> tuple[LayerPlan, str]:
+        """(plan, source): the planner's choice for a recurrence given as `_shape` makes it
+        (`recurrence_choice`; source is heuristic, tuned or constrained). Tools that fix the
+        plan override this."""
+        return recurrence_choice(*shape)
 
     def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1,
                phase: str = "forward") -> LayerPlan:
@@ -51,8 +51,8 @@ class TritonRecurrence:
 
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
         """(plan, source, shape) for `choose` and `_run`."""
-        lp, source = self.plan_choice(cell, R, Pw, batch, num_dirs)
         shape = _shape(cell, R, Pw, batch, num_dirs)
+        lp, source = self.plan_choice(shape)
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
             lp = self._smaller[key]
         return lp, source, shape
