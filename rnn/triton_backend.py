@@ -43,14 +43,9 @@ class TritonRecurrence:
         plan override this."""
         return recurrence_choice(*shape)
 
-    def choose(self, cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int = 1,
-               phase: str = "forward") -> LayerPlan:
-        """The plan that runs `phase` of this recurrence: the planner's, or what replaced it
-        after a launch needed more than the device has (`_run`)."""
-        return self._choice(cell, R, Pw, batch, num_dirs, phase)[0]
-
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
-        """(plan, source, shape) for `choose` and `_run`."""
+        """(plan, source, shape) for `_run`: the plan that runs `phase` of this recurrence is
+        the planner's, or what replaced it after a launch needed more than the device has."""
         shape = _shape(cell, R, Pw, batch, num_dirs)
         lp, source = self.plan_choice(shape)
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
