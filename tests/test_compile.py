@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from tritonrnn.rnn import library
 from tritonrnn.rnn.modules import GRU, LSTM, RNN
@@ -21,10 +22,17 @@ TOL = dict(rtol=1e-12, atol=1e-12)
 V, I, H, C = 11, 5, 6, 3
 
 
+# With lengths, in training, the reserve space's byte count is data (library.py's fake gives
+# it an unbacked size). torch 2.10 and newer let fullgraph=True trace such an op by
+# themselves; torch 2.8 and 2.9 (pyproject admits 2.8) need this flag, as the README says.
+FULLGRAPH_NEEDS_FLAG = TorchVersion(torch.__version__) < "2.10"
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
-    yield
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=FULLGRAPH_NEEDS_FLAG):
+        yield
     torch._dynamo.reset()
 
 
@@ -90,6 +98,32 @@ def test_fullgraph_inductor_training_steps_match_eager():
     for (n, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
         # Adam normalizes by sqrt(v): 1e-12 gradient differences stay ~1e-12 relative.
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_varlen_training_without_the_flag():
+    """The README's statement, on the torch that runs this: without the flag, fullgraph=True
+    traces varlen training from torch 2.10 on and names the flag before it; a compile without
+    fullgraph breaks the graph at the op (every torch) and matches eager."""
+    torch.manual_seed(0)
+    model = Classifier("lstm")
+    tokens, lengths = _batch()
+    want_loss, want = _loss_and_grads(model, model, tokens, lengths)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        strict = torch.compile(model, backend="aot_eager", fullgraph=True)
+        if FULLGRAPH_NEEDS_FLAG:
+            with pytest.raises(Exception, match="capture_dynamic_output_shape_ops"):
+                _loss_and_grads(model, strict, tokens, lengths)
+        else:
+            got_loss, _ = _loss_and_grads(model, strict, tokens, lengths)
+            torch.testing.assert_close(got_loss, want_loss, **TOL)
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        loose = torch.compile(model, backend=counter)
+        got_loss, got = _loss_and_grads(model, loose, tokens, lengths)
+    torch.testing.assert_close(got_loss, want_loss, **TOL)
+    for name, g in want.items():
+        torch.testing.assert_close(got[name], g, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+    assert counter.frame_count > 1, counter.frame_count  # the graphs before and after the op
 
 
 def test_dynamic_shapes_do_not_recompile():
