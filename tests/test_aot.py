@@ -711,7 +711,7 @@ def test_signature_matches_tritons_jit_specialisation():
 
 
 # Every kind of kernel the planner launches, as it plans them for an H100: they compile and
-# fit on every supported Triton (scripts/test_triton_floor.sh runs them with the oldest, 3.4).
+# fit on every supported Triton (scripts/test_floor.sh runs them with the oldest, 3.4).
 # What the compiles cost, shared memory against the planner's estimates included, is the
 # business of the GPU machines' Triton (3.6) and newer: the compiler_specific tests.
 KINDS = [  # (id, shape, family, block_k, MMA kind: fma for one-row tiles and exact fp32 dots)
