@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_options import FP_FUSION
+
 
 @triton.jit
 def splitmix64(x):
@@ -77,6 +79,6 @@ def dropout_apply(x: torch.Tensor, out: torch.Tensor, padded_index: torch.Tensor
     grid = (triton.cdiv(N, block_r), triton.cdiv(C, block_c))
     _dropout_kernel[grid](
         x, out, padded_index, N, C, x.stride(0), out.stride(0), _signed(key), threshold, scale,
-        BLOCK_R=block_r, BLOCK_C=block_c,
+        BLOCK_R=block_r, BLOCK_C=block_c, **FP_FUSION,
     )
     return out

@@ -73,6 +73,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .compile_options import FP_FUSION
+
 # Polls before a barrier gives up. One poll is an L2 round trip (~0.5-1 us under contention),
 # so this is several seconds: far above any legitimate wait (microseconds per step, or the
 # duration of another kernel still holding some SMs), far below "hung forever".
@@ -152,7 +154,8 @@ def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
     if programs > sms:
         raise ValueError(f"{programs} programs cannot all be resident on {sms} SMs")
     sync = torch.zeros(2, dtype=torch.int32, device=device)
-    _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps)
+    _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps,
+                                       **FP_FUSION)
     return sync
 
 

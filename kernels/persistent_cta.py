@@ -43,6 +43,7 @@ import triton.language as tl
 from tritonrnn.rnn.packing import PackInfo
 
 from . import cells
+from .compile_options import FP_FUSION
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, *_HALF)
@@ -646,7 +647,7 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
         CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
         REVERSE=bool(reverse), NUM_DIRS=num_dirs, UPCAST=upcast, IEEE=ieee,
         BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        HOST_STEPS=_host_steps(info), num_warps=num_warps,
+        HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
     )
 
 
@@ -755,7 +756,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
         H, Hout,
         CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), NUM_DIRS=num_dirs,
         UPCAST=upcast, IEEE=ieee, BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        HOST_STEPS=_host_steps(info), num_warps=num_warps,
+        HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
     )
 
 

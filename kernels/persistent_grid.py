@@ -160,6 +160,7 @@ import triton.language as tl
 
 from ..rnn.packing import PackInfo
 from . import cells
+from .compile_options import FP_FUSION
 from .grid_barrier import (
     DEFAULT_MAX_SPIN,
     ERR_POLL_MASK,
@@ -2290,7 +2291,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
-                XDT=_DOT_DTYPES[dtype], num_warps=num_warps,
+                XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1 or tagged:
@@ -2474,7 +2475,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
-                VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
+                VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:

@@ -149,6 +149,28 @@ def test_recorder_refuses_a_host_call_of_a_device_function():
         pg._mm(None, None, True)
 
 
+@pytest.mark.parametrize("constraints", [
+    dict(family="persistent_cta"), dict(family="persistent_grid", block_k=0),
+    dict(family="persistent_grid", block_k=32), dict(family="stepwise"),
+], ids=["cta", "grid-resident", "grid-streamed", "stepwise"])
+def test_every_launch_pins_fp_fusion(constraints):
+    """Triton 3.10 turns FMA contraction off by default (3.9 warns at the first compile);
+    every launch asks for it (kernels/compile_options.py), so the kernels' numerics and speed
+    do not change with the release. The recurrences of each family and the dropout kernel."""
+    from tritonrnn.kernels import dropout
+
+    shape = aot.AotShape("lstm", hidden=64, batch=16, proj=32, bidirectional=True)
+    lp, launches = _capture(shape, **constraints)
+    assert set(launches) == {"forward", "backward"}
+    with aot.recording(("tritonrnn.kernels.dropout",)) as sink:
+        x = torch.zeros(4, 8)
+        dropout.dropout_apply(x, x, torch.arange(4), 0.5, 7)
+    assert len(sink) == 1
+    for launch in [*launches.values(), *sink.values()]:
+        assert launch.kwargs.get("enable_fp_fusion") is True, launch.name
+        assert aot.build_signature(launch).options["enable_fp_fusion"] is True
+
+
 def test_capture_pair_launch_and_projection():
     shape = aot.AotShape("lstm", hidden=32, batch=5, proj=16, dtype=torch.float16,
                          bidirectional=True)
