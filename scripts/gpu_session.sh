@@ -39,6 +39,10 @@
 #                                         in 256 + 256 chunks against one 512 chunk
 #                                         (nowidecap: 17 local loads per LSTM backward step)
 #                                         and streamed weights (bk64)
+#   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
+#                                         whose wider tiles spill in the step loop (LSTM
+#                                         H=1024 B=1024, 128 x 64: ~490 local loads per
+#                                         backward step), against the stepwise family
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)
@@ -123,6 +127,8 @@ case "${1:-tests}" in
   spills)
     ablate 360 spills
     ablate 200 spills-b256 ;;
+  huge)
+    ablate 560 huge ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -150,6 +156,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|profile|all" >&2
      exit 2 ;;
 esac

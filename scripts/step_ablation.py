@@ -56,6 +56,10 @@ Variants (comma-joined in one process):
               warps through shared memory)
     bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
               batch tiles of 64, hidden slices of 16) for the step and the layer times
+    stepwise  the stepwise family (one launch per step, any number of programs) on the
+              32 x 64 tiles streamed in 64-column chunks, which the B = 256 plans use
+              without spills, instead of the persistent grid; the step time is then one
+              step's launch
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -108,6 +112,12 @@ SETS = {
     # (`_max_chunk`, the default since 2026-11-25) it does not, nor do weights streamed in
     # 64-column chunks (bk64, wgmma loops).
     "spills-b256": ("lstm,512,256;gru,512,256", "layer;nowidecap,layer;bk64,layer"),
+    # Past B = 256 the co-resident grid needs wider tiles than 32 x 64, and their sm_90
+    # compiles spill in the step loop (Triton 3.6, streamed, 8 warps; local loads / stores
+    # per step, forward and backward): 64 x 64 (LSTM H=1024 B=512, H=1536 B=256) 5-20 / 0
+    # and none; 128 x 64 (LSTM H=768 and 1024 at B=1024) about 190-245 / 100-155 and 490 /
+    # 390. The planner's plan against the stepwise family on 32 x 64 tiles.
+    "huge": ("lstm,1024,512;lstm,768,1024;lstm,1024,1024", "layer;stepwise,layer"),
 }
 
 
@@ -223,12 +233,14 @@ def swaps() -> dict:
 # Parts that are plan constraints (tritonrnn.rnn.plan_constraints, persistent grid), applied
 # where the planner is asked: the timed step's plan and the layer's ops.
 _CONSTRAINTS = {"bk64": {"block_k": 64}, "bk128": {"block_k": 128}, "bb64": {"block_b": 64},
-                "bh16": {"block_h": 16}}
+                "bh16": {"block_h": 16},
+                "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
 
 
 def constraints(variant: str) -> dict:
-    """The plan constraints a variant's parts ask for ({} for none)."""
+    """The plan constraints a variant's parts ask for ({} for none; the persistent grid
+    unless a part names another family)."""
     out = {}
     for part in variant.split(","):
         out.update(_CONSTRAINTS.get(part, {}))
@@ -293,7 +305,8 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
         else:
             kw = _recurrence_inputs(mode, H, B, T, torch.bfloat16, dev)
             fn = lambda kw=kw, lp=lp: grid_forward(  # noqa: E731
-                *kw.values(), persistent=True, block_h=lp.block_h, block_b=lp.block_b,
+                *kw.values(), persistent=lp.family == "persistent_grid",
+                block_h=lp.block_h, block_b=lp.block_b,
                 block_k=lp.block_k, num_warps=lp.num_warps, _max_spin=1 << 20)
         fn()
         torch.cuda.synchronize()

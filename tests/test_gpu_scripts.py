@@ -129,6 +129,8 @@ def test_ablation_constraint_parts():
     assert ABL.constraints("bk64,bb64,layer") == {"family": "persistent_grid", "block_k": 64,
                                                  "block_b": 64}
     ABL.check_variant("bk128,bb64,bh16,layer")
+    assert ABL.constraints("stepwise,layer") == {"family": "stepwise", "block_h": 32,
+                                                 "block_b": 64, "block_k": 64}
 
 
 def test_unknown_variant_and_bad_shapes_are_refused():
