@@ -54,8 +54,9 @@ Variants (comma-joined in one process):
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
-    bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 64 / 128,
-              batch tiles of 64, hidden slices of 16) for the step and the layer times
+    bk32 / bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 32 /
+              64 / 128, batch tiles of 64, hidden slices of 16) for the step and the layer
+              times
     stepwise  the stepwise family (one launch per step, any number of programs) on the
               32 x 64 tiles streamed in 64-column chunks, which the B = 256 plans use
               without spills, instead of the persistent grid; the step time is then one
@@ -116,8 +117,13 @@ SETS = {
     # compiles spill in the step loop (Triton 3.6, streamed, 8 warps; local loads / stores
     # per step, forward and backward): 64 x 64 (LSTM H=1024 B=512, H=1536 B=256) 5-20 / 0
     # and none; 128 x 64 (LSTM H=768 and 1024 at B=1024) about 190-245 / 100-155 and 490 /
-    # 390. The planner's plan against the stepwise family on 32 x 64 tiles.
-    "huge": ("lstm,1024,512;lstm,768,1024;lstm,1024,1024", "layer;stepwise,layer"),
+    # 390. The planner's plan against the stepwise family on 32 x 64 tiles, and against
+    # 32-column chunks (bk32): at LSTM H=1536 B=256 their forward does not spill (1980
+    # instructions per step, 60 KiB of shared memory; the planner's 64-column chunks 2048,
+    # 20 local loads, 120 KiB), at H=1024 B=512 it spills more (12 local loads, 64-column
+    # chunks 5). 128 x 64 tiles spill in any chunk and on 16 warps.
+    "huge": ("lstm,1536,256;lstm,1024,512;lstm,768,1024;lstm,1024,1024",
+             "layer;bk32,layer;stepwise,layer"),
 }
 
 
@@ -232,7 +238,8 @@ def swaps() -> dict:
 
 # Parts that are plan constraints (tritonrnn.rnn.plan_constraints, persistent grid), applied
 # where the planner is asked: the timed step's plan and the layer's ops.
-_CONSTRAINTS = {"bk64": {"block_k": 64}, "bk128": {"block_k": 128}, "bb64": {"block_b": 64},
+_CONSTRAINTS = {"bk32": {"block_k": 32}, "bk64": {"block_k": 64}, "bk128": {"block_k": 128},
+                "bb64": {"block_b": 64},
                 "bh16": {"block_h": 16},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
