@@ -236,11 +236,11 @@ def swaps() -> dict:
     }
 
 
-# Parts that are plan constraints (tritonrnn.rnn.plan_constraints, persistent grid), applied
-# where the planner is asked: the timed step's plan and the layer's ops.
+# Parts that are plan constraints (tritonrnn.rnn.plan_constraints; the persistent grid unless
+# the part names a family), applied where the planner is asked: the timed step's plan and the
+# layer's ops.
 _CONSTRAINTS = {"bk32": {"block_k": 32}, "bk64": {"block_k": 64}, "bk128": {"block_k": 128},
-                "bb64": {"block_b": 64},
-                "bh16": {"block_h": 16},
+                "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
 
