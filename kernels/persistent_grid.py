@@ -571,16 +571,24 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
             acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, S, DOT_DT), FP32_DOT)
     elif SWAP and S == 1:
         acc_t = tl.zeros([acc.shape[1], acc.shape[0]], tl.float32)
-        for k0 in range(0, K, KA):
-            acc_t += _mm(_kpart_t(X, x_row, jb64, x_ok, k0, KA, K, DOT_DT),
-                         _tile_t(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, DOT_DT),
-                         FP32_DOT)
-        acc += tl.trans(acc_t)
+        acc += tl.trans(_dot_t(acc_t, W, a_idx, a_ok, a_stride, b_stride, X, x_row, jb64,
+                               x_ok, K, KA, DOT_DT, FP32_DOT))
     else:
         for k0 in range(0, K, KA):
             w = _tile(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, S, DOT_DT)
             acc += _mm(w, _kpart(X, x_row, jb64, x_ok, k0, KA, K, S, DOT_DT), FP32_DOT)
     return acc
+
+
+@triton.jit
+def _dot_t(acc_t, W, a_idx, a_ok, a_stride, b_stride, X, x_row, jb64, x_ok, K: tl.constexpr,
+           KA: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr):
+    """acc_t[j, i] += sum_k X[jb[j], k] * W[a_idx[i], k] over k < K, streamed in chunks of KA
+    columns ([BB, BM] fp32): the transposed product of `_dot_w3` (SWAP)."""
+    for k0 in range(0, K, KA):
+        acc_t += _mm(_kpart_t(X, x_row, jb64, x_ok, k0, KA, K, DOT_DT),
+                     _tile_t(W, a_idx, a_ok, a_stride, b_stride, k0, KA, K, DOT_DT), FP32_DOT)
+    return acc_t
 
 
 @triton.jit
@@ -666,6 +674,18 @@ def _joint_rows(hs, h_ok, G: tl.constexpr, H: tl.constexpr, GP: tl.constexpr,
     idx = tl.reshape(g * H + hs[None, :], [GP * BH])
     ok = tl.reshape((g < G) & h_ok[None, :], [GP * BH])
     return idx, ok
+
+
+@triton.jit
+def _joint_x_t(XG, s_xg, rows, hs, h_ok, m, GX: tl.constexpr, H: tl.constexpr,
+               GP: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
+    """Input-side gate tiles laid out as the transposed joint product (`_joint_rows`),
+    [BB, GP * BH] fp32: entry [j, g * BH + i] = XG[rows[j], g * H + hs[i]] for the gates
+    g < GX, zero for the others and for rows outside the mask m (XJOIN)."""
+    g = tl.arange(0, GP)[None, :, None]
+    ptr = XG + rows[:, None, None] * s_xg + g * H + hs[None, None, :]
+    ok = m[:, None, None] & (g < GX) & h_ok[None, None, :]
+    return tl.reshape(tl.load(ptr, mask=ok, other=0.0).to(tl.float32), [BB, GP * BH])
 
 
 @triton.jit
@@ -872,19 +892,34 @@ def _arrive(SYNC, u, u_end, BARRIER: tl.constexpr):
 @triton.jit
 def _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok, u, u_end, rev,
                G: tl.constexpr, H: tl.constexpr, NPH: tl.constexpr, REVERSE: tl.constexpr,
-               NUM_DIRS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr):
+               NUM_DIRS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
+               XJOIN: tl.constexpr = False, GP: tl.constexpr = 4):
     """What sub-step u reads that no other program writes: its active mask, packed rows and,
     in a cell phase, the input-side gate tiles x_k = XG[rows, k*H + hs]. The kernel loads
     them for u + 1 between its arrival and its wait (see `grid_arrive`): their latency hides
     behind the barrier instead of following the step's matmuls. Nothing is loaded past the
-    launch's last sub-step (u >= u_end)."""
+    launch's last sub-step (u >= u_end).
+    XJOIN: x0 is the transposed joint tile of the gates whose input side is added to the
+    recurrent one (`_joint_x_t`: all but GRU's n gate, which stays x2), the others zero."""
     live = (lens * 0 + u) < u_end
     act, rows = _step_rows(OFFS, lens, jb64, b_ok & live, u // NPH, rev, REVERSE, NUM_DIRS)
-    m2 = h_ok[:, None] & (act & ((lens * 0 + u) % NPH == 0))[None, :]
-    x0 = _load_gate(XG, s_xg, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
-    x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
-    x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
-    x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+    cell_act = act & ((lens * 0 + u) % NPH == 0)
+    m2 = h_ok[:, None] & cell_act[None, :]
+    if XJOIN:
+        zero = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+        x1 = zero
+        x3 = zero
+        if G == 3:  # GRU: n = tanh(x_n + r * (R_n h + b_n)) keeps x_n apart
+            x0 = _joint_x_t(XG, s_xg, rows, hs, h_ok, cell_act, 2, H, GP, BLOCK_H, BLOCK_B)
+            x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+        else:
+            x0 = _joint_x_t(XG, s_xg, rows, hs, h_ok, cell_act, G, H, GP, BLOCK_H, BLOCK_B)
+            x2 = zero
+    else:
+        x0 = _load_gate(XG, s_xg, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+        x1 = _load_gate(XG, s_xg, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+        x2 = _load_gate(XG, s_xg, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+        x3 = _load_gate(XG, s_xg, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
     return act, rows, x0, x1, x2, x3
 
 
@@ -898,10 +933,13 @@ def _fwd_cell_phase(
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
+    XJOIN: tl.constexpr = False, BR=0,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
     nobody in the launch reads. Returns the carried (c, h_own).
+    XJOIN (streamed joint product formed transposed, `_xjoin`): x0 (`_fwd_loads`) plus the
+    recurrent biases BR of the joint tile's rows is the product's starting value.
     Tagged exchange (src / dst of int words; no projection, so sub-step u is step u): reads
     the active rows' words of h_{u-1}, tagged `_tag(u - 1)`, and publishes h_u tagged
     `_tag(u)` (the launch has no barrier then)."""
@@ -910,7 +948,17 @@ def _fwd_cell_phase(
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
     # register load out of the step loop, which spills once the slice outgrows registers
     # (HOIST: tile_on is the constant True, no branch, `_hoist_weights`).
-    if tile_on:
+    if XJOIN:
+        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)  # R's rows of the joint tile
+        # The joint bias is read per step (L1): held in registers it spilled more (sm_90,
+        # LSTM H=1024 B=1024, 64 x 128 tiles: 67 instead of 41 local loads per step).
+        acc_t = x0 + tl.load(BR + ja, mask=jok, other=0.0).to(tl.float32)[None, :]
+        if tile_on:
+            acc_t = _dot_t(acc_t, R, ja, jok, s_r, 1, src, HOUT, jb64, b_ok, HOUT, KA, DOT_DT,
+                           FP32_DOT)
+        p0, p1, p2, p3 = _split_gates(tl.trans(acc_t), GP, BLOCK_H, BLOCK_B)
+        x0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # in p0 .. p3 now (x2 too but GRU's)
+    elif tile_on:
         # A tagged exchange holds the words of the rows active at u - 1 only: read (and wait
         # for) the active rows'.
         x_ok = act if tagged else b_ok
@@ -996,7 +1044,7 @@ def _grid_fwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
-    HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32,
+    HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1097,7 +1145,7 @@ def _grid_fwd_kernel(
     # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival).
     act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok, u_begin,
                                            u_end, rev, G, H, NPH, REVERSE, NUM_DIRS, BLOCK_H,
-                                           BLOCK_B)
+                                           BLOCK_B, XJOIN, GP)
     failed = u_begin * 0
     u = u_begin
     while (u < u_end) & (failed == 0):
@@ -1117,7 +1165,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XDT, max_spin)
+                XDT, max_spin, XJOIN, BR)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1125,7 +1173,7 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, GATES, GP, SWAP)
+                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
@@ -1133,7 +1181,7 @@ def _grid_fwd_kernel(
                     DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP)
         act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok,
                                                u + 1, u_end, rev, G, H, NPH, REVERSE, NUM_DIRS,
-                                               BLOCK_H, BLOCK_B)
+                                               BLOCK_H, BLOCK_B, XJOIN, GP)
         # Nested: the constexpr test must compile the barrier out entirely (interpreter).
         if BARRIER == 1:  # noqa: SIM102
             if u + 1 < u_end:
@@ -1233,6 +1281,25 @@ def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s
 
 
 @triton.jit
+def _bwd_fold(carry, dy, NPH: tl.constexpr, FOLD_DY: tl.constexpr):
+    """dy of the next sub-step added to the carry once the barrier's wait is over (dm = dy +
+    carry; one phase, FOLD_DY: `_fold_dy`): one tile fewer live across the step's carry
+    product, and added after the wait it does not hold the wait until its load lands. The
+    sm_90 compiles (Triton 3.6,
+    bf16) of the planner's backward step loops: LSTM H=768 B=16 1151 -> 1107 instructions,
+    H=1024 B=16 1223 -> 1199, H=1024 B=64 1285 -> 1233, H=256 B=256 852 -> 827 (206 -> 128
+    registers); GRU H=1536 B=16 12 -> 9 local loads per step;
+    no new local loads in any step loop (the fp16 LSTM H=1024 B=64 one now saves 16 B around it);
+    at B=1024 (128 x 64 tiles) 488 -> 476 local loads per step (H=1024), 492 -> 508 (H=768).
+    Folding each gate's two sides x_k + q_k too (all a cell but GRU reads of them), before
+    the wait, spilled where nothing did (LSTM H=1024 B=64: 40 B, 5 local loads per step).
+    Not yet timed on a GPU."""
+    if NPH == 1 and FOLD_DY:
+        carry += dy
+    return carry
+
+
+@triton.jit
 def _bwd_cell_phase(
     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH, s_dph, MSEQ,
     s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
@@ -1304,6 +1371,7 @@ def _grid_bwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
+    FOLD_DY: tl.constexpr = False,
     HOIST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
@@ -1407,6 +1475,7 @@ def _grid_bwd_kernel(
         PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy, OFFS,
         lens, jb64, b_ok, hs, h_ok, os_, o_ok, u_begin, u_end, S, rev, CELL, G, H, NPH, REVERSE,
         NUM_DIRS, BLOCK_H, BLOCK_B)
+    carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
     failed = u_begin * 0
     u = u_begin
     while (u < u_end) & (failed == 0):
@@ -1430,8 +1499,12 @@ def _grid_bwd_kernel(
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
                                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
             if q < S:
+                if FOLD_DY:  # dy is in the carry already
+                    dm = carry
+                else:
+                    dm = dy + carry
                 carry, dc = _bwd_cell_phase(
-                    dy + carry, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
+                    dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
                     DPREH, s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs,
                     h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
             else:
@@ -1472,6 +1545,7 @@ def _grid_bwd_kernel(
             if u + 1 < u_end:
                 failed = grid_wait(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
                                    max_spin)
+        carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
         u += 1
 
     tl.store(CARRYWS + carry_at, carry, mask=keep_o)
@@ -1575,6 +1649,10 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
         return 1
     return max(1, min(num_warps, max_split, ka // 16, kb // 16 if kb else ka // 16))
 
+
+# The smallest tile (block_h * block_b elements) whose forward starts its streamed joint
+# product from the prefetched input-side tiles (`_xjoin`).
+_XJOIN_TILE = 64 * 64
 
 # The forward's gate dots split K at most this many ways. Their partial sums meet in one
 # cross-warp reduction of all the gate tiles, and Triton lowers that reduction through
@@ -1852,6 +1930,36 @@ def _swap_dots(block_k: int, block_b: int) -> bool:
     H=768 B=256). Batch tiles >= 64 have one MMA tile per warp without split K (S = 1), the
     only case the swapped loop serves."""
     return bool(block_k) and block_b >= 64
+
+
+def _fold_dy(block_k: int, block_b: int) -> bool:
+    """Whether the backward adds dy to its carry after the barrier's wait (FOLD_DY,
+    `_bwd_fold`) rather than to the carry product's result: everywhere but on resident
+    tiles of 64 columns, whose sm_90 compile on Triton 3.9 then spilled in its step loop
+    (LSTM H=512 B=256, 16 x 64 tiles, 8 warps: 32 B, 4 local loads per step; none without
+    it; Triton 3.6 spills neither way). Elsewhere on Triton 3.9 it took registers and
+    instructions off (LSTM H=1024 B=16 188 -> 154 registers, 1205 -> 1162 instructions; H=256
+    B=256 822 -> 774) and the spills off GRU H=1536 B=16 (6 local loads per step), but put
+    one local load per step into GRU H=512 B=128 (16 x 32 tiles)."""
+    return bool(block_k) or block_b < 64
+
+
+def _xjoin(cell: str, block_k: int, block_h: int, block_b: int) -> bool:
+    """Whether the forward's prefetched input-side gate tiles are the starting value of its
+    streamed joint product (XJOIN, `_joint_x_t`) rather than tiles of their own added after
+    it: for gated cells where that product is formed transposed (`_swap_dots`) on tiles of
+    at least _XJOIN_TILE elements. The prefetched tiles wait across the barrier and the
+    whole product beside its accumulator, and on large tiles that spills. The sm_90
+    compiles (Triton 3.6, bf16, 8 warps), bytes spilled per thread and local loads per
+    step, without -> with XJOIN: LSTM H=1024 B=1024 at the planner's 128 x 64 tiles 1088 B,
+    244 -> 464 B, 77; at 64 x 128 tiles 952 B, 252 -> 240 B, 41; GRU H=1024 B=1024 (128 x
+    64) 608 B, 114 -> 336 B, 64; 64 x 64 tiles (LSTM H=1024 B=512, H=1536 B=256, H=512
+    B=1024) 24-96 B, 4-20 -> none, the step loop 3-4% longer. Below, it costs instructions
+    and saves no spill (LSTM H=1024 B=256, 32 x 64 tiles: 1490 -> 1593), and so does the one
+    tile of a one-gate cell (tanh H=1024 B=1024: 1528 -> 2184, no spills either way).
+    Not yet timed on a GPU."""
+    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+    return gated and _swap_dots(block_k, block_b) and block_h * block_b >= _XJOIN_TILE
 
 
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
@@ -2290,6 +2398,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
+                XJOIN=_xjoin(cell, block_k, block_h, block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
@@ -2473,6 +2582,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier,
                 SWAP=_swap_dots(block_k, block_b),
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
+                FOLD_DY=_fold_dy(block_k, block_b),
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

@@ -577,6 +577,35 @@ def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+# XJOIN: the forward's prefetched input-side tiles start the transposed joint product (all
+# of a gated cell's gates but GRU's n, whose input side stays a tile of its own). On a GPU
+# only tiles of 64 x 64 or more take it; _XJOIN_TILE lowered, the 16 x 64 tiles here do.
+@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
+                         ids=lambda v: str(v))
+@REVERSE
+@PERSIST
+def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persistent):
+    monkeypatch.setattr(pg, "_XJOIN_TILE", 16 * 64)
+    assert pg._xjoin(cell, 16, 16, 64)
+    kw = dict(persistent=persistent, block_h=16, block_b=64, block_k=16, num_warps=4)
+    _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
+
+
+def test_xjoin_choice():
+    # Gated cells, streamed and swapped (batch tiles >= 64), tiles of >= 64 x 64 elements.
+    assert pg._xjoin("lstm", 64, 64, 64) and pg._xjoin("gru", 32, 128, 64)
+    assert pg._xjoin("lstm", 64, 32, 128) and not pg._xjoin("lstm", 64, 32, 64)
+    assert not pg._xjoin("rnn_tanh", 64, 128, 64) and not pg._xjoin("rnn_relu", 64, 64, 64)
+    assert not pg._xjoin("lstm", 0, 64, 64) and not pg._xjoin("lstm", 64, 128, 32)
+
+
+def test_fold_dy_choice():
+    # dy joins the carry after the wait, except on resident 64-column tiles (Triton 3.9
+    # spilled there); the resident 16 x 64 layer tests above run that path.
+    assert pg._fold_dy(0, 16) and pg._fold_dy(0, 32) and pg._fold_dy(64, 64)
+    assert pg._fold_dy(16, 128) and not pg._fold_dy(0, 64)
+
+
 def test_streamed_joint_gate_choice():
     # Streamed gated cells always join their gates (no split K); one-gate cells only where
     # the dot is swapped; resident weights only while _FWD_JOINT_GATES is on.
