@@ -54,9 +54,12 @@ Variants (comma-joined in one process):
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
-    bk32 / bk64 / bk128 / bb64 / bh16  plan constraints (weights streamed in chunks of 32 /
-              64 / 128, batch tiles of 64, hidden slices of 16) for the step and the layer
-              times
+    bk32 / bk64 / bk128 / bb64 / bh16 / bb128  plan constraints (weights streamed in
+              chunks of 32 / 64 / 128, batch tiles of 64, hidden slices of 16, 64 x 128
+              tiles) for the step and the layer times
+    noxjoin   the forward's input-side tiles added after its streamed joint product, as
+              tiles of their own, on every tile size (kernels' _XJOIN_TILE; by default they
+              start the product on tiles of 64 x 64 and more, `_xjoin`)
     stepwise  the stepwise family (one launch per step, any number of programs) on the
               32 x 64 tiles streamed in 64-column chunks, which the B = 256 plans use
               without spills, instead of the persistent grid; the step time is then one
@@ -122,8 +125,12 @@ SETS = {
     # instructions per step, 60 KiB of shared memory; the planner's 64-column chunks 2048,
     # 20 local loads, 120 KiB), at H=1024 B=512 it spills more (12 local loads, 64-column
     # chunks 5). 128 x 64 tiles spill in any chunk and on 16 warps.
+    # Since: the forward's input-side tiles start its joint product on these tiles (`_xjoin`;
+    # noxjoin restores them): 64 x 64 forwards spill nothing, 128 x 64 77 local loads per
+    # step. 64 x 128 tiles (bb128: at B = 1024 the same programs and a third less L2
+    # traffic, by the count of weight and h bytes each program reads per step) 41.
     "huge": ("lstm,1536,256;lstm,1024,512;lstm,768,1024;lstm,1024,1024",
-             "layer;bk32,layer;stepwise,layer"),
+             "layer;bb128,layer;stepwise,layer;noxjoin,layer;bk32,layer"),
 }
 
 
@@ -223,6 +230,7 @@ def swaps() -> dict:
         "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
         # Batch tiles wider than 32 columns hold single chunks as wide as narrow tiles do.
         "nowidecap": [(pg, "_max_chunk", lambda _bb: pg._MAX_CHUNK)],
+        "noxjoin": [(pg, "_XJOIN_TILE", 1 << 30)],
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         "nohoist": [(pg, "_hoist_weights", _hoisted(()))],
@@ -241,6 +249,7 @@ def swaps() -> dict:
 # layer's ops.
 _CONSTRAINTS = {"bk32": {"block_k": 32}, "bk64": {"block_k": 64}, "bk128": {"block_k": 128},
                 "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
+                "bb128": {"block_h": 64, "block_b": 128},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
 

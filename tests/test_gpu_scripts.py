@@ -131,6 +131,8 @@ def test_ablation_constraint_parts():
     ABL.check_variant("bk128,bb64,bh16,layer")
     assert ABL.constraints("stepwise,layer") == {"family": "stepwise", "block_h": 32,
                                                  "block_b": 64, "block_k": 64}
+    assert ABL.constraints("bb128,noxjoin,layer") == {"family": "persistent_grid",
+                                                      "block_h": 64, "block_b": 128}
 
 
 def test_unknown_variant_and_bad_shapes_are_refused():
