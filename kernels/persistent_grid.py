@@ -957,7 +957,7 @@ def _fwd_cell_phase(
             acc_t = _dot_t(acc_t, R, ja, jok, s_r, 1, src, HOUT, jb64, b_ok, HOUT, KA, DOT_DT,
                            FP32_DOT)
         p0, p1, p2, p3 = _split_gates(tl.trans(acc_t), GP, BLOCK_H, BLOCK_B)
-        x0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # in p0 .. p3 now (x2 too but GRU's)
+        x0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # now in p0 .. p3 (GRU's x2 is not)
     elif tile_on:
         # A tagged exchange holds the words of the rows active at u - 1 only: read (and wait
         # for) the active rows'.
@@ -1283,17 +1283,16 @@ def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s
 @triton.jit
 def _bwd_fold(carry, dy, NPH: tl.constexpr, FOLD_DY: tl.constexpr):
     """dy of the next sub-step added to the carry once the barrier's wait is over (dm = dy +
-    carry; one phase, FOLD_DY: `_fold_dy`): one tile fewer live across the step's carry
-    product, and added after the wait it does not hold the wait until its load lands. The
-    sm_90 compiles (Triton 3.6,
-    bf16) of the planner's backward step loops: LSTM H=768 B=16 1151 -> 1107 instructions,
-    H=1024 B=16 1223 -> 1199, H=1024 B=64 1285 -> 1233, H=256 B=256 852 -> 827 (206 -> 128
-    registers); GRU H=1536 B=16 12 -> 9 local loads per step;
-    no new local loads in any step loop (the fp16 LSTM H=1024 B=64 one now saves 16 B around it);
-    at B=1024 (128 x 64 tiles) 488 -> 476 local loads per step (H=1024), 492 -> 508 (H=768).
-    Folding each gate's two sides x_k + q_k too (all a cell but GRU reads of them), before
-    the wait, spilled where nothing did (LSTM H=1024 B=64: 40 B, 5 local loads per step).
-    Not yet timed on a GPU."""
+    carry; one phase; FOLD_DY, `_fold_dy`): one tile fewer live across the step's carry
+    product, and, added after the wait, it does not hold the wait until its load lands.
+    The sm_90 compiles (Triton 3.6, bf16) of the planner's backward step loops: LSTM H=768
+    B=16 1151 -> 1107 instructions, H=1024 B=16 1223 -> 1199, H=1024 B=64 1285 -> 1233,
+    H=256 B=256 852 -> 827 (206 -> 128 registers); GRU H=1536 B=16 12 -> 9 local loads per
+    step; no new local load in any step loop (the fp16 LSTM H=1024 B=64 one now saves 16 B
+    around it); at B=1024 (128 x 64 tiles) 488 -> 476 local loads per step (H=1024), 492 ->
+    508 (H=768). Folding each gate's two sides x_k + q_k as well (all a cell but GRU reads
+    of them), before the wait, spilled where nothing did (LSTM H=1024 B=64: 40 B, 5 local
+    loads per step). Not yet timed on a GPU."""
     if NPH == 1 and FOLD_DY:
         carry += dy
     return carry
