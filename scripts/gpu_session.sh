@@ -41,10 +41,10 @@
 #                                         and streamed weights (bk64)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
-#                                         H=1024 B=1024, 128 x 64: ~490 local loads per
-#                                         backward step), against 64 x 128 tiles (bb128),
-#                                         the stepwise family and the forward without
-#                                         _xjoin (noxjoin)
+#                                         H=1024 / 768 B=1024, 128 x 64: 476 / 508 local
+#                                         loads per backward step), against 64 x 128 tiles
+#                                         (bb128), the stepwise family and the forward
+#                                         without _xjoin (noxjoin)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)
