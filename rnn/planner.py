@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from .config import make_config
+from .config import GATES, make_config
 
 if TYPE_CHECKING:  # rnn/pipeline.py imports this module
     from .pipeline import Decision
@@ -516,17 +516,39 @@ def _split_heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -
     return _stepwise_fit(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs)
 
 
+def _stepwise_traffic(G: int, block_h: int, block_b: int) -> float:
+    """L2 bytes a stepwise step (forward and backward) reads per B * H * Hout element pair
+    with these tiles, up to the dtype's size: every batch tile reads the weights (R in the
+    forward, R^T in the backward: 2G / block_b), every hidden slice reads the step's h (1 /
+    block_h) and the backward's dph over all G gates (G / block_h)."""
+    return 2 * G / block_b + (1 + G) / block_h
+
+
 def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan:
-    """Stepwise tiles: the largest hidden slice and batch tile whose per-launch weight slice
-    fits in shared memory (the kernel stages its slice of R on chip for the step); past that,
-    the weights streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
-    H, so this family never fails). float32 on a GPU streams from the start
-    (`_weight_layouts`), in hidden slices of at most 32: its FMA dots hold a thread's rows of
-    a 64-column chunk in registers, and 64-unit slices spilled (sm_90 compiles, Triton 3.6,
-    8 warps, forward: LSTM H=1536 B=256 at 64 x 32 tiles 136 B, 33 local loads per step;
-    GRU H=2048 B=256 64 B, 11; at 32 x 64 tiles neither spills)."""
+    """Stepwise tiles: those that read the fewest L2 bytes per step (`_stepwise_traffic`),
+    each with its weight slice resident (staged on chip for the step) where it fits in shared
+    memory, else streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
+    H, so this family never fails); at equal bytes resident first.
+
+    A launch runs one step, so a resident slice is read from L2 once per launch exactly as a
+    streamed one is: residency saves no bytes here, while a small tile multiplies them
+    (weights once per batch tile, h and dph once per hidden slice). GRU H=1536 B=1024 bf16 on
+    an H100: 16 x 16 tiles resident (the first to fit, before this rule) read 4x the bytes
+    of 64 x 64 streamed ones (0.625 against 0.156). The sm_90 compiles (Triton 3.6, bf16) of
+    the old choices spilled at 7 of 11 shapes past the grid (rnn_tanh H=2048 B=1024, 32 x 32:
+    10032 B per thread in the backward), the 64 x 64 streamed ones at none, on wgmma; 3.9
+    spills their LSTM forward (80 B, 12 local loads; the old 16 x 64 tiles 352 / 560 B). Not
+    yet timed on a GPU (`scripts/step_ablation.py` variant `sw64`).
+
+    float32 on a GPU streams from the start (`_weight_layouts`), in hidden slices of at most
+    32: its FMA dots hold a thread's rows of a 64-column chunk in registers, and 64-unit
+    slices spilled (sm_90 compiles, Triton 3.6, 8 warps, forward: LSTM H=1536 B=256 at 64 x
+    32 tiles 136 B, 33 local loads per step; GRU H=2048 B=256 64 B, 11; at 32 x 64 tiles
+    neither spills)."""
     budget = props.smem_per_program - _SMEM_SLACK
     slices = (32, 16) if _fma_dots(dtype, props) else (64, 32, 16)
+    G = GATES[cell]
+    best = None
     for block_k in _weight_layouts(dtype, props):
         for block_h in slices:
             for block_b in (64, 32, 16):
@@ -538,8 +560,13 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
                 if warps != 4:  # the forward's warps decide its gate layout (its bytes)
                     lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch,
                                warps, block_k, num_dirs)
-                if props.interpreter or lp.onchip_bytes <= budget:
-                    return lp
+                if (props.interpreter or lp.onchip_bytes <= budget) and (
+                    best is None or _stepwise_traffic(G, block_h, block_b)
+                    < _stepwise_traffic(G, best.block_h, best.block_b)
+                ):
+                    best = lp
+    if best is not None:
+        return best
     return _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, batch, 4, _STREAM_K, num_dirs)
 
 

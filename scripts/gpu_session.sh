@@ -43,7 +43,8 @@
 #                                         whose wider tiles spill in the step loop (LSTM
 #                                         H=1024 / 768 B=1024, 128 x 64: 476 / 508 local
 #                                         loads per backward step), against 64 x 128 tiles
-#                                         (bb128), the stepwise family and the forward
+#                                         (bb128), the stepwise family on 32 x 64 and
+#                                         on its own 64 x 64 tiles (sw64) and the forward
 #                                         without _xjoin (noxjoin)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;

@@ -64,6 +64,8 @@ Variants (comma-joined in one process):
               32 x 64 tiles streamed in 64-column chunks, which the B = 256 plans use
               without spills, instead of the persistent grid; the step time is then one
               step's launch
+    sw64      the same on 64 x 64 tiles, the stepwise family's own choice where it runs
+              (`planner._stepwise_fit`: the fewest L2 bytes per step)
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -129,8 +131,9 @@ SETS = {
     # noxjoin restores them): 64 x 64 forwards spill nothing, 128 x 64 77 local loads per
     # step. 64 x 128 tiles (bb128: at B = 1024 the same programs and a third less L2
     # traffic, by the count of weight and h bytes each program reads per step) 41.
+    # sw64: stepwise on the 64 x 64 tiles its planner rule picks past the grid (no spills).
     "huge": ("lstm,1536,256;lstm,1024,512;lstm,768,1024;lstm,1024,1024",
-             "layer;bb128,layer;stepwise,layer;noxjoin,layer;bk32,layer"),
+             "layer;bb128,layer;stepwise,layer;sw64,layer;noxjoin,layer;bk32,layer"),
 }
 
 
@@ -250,7 +253,8 @@ def swaps() -> dict:
 _CONSTRAINTS = {"bk32": {"block_k": 32}, "bk64": {"block_k": 64}, "bk128": {"block_k": 128},
                 "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
                 "bb128": {"block_h": 64, "block_b": 128},
-                "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64}}
+                "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64},
+                "sw64": {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
 
 

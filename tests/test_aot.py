@@ -818,3 +818,30 @@ def test_large_batch_streamed_loops_are_wgmma(large_reports, name):
     assert fwd["shared"] == lp["onchip_bytes"]
     # The backward's gates share one loop: a few MMAs per step, not 4 * 96.
     assert bwd["profile"]["MMA"] <= 32, bwd["profile"]
+
+
+# Past the co-resident grid the planner runs stepwise tiles that read the fewest L2 bytes per
+# step (`planner._stepwise_fit`): 64 x 64, streamed. They took the first resident tile that fit
+# before, and spilled (bytes per thread, forward / backward): LSTM H=1024 B=4096 at 16 x 64
+# tiles Triton 3.6 0 / 88 B, 3.9 352 / 560 B; rnn_tanh H=2048 B=1024 at 32 x 32 (3.6) 360 /
+# 10032 B. Now Triton 3.6 spills neither; 3.9 spills the LSTM forward, 80 B (12 local loads).
+HUGE = [
+    ("lstm1024-b4096", aot.AotShape("lstm", hidden=1024, batch=4096, dtype=torch.bfloat16)),
+    ("tanh2048-b1024", aot.AotShape("rnn_tanh", hidden=2048, batch=1024,
+                                    dtype=torch.bfloat16)),
+]
+
+
+@pytest.mark.compiler_specific
+def test_huge_batch_stepwise_tiles_are_wgmma_without_spills():
+    reports = _compile_named(HUGE)
+    for name, _ in HUGE:
+        r = reports[name]
+        lp = r["plan"]
+        assert (lp["family"], lp["block_h"], lp["block_b"], lp["block_k"]) == (
+            "stepwise", 64, 64, 64), name
+        for k in _kernels(r):
+            assert k["mma"] == "wgmma", (name, k["kernel"])
+            if triton.__version__.startswith("3.6."):
+                assert not k["spills"] and _local_ops(k) == (0, 0), (name, k["profile"])
+            assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program - _SMEM_SLACK

@@ -591,6 +591,18 @@ def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persist
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+# The stepwise family's own tiles past the co-resident grid (`planner._stepwise_fit`): 64 x 64,
+# streamed in 64-column chunks, where XJOIN applies without lowering _XJOIN_TILE. H = 96: one
+# full and one ragged hidden slice and chunk; 70 rows: a full and a partial batch tile.
+@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)],
+                         ids=lambda v: str(v))
+@REVERSE
+def test_stepwise_64_tiles_match_reference(cell, P, reverse):
+    assert pg._xjoin(cell, 64, 64, 64) == (cell != "rnn_tanh")
+    kw = dict(persistent=False, block_h=64, block_b=64, block_k=64, num_warps=8)
+    _check_layer(cell, 96, P, *_swap_lengths(), reverse=reverse, **kw)
+
+
 def test_xjoin_choice():
     # Gated cells, streamed and swapped (batch tiles >= 64), tiles of >= 64 x 64 elements.
     assert pg._xjoin("lstm", 64, 64, 64) and pg._xjoin("gru", 32, 128, 64)
@@ -1019,6 +1031,21 @@ def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
     # planner's large-batch tiles and warps: 64-wide batch tiles, chunks of 64 over H = 96
     # (one full chunk and a ragged one).
     kw = dict(persistent=persistent, block_h=32, block_b=64, block_k=64, num_warps=8)
+    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
+    _run_forward(ins, outs, True, **kw)
+    _check_forward(ins, outs, True, dtype)
+    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
+    _run_backward(ins, outs, True, **kw)
+    _check_backward(ins, outs, True, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)])
+def test_gpu_stepwise_64_tiles(cell, P, dtype):
+    # The stepwise family's own tiles past the grid (`planner._stepwise_fit`) as the GPU
+    # compiles them: 64 x 64, streamed in chunks of 64, 8 warps, one launch per step.
+    kw = dict(persistent=False, block_h=64, block_b=64, block_k=64, num_warps=8)
     ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
     _run_forward(ins, outs, True, **kw)
     _check_forward(ins, outs, True, dtype)

@@ -179,8 +179,36 @@ def test_random_configurations_always_plan_within_the_device(seed):
                 assert parts.smem <= props.smem_per_program, where
             else:
                 assert lp.family == "stepwise", where
+                # On a GPU within the shared memory, or the family's floor (16 x 16 tiles,
+                # streamed: `smaller_choice`'s last resort; where even that exceeds the
+                # device, as on "tiny", its launch reports Triton's OutOfResources).
+                assert props.interpreter or lp.onchip_bytes <= props.smem_per_program or (
+                    lp.block_h, lp.block_b, lp.block_k) == (16, 16, 64), where
         assert plan.explain()
     assert families == {"persistent_cta", "persistent_grid", "stepwise"}
+
+
+@pytest.mark.parametrize("mode,H,B,old", [
+    ("gru", 1536, 1024, (16, 16)), ("lstm", 1024, 4096, (16, 64)), ("lstm", 768, 2048, (32, 16)),
+    ("rnn_tanh", 2048, 1024, (32, 32)),
+])
+def test_stepwise_tiles_read_the_fewest_bytes(mode, H, B, old):
+    # A stepwise launch runs one step, so a resident weight slice is read from L2 once per
+    # launch, as a streamed one is: residency must not buy small tiles, which multiply the
+    # bytes (`_stepwise_traffic`). These shapes took the first resident tile that fit, `old`
+    # (block_h, block_b), before the rule; 64 x 64 streamed tiles read half the bytes or less.
+    from tritonrnn.rnn.config import GATES
+    from tritonrnn.rnn.planner import _stepwise_traffic
+
+    lp = _plan(mode=mode, H=H, B=B).layer(0)
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 64), lp
+    assert _stepwise_traffic(GATES[mode], *old) >= 2 * _stepwise_traffic(GATES[mode], 64, 64)
+    # Where the 64 x 64 slice fits on chip it stays resident (equal bytes: resident first).
+    lp = _plan(mode="rnn_tanh", H=1024, B=4096).layer(0)
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 0), lp
+    # On a device with less shared memory (an A100's 108 SMs and 163 KiB) likewise.
+    lp = _plan(mode=mode, H=H, B=B, device=_OTHER_DEVICES[0]).layer(0)
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 64), lp
 
 
 def test_small_shared_memory_device_falls_back():
