@@ -1593,6 +1593,29 @@ def _max_chunk(block_b: int) -> int:
     return max(16, _MAX_CHUNK * 32 // max(block_b, 32))
 
 
+# The largest dot operand [chunk, block_b] of a resident chunk (elements) that the planner
+# keeps resident (`resident_operands_fit`): a 1024-column chunk at 16-column tiles, 512 at 32,
+# 256 at 64.
+_RESIDENT_OPERAND = 512 * 32
+
+
+def resident_operands_fit(H: int, Hout: int, block_b: int) -> bool:
+    """Whether every resident chunk's dot operand [chunk, block_b] stays within
+    _RESIDENT_OPERAND elements, in both passes' reductions (over Hout: R in the forward, Pw^T
+    in the backward; over H: R^T in the backward, Pw in the forward). `_ksplit` holds a
+    reduction in two chunks and halves a single one only once, so wide batch tiles at large
+    H keep chunks of 512 or 1024 columns, each loaded into registers whole. Where the
+    persistent grid's first co-resident tiles fail this, the planner streams their weights
+    (`rnn.planner._grid_fit`). The sm_90 compiles (Triton 3.6, bf16) of the 66 H100 plans
+    this changed (cells, H 768-2048, B 32-512, projections, pair launches): 56 had local
+    loads in their step loops, e.g. (forward + backward, per step) rnn_tanh H=1536 B=64 at
+    16 x 64 tiles 1097, GRU H=768 B=256 (32 x 64) 335, LSTM H=768 B=128 (16 x 64) 40; now 64
+    have none and 2 fewer (LSTM H=768 P=384 B=256 pair 96 -> 30, H=1024 P=512 B=64 pair 36 ->
+    9); 63 run fewer step-loop instructions (LSTM H=768 B=128 3251 -> 2001). Streamed, each
+    batch tile reads the weights from L2 every step. Not yet timed on a GPU."""
+    return all(max(_ksplit(K, 0, block_b)) * block_b <= _RESIDENT_OPERAND for K in (H, Hout))
+
+
 def _ksplit(K: int, block_k: int = 0, block_b: int = 16) -> tuple[int, int]:
     """Chunks (KA, KB) of a reduction of length K, for batch tiles of block_b columns.
 

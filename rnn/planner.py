@@ -375,7 +375,13 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
     """The persistent-grid tiles: the smallest hidden slice, then the smallest batch tile,
     whose grid (both directions' programs for a pair launch, num_dirs = 2) is co-resident
     (<= SMs) and whose per-program footprint (the resident weight slice, or a streamed
-    chunk's tiles with block_k > 0) fits on chip."""
+    chunk's tiles with block_k > 0) fits on chip. Resident weights only where those tiles'
+    chunks keep their dot operands small (`kernels.persistent_grid.resident_operands_fit`);
+    where not, None: the weights are streamed on the streamed pass's tiles rather than kept
+    resident on larger hidden slices or narrower batch tiles (which spilled more: LSTM H=1024
+    P=512 B=128 at 32 x 32 tiles 244 local loads per step against 31 at 16 x 64)."""
+    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+
     for block_h in _GRID_TILES:
         if block_h > max(16, _pow2(H)):
             break
@@ -388,6 +394,8 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
             ):
+                if not block_k and not resident_operands_fit(H, Hout, block_b):
+                    return None  # streamed on these tiles rather than resident on others
                 return lp.with_backward_warps(_persistent_grid_bwd_warps(block_h, block_b))
     return None
 
@@ -545,6 +553,8 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
     slices spilled (sm_90 compiles, Triton 3.6, 8 warps, forward: LSTM H=1536 B=256 at 64 x
     32 tiles 136 B, 33 local loads per step; GRU H=2048 B=256 64 B, 11; at 32 x 64 tiles
     neither spills)."""
+    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+
     budget = props.smem_per_program - _SMEM_SLACK
     slices = (32, 16) if _fma_dots(dtype, props) else (64, 32, 16)
     G = GATES[cell]
@@ -554,6 +564,8 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
             for block_b in (64, 32, 16):
                 if block_b > max(16, _pow2(batch)) or block_h > max(16, _pow2(H)):
                     continue
+                if not block_k and not resident_operands_fit(H, Hout, block_b):
+                    continue  # (as the persistent grid's: streamed instead)
                 lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
                            block_k, num_dirs)
                 warps = _grid_warps(lp.onchip_bytes, block_h, block_b)

@@ -38,7 +38,9 @@
 #                                         LSTM / GRU H=512 B=256 (16 x 64 tiles) resident
 #                                         in 256 + 256 chunks against one 512 chunk
 #                                         (nowidecap: 17 local loads per LSTM backward step)
-#                                         and streamed weights (bk64)
+#                                         and streamed weights (bk64); the shapes whose
+#                                         wide resident chunks the planner streams since
+#                                         (spills-wide), against resident (bk0)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
 #                                         H=1024 / 768 B=1024, 128 x 64: 476 / 508 local
@@ -129,7 +131,8 @@ case "${1:-tests}" in
     done ;;
   spills)
     ablate 360 spills
-    ablate 200 spills-b256 ;;
+    ablate 200 spills-b256
+    ablate 200 spills-wide ;;
   huge)
     ablate 560 huge ;;
   profile)

@@ -54,9 +54,9 @@ Variants (comma-joined in one process):
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
-    bk32 / bk64 / bk128 / bb64 / bh16 / bb128  plan constraints (weights streamed in
-              chunks of 32 / 64 / 128, batch tiles of 64, hidden slices of 16, 64 x 128
-              tiles) for the step and the layer times
+    bk0 / bk32 / bk64 / bk128 / bb64 / bh16 / bb128  plan constraints (weights resident,
+              or streamed in chunks of 32 / 64 / 128, batch tiles of 64, hidden slices of
+              16, 64 x 128 tiles) for the step and the layer times
     noxjoin   the forward's input-side tiles added after its streamed joint product, as
               tiles of their own, on every tile size (kernels' _XJOIN_TILE; by default they
               start the product on tiles of 64 x 64 and more, `_xjoin`)
@@ -118,6 +118,10 @@ SETS = {
     # (`_max_chunk`, the default since 2026-11-25) it does not, nor do weights streamed in
     # 64-column chunks (bk64, wgmma loops).
     "spills-b256": ("lstm,512,256;gru,512,256", "layer;nowidecap,layer;bk64,layer"),
+    # Resident chunks of 512 / 1024 columns at 64-column batch tiles spilled (Triton 3.6,
+    # local loads per step, forward + backward: 40, 1097, 335); the planner streams their
+    # weights since (`persistent_grid.resident_operands_fit`); bk0 restores the resident plan.
+    "spills-wide": ("lstm,768,128;rnn_tanh,1536,64;gru,768,256", "layer;bk0,layer"),
     # Past B = 256 the co-resident grid needs wider tiles than 32 x 64, and their sm_90
     # compiles spill in the step loop (Triton 3.6, streamed, 8 warps; local loads / stores
     # per step, forward and backward): 64 x 64 (LSTM H=1024 B=512, H=1536 B=256) 5-20 / 0
@@ -250,7 +254,8 @@ def swaps() -> dict:
 # Parts that are plan constraints (tritonrnn.rnn.plan_constraints; the persistent grid unless
 # the part names a family), applied where the planner is asked: the timed step's plan and the
 # layer's ops.
-_CONSTRAINTS = {"bk32": {"block_k": 32}, "bk64": {"block_k": 64}, "bk128": {"block_k": 128},
+_CONSTRAINTS = {"bk0": {"block_k": 0}, "bk32": {"block_k": 32}, "bk64": {"block_k": 64},
+                "bk128": {"block_k": 128},
                 "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
                 "bb128": {"block_h": 64, "block_b": 128},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64},

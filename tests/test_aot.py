@@ -845,3 +845,27 @@ def test_huge_batch_stepwise_tiles_are_wgmma_without_spills():
             if triton.__version__.startswith("3.6."):
                 assert not k["spills"] and _local_ops(k) == (0, 0), (name, k["profile"])
             assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program - _SMEM_SLACK
+
+
+# The persistent grid's first co-resident tiles at these shapes would hold resident chunks of
+# 512 or 1024 columns against 64-column batch tiles, and spilled (Triton 3.6, local loads per
+# step, forward + backward: 1097, 40, 335); the planner streams their weights instead
+# (`persistent_grid.resident_operands_fit`). Neither Triton 3.6 nor 3.9 spills them so.
+WIDE_CHUNKS = [
+    ("tanh1536-b64", aot.AotShape("rnn_tanh", hidden=1536, batch=64, dtype=torch.bfloat16)),
+    ("lstm768-b128", aot.AotShape("lstm", hidden=768, batch=128, dtype=torch.bfloat16)),
+    ("gru768-b256", aot.AotShape("gru", hidden=768, batch=256, dtype=torch.bfloat16)),
+]
+
+
+@pytest.mark.compiler_specific
+def test_wide_resident_chunks_stream_without_spills():
+    reports = _compile_named(WIDE_CHUNKS)
+    for name, _ in WIDE_CHUNKS:
+        r = reports[name]
+        lp = r["plan"]
+        assert (lp["family"], lp["block_b"], lp["block_k"]) == ("persistent_grid", 64, 64), name
+        for k in _kernels(r):
+            assert k["mma"] == "wgmma", (name, k["kernel"])
+            assert _local_ops(k) == (0, 0), (name, k["profile"])
+            assert k["co_resident"] and k["shared"] <= lp["onchip_bytes"], name

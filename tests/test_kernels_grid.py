@@ -603,6 +603,19 @@ def test_stepwise_64_tiles_match_reference(cell, P, reverse):
     _check_layer(cell, 96, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+def test_resident_operands_fit():
+    # A resident chunk's operand [chunk, block_b] within 512 x 32 elements in both passes'
+    # reductions (H and Hout): 1024-column chunks at 16-column tiles (GRU H=1536: 1024 + 512,
+    # the issue's reach), 512 at 32 (H=1024: 512 + 512), 256 at 64 (H=512: 256 + 256).
+    assert pg.resident_operands_fit(1536, 1536, 16) and pg.resident_operands_fit(2048, 2048, 16)
+    assert pg.resident_operands_fit(1024, 1024, 32) and not pg.resident_operands_fit(1536, 1536, 32)
+    assert pg.resident_operands_fit(512, 512, 64) and not pg.resident_operands_fit(768, 768, 64)
+    # With a projection both reductions count: R over Hout = P, R^T over H.
+    assert not pg.resident_operands_fit(1024, 256, 64)
+    assert not pg.resident_operands_fit(256, 1024, 64)
+    assert pg.resident_operands_fit(1024, 256, 16)
+
+
 def test_xjoin_choice():
     # Gated cells, streamed and swapped (batch tiles >= 64), tiles of >= 64 x 64 elements.
     assert pg._xjoin("lstm", 64, 64, 64) and pg._xjoin("gru", 32, 128, 64)

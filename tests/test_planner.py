@@ -203,12 +203,32 @@ def test_stepwise_tiles_read_the_fewest_bytes(mode, H, B, old):
     lp = _plan(mode=mode, H=H, B=B).layer(0)
     assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 64), lp
     assert _stepwise_traffic(GATES[mode], *old) >= 2 * _stepwise_traffic(GATES[mode], 64, 64)
-    # Where the 64 x 64 slice fits on chip it stays resident (equal bytes: resident first).
-    lp = _plan(mode="rnn_tanh", H=1024, B=4096).layer(0)
+    # Where the 64 x 64 slice fits on chip, its chunks' operands small (256 + 256 columns,
+    # `resident_operands_fit`), it stays resident (equal bytes: resident first).
+    lp = _plan(mode="rnn_tanh", H=512, B=4096).layer(0)
     assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 0), lp
     # On a device with less shared memory (an A100's 108 SMs and 163 KiB) likewise.
     lp = _plan(mode=mode, H=H, B=B, device=_OTHER_DEVICES[0]).layer(0)
     assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 64), lp
+
+
+@pytest.mark.parametrize("mode,H,B,direction,tiles", [
+    ("rnn_tanh", 1536, 64, "unidirectional", (16, 64, 64)),
+    ("lstm", 768, 128, "unidirectional", (16, 64, 64)),
+    ("gru", 768, 256, "unidirectional", (32, 64, 64)),
+    # The pair's 16 x 64 tiles would hold 512-column chunks: each direction alone, resident.
+    ("lstm", 768, 64, "bidirectional", (16, 32, 0)),
+])
+def test_wide_resident_chunks_stream_instead(mode, H, B, direction, tiles):
+    # The first co-resident tiles would hold chunks whose dot operands [chunk, block_b] spill
+    # (`kernels.persistent_grid.resident_operands_fit`; they were these shapes' resident
+    # plans): the grid streams the weights instead of keeping them resident elsewhere.
+    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+
+    lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
+    assert lp.family == "persistent_grid" and (lp.block_h, lp.block_b, lp.block_k) == tiles, lp
+    assert not resident_operands_fit(H, H, 64)
+    assert lp.num_programs <= PRESETS["h100"].sm_count
 
 
 def test_small_shared_memory_device_falls_back():
