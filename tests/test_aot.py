@@ -832,19 +832,27 @@ HUGE = [
 ]
 
 
-@pytest.mark.compiler_specific
-def test_huge_batch_stepwise_tiles_are_wgmma_without_spills():
-    reports = _compile_named(HUGE)
-    for name, _ in HUGE:
+def _check_streamed_plans(named, family, block_h, spill_free):
+    """Each shape's plan is `family` on block_h x 64 tiles (any block_h where None) streamed
+    in 64-column chunks, both kernels wgmma within the planner's shared-memory estimate and,
+    where spill_free, without local memory."""
+    reports = _compile_named(named)
+    for name, _ in named:
         r = reports[name]
         lp = r["plan"]
-        assert (lp["family"], lp["block_h"], lp["block_b"], lp["block_k"]) == (
-            "stepwise", 64, 64, 64), name
+        assert (lp["family"], lp["block_b"], lp["block_k"]) == (family, 64, 64), name
+        assert block_h in (None, lp["block_h"]), name
         for k in _kernels(r):
             assert k["mma"] == "wgmma", (name, k["kernel"])
-            if triton.__version__.startswith("3.6."):
+            assert k["co_resident"] or family == "stepwise", name
+            if spill_free:
                 assert not k["spills"] and _local_ops(k) == (0, 0), (name, k["profile"])
             assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program - _SMEM_SLACK
+
+
+@pytest.mark.compiler_specific
+def test_huge_batch_stepwise_tiles_are_wgmma_without_spills():
+    _check_streamed_plans(HUGE, "stepwise", 64, triton.__version__.startswith("3.6."))
 
 
 # The persistent grid's first co-resident tiles at these shapes would hold resident chunks of
@@ -860,12 +868,4 @@ WIDE_CHUNKS = [
 
 @pytest.mark.compiler_specific
 def test_wide_resident_chunks_stream_without_spills():
-    reports = _compile_named(WIDE_CHUNKS)
-    for name, _ in WIDE_CHUNKS:
-        r = reports[name]
-        lp = r["plan"]
-        assert (lp["family"], lp["block_b"], lp["block_k"]) == ("persistent_grid", 64, 64), name
-        for k in _kernels(r):
-            assert k["mma"] == "wgmma", (name, k["kernel"])
-            assert _local_ops(k) == (0, 0), (name, k["profile"])
-            assert k["co_resident"] and k["shared"] <= lp["onchip_bytes"], name
+    _check_streamed_plans(WIDE_CHUNKS, "persistent_grid", None, True)

@@ -1043,12 +1043,18 @@ def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
     # The large-batch loops as the GPU compiles them (wgmma, transposed, joint gates), at the
     # planner's large-batch tiles and warps: 64-wide batch tiles, chunks of 64 over H = 96
     # (one full chunk and a ragged one).
-    kw = dict(persistent=persistent, block_h=32, block_b=64, block_k=64, num_warps=8)
+    _check_gpu_layer(cell, P, dtype, persistent=persistent, block_h=32, block_b=64,
+                     block_k=64, num_warps=8)
+
+
+def _check_gpu_layer(cell, P, dtype, **launch):
+    """Forward and backward of H = 96 over the 70 rows of `_swap_lengths` on the GPU,
+    launched with `launch`, against the float64 reference."""
     ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_forward(ins, outs, True, **kw)
+    _run_forward(ins, outs, True, **launch)
     _check_forward(ins, outs, True, dtype)
     ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_backward(ins, outs, True, **kw)
+    _run_backward(ins, outs, True, **launch)
     _check_backward(ins, outs, True, dtype)
 
 
@@ -1058,13 +1064,8 @@ def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
 def test_gpu_stepwise_64_tiles(cell, P, dtype):
     # The stepwise family's own tiles past the grid (`planner._stepwise_fit`) as the GPU
     # compiles them: 64 x 64, streamed in chunks of 64, 8 warps, one launch per step.
-    kw = dict(persistent=False, block_h=64, block_b=64, block_k=64, num_warps=8)
-    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_forward(ins, outs, True, **kw)
-    _check_forward(ins, outs, True, dtype)
-    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_backward(ins, outs, True, **kw)
-    _check_backward(ins, outs, True, dtype)
+    _check_gpu_layer(cell, P, dtype, persistent=False, block_h=64, block_b=64, block_k=64,
+                     num_warps=8)
 
 
 @pytest.mark.gpu
