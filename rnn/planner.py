@@ -17,9 +17,11 @@ Family rule (documented in `recurrence_choice`):
      first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
      the weight slice in registers, FMA products) where the slice fits 256 B per thread;
      else MMA tiles (batch tiles of 16..64, weights in shared memory), resident where the
-     slice fits, else streamed from L2 in chunks of 64 columns (float32 on a GPU always
-     streamed: its FMA dots spill a resident chunk, `_weight_layouts`).
-  4. "stepwise" otherwise (one launch per step; R streamed from L2/HBM). Never fails.
+     slice fits and its chunks' dot operands stay small (`resident_operands_fit`), else
+     streamed from L2 in chunks of 64 columns (float32 on a GPU always streamed: its FMA
+     dots spill a resident chunk, `_weight_layouts`).
+  4. "stepwise" otherwise (one launch per step, on the tiles that read the fewest L2 bytes
+     per step, `_stepwise_fit`). Never fails.
 A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
 replaces both, and raises when a forced choice cannot apply on the device.
 """
