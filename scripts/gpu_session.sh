@@ -40,7 +40,9 @@
 #                                         (nowidecap: 17 local loads per LSTM backward step)
 #                                         and streamed weights (bk64); the shapes whose
 #                                         wide resident chunks the planner streams since
-#                                         (spills-wide), against resident (bk0)
+#                                         (spills-wide), against resident (bk0); resident
+#                                         32 x 64 / 64 x 64 tiles that still spill
+#                                         (spills-k512) against streamed (bk64)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
 #                                         H=1024 / 768 B=1024, 128 x 64: 476 / 508 local
@@ -132,7 +134,8 @@ case "${1:-tests}" in
   spills)
     ablate 360 spills
     ablate 200 spills-b256
-    ablate 200 spills-wide ;;
+    ablate 200 spills-wide
+    ablate 200 spills-k512 ;;
   huge)
     ablate 560 huge ;;
   profile)

@@ -122,6 +122,10 @@ SETS = {
     # local loads per step, forward + backward: 40, 1097, 335); the planner streams their
     # weights since (`persistent_grid.resident_operands_fit`); bk0 restores the resident plan.
     "spills-wide": ("lstm,768,128;rnn_tanh,1536,64;gru,768,256", "layer;bk0,layer"),
+    # Resident 32 x 64 and 64 x 64 tiles whose chunks pass that rule (K <= 512) still spill
+    # (local loads per step, forward / backward: 7 / 22, 0 / 22, 0 / 35): their live tiles
+    # outnumber the registers. Against their weights streamed (bk64, no spills).
+    "spills-k512": ("lstm,256,1024;lstm,512,512;rnn_tanh,512,1024", "layer;bk64,layer"),
     # Past B = 256 the co-resident grid needs wider tiles than 32 x 64, and their sm_90
     # compiles spill in the step loop (Triton 3.6, streamed, 8 warps; local loads / stores
     # per step, forward and backward): 64 x 64 (LSTM H=1024 B=512, H=1536 B=256) 5-20 / 0
