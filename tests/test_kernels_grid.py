@@ -167,15 +167,15 @@ BLOCK_K = pytest.mark.parametrize("block_k", [0, 16], ids=["resident", "streamed
 # -------------------------------------------------------------------------------------------
 
 
-def _check_layer(cell, H, P, lengths, T, *, reverse, **launch):
-    """The forward and the backward of one layer/direction, each launched with `launch`
-    (grid_forward / grid_backward keywords), against the float64 reference."""
-    ins, outs = _forward_problem(cell, H, P, lengths, T)
+def _check_layer(cell, H, P, lengths, T, *, reverse, dtype=torch.float32, **launch):
+    """The forward and the backward of one layer/direction in `dtype`, each launched with
+    `launch` (grid_forward / grid_backward keywords), against the float64 reference."""
+    ins, outs = _forward_problem(cell, H, P, lengths, T, dtype=dtype)
     _run_forward(ins, outs, reverse, **launch)
-    _check_forward(ins, outs, reverse)
-    ins, outs = _backward_problem(cell, H, P, lengths, T)
+    _check_forward(ins, outs, reverse, dtype)
+    ins, outs = _backward_problem(cell, H, P, lengths, T, dtype=dtype)
     _run_backward(ins, outs, reverse, **launch)
-    _check_backward(ins, outs, reverse)
+    _check_backward(ins, outs, reverse, dtype)
 
 
 @BLOCK_K
@@ -994,12 +994,8 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
     """bf16 with the weights held in registers (TRITONRNN_HOIST_WEIGHTS), 16 x 16 tiles."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
-    ins, outs = _forward_problem(cell, 96, P, lengths, T, dtype=torch.bfloat16)
-    _run_forward(ins, outs, True, persistent=persistent, block_h=16, num_warps=warps)
-    _check_forward(ins, outs, True, torch.bfloat16)
-    ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=torch.bfloat16)
-    _run_backward(ins, outs, True, persistent=persistent, block_h=16, num_warps=warps)
-    _check_backward(ins, outs, True, torch.bfloat16)
+    _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=torch.bfloat16,
+                 persistent=persistent, block_h=16, num_warps=warps)
 
 
 @pytest.mark.gpu
@@ -1009,12 +1005,8 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
                                     ("rnn_relu", 0)])
 def test_gpu_half_precision(cell, P, dtype, persistent):
     lengths, T = [7, 0, 5, 7, 2, 6], 7
-    ins, outs = _forward_problem(cell, 96, P, lengths, T, dtype=dtype)
-    _run_forward(ins, outs, True, persistent=persistent, block_h=32)
-    _check_forward(ins, outs, True, dtype)
-    ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=dtype)
-    _run_backward(ins, outs, True, persistent=persistent, block_h=32)
-    _check_backward(ins, outs, True, dtype)
+    _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=dtype, persistent=persistent,
+                 block_h=32)
 
 
 @pytest.mark.gpu
@@ -1026,13 +1018,8 @@ def test_gpu_vector_tiles_half_precision(cell, P, block_b, dtype, persistent):
     # Vector tiles on hardware: weights in registers, FMA products, transposed backward
     # weights; H = 96 in 12 slices of 8, 6 rows with varlen.
     lengths, T = [7, 0, 5, 7, 2, 6], 7
-    kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
-    ins, outs = _forward_problem(cell, 96, P, lengths, T, dtype=dtype)
-    _run_forward(ins, outs, True, **kw)
-    _check_forward(ins, outs, True, dtype)
-    ins, outs = _backward_problem(cell, 96, P, lengths, T, dtype=dtype)
-    _run_backward(ins, outs, True, **kw)
-    _check_backward(ins, outs, True, dtype)
+    _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=dtype, persistent=persistent,
+                 block_h=8, block_b=block_b, num_warps=8)
 
 
 @pytest.mark.gpu
@@ -1043,19 +1030,8 @@ def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
     # The large-batch loops as the GPU compiles them (wgmma, transposed, joint gates), at the
     # planner's large-batch tiles and warps: 64-wide batch tiles, chunks of 64 over H = 96
     # (one full chunk and a ragged one).
-    _check_gpu_layer(cell, P, dtype, persistent=persistent, block_h=32, block_b=64,
-                     block_k=64, num_warps=8)
-
-
-def _check_gpu_layer(cell, P, dtype, **launch):
-    """Forward and backward of H = 96 over the 70 rows of `_swap_lengths` on the GPU,
-    launched with `launch`, against the float64 reference."""
-    ins, outs = _forward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_forward(ins, outs, True, **launch)
-    _check_forward(ins, outs, True, dtype)
-    ins, outs = _backward_problem(cell, 96, P, *_swap_lengths(), dtype=dtype)
-    _run_backward(ins, outs, True, **launch)
-    _check_backward(ins, outs, True, dtype)
+    _check_layer(cell, 96, P, *_swap_lengths(), reverse=True, dtype=dtype,
+                 persistent=persistent, block_h=32, block_b=64, block_k=64, num_warps=8)
 
 
 @pytest.mark.gpu
@@ -1064,8 +1040,8 @@ def _check_gpu_layer(cell, P, dtype, **launch):
 def test_gpu_stepwise_64_tiles(cell, P, dtype):
     # The stepwise family's own tiles past the grid (`planner._stepwise_fit`) as the GPU
     # compiles them: 64 x 64, streamed in chunks of 64, 8 warps, one launch per step.
-    _check_gpu_layer(cell, P, dtype, persistent=False, block_h=64, block_b=64, block_k=64,
-                     num_warps=8)
+    _check_layer(cell, 96, P, *_swap_lengths(), reverse=True, dtype=dtype, persistent=False,
+                 block_h=64, block_b=64, block_k=64, num_warps=8)
 
 
 @pytest.mark.gpu
