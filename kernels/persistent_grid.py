@@ -1374,7 +1374,7 @@ def _grid_bwd_kernel(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
-    HOIST: tl.constexpr = False,
+    HOIST: tl.constexpr = False, LATE: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1389,7 +1389,9 @@ def _grid_bwd_kernel(
     along the reduction as `_vdot` loads its operand, and the resident chunks are read from
     them.
     NUM_DIRS = 2: as in the forward (direction axis, dir_* offsets, stacked workspaces, one
-    barrier each).
+    barrier each). LATE (`_late_loads`): a sub-step loads its own inputs after its product
+    instead of the previous sub-step before the barrier's wait, so they are not live across
+    the product.
     """
     pid = tl.program_id(0)
     rev = 0
@@ -1472,12 +1474,15 @@ def _grid_bwd_kernel(
         dc = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
 
     dph_size = B * (G * H)
-    # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival).
-    act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
-        PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy, OFFS,
-        lens, jb64, b_ok, hs, h_ok, os_, o_ok, u_begin, u_end, S, rev, CELL, G, H, NPH, REVERSE,
-        NUM_DIRS, BLOCK_H, BLOCK_B)
-    carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
+    # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival),
+    # or, LATE (`_late_loads`), by the sub-step itself once its product is formed: the carry
+    # product (one phase, phase A) or Pw^T's (phase B, whose rows and mask come first).
+    if not LATE:
+        act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+            PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
+            OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u_begin, u_end, S, rev, CELL, G, H,
+            NPH, REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
+        carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
     failed = u_begin * 0
     u = u_begin
     while (u < u_end) & (failed == 0):
@@ -1500,6 +1505,12 @@ def _grid_bwd_kernel(
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
                                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
+            if LATE:
+                act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+                    PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
+                    s_dy, OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u, u_end, S, rev, CELL,
+                    G, H, NPH, REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
+                carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
             if q < S:
                 if FOLD_DY:  # dy is in the carry already
                     dm = carry
@@ -1518,6 +1529,11 @@ def _grid_bwd_kernel(
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
                                        RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
+                if LATE:
+                    act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+                        PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
+                        s_dy, OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u, u_end, S, rev, CELL,
+                        G, H, NPH, REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
                 if q < S:
                     mo = o_ok[:, None] & act[None, :]
                     dh = dy + carry
@@ -1529,25 +1545,35 @@ def _grid_bwd_kernel(
                     tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                              carry.to(DH0.dtype.element_ty), mask=keep_o)
             else:
+                if LATE:  # Pw^T's product needs the rows' mask before the loads
+                    act, rows = _step_rows(OFFS, lens, jb64, b_ok & ((lens * 0 + u) < u_end),
+                                           S - 1 - u // NPH, rev, REVERSE, NUM_DIRS)
                 if tile_on:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
                                 PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
+                if LATE:
+                    act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+                        PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
+                        s_dy, OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u, u_end, S, rev, CELL,
+                        G, H, NPH, REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
                 carry, dc = _bwd_cell_phase(
                     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH,
                     s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok, CELL,
                     G, H, P, BLOCK_H, BLOCK_B, BARRIER)
-        act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
-            PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
-            OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u + 1, u_end, S, rev, CELL, G, H, NPH,
-            REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
+        if not LATE:
+            act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
+                PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
+                OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u + 1, u_end, S, rev, CELL, G, H,
+                NPH, REVERSE, NUM_DIRS, BLOCK_H, BLOCK_B)
         # Nested: the constexpr test must compile the barrier out entirely (interpreter).
         if BARRIER == 1:  # noqa: SIM102
             if u + 1 < u_end:
                 failed = grid_wait(SYNC, (u - u_begin + 1) * tl.num_programs(0) + sync_extra,
                                    max_spin)
-        carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
+        if not LATE:
+            carry = _bwd_fold(carry, dy, NPH, FOLD_DY)
         u += 1
 
     tl.store(CARRYWS + carry_at, carry, mask=keep_o)
@@ -1678,6 +1704,9 @@ def _nsplit(ka: int, kb: int, num_warps: int, bm: int, bb: int,
 # The smallest tile (block_h * block_b elements) whose forward starts its streamed joint
 # product from the prefetched input-side tiles (`_xjoin`).
 _XJOIN_TILE = 64 * 64
+# The smallest tile of a gated cell whose backward loads a sub-step's inputs after its product
+# rather than before the barrier's wait (`_late_loads`).
+_LATE_TILE = 128 * 64
 
 # The forward's gate dots split K at most this many ways. Their partial sums meet in one
 # cross-warp reduction of all the gate tiles, and Triton lowers that reduction through
@@ -1985,6 +2014,29 @@ def _xjoin(cell: str, block_k: int, block_h: int, block_b: int) -> bool:
     Not yet timed on a GPU."""
     gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
     return gated and _swap_dots(block_k, block_b) and block_h * block_b >= _XJOIN_TILE
+
+
+def _late_loads(cell: str, block_h: int, block_b: int) -> bool:
+    """Whether the backward's sub-steps load their own inputs (the reserve's gate tiles, the
+    cell's state tiles, dy) after their product (LATE) instead of having the previous
+    sub-step prefetch them before the barrier's wait: for gated cells on tiles of at least
+    _LATE_TILE elements. Prefetched, those tiles (LSTM: 8 gate tiles, c_t, c_{t-1}, dy) wait
+    across the wait and the carry product beside its accumulator, and at 128 x 64 they
+    outnumber the registers. The sm_90 compiles of the planner's 128 x 64 backwards (Triton
+    3.6, bf16, 8 warps; stack bytes per thread, local loads per step, step-loop
+    instructions), prefetched -> LATE: LSTM H=1024 B=1024 1312 B, 476, 5935 -> 320 B, 73,
+    4691 (the spilled 336 KB per program outgrew L1; 80 KB now fit); H=768 B=1024 1368 B,
+    508 -> 312 B, 70; H=1024 P=512 B=1024 1792 B, 586 -> 848 B, 191, 6087 -> 5316; GRU
+    H=1024 B=1024 376 B, 85, 3379 -> 112 B, 19, 3201; fp16 LSTM H=1024 888 B, 365 -> 352 B,
+    82; Triton 3.9 LSTM H=1024 126 -> 78, P=512 336 -> 115 local loads per step. The
+    price: the loads' latency is no longer hidden behind the wait. Where nothing spills it
+    saves 2-5% of the instructions but exposes that latency, and at some smaller tiles it
+    spilled where the prefetch did not (LSTM H=1024 B=64, 16 x 32 tiles: 7 local loads per
+    step; GRU H=1536 B=16, 16 x 16: 9 -> 17); one-gate cells spill neither way at 128 x 64
+    and gain nothing (tanh H=1024 B=1024: 1226 -> 1236 instructions). Not yet timed on a
+    GPU (step_ablation's `nolate`)."""
+    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
+    return gated and block_h * block_b >= _LATE_TILE
 
 
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
@@ -2608,6 +2660,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 SWAP=_swap_dots(block_k, block_b),
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 FOLD_DY=_fold_dy(block_k, block_b),
+                LATE=_late_loads(cell, block_h, block_b),
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

@@ -8,7 +8,9 @@ hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family 
 (`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
 their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU;
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
-product from the input-side tiles as the large-batch tiles do),
+product from the input-side tiles as the large-batch tiles do; `_LATE_TILE` 16 x 64 instead
+of 128 x 64: the backward's sub-steps on 16 x 64 tiles and wider then load their inputs after
+their product as the 128 x 64 tiles of B = 1024 do),
 runs the forward and the autograd
 backward in float32 and compares every output and gradient with the float64 oracle of
 tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
@@ -77,6 +79,8 @@ def draw(i: int) -> dict:
     kernel = {"_MAX_CHUNK": rng.choice([16, 32])} if rng.random() < 0.3 else {}
     if rng.random() < 0.3:  # streamed 64-column tiles start the product from x (`_xjoin`)
         kernel["_XJOIN_TILE"] = 16 * 64
+    if rng.random() < 0.3:  # the backward loads a sub-step's inputs after its product
+        kernel["_LATE_TILE"] = 16 * 64
     return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel}
 
 

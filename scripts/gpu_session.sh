@@ -45,11 +45,15 @@
 #                                         (spills-k512) against streamed (bk64)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
-#                                         H=1024 / 768 B=1024, 128 x 64: 476 / 508 local
+#                                         H=1024 / 768 B=1024, 128 x 64: 73 / 70 local
 #                                         loads per backward step), against 64 x 128 tiles
 #                                         (bb128), the stepwise family on 32 x 64 and
 #                                         on its own 64 x 64 tiles (sw64) and the forward
 #                                         without _xjoin (noxjoin)
+#   bash scripts/gpu_session.sh late      the 128 x 64 backwards, whose sub-steps load their
+#                                         inputs after their product (`_late_loads`),
+#                                         against the prefetch (nolate: LSTM 476 / 508
+#                                         local loads per step instead of 73 / 70)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)
@@ -138,6 +142,8 @@ case "${1:-tests}" in
     ablate 200 spills-k512 ;;
   huge)
     ablate 560 huge ;;
+  late)
+    ablate 400 late ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -165,6 +171,6 @@ case "${1:-tests}" in
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|profile|all" >&2
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|late|profile|all" >&2
      exit 2 ;;
 esac

@@ -60,6 +60,10 @@ Variants (comma-joined in one process):
     noxjoin   the forward's input-side tiles added after its streamed joint product, as
               tiles of their own, on every tile size (kernels' _XJOIN_TILE; by default they
               start the product on tiles of 64 x 64 and more, `_xjoin`)
+    nolate    the backward's sub-steps have their inputs prefetched by the sub-step before,
+              ahead of the barrier's wait, on every tile size (kernels' _LATE_TILE; by
+              default gated cells' tiles of 128 x 64 and more load them after their
+              product, `_late_loads`)
     stepwise  the stepwise family (one launch per step, any number of programs) on the
               32 x 64 tiles streamed in 64-column chunks, which the B = 256 plans use
               without spills, instead of the persistent grid; the step time is then one
@@ -142,6 +146,12 @@ SETS = {
     # sw64: stepwise on the 64 x 64 tiles its planner rule picks past the grid (no spills).
     "huge": ("lstm,1536,256;lstm,1024,512;lstm,768,1024;lstm,1024,1024",
              "layer;bb128,layer;stepwise,layer;sw64,layer;noxjoin,layer;bk32,layer"),
+    # The 128 x 64 backwards (B = 1024, and B = 512 at H = 1536) load each sub-step's inputs
+    # after its product (`_late_loads`): Triton 3.6, local loads per step, prefetched -> late:
+    # LSTM 476-508 -> 70-73, GRU 85 -> 19, with the loads' latency no longer behind the wait.
+    # nolate restores the prefetch.
+    "late": ("lstm,1024,1024;lstm,768,1024;gru,1024,1024;lstm,1536,512",
+             "layer;nolate,layer"),
 }
 
 
@@ -242,6 +252,7 @@ def swaps() -> dict:
         # Batch tiles wider than 32 columns hold single chunks as wide as narrow tiles do.
         "nowidecap": [(pg, "_max_chunk", lambda _bb: pg._MAX_CHUNK)],
         "noxjoin": [(pg, "_XJOIN_TILE", 1 << 30)],
+        "nolate": [(pg, "_LATE_TILE", 1 << 30)],
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         "nohoist": [(pg, "_hoist_weights", _hoisted(()))],

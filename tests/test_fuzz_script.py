@@ -26,6 +26,7 @@ def test_draws_are_reproducible_and_varied():
     assert any(0 in c["shape"]["lengths"] for c in cases)
     assert {c["kernel"].get("_MAX_CHUNK") for c in cases} == {None, 16, 32}
     assert {c["kernel"].get("_XJOIN_TILE") for c in cases} == {None, 16 * 64}
+    assert {c["kernel"].get("_LATE_TILE") for c in cases} == {None, 16 * 64}
     assert 64 in {c["constraints"].get("block_b") for c in cases}
     assert all(c["shape"]["proj"] < c["shape"]["H"] or c["shape"]["proj"] == 0 for c in cases)
 

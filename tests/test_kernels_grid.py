@@ -591,6 +591,22 @@ def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persist
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+# LATE: each backward sub-step loads its own inputs after its product (the carry product; with
+# a projection also Pw^T's, phase B), not the sub-step before it ahead of the barrier's wait. On
+# a GPU only gated cells' tiles of 128 x 64 or more take it; _LATE_TILE lowered, the 16 x 64
+# tiles here do. The interpreter runs one sub-step per launch, so every sub-step's inputs come
+# from LATE's loads.
+@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
+                         ids=lambda v: str(v))
+@REVERSE
+@BLOCK_K
+def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
+    monkeypatch.setattr(pg, "_LATE_TILE", 16 * 64)
+    assert pg._late_loads(cell, 16, 64) and not pg._late_loads(cell, 16, 32)
+    kw = dict(persistent=True, block_h=16, block_b=64, block_k=block_k, num_warps=4)
+    _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
+
+
 # The stepwise family's own tiles past the co-resident grid (`planner._stepwise_fit`): 64 x 64,
 # streamed in 64-column chunks, where XJOIN applies without lowering _XJOIN_TILE. H = 96: one
 # full and one ragged hidden slice and chunk; 70 rows: a full and a partial batch tile.
@@ -622,6 +638,14 @@ def test_xjoin_choice():
     assert pg._xjoin("lstm", 64, 32, 128) and not pg._xjoin("lstm", 64, 32, 64)
     assert not pg._xjoin("rnn_tanh", 64, 128, 64) and not pg._xjoin("rnn_relu", 64, 64, 64)
     assert not pg._xjoin("lstm", 0, 64, 64) and not pg._xjoin("lstm", 64, 128, 32)
+
+
+def test_late_loads_choice():
+    # Gated cells on tiles of >= 128 x 64 elements, whichever way round.
+    assert pg._late_loads("lstm", 128, 64) and pg._late_loads("gru", 64, 128)
+    assert pg._late_loads("lstm", 256, 64)
+    assert not pg._late_loads("lstm", 64, 64) and not pg._late_loads("gru", 32, 128)
+    assert not pg._late_loads("rnn_tanh", 128, 64) and not pg._late_loads("rnn_relu", 128, 64)
 
 
 def test_fold_dy_choice():
