@@ -1069,6 +1069,18 @@ def test_gpu_stepwise_64_tiles(cell, P, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("cell,P", [("lstm", 0), ("gru", 0), ("lstm", 48)])
+def test_gpu_late_loads_128_tiles(cell, P, dtype):
+    # The B = 1024 plans' 128 x 64 tiles (streamed in chunks of 64, 8 warps) as the GPU
+    # compiles them, whose backward loads each sub-step's inputs after its product
+    # (`_late_loads`), with the grid barrier: H = 160 is a full and a ragged hidden slice.
+    assert pg._late_loads(cell, 128, 64)
+    _check_layer(cell, 160, P, *_swap_lengths(), reverse=True, dtype=dtype, persistent=True,
+                 block_h=128, block_b=64, block_k=64, num_warps=8)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("num_warps", [4, 8])
 def test_gpu_bare_barrier_counts_every_arrival(num_warps):
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
