@@ -534,11 +534,13 @@ def _stepwise_traffic(G: int, block_h: int, block_b: int) -> float:
     return 2 * G / block_b + (1 + G) / block_h
 
 
-def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan:
+def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
+                  below: int | None = None) -> LayerPlan:
     """Stepwise tiles: those that read the fewest L2 bytes per step (`_stepwise_traffic`),
     each with its weight slice resident (staged on chip for the step) where it fits in shared
     memory, else streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
-    H, so this family never fails); at equal bytes resident first.
+    H, so this family never fails); at equal bytes resident first. `below`: only tiles whose
+    estimate is under that many bytes (`smaller_choice`); none: the 16 x 16 streamed tiles.
 
     A launch runs one step, so a resident slice is read from L2 once per launch exactly as a
     streamed one is: residency saves no bytes here, while a small tile multiplies them
@@ -574,6 +576,8 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPla
                 if warps != 4:  # the forward's warps decide its gate layout (its bytes)
                     lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch,
                                warps, block_k, num_dirs)
+                if below is not None and lp.onchip_bytes >= below:
+                    continue
                 if (props.interpreter or lp.onchip_bytes <= budget) and (
                     best is None or _stepwise_traffic(G, block_h, block_b)
                     < _stepwise_traffic(G, best.block_h, best.block_b)
@@ -711,9 +715,11 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     candidates whose estimate is below `lp`'s: for the persistent CTA, the families that split
     R (`_split_heuristic`); for a persistent grid with resident weights, the grid with the
     weights streamed in chunks of _STREAM_K columns where it is co-resident; for every family,
-    stepwise streamed at 16 x 16 tiles (a few KiB per program, which fits at any H). Each
-    step needs less on chip than the one before (a streamed chunk's multi-buffered tiles can
-    take more than a small resident slice: such a candidate is passed over), so they end."""
+    the stepwise tiles that read the fewest L2 bytes per step among those whose estimate is
+    below `lp`'s (`_stepwise_fit`), down to 16 x 16 streamed tiles (a few KiB per program,
+    which fits at any H): 64 x 64 tiles read a quarter of 16 x 16 tiles' bytes. Each step
+    needs less on chip than the one before (a streamed chunk's multi-buffered tiles can take
+    more than a small resident slice: such a candidate is passed over), so they end."""
     bucket = _bucket(batch)
     if lp.family not in ("persistent_cta", "persistent_grid", "stepwise"):
         return None
@@ -723,8 +729,8 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     if lp.family == "persistent_grid" and lp.block_k == 0:
         candidates += [_grid_fit(cell, H, Hout, P, dtype, bucket, props, _STREAM_K, dirs)
                        for dirs in sorted({num_dirs, 1}, reverse=True)]
-    candidates.append(
-        _grid("stepwise", cell, H, Hout, P, dtype, 16, 16, bucket, 4, _STREAM_K, num_dirs))
+    candidates.append(_stepwise_fit(cell, H, Hout, P, dtype, bucket, props, num_dirs,
+                                    below=lp.onchip_bytes))
     return next((c for c in candidates
                  if c is not None and c.onchip_bytes < lp.onchip_bytes), None)
 

@@ -35,7 +35,7 @@ def _ladder(cell, H, P, dtype, batch, num_dirs):
     while (nxt := smaller_choice(steps[-1], cell, H, P or H, P, dtype, batch, H100,
                                  num_dirs)) is not None:
         steps.append(nxt)
-        assert len(steps) <= 5, steps
+        assert len(steps) <= 8, steps  # stepwise: 64 x 64 down to 16 x 16 in five steps
     return steps
 
 
@@ -47,7 +47,7 @@ CTA, GRID, STEP = "persistent_cta", "persistent_grid", "stepwise"
     (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0), (GRID, 0)]),
     (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0), (GRID, 64)]),
     (("lstm", 768, 0, torch.bfloat16, 1, 1), [(GRID, 0)]),  # vector tiles: R in registers
-    (("lstm", 768, 0, torch.bfloat16, 256, 1), [(GRID, 64), (STEP, 64)]),
+    (("lstm", 768, 0, torch.bfloat16, 256, 1), [(GRID, 64)] + [(STEP, 64)] * 4),
     (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0), (GRID, 64)]),
     (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0), (GRID, 64)]),
     (("rnn_tanh", 512, 0, torch.float32, 16, 1), [(GRID, 64)]),
@@ -68,6 +68,28 @@ def test_each_smaller_plan_needs_less_on_chip(shape, want):
     floor = planner._grid(STEP, *shape[:2], shape[1], *shape[2:4], 16, 16, shape[4], 4,
                           planner._STREAM_K, shape[5])
     assert steps[-1].onchip_bytes <= floor.onchip_bytes  # nothing smaller was skipped
+
+
+# Stepwise tiles (block_h, block_b) by L2 bytes per step, 64 x 64 first (LSTM: 0.20, 0.28,
+# 0.41, 0.44, 0.56, 0.81 of the bytes per element pair; `planner._stepwise_traffic`).
+_BY_BYTES = [(64, 64), (32, 64), (32, 32), (16, 64), (16, 32), (16, 16)]
+
+
+@pytest.mark.parametrize("shape, first", [
+    (("lstm", 1024, 0, torch.bfloat16, 4096, 1), 0),
+    (("gru", 1536, 0, torch.bfloat16, 1024, 1), 0),
+    (("lstm", 768, 0, torch.bfloat16, 256, 1), 2),
+], ids=["lstm-b4096", "gru-b1024", "lstm-b256"])
+def test_stepwise_steps_read_the_fewest_bytes_below_the_refused_plan(shape, first):
+    """Past the persistent families each step is the stepwise plan that reads the fewest L2
+    bytes per step among those the planner estimates below the refused one (`_stepwise_fit`
+    with `below`): after 64 x 64 tiles 32 x 64, not 16 x 16 with 2.9x its bytes; after the
+    grid's 32 x 64 tiles (73728 B) stepwise 32 x 32. The ladder ends at 16 x 16."""
+    steps = [lp for lp in _ladder(*shape) if lp.family == STEP]
+    assert [(lp.block_h, lp.block_b) for lp in steps] == _BY_BYTES[first:], steps
+    G = planner.GATES[shape[0]]
+    traffic = [planner._stepwise_traffic(G, lp.block_h, lp.block_b) for lp in steps]
+    assert traffic == sorted(traffic)
 
 
 def test_reference_and_unknown_families_have_nothing_smaller():
