@@ -577,11 +577,15 @@ def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+# The gated cells, and LSTM with a projection (two backward phases).
+GATED = pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
+                                ids=lambda v: str(v))
+
+
 # XJOIN: the forward's prefetched input-side tiles start the transposed joint product (all
 # of a gated cell's gates but GRU's n, whose input side stays a tile of its own). On a GPU
 # only tiles of 64 x 64 or more take it; _XJOIN_TILE lowered, the 16 x 64 tiles here do.
-@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
-                         ids=lambda v: str(v))
+@GATED
 @REVERSE
 @PERSIST
 def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persistent):
@@ -596,8 +600,7 @@ def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persist
 # a GPU only gated cells' tiles of 128 x 64 or more take it; _LATE_TILE lowered, the 16 x 64
 # tiles here do. The interpreter runs one sub-step per launch, so every sub-step's inputs come
 # from LATE's loads.
-@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
-                         ids=lambda v: str(v))
+@GATED
 @REVERSE
 @BLOCK_K
 def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
