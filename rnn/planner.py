@@ -296,6 +296,31 @@ def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, b
 
 
 _GRID_TILES = (16, 32, 64, 128)
+
+
+def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, ...]:
+    """The persistent grid's batch tiles on hidden slices of block_h, narrowest first: 16 to
+    64 columns, and, for streamed weights on MMA dots, 128 on 64-unit slices, which
+    `_grid_fit` so tries before the 128 x 64 tiles of the same program count. Against those
+    (where the grid needs that many: B >= 512 at large H, or a pair launch) the weights are
+    read by half the batch tiles and h (dph) by twice the hidden slices: for LSTM a third
+    less L2 traffic in the forward, as much in the backward (whose dph holds all 4 gates),
+    a seventh less over both (`_stepwise_traffic`: 0.164 -> 0.141 bytes per element pair;
+    GRU an eighth, one-gate cells the same), with two thirds of the forward's shared
+    memory. The sm_90 compiles (Triton 3.6, bf16, 8 warps; local loads per
+    step, forward / backward, 128 x 64 -> 64 x 128): LSTM H=1024 B=1024 77 / 73 -> 41 / 70
+    (with `_late_loads`), H=768 B=1024 83 / 70 -> 53 / 69, H=1536 B=512 82 / 70 -> 40 / 69,
+    GRU H=1536 B=512 64 / 19 -> 31 / 17; rnn_tanh H=1024 B=1024 spills neither way, forward
+    1528 -> 1194 instructions, backward 1226 -> 1288; shared memory 221184 -> 147456 B in
+    the LSTM forward, the backwards' 73728 B either way. Triton 3.9 spills both forwards
+    more, about alike (LSTM H=1024 B=1024 132 -> 113 local loads + stores per step, GRU
+    116 -> 113). Resident weights (their wide batch
+    tiles' chunks spill, `resident_operands_fit`) and float32's FMA dots (both tiles spill
+    thousands of values per step) keep the tiles they had. Not yet timed on a GPU
+    (step_ablation's `bh128` restores 128 x 64 tiles)."""
+    return (16, 32, 64, 128) if block_h == 64 and block_k and not fma_dots else (16, 32, 64)
+
+
 # Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
 # few KiB (with the compiler's multi-buffering) while each dot still has K = 64.
 _STREAM_K = 64
@@ -387,7 +412,7 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
     for block_h in _GRID_TILES:
         if block_h > max(16, _pow2(H)):
             break
-        for block_b in (16, 32, 64):
+        for block_b in _grid_batch_tiles(block_h, block_k, _fma_dots(dtype, props)):
             if block_b > max(16, _pow2(batch)):
                 break
             fwd = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)

@@ -45,15 +45,17 @@
 #                                         (spills-k512) against streamed (bk64)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
-#                                         H=1024 / 768 B=1024, 128 x 64: 73 / 70 local
-#                                         loads per backward step), against 64 x 128 tiles
-#                                         (bb128), the stepwise family on 32 x 64 and
-#                                         on its own 64 x 64 tiles (sw64) and the forward
-#                                         without _xjoin (noxjoin)
-#   bash scripts/gpu_session.sh late      the 128 x 64 backwards, whose sub-steps load their
-#                                         inputs after their product (`_late_loads`),
-#                                         against the prefetch (nolate: LSTM 476 / 508
-#                                         local loads per step instead of 73 / 70)
+#                                         H=1024 B=1024, 64 x 128: 41 / 70 local loads per
+#                                         forward / backward step), against the 128 x 64
+#                                         tiles it ran before (bh128: 77 / 73), the
+#                                         stepwise family on 32 x 64 and on its own 64 x
+#                                         64 tiles (sw64) and the forward without _xjoin
+#                                         (noxjoin)
+#   bash scripts/gpu_session.sh late      the 64 x 128 and 128 x 64 (bh128) backwards,
+#                                         whose sub-steps load their inputs after their
+#                                         product (`_late_loads`), against the prefetch
+#                                         (nolate: LSTM 494 / 476 local loads per step
+#                                         instead of 70 / 73)
 #   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
 #                                         time-boxed (budgets from the 2026-11-22 H100 runs;
 #                                         585 s in all)
@@ -143,7 +145,7 @@ case "${1:-tests}" in
   huge)
     ablate 560 huge ;;
   late)
-    ablate 400 late ;;
+    ablate 560 late ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)

@@ -54,9 +54,9 @@ Variants (comma-joined in one process):
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
-    bk0 / bk32 / bk64 / bk128 / bb64 / bh16 / bb128  plan constraints (weights resident,
-              or streamed in chunks of 32 / 64 / 128, batch tiles of 64, hidden slices of
-              16, 64 x 128 tiles) for the step and the layer times
+    bk0 / bk32 / bk64 / bk128 / bb64 / bh16 / bb128 / bh128  plan constraints (weights
+              resident, or streamed in chunks of 32 / 64 / 128, batch tiles of 64, hidden
+              slices of 16, 64 x 128 tiles, 128 x 64 tiles) for the step and the layer times
     noxjoin   the forward's input-side tiles added after its streamed joint product, as
               tiles of their own, on every tile size (kernels' _XJOIN_TILE; by default they
               start the product on tiles of 64 x 64 and more, `_xjoin`)
@@ -141,17 +141,20 @@ SETS = {
     # chunks 5). 128 x 64 tiles spill in any chunk and on 16 warps.
     # Since: the forward's input-side tiles start its joint product on these tiles (`_xjoin`;
     # noxjoin restores them): 64 x 64 forwards spill nothing, 128 x 64 77 local loads per
-    # step. 64 x 128 tiles (bb128: at B = 1024 the same programs and a third less L2
-    # traffic, by the count of weight and h bytes each program reads per step) 41.
+    # step. 64 x 128 tiles (at B = 1024 the same programs and, for LSTM, a third less L2
+    # traffic in the forward, by the count of weight and h bytes each program reads per
+    # step; the backward's the same) 41; the planner takes them before 128 x 64 since
+    # (`planner._grid_batch_tiles`), bh128 restores those.
     # sw64: stepwise on the 64 x 64 tiles its planner rule picks past the grid (no spills).
     "huge": ("lstm,1536,256;lstm,1024,512;lstm,768,1024;lstm,1024,1024",
-             "layer;bb128,layer;stepwise,layer;sw64,layer;noxjoin,layer;bk32,layer"),
-    # The 128 x 64 backwards (B = 1024, and B = 512 at H = 1536) load each sub-step's inputs
-    # after its product (`_late_loads`): Triton 3.6, local loads per step, prefetched -> late:
-    # LSTM 476-508 -> 70-73, GRU 85 -> 19, with the loads' latency no longer behind the wait.
-    # nolate restores the prefetch.
+             "layer;bh128,layer;stepwise,layer;sw64,layer;noxjoin,layer;bk32,layer"),
+    # The backwards of 64 x 128 (the planner's at B = 1024, and B = 512 at H = 1536) and 128 x
+    # 64 tiles (bh128) load each sub-step's inputs after its product (`_late_loads`):
+    # Triton 3.6, local loads per step, prefetched -> late: LSTM 476-508 -> 69-73, GRU 85-86
+    # -> 15-19, with the loads' latency no longer behind the wait. nolate restores the
+    # prefetch.
     "late": ("lstm,1024,1024;lstm,768,1024;gru,1024,1024;lstm,1536,512",
-             "layer;nolate,layer"),
+             "layer;nolate,layer;bh128,layer;bh128,nolate,layer"),
 }
 
 
@@ -273,6 +276,7 @@ _CONSTRAINTS = {"bk0": {"block_k": 0}, "bk32": {"block_k": 32}, "bk64": {"block_
                 "bk128": {"block_k": 128},
                 "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
                 "bb128": {"block_h": 64, "block_b": 128},
+                "bh128": {"block_h": 128, "block_b": 64},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64},
                 "sw64": {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 64}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)

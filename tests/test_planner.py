@@ -231,6 +231,30 @@ def test_wide_resident_chunks_stream_instead(mode, H, B, direction, tiles):
     assert lp.num_programs <= PRESETS["h100"].sm_count
 
 
+@pytest.mark.parametrize("mode,H,B,direction,programs", [
+    ("lstm", 1024, 1024, "unidirectional", 128), ("lstm", 768, 1024, "unidirectional", 96),
+    ("gru", 1536, 512, "unidirectional", 96), ("rnn_tanh", 1024, 1024, "unidirectional", 128),
+    ("lstm", 1024, 512, "bidirectional", 128),  # a pair launch
+])
+def test_streamed_grid_takes_64_wide_slices_of_128_batch_columns(mode, H, B, direction,
+                                                                 programs):
+    # Where the streamed grid needs as few programs as 128 x 64 tiles give, it runs 64 x 128
+    # tiles: the same programs, less L2 traffic per step (`planner._grid_batch_tiles`).
+    from tritonrnn.rnn.planner import _grid_batch_tiles
+
+    lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == (
+        "persistent_grid", 64, 128, 64), lp
+    assert lp.num_programs == programs <= PRESETS["h100"].sm_count
+    # Not with resident weights or float32's FMA dots, and never below 64-unit slices.
+    assert _grid_batch_tiles(64, 64, False) == (16, 32, 64, 128)
+    assert _grid_batch_tiles(64, 0, False) == _grid_batch_tiles(64, 64, True) == (16, 32, 64)
+    assert _grid_batch_tiles(32, 64, False) == _grid_batch_tiles(128, 64, False) == (16, 32, 64)
+    # Where 64 x 64 tiles are co-resident they stay.
+    lp = _plan(mode=mode, H=H, B=B // 2).layer(0)
+    assert (lp.block_h, lp.block_b) != (64, 128), lp
+
+
 def test_small_shared_memory_device_falls_back():
     tiny = dataclasses.replace(PRESETS["h100"], name="tiny", smem_per_program=4096, sm_count=4)
     lp = _plan(H=256, device=tiny).layer(0)
