@@ -1045,11 +1045,12 @@ def candidates(plan: Plan) -> list[dict]:
     cell = plan.rnn_mode
     out = []
     # Vector tiles (batch tiles of 1, 2, 4: the batch bucket's width, one tile) for the grid
-    # families, resident weights only, hidden slices from 8; MMA tiles from 16.
+    # families, resident weights only, hidden slices from 8; MMA tiles from 16, and 128 in
+    # the grid families (`_grid_batch_tiles`).
     vec = (_pow2(plan.batch),) if _pow2(plan.batch) <= 4 else ()
     for family in ("persistent_cta", "persistent_grid", "stepwise"):
         grid = family != "persistent_cta"
-        for block_b in (*(vec if grid else ()), 16, 32, 64):
+        for block_b in (*vec, 16, 32, 64, 128) if grid else (16, 32, 64):
             if block_b > max(16, _pow2(plan.batch)):
                 continue
             vector = vector_tiles(block_b)

@@ -471,6 +471,16 @@ def test_candidates_run_on_the_device():
     for c in vec:
         with plan_constraints(**c):
             assert _plan(H=256, B=1).layer(0).block_b == 1
+    # B = 1024: the grid families' 128-column batch tiles too, the planner's own choice among
+    # them (tune times it first).
+    p = _plan(H=1024, B=1024)
+    lp = p.layer(0)
+    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
+           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
+    cands = candidates(p)
+    assert own in cands and lp.block_b == 128, own
+    assert {c["family"] for c in cands if c["block_b"] == 128} == {"persistent_grid",
+                                                                   "stepwise"}
 
 
 def test_plan_for_errors():
