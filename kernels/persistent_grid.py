@@ -1247,6 +1247,15 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
 
 
 @triton.jit
+def _bwd_rows(OFFS, lens, jb64, b_ok, u, u_end, S, rev, NPH: tl.constexpr,
+              REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr):
+    """Active mask and packed rows of backward sub-step u (step S-1-u//NPH; none past
+    u_end)."""
+    live = (lens * 0 + u) < u_end
+    return _step_rows(OFFS, lens, jb64, b_ok & live, S - 1 - u // NPH, rev, REVERSE, NUM_DIRS)
+
+
+@triton.jit
 def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
                OFFS, lens, jb64, b_ok, hs, h_ok, os_, o_ok, u, u_end, S, rev,
                CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, NPH: tl.constexpr,
@@ -1257,9 +1266,7 @@ def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s
     sub-step forms dh (phase A, or the only phase); in the cell phase the reserve tiles:
     pre-activations x_k (input side), q_k (recurrent side) and the cell's extra pair e0, e1
     (LSTM c_t, c_{t-1}; GRU h_{t-1}; tanh h_t; zeros otherwise)."""
-    live = (lens * 0 + u) < u_end
-    act, rows = _step_rows(OFFS, lens, jb64, b_ok & live, S - 1 - u // NPH, rev, REVERSE,
-                           NUM_DIRS)
+    act, rows = _bwd_rows(OFFS, lens, jb64, b_ok, u, u_end, S, rev, NPH, REVERSE, NUM_DIRS)
     phase = (lens * 0 + u) % NPH
     dy = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & (act & (phase == 0))[None, :])
     m2 = h_ok[:, None] & (act & (phase == NPH - 1))[None, :]
@@ -1546,8 +1553,8 @@ def _grid_bwd_kernel(
                              carry.to(DH0.dtype.element_ty), mask=keep_o)
             else:
                 if LATE:  # Pw^T's product needs the rows' mask before the loads
-                    act, rows = _step_rows(OFFS, lens, jb64, b_ok & ((lens * 0 + u) < u_end),
-                                           S - 1 - u // NPH, rev, REVERSE, NUM_DIRS)
+                    act, rows = _bwd_rows(OFFS, lens, jb64, b_ok, u, u_end, S, rev, NPH,
+                                          REVERSE, NUM_DIRS)
                 if tile_on:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
                                 PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
@@ -2022,13 +2029,15 @@ def _late_loads(cell: str, block_h: int, block_b: int) -> bool:
     sub-step prefetch them before the barrier's wait: for gated cells on tiles of at least
     _LATE_TILE elements. Prefetched, those tiles (LSTM: 8 gate tiles, c_t, c_{t-1}, dy) wait
     across the wait and the carry product beside its accumulator, and at 128 x 64 they
-    outnumber the registers. The sm_90 compiles of the planner's 128 x 64 backwards (Triton
-    3.6, bf16, 8 warps; stack bytes per thread, local loads per step, step-loop
-    instructions), prefetched -> LATE: LSTM H=1024 B=1024 1312 B, 476, 5935 -> 320 B, 73,
-    4691 (the spilled 336 KB per program outgrew L1; 80 KB now fit); H=768 B=1024 1368 B,
-    508 -> 312 B, 70; H=1024 P=512 B=1024 1792 B, 586 -> 848 B, 191, 6087 -> 5316; GRU
-    H=1024 B=1024 376 B, 85, 3379 -> 112 B, 19, 3201; fp16 LSTM H=1024 888 B, 365 -> 352 B,
-    82; Triton 3.9 LSTM H=1024 126 -> 78, P=512 336 -> 115 local loads per step. The
+    outnumber the registers. The sm_90 compiles of the 128 x 64 backwards (the planner's at
+    B = 1024 before `planner._grid_batch_tiles`; Triton 3.6, bf16, 8 warps; stack bytes per
+    thread, local loads per step, step-loop instructions), prefetched -> LATE: LSTM H=1024
+    B=1024 1312 B, 476, 5935 -> 320 B, 73, 4691 (the spilled 336 KB per program outgrew L1;
+    80 KB now fit); H=768 B=1024 1368 B, 508 -> 312 B, 70; H=1024 P=512 B=1024 1792 B, 586
+    -> 848 B, 191, 6087 -> 5316; GRU H=1024 B=1024 376 B, 85, 3379 -> 112 B, 19, 3201; fp16
+    LSTM H=1024 888 B, 365 -> 352 B, 82; Triton 3.9 LSTM H=1024 126 -> 78, P=512 336 -> 115
+    local loads per step. The planner's 64 x 128 tiles likewise: LSTM H=1024 B=1024 1320 B,
+    494, 5953 -> 296 B, 70, 4694; GRU 368 B, 86 -> 88 B, 15. The
     price: the loads' latency is no longer hidden behind the wait. Where nothing spills it
     saves 2-5% of the instructions but exposes that latency, and at some smaller tiles it
     spilled where the prefetch did not (LSTM H=1024 B=64, 16 x 32 tiles: 7 local loads per

@@ -314,10 +314,10 @@ def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, 
     1528 -> 1194 instructions, backward 1226 -> 1288; shared memory 221184 -> 147456 B in
     the LSTM forward, the backwards' 73728 B either way. Triton 3.9 spills both forwards
     more, about alike (LSTM H=1024 B=1024 132 -> 113 local loads + stores per step, GRU
-    116 -> 113). Resident weights (their wide batch
-    tiles' chunks spill, `resident_operands_fit`) and float32's FMA dots (both tiles spill
-    thousands of values per step) keep the tiles they had. Not yet timed on a GPU
-    (step_ablation's `bh128` restores 128 x 64 tiles)."""
+    116 -> 113). Resident weights (their wide batch tiles' chunks spill,
+    `resident_operands_fit`) and float32's FMA dots (both tiles spill thousands of values
+    per step) keep the tiles they had. Not yet timed on a GPU (step_ablation's `bh128`
+    restores 128 x 64 tiles)."""
     return (16, 32, 64, 128) if block_h == 64 and block_k and not fma_dots else (16, 32, 64)
 
 
@@ -565,7 +565,8 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
     each with its weight slice resident (staged on chip for the step) where it fits in shared
     memory, else streamed in chunks of _STREAM_K columns (a few KiB per program: fits at any
     H, so this family never fails); at equal bytes resident first. `below`: only tiles whose
-    estimate is under that many bytes (`smaller_choice`); none: the 16 x 16 streamed tiles.
+    estimate is under that many bytes (`smaller_choice`); where none is, the 16 x 16
+    streamed tiles.
 
     A launch runs one step, so a resident slice is read from L2 once per launch exactly as a
     streamed one is: residency saves no bytes here, while a small tile multiplies them
