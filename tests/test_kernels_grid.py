@@ -577,17 +577,20 @@ def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
+def _wide_lengths():
+    """150 rows (a full and a partial 128-wide batch tile), lengths 0..6 shuffled; T = 7."""
+    g = torch.Generator().manual_seed(6)
+    return torch.randint(0, 7, (150,), generator=g).tolist(), 7
+
+
 # 128-wide batch tiles (the planner's streamed 64 x 128 tiles past B = 512 at large H,
-# `planner._grid_batch_tiles`): 150 rows are a full and a partial batch tile, lengths 0..6 in
-# a shuffled order; H = 33 three hidden slices of 16.
+# `planner._grid_batch_tiles`) over `_wide_lengths`; H = 33 three hidden slices of 16.
 @pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
                          ids=lambda v: str(v))
 @REVERSE
 def test_128_column_batch_tiles_match_reference(cell, P, reverse):
-    g = torch.Generator().manual_seed(6)
-    lengths = torch.randint(0, 7, (150,), generator=g).tolist()
     kw = dict(persistent=True, block_h=16, block_b=128, block_k=16, num_warps=8)
-    _check_layer(cell, 33, P, lengths, 7, reverse=reverse, **kw)
+    _check_layer(cell, 33, P, *_wide_lengths(), reverse=reverse, **kw)
 
 
 # The gated cells, and LSTM with a projection (two backward phases).
@@ -1092,10 +1095,10 @@ def test_gpu_8192_element_tiles(cell, P, dtype, block_h, block_b):
     # The B = 1024 plans' 64 x 128 tiles (and the 128 x 64 ones they replaced), streamed in
     # chunks of 64 on 8 warps, as the GPU compiles them, with the grid barrier; the gated
     # cells' backward loads each sub-step's inputs after its product (`_late_loads`).
-    # H = 160: full and ragged hidden slices; 150 rows: a full and a partial 128-wide tile.
+    # H = 160: full and ragged hidden slices; `_wide_lengths`: a full and a partial 128-wide
+    # batch tile.
     assert pg._late_loads(cell, block_h, block_b) == (cell != "rnn_tanh")
-    lengths = torch.randint(0, 7, (150,), generator=torch.Generator().manual_seed(6)).tolist()
-    _check_layer(cell, 160, P, lengths, 7, reverse=True, dtype=dtype, persistent=True,
+    _check_layer(cell, 160, P, *_wide_lengths(), reverse=True, dtype=dtype, persistent=True,
                  block_h=block_h, block_b=block_b, block_k=64, num_warps=8)
 
 
