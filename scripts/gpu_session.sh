@@ -2,7 +2,17 @@
 # Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
 # install the project, then one stage per call (each fits the device tool's 10-minute limit).
 # Logs and JSON/PNG go to $OUT (the device tool brings them back), else to bench/results.
-#   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors)
+# A session has 30 device minutes, the machine's start included: run `all`, `tests` and
+# `decide`, in that order (about 9 + 7 + 9 minutes at most); the other stages are the
+# ablation sets `decide` samples, for the sessions after.
+#   bash scripts/gpu_session.sh all       the evidence of issues 5 and 6 in one call, each step
+#                                         time-boxed: the grid and targets sweeps against
+#                                         cuDNN, the bare barrier, the layer pipeline, tune,
+#                                         check (560 s in all)
+#   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors), cut at
+#                                         420 s; the log names each test as it finishes
+#   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
+#                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
@@ -56,9 +66,6 @@
 #                                         product (`_late_loads`), against the prefetch
 #                                         (nolate: LSTM 494 / 476 local loads per step
 #                                         instead of 70 / 73)
-#   bash scripts/gpu_session.sh all       the evidence in one <10-minute call, each step
-#                                         time-boxed (budgets from the 2026-11-22 H100 runs;
-#                                         585 s in all)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, anchor)
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
@@ -83,9 +90,13 @@ ablate() { local secs=$1 name=$2
     | tee "$out/ablation-$name.log" | tail -20; }
 case "${1:-tests}" in
   tests)
-    # pytest-xdist where the machine has it (the GPU tests took ~110 s with -n 6, H100).
-    par=$(python -c "import xdist" 2>/dev/null && echo "-n 6")
-    python -m pytest -q -m gpu tests $par 2>&1 | tee "$out/gpu-tests.log" | tail -40 ;;
+    # pytest-xdist where the machine has it. 160 GPU tests took ~110 s with -n 6 (H100,
+    # 2026-11-22); there are 281 now. -v: a run cut at its box still names each test it
+    # finished; -rf lists the failures at the end.
+    par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
+    timeout 420 python -m pytest -v -rf -p no:cacheprovider -m gpu tests $par 2>&1 \
+      | tee "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -40
+    echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
   bench)
     for p in anchor small-batch gru fp16; do
       tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
@@ -146,33 +157,33 @@ case "${1:-tests}" in
     ablate 560 huge ;;
   late)
     ablate 560 late ;;
+  decide)
+    ablate 540 decide ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
-    # Each step is cut at its budget; bench reports are checkpointed per shape, so a cut step
-    # keeps what it finished. Measured on an H100 (cold compile cache): GPU tests 110 s with
-    # -n 6, grid 77 s and targets 76 s (fwdbwd), barrier 27 s; both sweeps before the
-    # cuDNN-graph baseline (torch-graph: three captures and their timing per shape, not yet
-    # measured), the barrier before it timed the backward step too (its budget 35 -> 45 s,
-    # tune's 60 -> 50; the barrier JSON is also checkpointed per shape). The budgets add up
-    # to 585 s, under the device tool's 600 s per command.
+    # Each step is cut at its budget; bench reports are checkpointed per shape (the barrier
+    # JSON too), so a cut step keeps what it finished. Measured on an H100 (2026-11-22, cold
+    # compile cache): grid 77 s and targets 76 s (fwdbwd), barrier 27 s; since then the
+    # sweeps also time a cuDNN-graph baseline (torch-graph: three captures and their timing
+    # per shape), not yet measured, hence their wider boxes. The GPU tests are a stage of
+    # their own (`tests`): 281 of them no longer fit beside the sweeps. The budgets add up to
+    # 560 s, under the device tool's 600 s per command.
     box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
       timeout "$secs" "$@" > "$out/$name.log" 2>&1; echo "$name: rc $? in $((SECONDS - t0)) s"; }
-    par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
-    box 130 gpu-tests python -m pytest -q -m gpu tests $par -rf
-    box 110 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
+    box 160 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
       --no-progress --out "$out"
-    box 110 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
+    box 160 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
       --no-tune --no-progress --out "$out"
     box 45 barrier python -m tritonrnn.bench barrier --out "$out"
-    box 40 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
+    box 35 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
       --pass fwdbwd --no-tune --no-progress --out "$out/serial"
-    box 40 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
+    box 35 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
       --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
     box 50 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
       --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
-    box 60 check python -m tritonrnn.bench check --no-progress
-    tail -3 "$out/gpu-tests.log"; cat "$out/barrier.log" | tail -20 ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|late|profile|all" >&2
+    box 75 check python -m tritonrnn.bench check --no-progress
+    tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
+  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|late|decide|profile|all" >&2
      exit 2 ;;
 esac

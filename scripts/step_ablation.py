@@ -8,6 +8,8 @@ part. The outputs of a variant are garbage (no barrier means races); only its ti
 
     python scripts/step_ablation.py [--out DIR]        # every variant, every shape
     python scripts/step_ablation.py --set wide         # a named set (scripts/gpu_session.sh)
+    python scripts/step_ablation.py --set decide       # the untimed rules, one decision after
+                                                       # another (DECISIONS)
     python scripts/step_ablation.py --aot --set all    # no GPU: compile them for sm_90 instead
 
 `--aot` times nothing: each variant's forward and backward kernels, as the timed run would
@@ -156,6 +158,29 @@ SETS = {
     "late": ("lstm,1024,1024;lstm,768,1024;gru,1024,1024;lstm,1536,512",
              "layer;nolate,layer;bh128,layer;bh128,nolate,layer"),
 }
+# Sets of decisions: jobs (shapes, variants) run in order, each a shape's planner plan
+# (`layer`) against the variants that would undo an untimed rule, so that a stage cut at its
+# time box keeps the decisions it finished (a shape's baseline is timed once). `decide` holds
+# the rules no GPU has timed (the sets above, one shape each), most consequential first: the
+# targets that the 2026-11-22 H100 runs missed (B = 64: LSTM H=1024 1.09x cuDNN; per-step
+# latency 4.3-7.4x the bare barrier; B = 256: LSTM H=1024 0.72x), then the rules of the
+# large tiles and of the spilling compiles.
+DECISIONS: dict[str, list[tuple[str, str]]] = {
+    "decide": [
+        ("lstm,1024,64", "layer;nobatch,layer"),  # the gate-batched forward on 8 warps
+        ("lstm,768,16", "layer;fw8,layer;tagged,layer"),  # the anchor's forward warps
+        ("lstm,1024,256", "layer;noswap,nojoin,layer"),  # transposed loops, joint gates
+        ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
+        ("lstm,256,16", "layer;nohoist,layer"),  # resident weights in registers
+        ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
+        ("gru,1536,16", "layer;bw8,layer"),  # the spilling 4-warp backward
+    ],
+}
+
+
+def set_jobs(name: str) -> list[tuple[str, str]]:
+    """The (shapes, variants) jobs of the named set, in run order."""
+    return DECISIONS[name] if name in DECISIONS else [SETS[name]]
 
 
 @triton.jit
@@ -427,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", metavar="MODE,H,B;...",
                     help="shapes to time (default: " + ";".join(
                         f"{m},{h},{b}" for m, h, b in SHAPES) + ")")
-    ap.add_argument("--set", choices=[*SETS, "all"],
+    ap.add_argument("--set", choices=[*SETS, *DECISIONS, "all"],
                     help="a named set of shapes and variants (scripts/gpu_session.sh's "
                          "stages); 'all': every set (with --aot only)")
     ap.add_argument("--aot", action="store_true",
@@ -437,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def jobs(args) -> list[tuple[list[tuple[str, int, int]], list[str]]]:
-    """[(shapes, variants), ...] to run: one per named set (--set all: every set), else the
+    """[(shapes, variants), ...] to run: the named set's jobs (--set all: every set's), else the
     --shapes / --variants of `resolve`."""
     if not args.set:
         return [resolve(args)]
@@ -447,13 +472,31 @@ def jobs(args) -> list[tuple[list[tuple[str, int, int]], list[str]]]:
     if args.set == "all" and not args.aot:
         raise ValueError("--set all: expected --aot with it (a timed run takes one set per "
                          "device command)")
-    names = list(SETS) if args.set == "all" else [args.set]
-    out = []
-    for name in names:
-        shapes, variants = SETS[name]
-        out.append(resolve(argparse.Namespace(once=None, shapes=shapes, variant=None,
-                                              variants=variants)))
-    return out
+    names = [*SETS, *DECISIONS] if args.set == "all" else [args.set]
+    return [resolve(argparse.Namespace(once=None, shapes=shapes, variant=None,
+                                       variants=variants))
+            for name in names for shapes, variants in set_jobs(name)]
+
+
+def runs(todo, merge: bool) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """The variant processes to start, in order: (variant, shapes). merge (--aot, where the
+    order does not matter): one process per variant, over the union of its shapes in all the
+    jobs. Otherwise in job order: each job's variants over those of its shapes that no earlier
+    process ran them on (a decision's baseline shared with an earlier one is timed once)."""
+    out: list[tuple[str, list]] = []
+    done: set[tuple[str, tuple[str, int, int]]] = set()
+    merged: dict[str, list] = {}
+    for shapes, variants in todo:
+        for v in variants:
+            if merge:
+                have = merged.setdefault(v, [])
+                have += [sh for sh in shapes if sh not in have]
+                continue
+            new = [sh for sh in shapes if (v, sh) not in done]
+            done.update((v, sh) for sh in new)
+            if new:
+                out.append((v, new))
+    return list(merged.items()) if merge else out
 
 
 def resolve(args) -> tuple[list[tuple[str, int, int]], list[str]]:
@@ -546,15 +589,9 @@ def main() -> int:
         for row in rows:
             print(json.dumps(row), flush=True)
         return 0
-    # Each variant in its own process (its swaps must precede the first compile), with the
-    # union of its shapes over the sets.
-    per_variant: dict[str, list] = {}
-    for shapes, variants in todo:
-        for v in variants:
-            have = per_variant.setdefault(v, [])
-            have += [sh for sh in shapes if sh not in have]
+    # Each variant in its own process (its swaps must precede the first compile).
     rows, failed = [], []
-    for v, shapes in per_variant.items():
+    for v, shapes in runs(todo, merge=args.aot):
         cmd = [sys.executable, __file__, "--variant", v,
                "--shapes", ";".join(f"{m},{h},{b}" for m, h, b in shapes)]
         if args.aot:
