@@ -3,9 +3,10 @@
     tritonrnn bench [--preset NAME | shape options] [--pass fwd|bwd|fwdbwd|all] [--out DIR]
     tritonrnn check [--backend B] [--dtype D] [small shape options]
     tritonrnn tune  [--preset NAME | shape options] [--force]
-    tritonrnn plan  [--preset NAME | shape options] [--device-preset h100|h200|interpreter]
-                    [--pipeline-chunks C]
-    tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200] [--arch 90]
+    tritonrnn plan  [--preset NAME | shape options]
+                    [--device-preset h100|h200|a100|interpreter] [--pipeline-chunks C]
+    tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100]
+                    [--arch CC]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
                     [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog=EPILOG)
     _add_shape_options(pl)
     pl.add_argument("--device-preset", default="current",
-                    help="current | h100 | h200 | interpreter (default: this machine)")
+                    help="current | h100 | h200 | a100 | interpreter (default: this machine)")
     pl.add_argument("--pipeline-chunks", type=int, metavar="C",
                     help="force the layer pipeline to C time chunks (plan_constraints; 1: off); "
                     "default: the automatic rule, opt-in with TRITONRNN_PIPELINE=1")
@@ -156,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
         "does not fit (or ptxas is missing), 2 a bad option.")
     _add_shape_options(a)
     a.add_argument("--device-preset", default="h100",
-                   help="planner device preset: h100 | h200 (default h100)")
-    a.add_argument("--arch", type=int, default=90, metavar="CC",
-                   help="CUDA compute capability to compile for (default 90: sm_90)")
+                   help="planner device preset: h100 | h200 | a100 (default h100)")
+    a.add_argument("--arch", type=int, default=None, metavar="CC",
+                   help="CUDA compute capability to compile for (default: the preset's, 90 "
+                   "for h100 / h200, 80 for a100)")
     a.add_argument("--family", choices=("persistent_cta", "persistent_grid", "stepwise"),
                    help="force the kernel family (plan_constraints)")
     a.add_argument("--block-h", type=int, metavar="N", help="force block_h (power of two >= 16)")
@@ -441,6 +443,8 @@ def cmd_aot(args) -> int:
     if args.device_preset not in presets:
         raise UsageError(f"--device-preset: expected one of {presets}, got "
                          f"{args.device_preset!r}")
+    if args.arch is None:
+        args.arch = DEVICE_PRESETS[args.device_preset].arch
     if args.arch < 75:
         raise UsageError(f"--arch: expected a CUDA compute capability >= 75 such as 80, 90 or "
                          f"100, got {args.arch}")

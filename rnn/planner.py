@@ -65,11 +65,19 @@ class DeviceProperties:
     regs_per_sm: int  # 32-bit registers per SM
     l2_bytes: int
     interpreter: bool = False
+    # The CUDA compute capability (major * 10 + minor) its kernels compile for: `tritonrnn
+    # aot`'s default target for a preset. The planner's rules were calibrated on sm_90.
+    arch: int = 90
 
 
 PRESETS: dict[str, DeviceProperties] = {
     "h100": DeviceProperties("NVIDIA H100 80GB HBM3", 132, 227 * 1024, 65536, 50 * 2**20),
     "h200": DeviceProperties("NVIDIA H200", 132, 227 * 1024, 65536, 50 * 2**20),
+    # 163 KiB: the A100's opt-in shared memory per block. Its plans compile for sm_80 within
+    # it and without spills (`tritonrnn aot --device-preset a100`, Triton 3.6: the grid and
+    # targets presets); none has run on an A100.
+    "a100": DeviceProperties("NVIDIA A100-SXM4-80GB", 108, 163 * 1024, 65536, 40 * 2**20,
+                             arch=80),
     # The interpreter has no on-chip limit; it plans as an H100 would so CI exercises the
     # same choices, and the launchers run grid barriers one step per launch there.
     "interpreter": DeviceProperties(
@@ -88,6 +96,7 @@ def _cuda_properties(index: int) -> DeviceProperties:
         smem_per_program=int(smem),
         regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
         l2_bytes=int(getattr(p, "L2_cache_size", 50 * 2**20)),
+        arch=p.major * 10 + p.minor,
     )
 
 

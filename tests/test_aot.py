@@ -879,6 +879,47 @@ def test_wide_resident_chunks_stream_without_spills():
 # Triton 3.9 spills the forwards more, about as much at either tile (LSTM 132 at 128 x 64,
 # 113 at 64 x 128; GRU 116 / 113), the late backwards 109 / 17 (prefetched at 128 x 64: 169
 # / 21).
+# The A100 preset's plans, compiled for sm_80 (no wgmma there): resident 16 x 16 tiles (the
+# anchor, GRU H=1024), streamed 16 x 64 (LSTM H=1024 B=64: 128 programs of the H100's 16 x 32
+# tiles would not be co-resident on 108 SMs), GRU H=1536 (streamed, where the H100 holds it
+# resident), 64 x 64 at B=256, and the vector tiles of B=1.
+A100_PLANS = [
+    ("lstm768-b16", aot.AotShape("lstm", hidden=768, batch=16, dtype=torch.bfloat16)),
+    ("gru1024-b16", aot.AotShape("gru", hidden=1024, batch=16, dtype=torch.bfloat16)),
+    ("lstm1024-b64", aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16)),
+    ("gru1536-b16", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16)),
+    ("lstm1024-b256", aot.AotShape("lstm", hidden=1024, batch=256, dtype=torch.bfloat16)),
+    ("lstm768-b1", aot.AotShape("lstm", hidden=768, batch=1, dtype=torch.bfloat16)),
+]
+
+
+@pytest.mark.compiler_specific
+def test_a100_plans_compile_for_sm80_within_the_preset():
+    """The planner's rules were calibrated on sm_90 compiles; on the A100 preset its plans
+    compile for sm_80 within the shared memory it estimates and the A100 offers, co-resident,
+    and on Triton 3.6 without spills (also every shape of the grid and targets presets,
+    `tritonrnn aot --preset grid --device-preset a100`). Triton 3.9 spills one of them: LSTM
+    H=1024 B=256's 64 x 64 tiles on mma.sync (41 forward, 110 backward local loads + stores
+    per step; no 128-program grid is co-resident on 108 SMs)."""
+    a100 = PRESETS["a100"]
+    on_36 = triton.__version__.startswith("3.6.")
+    try:
+        reports = aot.aot_reports([(s, None) for _, s in A100_PLANS], "a100", a100.arch)
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_80: {e}")
+    for (name, _), r in zip(A100_PLANS, reports, strict=True):
+        lp = r["plan"]
+        assert r["arch"] == 80 and lp["family"] == "persistent_grid", name
+        assert lp["num_programs"] <= a100.sm_count, name
+        for k in _kernels(r):
+            assert k["mma"] == ("fma" if lp["block_b"] == 1 else "mma"), (name, k["kernel"])
+            assert k["shared"] <= lp["onchip_bytes"] <= a100.smem_per_program, name
+            assert k["fits_smem"] and k["co_resident"], (name, k["kernel"])
+            if on_36 or name != "lstm1024-b256":
+                assert k["fits"] and not k["spills"], (name, k["kernel"])
+                assert _local_ops(k) == (0, 0), (name, k["profile"])
+
+
 LATE_TILES = [
     ("lstm1024-b1024", aot.AotShape("lstm", hidden=1024, batch=1024, dtype=torch.bfloat16)),
     ("gru1024-b1024", aot.AotShape("gru", hidden=1024, batch=1024, dtype=torch.bfloat16)),

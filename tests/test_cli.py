@@ -201,6 +201,18 @@ def test_plan_prints_explain(capsys):
     assert "weights=resident (gate-batched forward) " in out
 
 
+def test_plan_on_the_a100_preset(capsys):
+    """The A100 (108 SMs, 163 KiB per program) runs the anchor on the same co-resident grid
+    as the H100 (48 programs); LSTM H=1024 B=64's 128 programs of 16 x 32 tiles would not be
+    co-resident there, so it plans 64 programs of 16 x 64 tiles, their weights streamed."""
+    assert main(["plan", "--preset", "anchor", "--device-preset", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA A100" in out and "persistent_grid" in out and "programs=48" in out
+    assert main(["plan", "--hidden", "1024", "--batch", "64", "--device-preset", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "programs=64" in out and "block_b=64" in out and "weights=streamed/64" in out, out
+
+
 @pytest.mark.parametrize("tagged", ["off", "fwd"])
 def test_plan_names_register_weights_and_the_tagged_exchange(capsys, monkeypatch, tagged):
     # LSTM H=256 B=16: HOIST by the planner's rule; the tagged exchange only when asked for.
@@ -386,7 +398,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--num-warps", "3"], "--num-warps: expected a power of two in [1, 32], got 3"),
         (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability >= 75"),
         (["aot", "--device-preset", "interpreter"],
-         "--device-preset: expected one of ['h100', 'h200'], got 'interpreter'"),
+         "--device-preset: expected one of ['a100', 'h100', 'h200'], got 'interpreter'"),
         (["aot", "--family", "reference"], "invalid choice: 'reference'"),
         (["aot", "--maxnreg", "300"], "--maxnreg: expected an int in [16, 255], got 300"),
         (["aot", "--dtype", "fp64"], "the planner runs float64 on the reference family"),
@@ -403,6 +415,25 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
 def test_aot_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("preset, arch", [("h100", 90), ("h200", 90), ("a100", 80)])
+def test_aot_compiles_for_the_presets_architecture(preset, arch, capsys, monkeypatch):
+    """Without --arch, aot targets the preset's GPU (sm_80 for the A100); --arch overrides it.
+    The ptxas lookup, the first thing a compile does, records the target and stops it."""
+    from tritonrnn.bench import aot
+
+    asked = []
+
+    def missing(name, arch=90):
+        asked.append(arch)
+        raise aot.ToolMissing(f"{name} not found (test)")
+
+    monkeypatch.setattr(aot, "_tool", missing)
+    assert main(["aot", "--hidden", "64", "--device-preset", preset]) == 1
+    assert main(["aot", "--hidden", "64", "--device-preset", preset, "--arch", "100"]) == 1
+    capsys.readouterr()
+    assert asked == [arch, 100]
 
 
 def test_aot_without_ptxas_is_one_line_exit_1(capsys, monkeypatch):

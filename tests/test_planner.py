@@ -130,11 +130,10 @@ def test_grid_plans_are_co_resident_and_fit():
             assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
 
 
-# Devices beside the presets: an A100-like part (108 SMs, 163 KiB per program), a small one
-# and a tiny one, where few of the H100's tiles fit.
+# Devices beside the H100 and H200: the A100 (108 SMs, 163 KiB per program), a small one and
+# a tiny one, where few of the H100's tiles fit.
 _OTHER_DEVICES = (
-    dataclasses.replace(PRESETS["h100"], name="a100-like", sm_count=108,
-                        smem_per_program=163 * 1024, l2_bytes=40 * 2**20),
+    PRESETS["a100"],
     dataclasses.replace(PRESETS["h100"], name="small", sm_count=20, smem_per_program=99 * 1024),
     dataclasses.replace(PRESETS["h100"], name="tiny", sm_count=2, smem_per_program=48 * 1024,
                         regs_per_sm=32768),
@@ -484,8 +483,8 @@ def test_candidates_run_on_the_device():
 
 
 def test_plan_for_errors():
-    with pytest.raises(ValueError, match=r"device_properties: expected one of.*'a100'"):
-        _plan(device="a100")
+    with pytest.raises(ValueError, match=r"device_properties: expected one of.*'h200'"):
+        _plan(device="a700")
     with pytest.raises(ValueError, match=r"batch: expected an int >= 1, got 0"):
         _plan(B=0)
     with pytest.raises(TypeError, match=r"dtype: expected float16.*torch.int32"):
