@@ -558,9 +558,14 @@ def _aot_line(row: dict) -> str:
             f"instr, MMA {row['MMA']}, LDSM {row['LDSM']}, LDL {row['LDL']}, BAR {row['BAR']}")
 
 
-def _time_line(row: dict) -> str:
+def _time_line(row: dict, plan: dict | None = None) -> str:
+    """A timed row as a line; with `plan` (the same shape's `layer` row, the planner's plan),
+    the variant's layer fwd + bwd against the plan's: a decision's verdict."""
     layer = (f"  layer fwd {row['fwd_ms']:.2f} ms bwd {row['bwd_ms']:.2f} ms"
              if "fwd_ms" in row else "")
+    if plan and "fwd_ms" in row and "fwd_ms" in plan and row is not plan:
+        ratio = (row["fwd_ms"] + row["bwd_ms"]) / (plan["fwd_ms"] + plan["bwd_ms"])
+        layer += f" = {ratio:.2f}x the plan's fwd+bwd"
     return (f"{row['variant']:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
             f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}")
 
@@ -591,20 +596,30 @@ def main() -> int:
         return 0
     # Each variant in its own process (its swaps must precede the first compile).
     rows, failed = [], []
+    plans: dict[tuple, dict] = {}  # (mode, H, B) -> the `layer` row: the planner's plan
     for v, shapes in runs(todo, merge=args.aot):
         cmd = [sys.executable, __file__, "--variant", v,
                "--shapes", ";".join(f"{m},{h},{b}" for m, h, b in shapes)]
         if args.aot:
             cmd.append("--aot")
-        r = subprocess.run(cmd, capture_output=True, text=True,
-                           timeout=120 * len(shapes) if args.aot else 240)
+        limit = 120 * len(shapes) if args.aot else 240
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:  # a hung variant costs its limit, not the set
+            failed.append(v)
+            print(f"{v}: killed after {limit} s (a process prints its rows at its end)",
+                  flush=True)
+            continue
         got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         if r.returncode != 0:
             failed.append(v)
             print(f"{v}: rc {r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
         rows += got
         for row in got:
-            print(_aot_line(row) if args.aot else _time_line(row), flush=True)
+            if v == "layer":
+                plans[row["mode"], row["H"], row["B"]] = row
+            print(_aot_line(row) if args.aot else
+                  _time_line(row, plans.get((row["mode"], row["H"], row["B"]))), flush=True)
         if args.out:  # after every variant: a run cut short keeps what it finished
             args.out.mkdir(parents=True, exist_ok=True)
             name = "step_ablation_aot.json" if args.aot else "step_ablation.json"

@@ -323,3 +323,39 @@ def test_names_the_ablation_imports_exist():
                     f"{node.module}.{alias.name}"), f"{node.module}.{alias.name}"
                 found += 1
     assert found >= 10
+
+
+def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant(
+        monkeypatch, capsys, tmp_path):
+    """Each variant's line ends with its layer fwd + bwd against the same shape's plan
+    (`layer`); a variant process that outlives its limit is reported and the set goes on
+    (the subprocesses are faked: nothing is timed)."""
+    import subprocess as sp
+
+    started = []
+
+    def fake_run(cmd, capture_output, text, timeout):
+        v = cmd[cmd.index("--variant") + 1]
+        started.append(v)
+        if v == "tagged,layer":
+            raise sp.TimeoutExpired(cmd, timeout)
+        ms = {"layer": 2.0, "fw8,layer": 3.0}.get(v, 1.0)
+        rows = [{"variant": v, "mode": m, "H": int(h), "B": int(b), "programs": 48,
+                 "num_warps": 4, "step_us": 5.0, "fwd_ms": ms, "bwd_ms": ms}
+                for m, h, b in (sh.split(",") for sh in cmd[cmd.index("--shapes") + 1]
+                                .split(";"))]
+        return sp.CompletedProcess(cmd, 0, "\n".join(json.dumps(r) for r in rows), "")
+
+    monkeypatch.setitem(ABL.DECISIONS, "decide", [
+        ("lstm,768,16", "layer;fw8,layer;tagged,layer"), ("gru,1024,64", "layer;nobatch,layer")])
+    monkeypatch.setattr(ABL.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["step_ablation.py", "--set", "decide",
+                                      "--out", str(tmp_path)])
+    assert ABL.main() == 0
+    out = capsys.readouterr().out
+    assert started == ["layer", "fw8,layer", "tagged,layer", "layer", "nobatch,layer"]
+    assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
+    assert "= 0.50x the plan's fwd+bwd" in out  # nobatch against gru's plan
+    assert "tagged,layer: killed after 240 s" in out
+    rows = json.loads((tmp_path / "step_ablation.json").read_text())
+    assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nobatch,layer"]
