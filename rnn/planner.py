@@ -74,8 +74,8 @@ PRESETS: dict[str, DeviceProperties] = {
     "h100": DeviceProperties("NVIDIA H100 80GB HBM3", 132, 227 * 1024, 65536, 50 * 2**20),
     "h200": DeviceProperties("NVIDIA H200", 132, 227 * 1024, 65536, 50 * 2**20),
     # 163 KiB: the A100's opt-in shared memory per block. Its plans compile for sm_80 within
-    # it and without spills (`tritonrnn aot --device-preset a100`, Triton 3.6: the grid and
-    # targets presets); none has run on an A100.
+    # it and without spills (`tritonrnn aot --device-preset a100`, Triton 3.6: the grid,
+    # targets, fp16 and stack presets); none has run on an A100.
     "a100": DeviceProperties("NVIDIA A100-SXM4-80GB", 108, 163 * 1024, 65536, 40 * 2**20,
                              arch=80),
     # The interpreter has no on-chip limit; it plans as an H100 would so CI exercises the
