@@ -2,7 +2,7 @@
 
     tritonrnn bench [--preset NAME | shape options] [--pass fwd|bwd|fwdbwd|all] [--out DIR]
     tritonrnn check [--backend B] [--dtype D] [small shape options]
-    tritonrnn tune  [--preset NAME | shape options] [--force]
+    tritonrnn tune  [--preset NAME | shape options] [--force] [--max-candidates N]
     tritonrnn plan  [--preset NAME | shape options]
                     [--device-preset h100|h200|a100|interpreter] [--pipeline-chunks C]
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100]
@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "Resumable.", epilog=EPILOG)
     _add_shape_options(t)
     t.add_argument("--force", action="store_true", help="retune keys already in the cache")
+    t.add_argument("--max-candidates", type=int, metavar="N",
+                   help="time at most the first N candidates per plan key (the planner's own "
+                   "and its nearest variants first); the best is cached as partial, and a "
+                   "later run with a larger N carries on")
     t.add_argument("--allow-cpu", action="store_true",
                    help="tune in the interpreter without a GPU (exercises the machinery only)")
     _add_timing_options(t)
@@ -369,6 +373,8 @@ def cmd_tune(args) -> int:
 
     from .tune import format_tune, tune_shapes
 
+    if args.max_candidates is not None and args.max_candidates < 1:
+        raise UsageError(f"--max-candidates: expected an int >= 1, got {args.max_candidates}")
     device = _device(args.device)
     if device.type == "cpu" and not args.allow_cpu:
         raise UsageError("no CUDA GPU found: tuning times kernels on a GPU (interpreter "
@@ -376,7 +382,8 @@ def cmd_tune(args) -> int:
                          "tuner in the interpreter anyway")
     preset, shapes = resolve_shapes(args, "smoke" if device.type == "cpu" else "anchor")
     summaries = tune_shapes(shapes, device, _timing(args), force=args.force,
-                            progress=not args.no_progress, seed=args.seed)
+                            progress=not args.no_progress, seed=args.seed,
+                            limit=args.max_candidates)
     print(format_tune(summaries, tuning_cache_path()))
     return 0 if all(s["status"] != "failed" for s in summaries) else 1
 

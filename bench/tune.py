@@ -13,9 +13,19 @@ timed in full. At the anchor on an H100 the stepwise choices took 8 to 15x the r
 grid's 12.2 ms (and the streamed grid ones 1.3 to 2.8x): timing them in full took most of a
 run that did not finish in 110 s.
 
+Order: the planner's own choice first, then the others by how far they are from it
+(`by_promise`: the choices that change one of its tiles or warps, then two, ...; another
+family counts as three changes), so that a run cut short, or limited with
+--max-candidates N, has timed the neighbourhood of the planner's choice first. A key has up
+to a few hundred candidates (LSTM H=1024 B=64 on an H100: 224), each compiled before it
+runs.
+
 Resumable: every measured choice is recorded at once in `tuning.partial.json` next to the
 cache; an interrupted run picks up where it stopped. Keys already in the cache are skipped
-unless --force.
+unless --force. With --max-candidates N, a key's first N candidates (those of earlier runs
+included) are measured and the best of them stored, marked as partial
+(`planner.tuning_complete`): the planner uses it, and a later run with a larger N, or none,
+carries on from the measurements kept in the partial file.
 """
 
 from __future__ import annotations
@@ -95,8 +105,11 @@ def tune_key(
     *,
     force: bool = False,
     tick: Callable[[str], None] | None = None,
+    limit: int | None = None,
 ) -> dict:
     """Times `choices` for one plan key and stores the best (the machinery, device-agnostic).
+    limit: measure at most the first `limit` choices (measurements resumed from earlier runs
+    count); the best of them is stored as partial and the partial record kept.
 
     measure_choice(choice, bound) returns milliseconds, or Screened(ms) when one run already
     took more than `bound` ms (SCREEN_FACTOR x the best so far; None for the first choice),
@@ -104,11 +117,11 @@ def tune_key(
     out of resources, wrong numbers), while KeyboardInterrupt stops the run with every
     finished measurement kept. Returns a summary dict with status 'cached' | 'tuned' |
     'failed'."""
-    from tritonrnn.rnn.planner import store_tuning_entry, tuning_entry
+    from tritonrnn.rnn.planner import store_tuning_entry, tuning_complete, tuning_entry
 
     tick = tick or (lambda _msg: None)
     cached = tuning_entry(key)
-    if cached and not force:
+    if cached and not force and tuning_complete(cached):
         for _ in choices:
             tick(f"{key}: cached")
         return {"key": key, "status": "cached", "best": cached}
@@ -116,10 +129,13 @@ def tune_key(
     partial = _read_partial(path)
     pkey = _partial_key(key)
     done: dict = dict(partial.get(pkey, {})) if not force else {}
-    for choice in choices:
+    for i, choice in enumerate(choices):
         cid = choice_id(choice)
         if cid in done:
             tick(f"{cid}: resumed")
+            continue
+        if limit is not None and i >= limit:
+            tick(f"{cid}: past --max-candidates")
             continue
         tick(cid)
         best = min(_full_times(done).values(), default=None)
@@ -133,17 +149,22 @@ def tune_key(
         partial = _read_partial(path)
         partial[pkey] = done
         _write_partial(path, partial)
-    timed = _full_times(done)
+    ids = {choice_id(c) for c in choices}
+    measured = sum(1 for cid in done if cid in ids)
+    timed = {cid: ms for cid, ms in _full_times(done).items() if cid in ids}
     summary = {"key": key, "candidates": len(choices), "measured": done}
     if not timed:
         summary["status"] = "failed"
         return summary
     best_id = min(timed, key=timed.get)
     best = json.loads(best_id)
-    store_tuning_entry(key, best, timed[best_id], device_name)
-    partial = _read_partial(path)
-    partial.pop(pkey, None)
-    _write_partial(path, partial)
+    store_tuning_entry(key, best, timed[best_id], device_name, measured, len(choices))
+    if measured >= len(choices):  # complete: the partial record has served
+        partial = _read_partial(path)
+        partial.pop(pkey, None)
+        _write_partial(path, partial)
+    else:
+        summary["partial"] = measured
     summary.update(status="tuned", best={**best, "ms": timed[best_id]})
     return summary
 
@@ -181,20 +202,36 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
     return measure_choice
 
 
-def planned_first(plan, choices: list[dict]) -> list[dict]:
-    """`choices` with the plan's own choice for its first layer moved to the front (it sets
-    the screening bound early; usually it is close to the best)."""
+def own_choice(plan) -> dict:
+    """The plan's choice for its first layer, as `candidates` spells a choice."""
     lp = plan.layer(0)
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps}
     if lp.family != "persistent_cta":
         own.update(block_h=lp.block_h, block_k=lp.block_k, num_warps_bwd=lp.backward_warps)
-    first = [c for c in choices if c == own]
-    return first + [c for c in choices if c != own]
+    return own
+
+
+def choice_distance(choice: dict, own: dict) -> int:
+    """How far a choice is from the plan's own: the tiles and warps it changes, another
+    family counting as three changes."""
+    keys = (set(choice) | set(own)) - {"family"}
+    return (3 * (choice.get("family") != own.get("family"))
+            + sum(choice.get(k) != own.get(k) for k in keys))
+
+
+def by_promise(plan, choices: list[dict]) -> list[dict]:
+    """`choices` in the order tune times them: the plan's own choice first (it sets the
+    screening bound early, and usually it is close to the best), then by `choice_distance`
+    from it, ties in `choices`' order."""
+    own = own_choice(plan)
+    return sorted(choices, key=lambda c: choice_distance(c, own))
 
 
 def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingConfig, *,
-                force: bool = False, progress: bool = True, seed: int = 0) -> list[dict]:
-    """Tunes every shape's plan key on `device` (see the module docstring)."""
+                force: bool = False, progress: bool = True, seed: int = 0,
+                limit: int | None = None) -> list[dict]:
+    """Tunes every shape's plan key on `device` (see the module docstring); limit: at most
+    that many candidates per key (`tune_key`)."""
     from tqdm import tqdm
 
     from tritonrnn.rnn.planner import candidates, device_properties, plan_for
@@ -204,7 +241,7 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
         plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
                         num_layers=s.layers, direction=s.direction, num_proj=s.proj,
                         batch=s.batch, max_time=s.time, dtype=s.torch_dtype)
-        plans.append((s, plan, planned_first(plan, candidates(plan))))
+        plans.append((s, plan, by_promise(plan, candidates(plan))))
     total = sum(len(c) for _, _, c in plans)
     name = device_properties(device).name
     out = []
@@ -224,16 +261,19 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
             cached = not force and plan.key in _cached_keys()
             measurer = (lambda _c, _b: math.nan) if cached else shape_measurer(s, device,
                                                                                timing, seed)
-            summary = tune_key(plan.key, choices, measurer, name, force=force, tick=tick)
+            summary = tune_key(plan.key, choices, measurer, name, force=force, tick=tick,
+                               limit=limit)
             summary["label"] = s.label
             out.append(summary)
     return out
 
 
 def _cached_keys() -> set[str]:
-    from tritonrnn.rnn.planner import load_tuning_cache, tuning_entry
+    """The keys whose tuning is complete (a partial entry's key is carried on)."""
+    from tritonrnn.rnn.planner import load_tuning_cache, tuning_complete, tuning_entry
 
-    return {key for key in load_tuning_cache() if tuning_entry(key)}
+    return {key for key in load_tuning_cache()
+            if (e := tuning_entry(key)) and tuning_complete(e)}
 
 
 def format_tune(summaries: list[dict], cache: Path) -> str:
@@ -249,7 +289,10 @@ def format_tune(summaries: list[dict], cache: Path) -> str:
                 notes.append(f"{bad} failed")
             if out:
                 notes.append(f"{out} screened out after one run (> {SCREEN_FACTOR:g}x the best)")
-            lines.append(f"  {s['label']}: best {s['best']} of {s['candidates']} candidates"
+            of = (f"the first {s['partial']} of {s['candidates']} candidates (partial: a run "
+                  f"with a larger --max-candidates carries on)" if "partial" in s
+                  else f"{s['candidates']} candidates")
+            lines.append(f"  {s['label']}: best {s['best']} of {of}"
                          + (f" ({', '.join(notes)})" if notes else ""))
         else:
             reasons = "; ".join(sorted({str(r.get("error")) for r in s["measured"].values()}))

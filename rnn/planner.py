@@ -216,14 +216,25 @@ def tuning_entry(key: str) -> dict | None:
     return entry if entry and entry.get("triton") == triton.__version__ else None
 
 
-def store_tuning_entry(key: str, choice: dict, ms: float, device: str) -> None:
+def tuning_complete(entry: dict) -> bool:
+    """Whether a tuning entry is the best of all its key's candidates (`tritonrnn tune
+    --max-candidates` stores the best of the first `measured` of `candidates`, which the
+    planner uses and a later tune run carries on from)."""
+    return entry.get("measured", 0) >= entry.get("candidates", 0)
+
+
+def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
+                       measured: int | None = None, candidates: int | None = None) -> None:
     """Records the best choice for a plan key with the Triton release that timed it (atomic
-    replace of the JSON file; an entry for the key from another release is replaced)."""
+    replace of the JSON file; an entry for the key from another release is replaced).
+    measured < candidates: the best of only the first `measured` candidates (`tuning_complete`)."""
     path = tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = dict(load_tuning_cache())
     entries[key] = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
                     "ms": float(ms), "device": device, "triton": triton.__version__}
+    if measured is not None and candidates is not None and measured < candidates:
+        entries[key].update(measured=measured, candidates=candidates)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)

@@ -124,8 +124,10 @@ case "${1:-tests}" in
       | tee "$out/bench-pipeline.log" | tail -20 ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
-    tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 2>&1 \
-      | tee "$out/tune.log" | tail -30
+    # The anchor has 84 candidates: the plan's own and its 23 nearest (a partial entry that
+    # a later call carries on).
+    tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --max-candidates 24 \
+      2>&1 | tee "$out/tune.log" | tail -30
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
   ablation)
     python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
@@ -188,7 +190,8 @@ case "${1:-tests}" in
     box 35 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
       --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
     box 50 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
-      --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress
+      --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress \
+      --max-candidates 4
     box 75 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
   *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|late|decide|profile|all" >&2

@@ -335,18 +335,71 @@ def test_tune_key_screens_out_slow_choices(tmp_path, monkeypatch):
     assert "1 screened out after one run" in text and "failed" not in text
 
 
-def test_planned_first_puts_the_plans_choice_first():
+@pytest.mark.parametrize("H, B", [(768, 16), (1024, 64)])
+def test_tune_times_the_plans_choice_and_its_neighbours_first(H, B):
+    """The plan's own choice first, then the choices one change away (a tile or the warps),
+    then two, ...; another family counts as three changes. Every candidate, once."""
     from tritonrnn.rnn.planner import candidates, plan_for
 
-    plan = plan_for(rnn_mode="lstm", input_size=768, num_units=768, batch=16, max_time=1024,
+    plan = plan_for(rnn_mode="lstm", input_size=H, num_units=H, batch=B, max_time=1024,
                     dtype=torch.bfloat16, device_properties="h100")
-    ordered = tune.planned_first(plan, candidates(plan))
+    ordered = tune.by_promise(plan, candidates(plan))
     lp = plan.layer(0)
-    assert ordered[0] == {"family": lp.family, "block_b": lp.block_b,
-                          "num_warps": lp.num_warps, "block_h": lp.block_h,
-                          "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
+    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
+           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
+    assert ordered[0] == own == tune.own_choice(plan)
     assert sorted(map(tune.choice_id, ordered)) == sorted(map(tune.choice_id,
                                                               candidates(plan)))
+    dist = [tune.choice_distance(c, own) for c in ordered]
+    assert dist == sorted(dist) and dist[0] == 0 and dist[1] == 1
+    for c, d in zip(ordered, dist, strict=True):
+        changed = {k for k in set(c) | set(own) if c.get(k) != own.get(k)}
+        assert d == len(changed) + 2 * ("family" in changed), (c, d)
+    # the first few are the planner's tiles with other warps or chunking, not other families
+    assert all(c["family"] == own["family"] for c in ordered[:4])
+
+
+def test_max_candidates_caches_a_partial_best_that_later_runs_carry_on(tmp_path, monkeypatch):
+    """limit N: the first N choices are measured and their best is cached, marked partial
+    (the planner uses it: `tuning_entry`); the measurements are kept, and a run with a larger
+    limit, or none, measures only the rest; complete, the entry loses its mark and the key
+    is skipped as cached."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    from tritonrnn.rnn.planner import tuning_complete, tuning_entry
+
+    choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8, 2, 1)]
+    ms = {4: 2.0, 8: 3.0, 2: 1.5, 1: 1.0}
+    calls = []
+
+    def measure(choice, bound):
+        calls.append(choice["num_warps"])
+        return ms[choice["num_warps"]]
+
+    summary = tune.tune_key("k6", choices, measure, "dev", limit=2)
+    assert calls == [4, 8] and summary["status"] == "tuned" and summary["partial"] == 2
+    entry = tuning_entry("k6")
+    assert entry["num_warps"] == 4 and (entry["measured"], entry["candidates"]) == (2, 4)
+    assert not tuning_complete(entry)
+    assert "the first 2 of 4 candidates (partial" in tune.format_tune(
+        [{**summary, "label": "x"}], tmp_path)
+    assert tune._cached_keys() == set()  # a partial key is carried on, not skipped
+
+    calls.clear()
+    summary = tune.tune_key("k6", choices, measure, "dev", limit=3)
+    assert calls == [2] and summary["partial"] == 3
+    assert tuning_entry("k6")["num_warps"] == 2
+
+    calls.clear()
+    summary = tune.tune_key("k6", choices, measure, "dev")
+    assert calls == [1] and "partial" not in summary
+    entry = tuning_entry("k6")
+    assert tuning_complete(entry) and entry == {**choices[3], "ms": 1.0, "device": "dev",
+                                                 "triton": entry["triton"]}
+    assert tune._partial_key("k6") not in json.loads(tune.partial_path().read_text())
+    assert tune._cached_keys() == {"k6"}
+    calls.clear()
+    assert tune.tune_key("k6", choices, measure, "dev", limit=1)["status"] == "cached"
+    assert calls == []
 
 
 def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch):

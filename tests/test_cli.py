@@ -291,6 +291,30 @@ def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
     assert "cached" in capsys.readouterr().out
 
 
+def test_tune_max_candidates_caches_a_partial_best_then_carries_on(capsys, monkeypatch):
+    """--max-candidates 1: the plan's own choice is timed and cached as partial (plan reads
+    it); the next run without the limit times only the other candidate."""
+    from tritonrnn.rnn import planner
+
+    picks = [{"family": "stepwise", "block_b": 16, "num_warps": 4, "block_h": 16},
+             {"family": "persistent_cta", "block_b": 16, "num_warps": 4}]
+    monkeypatch.setattr(planner, "candidates", lambda plan: list(picks))
+    shape = ["--mode", "rnn_tanh", "--hidden", "16", "--input-size", "16", "--batch", "2",
+             "--time", "3", "--dtype", "fp32"]
+    timing = ["--allow-cpu", "--no-progress", "--cpu-rep", "1", "--rep", "20", "--warmup", "5"]
+    assert main(["tune", *shape, *timing, "--max-candidates", "1"]) == 0
+    assert "of the first 1 of 2 candidates (partial" in capsys.readouterr().out
+    (entry,) = json.loads(planner.tuning_cache_path().read_text())["entries"].values()
+    assert (entry["measured"], entry["candidates"]) == (1, 2)
+    assert main(["plan", *shape]) == 0
+    assert "(choice: tuned)" in capsys.readouterr().out
+    assert main(["tune", *shape, *timing]) == 0
+    out = capsys.readouterr().out
+    assert "of 2 candidates" in out and "partial" not in out and "cached" not in out
+    (entry,) = json.loads(planner.tuning_cache_path().read_text())["entries"].values()
+    assert "measured" not in entry
+
+
 # ----------------------------------------------------------------------------- errors
 
 
@@ -317,6 +341,7 @@ def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
         ["plan", "--pipeline-chunks", "0"],
         ["plan", "--bidirectional", "--pipeline-chunks", "2", "--device-preset", "h100"],
         ["tune", "--batch", "0", "--allow-cpu"],
+        ["tune", "--max-candidates", "0"],
     ],
     ids=lambda a: " ".join(a) or "no-command",
 )
