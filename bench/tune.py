@@ -158,8 +158,8 @@ def tune_key(
         return summary
     best_id = min(timed, key=timed.get)
     best = json.loads(best_id)
-    store_tuning_entry(key, best, timed[best_id], device_name, measured, len(choices))
-    if measured >= len(choices):  # complete: the partial record has served
+    store_tuning_entry(key, best, timed[best_id], device_name, measured, len(ids))
+    if measured >= len(ids):  # complete: the partial record has served
         partial = _read_partial(path)
         partial.pop(pkey, None)
         _write_partial(path, partial)
