@@ -561,9 +561,14 @@ def test_joint_gate_forward_matches_reference(monkeypatch, cell, reverse, H, P, 
 # (one gate: GP = 1) and the backward's gates in one loop over G*H. 70 rows: a full and a
 # partial batch tile, lengths 0..6 in a shuffled order (rows of a tile finish at different
 # steps); H = 33: three hidden slices, chunks of 16 with a ragged last one.
+def _shuffled_lengths(rows: int, seed: int) -> tuple[list[int], int]:
+    """`rows` lengths drawn from 0..6 (seeded); T = 7."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 7, (rows,), generator=g).tolist(), 7
+
+
 def _swap_lengths():
-    g = torch.Generator().manual_seed(5)
-    return torch.randint(0, 7, (70,), generator=g).tolist(), 7
+    return _shuffled_lengths(70, 5)
 
 
 @pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
@@ -579,8 +584,7 @@ def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
 
 def _wide_lengths():
     """150 rows (a full and a partial 128-wide batch tile), lengths 0..6 shuffled; T = 7."""
-    g = torch.Generator().manual_seed(6)
-    return torch.randint(0, 7, (150,), generator=g).tolist(), 7
+    return _shuffled_lengths(150, 6)
 
 
 # 128-wide batch tiles (the planner's streamed 64 x 128 tiles past B = 512 at large H,
