@@ -483,20 +483,22 @@ def runs(todo, merge: bool) -> list[tuple[str, list[tuple[str, int, int]]]]:
     order does not matter): one process per variant, over the union of its shapes in all the
     jobs. Otherwise in job order: each job's variants over those of its shapes that no earlier
     process ran them on (a decision's baseline shared with an earlier one is timed once)."""
-    out: list[tuple[str, list]] = []
-    done: set[tuple[str, tuple[str, int, int]]] = set()
-    merged: dict[str, list] = {}
-    for shapes, variants in todo:
-        for v in variants:
-            if merge:
+    if merge:
+        merged: dict[str, list] = {}
+        for shapes, variants in todo:
+            for v in variants:
                 have = merged.setdefault(v, [])
                 have += [sh for sh in shapes if sh not in have]
-                continue
+        return list(merged.items())
+    out: list[tuple[str, list]] = []
+    done: set[tuple[str, tuple[str, int, int]]] = set()
+    for shapes, variants in todo:
+        for v in variants:
             new = [sh for sh in shapes if (v, sh) not in done]
             done.update((v, sh) for sh in new)
             if new:
                 out.append((v, new))
-    return list(merged.items()) if merge else out
+    return out
 
 
 def resolve(args) -> tuple[list[tuple[str, int, int]], list[str]]:
