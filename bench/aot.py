@@ -43,10 +43,12 @@ gains another interpreter-dependent constexpr, add its rule there.
 
 Compile and report
 ------------------
-`triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` with the backend's own
-ptxas and cuobjdump (shipped in Triton's wheel). Per kernel: `metadata.shared` (bytes of shared
-memory per program), `cuobjdump -res-usage` (REG registers per thread; STACK and LOCAL bytes per
-thread: ptxas puts spills in the stack frame, so either being non-zero means spills), the MMA
+The kernel's own JIT compiles it for GPUTarget("cuda", arch, 32) (`warmup`, a stand-in
+driver answering for the device), so the compile and its Triton cache entry are those of a GPU
+run of the same launch; ptxas and cuobjdump are the backend's own (shipped in Triton's wheel).
+Per kernel: `metadata.shared` (bytes of shared memory per program), `cuobjdump -res-usage`
+(REG registers per thread; STACK and LOCAL bytes per thread: ptxas puts spills in the stack
+frame, so either being non-zero means spills), the MMA
 kind from the PTX (wgmma / mma.sync / fma), and whether it fits the preset: shared <=
 smem_per_program, no spills, the program's registers (per-warp allocation in units of 256)
 within the SM's register file, and (persistent launches) the grid within one program per SM.
@@ -251,14 +253,32 @@ def plan_layer(shape: AotShape, preset: str = "h100", constraints: dict | None =
     """(LayerPlan, source) the planner picks for the shape's recurrences on a device preset;
     `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps,
     num_warps_bwd)."""
-    from tritonrnn.rnn.planner import PRESETS, plan_constraints, recurrence_choice
+    from tritonrnn.rnn.planner import plan_constraints, recurrence_choice
 
-    if preset not in PRESETS:
-        raise ValueError(f"device preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    props = device_preset(preset)
     H, P = shape.hidden, shape.proj
     with plan_constraints(**(constraints or {})):
-        return recurrence_choice(shape.mode, H, P or H, P, shape.dtype, shape.batch,
-                                 PRESETS[preset], shape.num_dirs)
+        return recurrence_choice(shape.mode, H, P or H, P, shape.dtype, shape.batch, props,
+                                 shape.num_dirs)
+
+
+def device_preset(preset: str):
+    """The planner DeviceProperties a preset name stands for: a GPU preset of
+    `planner.PRESETS` (h100, h200, a100), or "current", the properties of this machine's CUDA
+    device (on a GPU machine, compiles whose Triton cache entries its own runs then find)."""
+    import torch
+
+    from tritonrnn.rnn.planner import PRESETS, device_properties
+
+    if preset == "current":
+        if not torch.cuda.is_available():
+            raise ValueError("device preset: 'current' needs a CUDA device and this machine "
+                             "has none; name a preset: h100, h200 or a100")
+        return device_properties()
+    names = sorted(p for p, d in PRESETS.items() if not d.interpreter)
+    if preset not in names:
+        raise ValueError(f"device preset: expected current or one of {names}, got {preset!r}")
+    return PRESETS[preset]
 
 
 def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
@@ -543,19 +563,40 @@ class ToolMissing(RuntimeError):
     """ptxas or cuobjdump is not available: nothing can be compiled for a GPU target."""
 
 
+class _TargetDriver:
+    """Stands in for Triton's active GPU driver while the JIT compiles for `arch` on a machine
+    that may have no GPU: it answers the three queries a JIT compile makes (device, stream,
+    target) and launches nothing. Its device is its own per architecture, so that the JIT's
+    per-device caches never hand a kernel of one target to another."""
+
+    def __init__(self, arch: int):
+        self.arch = arch
+
+    def get_current_device(self):
+        return f"tritonrnn-aot-sm_{self.arch}"
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.arch, _WARP)
+
+
 def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90,
                    compile_options: dict | None = None):
     """(Triton CompiledKernel for GPUTarget("cuda", arch, 32), GPU signature, changed
     constexprs). `compile_options` (e.g. {"maxnreg": 255}) go on top of the launch's options,
-    for experiments. Needs ptxas (ToolMissing otherwise), no GPU."""
-    import triton
+    for experiments. Needs ptxas (ToolMissing otherwise), no GPU.
 
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:  # pragma: no cover - depends on the installed Triton
-        raise RuntimeError(f"aot: this Triton ({triton.__version__}) has no "
-                           f"GPUTarget/ASTSource to compile ahead of time: {e}") from None
+    The compile goes through the kernel's own JIT (`warmup`, the recorded arguments with the
+    GPU values of INTERPRETER_CONSTEXPRS), with `_TargetDriver` answering for the device: the
+    specialisation, options and cache key are those of the same launch on a GPU of that
+    architecture, so its Triton cache entry is the one such a GPU's run looks up."""
+    import triton
+    from triton.runtime import driver
+
     _tool("ptxas", arch)
     sig, changed = gpu_signature(build_signature(launch), ctx)
     kernel = getattr(importlib.import_module(launch.module), launch.name)
@@ -563,14 +604,23 @@ def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90,
         raise RuntimeError(f"aot: {launch.module}.{launch.name} is a {type(kernel).__name__}, "
                            "not a JITFunction: compile in a process without TRITON_INTERPRET=1 "
                            "(aot_reports does)")
+    gpu = sig.constexprs_by_name()
+    bound = dict(zip(sig.names, launch.args, strict=False))
+    bound.update(launch.kwargs)
+    kwargs = {k: gpu.get(k, v) for k, v in bound.items() if k in sig.names}
+    kwargs.update(sig.options)
+    kwargs.update(compile_options or {})
+    # Afterwards the driver's own state is put back as it was, not `reset_active()`: from
+    # Triton 3.5 on that creates the default driver at once, which fails without a GPU.
+    saved = dict(vars(driver))
+    driver.set_active(_TargetDriver(arch))
     try:
-        src = ASTSource(fn=kernel, signature=sig.signature, constexprs=sig.constexprs,
-                        attrs=sig.attrs)
-    except TypeError as e:
-        raise RuntimeError(f"aot: Triton {triton.__version__}'s ASTSource does not take "
-                           f"(fn, signature, constexprs, attrs): {e}") from None
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, _WARP),
-                              options={**sig.options, **(compile_options or {})})
+        compiled = kernel.warmup(grid=(1,), **kwargs)
+    finally:
+        vars(driver).update(saved)
+    if compiled is None:  # pragma: no cover - depends on the installed Triton
+        raise RuntimeError(f"aot: Triton {triton.__version__}'s JIT warmup returned no "
+                           f"compiled kernel for {launch.name}")
     return compiled, sig, changed
 
 
@@ -926,15 +976,29 @@ def aot_report(shape: AotShape, preset: str = "h100", constraints: dict | None =
 
 
 def aot_reports(jobs: list[tuple[AotShape, dict | None]], preset: str = "h100", arch: int = 90,
-                dump_dir: Path | None = None,
-                compile_options: dict | None = None) -> list[dict]:
-    """`aot_report` of each (shape, plan constraints) job; in one fresh process for all jobs
-    when this one holds interpreter kernel objects. Raises ValueError for a shape the planner
-    refuses under its constraints (checked here first), ToolMissing without ptxas/cuobjdump."""
+                dump_dir: Path | None = None, compile_options: dict | None = None,
+                processes: int = 1) -> list[dict]:
+    """`aot_report` of each (shape, plan constraints) job, in the jobs' order. With
+    `processes` > 1 the jobs are dealt round-robin to that many fresh Python processes that
+    compile at the same time (Triton's cache takes concurrent writers); else in one fresh
+    process when this one holds interpreter kernel objects, or here. Raises ValueError for a
+    shape the planner refuses under its constraints (checked here first), ToolMissing without
+    ptxas/cuobjdump."""
+    if processes < 1:
+        raise ValueError(f"processes: expected an int >= 1, got {processes}")
     for shape, constraints in jobs:
         plan_layer(shape, preset, constraints)
     _tool("ptxas", arch)
     _tool("cuobjdump")
+    processes = min(processes, len(jobs))
+    if processes > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        shares = [jobs[i::processes] for i in range(processes)]
+        with ThreadPoolExecutor(processes) as pool:
+            done = list(pool.map(lambda share: _reports_in_fresh_process(
+                share, preset, arch, dump_dir, compile_options), shares))
+        return [done[i % processes][i // processes] for i in range(len(jobs))]
     if _interpreted_process():
         return _reports_in_fresh_process(jobs, preset, arch, dump_dir, compile_options)
     return [_report(s, preset, c, arch, dump_dir, compile_options) for s, c in jobs]
@@ -995,10 +1059,8 @@ def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
             dump_dir: Path | None, compile_options: dict | None = None) -> dict:
     import triton
 
-    from tritonrnn.rnn.planner import PRESETS
-
     lp, source = plan_layer(shape, preset, constraints)
-    props = PRESETS[preset]
+    props = device_preset(preset)
     out = {"shape": shape.label, "preset": preset, "device": props.name, "arch": arch,
            "triton": triton.__version__, "plan": dataclasses.asdict(lp), "source": source,
            "compile_options": dict(compile_options or {}), "kernels": []}

@@ -161,10 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         "does not fit (or ptxas is missing), 2 a bad option.")
     _add_shape_options(a)
     a.add_argument("--device-preset", default="h100",
-                   help="planner device preset: h100 | h200 | a100 (default h100)")
+                   help="planner device preset: h100 | h200 | a100 | current (this machine's "
+                   "GPU: its compiles are the Triton cache entries its runs look up) "
+                   "(default h100)")
     a.add_argument("--arch", type=int, default=None, metavar="CC",
                    help="CUDA compute capability to compile for (default: the preset's, 90 "
                    "for h100 / h200, 80 for a100)")
+    a.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="compile in N processes at once (default 1); the reports print when "
+                   "all are done")
     a.add_argument("--family", choices=("persistent_cta", "persistent_grid", "stepwise"),
                    help="force the kernel family (plan_constraints)")
     a.add_argument("--block-h", type=int, metavar="N", help="force block_h (power of two >= 16)")
@@ -442,16 +447,25 @@ def _aot_constraints(args) -> dict:
 def cmd_aot(args) -> int:
     import torch
 
-    from tritonrnn.rnn.planner import PRESETS as DEVICE_PRESETS
+    from .aot import (
+        AotShape,
+        ToolMissing,
+        aot_report,
+        aot_reports,
+        device_preset,
+        format_report,
+        report_ok,
+        write_json,
+    )
 
-    from .aot import AotShape, ToolMissing, aot_report, format_report, report_ok, write_json
-
-    presets = sorted(p for p, d in DEVICE_PRESETS.items() if not d.interpreter)
-    if args.device_preset not in presets:
-        raise UsageError(f"--device-preset: expected one of {presets}, got "
-                         f"{args.device_preset!r}")
+    try:
+        props = device_preset(args.device_preset)
+    except ValueError as e:
+        raise UsageError(f"--device-preset: {str(e).removeprefix('device preset: ')}") from None
     if args.arch is None:
-        args.arch = DEVICE_PRESETS[args.device_preset].arch
+        args.arch = props.arch
+    if args.jobs < 1:
+        raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
     if args.arch < 75:
         raise UsageError(f"--arch: expected a CUDA compute capability >= 75 such as 80, 90 or "
                          f"100, got {args.arch}")
@@ -470,13 +484,18 @@ def cmd_aot(args) -> int:
                          "there is no Triton kernel to compile")
     reports = []
     try:
-        for i, s in enumerate(aot_shapes):
-            report = aot_report(s, args.device_preset, constraints, args.arch, args.dump,
-                                options)
-            reports.append(report)
-            if i:
-                print()
-            print(format_report(report), flush=True)
+        if args.jobs > 1:
+            reports = aot_reports([(s, constraints) for s in aot_shapes], args.device_preset,
+                                  args.arch, args.dump, options, processes=args.jobs)
+            print("\n\n".join(format_report(r) for r in reports), flush=True)
+        else:  # one at a time, each printed as it is compiled
+            for i, s in enumerate(aot_shapes):
+                report = aot_report(s, args.device_preset, constraints, args.arch, args.dump,
+                                    options)
+                reports.append(report)
+                if i:
+                    print()
+                print(format_report(report), flush=True)
     except ToolMissing as e:
         print(f"tritonrnn: error: {e}".splitlines()[0], file=sys.stderr)
         return 1

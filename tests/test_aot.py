@@ -732,6 +732,75 @@ def test_signature_matches_tritons_jit_specialisation():
     assert "checked 6" in res.stdout
 
 
+# The same stand-in driver, and this time the JIT's real compile: after `aot_reports` filled an
+# empty Triton cache, the JIT's compile of each launch (GPU values, as a GPU run makes it) must
+# find its entry (same key: source, signature, attributes, options, target) and add none. That
+# is what lets a GPU machine compile a sweep's kernels ahead in parallel processes
+# (`tritonrnn aot --device-preset current --jobs N`) for its runs to find.
+_CACHE_CHECK = r"""
+import importlib, os, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from tritonrnn.bench import aot
+
+class Driver:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(Driver())
+cache = os.environ["TRITON_CACHE_DIR"]
+jobs = [(aot.AotShape("lstm", 64, 16, dtype=torch.bfloat16), None),
+        (aot.AotShape("lstm", 32, 5, proj=16, dtype=torch.float16, bidirectional=True),
+         {"family": "persistent_grid", "block_h": 16})]
+aot.aot_reports(jobs, "h100", processes=2)
+before = set(os.listdir(cache))
+print("aot entries", len(before))
+jitted = 0
+for shape, cons in jobs:
+    lp, _ = aot.plan_layer(shape, "h100", cons)
+    ctx = aot.GpuContext(shape.dtype, lp.family == "persistent_grid")
+    for launch in aot.capture(shape, lp).values():
+        mine, _ = aot.gpu_signature(aot.build_signature(launch), ctx)
+        kernel = getattr(importlib.import_module(launch.module), launch.name)
+        gpu = mine.constexprs_by_name()
+        kwargs = {k: gpu.get(k, v) for k, v in launch.kwargs.items()}
+        kwargs.update(mine.options)
+        kernel.warmup(*launch.args, grid=(1,), **kwargs)
+        jitted += 1
+new = set(os.listdir(cache)) - before
+print("jitted", jitted, "new entries", len(new))
+"""
+
+
+def test_parallel_compiles_come_back_in_the_jobs_order(monkeypatch):
+    """processes=N deals the jobs round-robin to N fresh processes at once and puts their
+    reports back in the jobs' order."""
+    shares = []
+
+    def fresh(jobs, preset, arch, dump_dir, options):
+        shares.append([s.hidden for s, _ in jobs])
+        return [{"shape": s.label} for s, _ in jobs]
+
+    monkeypatch.setattr(aot, "_reports_in_fresh_process", fresh)
+    monkeypatch.setattr(aot, "_tool", lambda name, arch=90: name)
+    jobs = [(aot.AotShape("lstm", 16 * (i + 1), 16), None) for i in range(7)]
+    out = aot.aot_reports(jobs, "h100", processes=3)
+    assert [r["shape"] for r in out] == [s.label for s, _ in jobs]
+    assert sorted(shares) == [[16, 64, 112], [32, 80], [48, 96]]
+    with pytest.raises(ValueError, match="processes: expected an int >= 1, got 0"):
+        aot.aot_reports(jobs, "h100", processes=0)
+
+
+def test_the_jit_finds_the_kernels_aot_compiled_in_its_cache(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run([sys.executable, "-c", _CACHE_CHECK], env=env, capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "jitted 4 new entries 0" in res.stdout, res.stdout
+
+
 # Every kind of kernel the planner launches, as it plans them for an H100: they compile and
 # fit on every supported Triton (scripts/test_floor.sh runs them with the oldest, 3.4).
 # What the compiles cost, shared memory against the planner's estimates included, is the

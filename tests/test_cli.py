@@ -423,7 +423,9 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--num-warps", "3"], "--num-warps: expected a power of two in [1, 32], got 3"),
         (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability >= 75"),
         (["aot", "--device-preset", "interpreter"],
-         "--device-preset: expected one of ['a100', 'h100', 'h200'], got 'interpreter'"),
+         "--device-preset: expected current or one of ['a100', 'h100', 'h200'], got "
+         "'interpreter'"),
+        (["aot", "--jobs", "0"], "--jobs: expected an int >= 1, got 0"),
         (["aot", "--family", "reference"], "invalid choice: 'reference'"),
         (["aot", "--maxnreg", "300"], "--maxnreg: expected an int in [16, 255], got 300"),
         (["aot", "--dtype", "fp64"], "the planner runs float64 on the reference family"),
@@ -434,12 +436,22 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--hidden", "1536", "--batch", "256", "--family", "persistent_grid",
           "--block-h", "16"], "co-resident programs for H=1536"),
     ],
-    ids=["block-h", "block-b", "block-k", "num-warps", "arch", "device-preset", "family",
+    ids=["block-h", "block-b", "block-k", "num-warps", "arch", "device-preset", "jobs",
+         "family",
          "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
 )
 def test_aot_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in _one_line_error(capsys)
+
+
+def test_aot_current_device_needs_a_gpu(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["aot", "--device-preset", "current"]) == 2
+    assert ("--device-preset: 'current' needs a CUDA device and this machine has none; name a "
+            "preset: h100, h200 or a100") in _one_line_error(capsys)
 
 
 @pytest.mark.parametrize("preset, arch", [("h100", 90), ("h200", 90), ("a100", 80)])
