@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
-# install the project, then one stage per call (each fits the device tool's 10-minute limit).
-# Logs and JSON/PNG go to $OUT (the device tool brings them back), else to bench/results.
-# A session has 30 device minutes, the machine's start included: run `all`, `tests` and
-# `decide`, in that order (about 9 + 7 + 9 minutes at most); the other stages are the
-# ablation sets `decide` samples, for the sessions after.
+# install the project, then one stage per call of the device tool.
+# A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
+# run `all` (timeout_s 450), then at once, on the warm machine,
+# `tests` (timeout_s 270) when at least 5 minutes are left. The other stages are the sweeps and ablation sets for later sessions
+# (`decide` alone fills most of one).
+# What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
+# into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
+# at its limit still brings back what its finished steps wrote). Unpack it here with
+#   tar xzf /work/.device/.../all.tgz -C bench/results
+# Without $OUT (run by hand) everything goes to bench/results.
 #   bash scripts/gpu_session.sh all       the evidence of issues 5 and 6 in one call, each step
-#                                         time-boxed: the grid and targets sweeps against
-#                                         cuDNN, the bare barrier, the layer pipeline, tune,
-#                                         check (560 s in all)
+#                                         time-boxed: the sweeps' kernels compiled ahead in
+#                                         parallel (warm), the grid and targets sweeps against
+#                                         cuDNN, the bare barrier, check (390 s in all)
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors), cut at
-#                                         420 s; the log names each test as it finishes
+#                                         240 s, the persistent-grid family's first; the log
+#                                         names each test as it finishes
+#   bash scripts/gpu_session.sh extra     the layer pipeline (2-layer stack without and with
+#                                         the overlap) and tune on the anchor
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
@@ -48,11 +56,11 @@
 #                                         LSTM / GRU H=512 B=256 (16 x 64 tiles) resident
 #                                         in 256 + 256 chunks against one 512 chunk
 #                                         (nowidecap: 17 local loads per LSTM backward step)
-#                                         and streamed weights (bk64); the shapes whose
-#                                         wide resident chunks the planner streams since
-#                                         (spills-wide), against resident (bk0); resident
-#                                         32 x 64 / 64 x 64 tiles that still spill
-#                                         (spills-k512) against streamed (bk64)
+#                                         and streamed weights (bk64)
+#   bash scripts/gpu_session.sh spills2   the shapes whose wide resident chunks the planner
+#                                         streams since (spills-wide), against resident
+#                                         (bk0); resident 32 x 64 / 64 x 64 tiles that still
+#                                         spill (spills-k512) against streamed (bk64)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
 #                                         H=1024 B=1024, 64 x 128: 41 / 70 local loads per
@@ -70,8 +78,21 @@
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-bench/results}
+stage=${1:-tests}
+if [ -n "${OUT:-}" ]; then
+  out=${WORK:-/tmp/tritonrnn-gpu}/$stage
+else
+  out=bench/results
+fi
 mkdir -p "$out"
+# The stage's files so far as $OUT/<stage>.tgz (replaced whole, so a cut leaves the last one).
+pack() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  tar czf "$OUT/.$stage.tgz" -C "$out" . && mv "$OUT/.$stage.tgz" "$OUT/$stage.tgz" \
+    || echo "gpu_session.sh: could not write $OUT/$stage.tgz" >&2
+}
+trap pack EXIT
 export PYTHONUNBUFFERED=1
 # Compiled kernels kept in the tree (ignored): a warm machine reuses them between calls.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
@@ -87,20 +108,29 @@ tr() { python -m tritonrnn.bench "$@"; }
 # compile or fit): PYTHONPATH=.triton36 .venv/bin/python scripts/step_ablation.py --aot --set all
 ablate() { local secs=$1 name=$2
   timeout "$secs" python scripts/step_ablation.py --out "$out/$name" --set "$name" 2>&1 \
-    | tee "$out/ablation-$name.log" | tail -20; }
-case "${1:-tests}" in
+    | tee "$out/ablation-$name.log" | tail -20
+  pack; }
+# box SECONDS NAME COMMAND...: one time-boxed step, its output in $out/NAME.log.
+box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
+  timeout "$secs" "$@" > "$out/$name.log" 2>&1
+  echo "$name: rc $? in $((SECONDS - t0)) s"
+  pack; }
+# Kernels in the Triton cache (one directory per compile, plus Triton's launcher modules).
+cached() { echo "Triton cache: $(ls "$TRITON_CACHE_DIR" 2>/dev/null | wc -l) entries $1"; }
+case "$stage" in
   tests)
     # pytest-xdist where the machine has it. 160 GPU tests took ~110 s with -n 6 (H100,
     # 2026-11-22); there are 281 now. -v: a run cut at its box still names each test it
     # finished; -rf lists the failures at the end.
     # The persistent-grid family's (issue 5: bf16 / fp32 against the reference, barrier
     # stress, pair launches) first, so that a cut falls on the others.
-    par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
+    par=$(python -c "import xdist" 2>/dev/null && echo "-n 12")
     first="tests/test_kernels_grid.py tests/test_bidir_launch.py"
     t0=$SECONDS
-    timeout 300 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
+    timeout 150 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
       | tee "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
-    timeout $((420 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
+    pack
+    timeout $((240 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
       $(printf -- "--ignore=%s " $first) $par 2>&1 \
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
@@ -159,9 +189,10 @@ case "${1:-tests}" in
     done ;;
   spills)
     ablate 360 spills
-    ablate 200 spills-b256
-    ablate 200 spills-wide
-    ablate 200 spills-k512 ;;
+    ablate 200 spills-b256 ;;
+  spills2)
+    ablate 280 spills-wide
+    ablate 280 spills-k512 ;;
   huge)
     ablate 560 huge ;;
   late)
@@ -175,25 +206,37 @@ case "${1:-tests}" in
     # JSON too), so a cut step keeps what it finished. Measured on an H100 (2026-11-22, cold
     # compile cache): grid 77 s and targets 76 s (fwdbwd), barrier 27 s; since then the
     # sweeps also time a cuDNN-graph baseline (torch-graph: three captures and their timing
-    # per shape), not yet measured, hence their wider boxes. The GPU tests are a stage of
-    # their own (`tests`): 281 of them no longer fit beside the sweeps. The budgets add up to
-    # 560 s, under the device tool's 600 s per command.
-    box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
-      timeout "$secs" "$@" > "$out/$name.log" 2>&1; echo "$name: rc $? in $((SECONDS - t0)) s"; }
-    box 160 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
+    # per shape), not yet measured. First the sweeps' kernels are compiled ahead into the
+    # Triton cache, 14 processes at once (`aot --device-preset current`: the JIT's own compile
+    # for this GPU, the entries the sweeps' runs look up; the cache counts before and after
+    # the sweeps say whether they found them). The budgets add up to 390 s.
+    cached "at the start"
+    t0=$SECONDS
+    for p in grid targets; do
+      timeout 60 python -m tritonrnn.bench aot --preset "$p" --device-preset current --jobs 7 \
+        --json "$out/aot-$p.json" > "$out/warm-$p.log" 2>&1 &
+    done
+    wait
+    cached "after warm ($((SECONDS - t0)) s)"
+    pack
+    box 120 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
       --no-progress --out "$out"
-    box 160 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
+    box 30 barrier python -m tritonrnn.bench barrier --out "$out"
+    box 120 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
       --no-tune --no-progress --out "$out"
-    box 45 barrier python -m tritonrnn.bench barrier --out "$out"
-    box 35 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
-      --pass fwdbwd --no-tune --no-progress --out "$out/serial"
-    box 35 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
-      --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
-    box 50 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
-      --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress \
-      --max-candidates 4
-    box 75 check python -m tritonrnn.bench check --no-progress
+    cached "after the sweeps"
+    box 60 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|huge|late|decide|profile|all" >&2
+  extra)
+    box 45 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
+      --pass fwdbwd --no-tune --no-progress --out "$out/serial"
+    box 45 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
+      --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
+    # The anchor has 84 candidates: the plan's own and its nearest (a partial entry that a
+    # later call carries on).
+    box 120 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
+      --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress \
+      --max-candidates 12 ;;
+  *) echo "usage: $0 all|tests|extra|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac

@@ -25,9 +25,9 @@ import torch
 from tritonrnn.bench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large", "batch",
-          "warps", "hoist", "tagged", "vector", "spills", "huge", "late", "decide", "profile",
-          "all"]
+STAGES = ["all", "tests", "extra", "bench", "bench2", "grid", "tune", "ablation", "wide",
+          "large", "batch", "warps", "hoist", "tagged", "vector", "spills", "spills2", "huge",
+          "late", "decide", "profile"]
 
 
 def _load_ablation():
@@ -61,7 +61,7 @@ def _record(stage: str, tmp_path: Path) -> list[list[str]]:
         stub.chmod(0o755)
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
-           "OUT": str(tmp_path / "out")}
+           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), stage], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -98,37 +98,60 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
     assert checked, f"stage {stage}: no command recorded ({calls})"
 
 
-def test_all_stage_fits_one_device_command():
-    """`all` is meant for a single call of the device tool, which stops a command at 600 s:
-    the budgets of its steps (`box SECONDS name ...`) must add up to less."""
+@pytest.mark.parametrize("stage", ["all", "tests", "decide"])
+def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
+    """The device tool brings back at most 8 files from $OUT: a stage leaves one archive
+    there, $OUT/<stage>.tgz, holding its logs (and whatever its programs wrote)."""
+    import tarfile
+
+    _record(stage, tmp_path)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [f"{stage}.tgz"]
+    with tarfile.open(out / f"{stage}.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    want = {"all": {"gpu.txt", "warm-grid.log", "warm-targets.log", "bench-grid.log",
+                    "barrier.log", "bench-targets.log", "check.log"},
+            "tests": {"gpu.txt", "gpu-tests.log"},
+            "decide": {"gpu.txt", "ablation-decide.log"}}[stage]
+    assert want <= names, names
+
+
+def _budgets(stage: str) -> list[int]:
+    """The time boxes of a stage of gpu_session.sh (`box`, `timeout` and `ablate` SECONDS); a
+    last box of `timeout $((N - elapsed))` caps the whole stage at N."""
     import re
 
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()
-    block = text[text.index("\n  all)"):]
+    block = text[text.index(f"\n  {stage})"):]
     block = block[:block.index(";;")]
-    budgets = [int(n) for n in re.findall(r"^\s*box (\d+) ", block, re.MULTILINE)]
-    assert len(budgets) >= 7, budgets
-    assert sum(budgets) < 600, budgets
+    cap = re.findall(r"timeout \$\(\((\d+) - ", block)
+    if cap:
+        return [int(cap[-1])]
+    return [int(n) for n in re.findall(r"(?:box|timeout|ablate) (\d+) ", block)]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_fits_one_device_command(stage):
+    """The device tool stops a command at 600 s: each stage's boxes add up to less (a stage
+    without boxes runs one timed program of its own)."""
+    assert sum(_budgets(stage)) < 600
 
 
 def test_a_session_fits_the_device_budget():
-    """The stages the script's header runs in a 30-minute session (all, tests, decide) are
-    each cut below the 600 s per command, and together leave the machine's start 4 minutes
-    of the 1800 s."""
+    """The stages the script's header runs in a 15-minute session (all, then tests) are each
+    cut below the timeout_s the header gives them, and together leave the machine's start,
+    the transfers and the idle wait between the calls 4 minutes of the 900 s."""
     import re
 
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()
-
-    def block(stage):
-        b = text[text.index(f"\n  {stage})"):]
-        return b[:b.index(";;")]
-
+    head = text[:text.index("set -uo pipefail")]
     total = 0
-    for stage in ("all", "tests", "decide"):
-        secs = [int(n) for n in re.findall(r"(?:box|timeout|ablate) (\d+) ", block(stage))]
-        assert secs and sum(secs) < 600, (stage, secs)
-        total += sum(secs)
-    assert total <= 1800 - 240, total
+    for stage in ("all", "tests"):
+        limit = int(re.search(rf"`{stage}` \(timeout_s (\d+)\)", head).group(1))
+        secs = _budgets(stage)
+        assert secs and sum(secs) + 30 <= limit < 600, (stage, secs, limit)
+        total += limit
+    assert total <= 900 - 180, total
 
 
 def _check_plans(shapes, variants):
