@@ -731,7 +731,9 @@ def recurrence_choice(
     cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, batch: int,
     props: DeviceProperties, num_dirs: int = 1,
 ) -> tuple[LayerPlan, str]:
-    """(LayerPlan, source) for one recurrence; source is heuristic, tuned or constrained.
+    """(LayerPlan, source) for one recurrence; source is heuristic, tuned (with ", partial:
+    best of M of N candidates" for an entry `tritonrnn tune --max-candidates` left to carry
+    on) or constrained.
 
     num_dirs = 2 plans a bidirectional layer whose directions share each launch: the grid
     counts both directions' programs (LayerPlan.num_dirs says whether the pair fits together;
@@ -745,7 +747,9 @@ def recurrence_choice(
         return _apply(base, forced, *args, True, num_dirs), "constrained"
     entry = tuning_entry(key)
     if entry:
-        return _apply(base, entry, *args, False, num_dirs), "tuned"
+        source = "tuned" if tuning_complete(entry) else (
+            f"tuned, partial: best of {entry['measured']} of {entry['candidates']} candidates")
+        return _apply(base, entry, *args, False, num_dirs), source
     return base, "heuristic"
 
 

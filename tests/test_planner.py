@@ -432,6 +432,18 @@ def test_tuning_cache_overrides_heuristic():
     assert (tuned.layer(0).family, tuned.layer(0).block_h) == ("stepwise", 32)
 
 
+def test_a_partial_tuning_entry_says_so_in_the_plan():
+    base = _plan(H=160)
+    choice = {"family": "stepwise", "block_b": 16, "block_h": 32, "num_warps": 8}
+    store_tuning_entry(base.key, choice, 1.5, "h100", measured=4, candidates=84)
+    partial = _plan(H=160)
+    assert partial.source == "tuned, partial: best of 4 of 84 candidates"
+    assert "(choice: tuned, partial: best of 4 of 84 candidates)" in partial.explain()
+    assert partial.layer(0).block_h == 32
+    store_tuning_entry(base.key, choice, 1.5, "h100", measured=84, candidates=84)
+    assert _plan(H=160).source == "tuned"
+
+
 def test_tuning_entries_of_another_triton_are_ignored(monkeypatch):
     import triton
 
