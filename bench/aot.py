@@ -29,6 +29,8 @@ What the launchers chose only because they ran in the interpreter is overridden 
 from the launchers' own logic with "on GPU" instead of "interpreting":
   DOT_DT       the weights' Triton dtype (interpreter: tl.float32, its half dot is wrong)
   FP32_DOT     DOT_DT == tl.float32, with the GPU DOT_DT
+  VW           vector tiles' slice width, `persistent_grid.vector_width` of the GPU DOT_DT
+               (interpreter: fp32's 128 columns; bf16 / fp16 on a GPU: 256)
   BARRIER      1 (grid barrier) for a persistent launch (the planner's persistent_grid
                family), else 0
   UPCAST       False (interpreter: weights upcast to fp32)
@@ -458,6 +460,15 @@ def _gpu_fp32_dot(recorded, ctx: GpuContext, gpu: dict):
     return gpu.get("DOT_DT", _tl_dtype(ctx.dtype)) == tl.float32
 
 
+def _gpu_vector_width(recorded, ctx: GpuContext, gpu: dict):
+    # A vector tile's slice width follows the dot dtype (interpreter: fp32's 128 columns).
+    if not recorded:
+        return recorded  # 0: MMA tiles
+    from tritonrnn.kernels.persistent_grid import vector_width
+
+    return vector_width(gpu.get("DOT_DT", _tl_dtype(ctx.dtype)))
+
+
 def _gpu_barrier(recorded, ctx: GpuContext, gpu: dict):
     # 2 (count arrivals only) is a test hook, never planned. A tagged exchange (int words,
     # `kernels.persistent_grid.tagged_exchange`) runs its persistent launch without one.
@@ -498,6 +509,7 @@ def _gpu_rsplit(recorded, ctx: GpuContext, gpu: dict):
 INTERPRETER_CONSTEXPRS = {
     "DOT_DT": _gpu_dot_dt,
     "FP32_DOT": _gpu_fp32_dot,
+    "VW": _gpu_vector_width,
     "BARRIER": _gpu_barrier,
     "UPCAST": _gpu_upcast,
     "IEEE": _gpu_ieee,

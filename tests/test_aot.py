@@ -801,6 +801,100 @@ def test_the_jit_finds_the_kernels_aot_compiled_in_its_cache(tmp_path):
     assert "jitted 4 new entries 0" in res.stdout, res.stdout
 
 
+# The whole way a GPU run compiles, short of a GPU: the real engine and launchers, outside the
+# interpreter (so they make their GPU choices: DOT_DT, VW, BARRIER, launch options...), on CPU
+# tensors that the grid launchers are told are on a GPU, through the JIT with the stand-in
+# driver; Triton's launch itself does nothing. After `aot_reports` compiled the same shapes,
+# every kernel the launchers ask for must already be in the cache: what makes
+# `tritonrnn aot --device-preset current` a warm-up of a GPU machine's runs. One shape per
+# kind of kernel (small sizes: quick compiles).
+_LAUNCH_CHECK = r"""
+import contextlib, os, types, torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime import driver
+from tritonrnn.bench import aot
+from tritonrnn.kernels import persistent_grid as pg
+from tritonrnn.rnn import engine
+from tritonrnn.rnn.config import make_config
+from tritonrnn.rnn.packing import make_pack_info
+from tritonrnn.rnn.params import config_params_size
+from tritonrnn.rnn.triton_backend import TritonRecurrence
+
+jobs = [
+    (aot.AotShape("lstm", 64, 16), None),  # persistent CTA
+    (aot.AotShape("lstm", 128, 16), {"family": "persistent_grid", "block_h": 16}),
+    (aot.AotShape("gru", 128, 1), {"family": "persistent_grid", "block_b": 1}),  # vector
+    (aot.AotShape("lstm", 128, 64), {"family": "persistent_grid", "block_k": 64}),  # streamed
+    (aot.AotShape("lstm", 32, 5, proj=16, dtype=torch.float32, bidirectional=True),
+     {"family": "persistent_grid", "block_h": 16}),  # fp32 FMA dots, projection, pair launch
+    (aot.AotShape("rnn_tanh", 64, 16, dtype=torch.float16), {"family": "persistent_grid"}),
+    (aot.AotShape("gru", 48, 17, dtype=torch.float32), {"family": "stepwise"}),
+]
+cache = os.environ["TRITON_CACHE_DIR"]
+aot.aot_reports(jobs, "h100", processes=2)
+before = set(os.listdir(cache))
+
+class Driver:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+
+driver.set_active(Driver())
+CompiledKernel.launch_metadata = lambda self, *a: None
+CompiledKernel.run = property(lambda self: (lambda *a, **k: None))
+check = pg._check_common
+
+def on_gpu(*args, **kwargs):
+    os.environ["TRITON_INTERPRET"] = "1"  # only for its CUDA-tensor check
+    try:
+        dtype, dev, _ = check(*args, **kwargs)
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+    return dtype, dev, True
+
+pg._check_common = on_gpu
+pg._device = lambda dev, gpu: contextlib.nullcontext()
+torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(
+    multi_processor_count=132)
+launched = 0
+for shape, cons in jobs:
+    lp, _ = aot.plan_layer(shape, "h100", cons)
+
+    class Planned(TritonRecurrence):
+        def plan_choice(self, s):
+            return lp, "constrained"
+
+    cfg = make_config(rnn_mode=shape.mode, num_layers=1, num_units=shape.hidden,
+                      input_size=shape.hidden, num_proj=shape.proj,
+                      direction="bidirectional" if shape.bidirectional else "unidirectional")
+    B, D, T = shape.batch, cfg.num_dirs, 3
+    info = make_pack_info([T] * B, T, torch.device("cpu"))
+    z = dict(dtype=shape.dtype)
+    x = torch.zeros(info.N, cfg.input_size, **z)
+    params = torch.zeros(config_params_size(cfg), **z)
+    h0 = torch.zeros(D, B, cfg.out_size, **z)
+    c0 = torch.zeros(D, B, cfg.num_units, **z) if cfg.is_lstm else None
+    fwd = engine.forward(cfg, Planned(), x, h0, c0, params, info, training=True)
+    engine.backward(cfg, Planned(), x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
+                    torch.zeros_like(h0), torch.zeros_like(c0) if c0 is not None else None,
+                    fwd.reserve)
+    new = sorted(set(os.listdir(cache)) - before)
+    assert not new, f"{shape.label}: the launch path compiled {len(new)} kernels aot did not"
+    launched += 1
+print("launched", launched, "entries", len(before))
+"""
+
+
+def test_the_launch_path_finds_every_kernel_aot_compiled(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run([sys.executable, "-c", _LAUNCH_CHECK], env=env, capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "launched 7 entries 14" in res.stdout, res.stdout
+
+
 # Every kind of kernel the planner launches, as it plans them for an H100: they compile and
 # fit on every supported Triton (scripts/test_floor.sh runs them with the oldest, 3.4).
 # What the compiles cost, shared memory against the planner's estimates included, is the
