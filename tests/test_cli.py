@@ -307,12 +307,14 @@ def test_tune_max_candidates_caches_a_partial_best_then_carries_on(capsys, monke
     (entry,) = json.loads(planner.tuning_cache_path().read_text())["entries"].values()
     assert (entry["measured"], entry["candidates"]) == (1, 2)
     assert main(["plan", *shape]) == 0
-    assert "(choice: tuned)" in capsys.readouterr().out
+    assert "(choice: tuned, partial: best of 1 of 2 candidates)" in capsys.readouterr().out
     assert main(["tune", *shape, *timing]) == 0
     out = capsys.readouterr().out
     assert "of 2 candidates" in out and "partial" not in out and "cached" not in out
     (entry,) = json.loads(planner.tuning_cache_path().read_text())["entries"].values()
     assert "measured" not in entry
+    assert main(["plan", *shape]) == 0
+    assert "(choice: tuned)" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- errors
