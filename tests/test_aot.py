@@ -672,21 +672,25 @@ def test_report_table_and_json_round_trip(reports, tmp_path):
         assert all(isinstance(k["profile"][key], int) for r in loaded for k in r["kernels"])
 
 
-# A fresh process (no TRITON_INTERPRET): compare build_signature + gpu_signature with what
-# Triton's own JIT makes of the same GPU-valued call for a sm_90 target. The JIT runs as far
-# as its compile call (a stand-in device driver answers its queries; `triton.compiler.compile`
-# is replaced by one that keeps the ASTSource and stops), so nothing compiles and no
-# version-specific JIT internals are called.
-_JIT_CHECK = r"""
-import importlib, torch, triton.compiler
+# A stand-in for the device driver of an H100: the three queries of a JIT compile.
+_DRIVER = r"""
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
-from tritonrnn.bench import aot
 
 class Driver:
     def get_current_device(self): return 0
     def get_current_stream(self, device=None): return 0
     def get_current_target(self): return GPUTarget("cuda", 90, 32)
+"""
+
+# A fresh process (no TRITON_INTERPRET): compare build_signature + gpu_signature with what
+# Triton's own JIT makes of the same GPU-valued call for a sm_90 target. The JIT runs as far
+# as its compile call (a stand-in device driver answers its queries; `triton.compiler.compile`
+# is replaced by one that keeps the ASTSource and stops), so nothing compiles and no
+# version-specific JIT internals are called.
+_JIT_CHECK = _DRIVER + r"""
+import importlib, torch, triton.compiler
+from tritonrnn.bench import aot
 
 class Stop(Exception):
     pass
@@ -732,47 +736,6 @@ def test_signature_matches_tritons_jit_specialisation():
     assert "checked 6" in res.stdout
 
 
-# The same stand-in driver, and this time the JIT's real compile: after `aot_reports` filled an
-# empty Triton cache, the JIT's compile of each launch (GPU values, as a GPU run makes it) must
-# find its entry (same key: source, signature, attributes, options, target) and add none. That
-# is what lets a GPU machine compile a sweep's kernels ahead in parallel processes
-# (`tritonrnn aot --device-preset current --jobs N`) for its runs to find.
-_CACHE_CHECK = r"""
-import importlib, os, torch
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-from tritonrnn.bench import aot
-
-class Driver:
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-
-driver.set_active(Driver())
-cache = os.environ["TRITON_CACHE_DIR"]
-jobs = [(aot.AotShape("lstm", 64, 16, dtype=torch.bfloat16), None),
-        (aot.AotShape("lstm", 32, 5, proj=16, dtype=torch.float16, bidirectional=True),
-         {"family": "persistent_grid", "block_h": 16})]
-aot.aot_reports(jobs, "h100", processes=2)
-before = set(os.listdir(cache))
-print("aot entries", len(before))
-jitted = 0
-for shape, cons in jobs:
-    lp, _ = aot.plan_layer(shape, "h100", cons)
-    ctx = aot.GpuContext(shape.dtype, lp.family == "persistent_grid")
-    for launch in aot.capture(shape, lp).values():
-        mine, _ = aot.gpu_signature(aot.build_signature(launch), ctx)
-        kernel = getattr(importlib.import_module(launch.module), launch.name)
-        gpu = mine.constexprs_by_name()
-        kwargs = {k: gpu.get(k, v) for k, v in launch.kwargs.items()}
-        kwargs.update(mine.options)
-        kernel.warmup(*launch.args, grid=(1,), **kwargs)
-        jitted += 1
-new = set(os.listdir(cache)) - before
-print("jitted", jitted, "new entries", len(new))
-"""
-
-
 def test_parallel_compiles_come_back_in_the_jobs_order(monkeypatch):
     """processes=N deals the jobs round-robin to N fresh processes at once and puts their
     reports back in the jobs' order."""
@@ -792,15 +755,6 @@ def test_parallel_compiles_come_back_in_the_jobs_order(monkeypatch):
         aot.aot_reports(jobs, "h100", processes=0)
 
 
-def test_the_jit_finds_the_kernels_aot_compiled_in_its_cache(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run([sys.executable, "-c", _CACHE_CHECK], env=env, capture_output=True,
-                         text=True, check=False)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "jitted 4 new entries 0" in res.stdout, res.stdout
-
-
 # The whole way a GPU run compiles, short of a GPU: the real engine and launchers, outside the
 # interpreter (so they make their GPU choices: DOT_DT, VW, BARRIER, launch options...), on CPU
 # tensors that the grid launchers are told are on a GPU, through the JIT with the stand-in
@@ -808,11 +762,9 @@ def test_the_jit_finds_the_kernels_aot_compiled_in_its_cache(tmp_path):
 # every kernel the launchers ask for must already be in the cache: what makes
 # `tritonrnn aot --device-preset current` a warm-up of a GPU machine's runs. One shape per
 # kind of kernel (small sizes: quick compiles).
-_LAUNCH_CHECK = r"""
+_LAUNCH_CHECK = _DRIVER + r"""
 import contextlib, os, types, torch
-from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import CompiledKernel
-from triton.runtime import driver
 from tritonrnn.bench import aot
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.rnn import engine
@@ -834,12 +786,6 @@ jobs = [
 cache = os.environ["TRITON_CACHE_DIR"]
 aot.aot_reports(jobs, "h100", processes=2)
 before = set(os.listdir(cache))
-
-class Driver:
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-
 driver.set_active(Driver())
 CompiledKernel.launch_metadata = lambda self, *a: None
 CompiledKernel.run = property(lambda self: (lambda *a, **k: None))
