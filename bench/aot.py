@@ -616,10 +616,10 @@ def compile_launch(launch: Launch, ctx: GpuContext, arch: int = 90,
         raise RuntimeError(f"aot: {launch.module}.{launch.name} is a {type(kernel).__name__}, "
                            "not a JITFunction: compile in a process without TRITON_INTERPRET=1 "
                            "(aot_reports does)")
-    gpu = sig.constexprs_by_name()
-    bound = dict(zip(sig.names, launch.args, strict=False))
-    bound.update(launch.kwargs)
-    kwargs = {k: gpu.get(k, v) for k, v in bound.items() if k in sig.names}
+    # The recorded call by name, every constexpr at its GPU value, then the launch options.
+    kwargs = dict(zip(sig.names, launch.args, strict=False))
+    kwargs.update(launch.kwargs)
+    kwargs.update(sig.constexprs_by_name())
     kwargs.update(sig.options)
     kwargs.update(compile_options or {})
     # Afterwards the driver's own state is put back as it was, not `reset_active()`: from
