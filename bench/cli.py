@@ -5,8 +5,8 @@
     tritonrnn tune  [--preset NAME | shape options] [--force] [--max-candidates N]
     tritonrnn plan  [--preset NAME | shape options]
                     [--device-preset h100|h200|a100|interpreter] [--pipeline-chunks C]
-    tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100]
-                    [--arch CC]
+    tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
+                    [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
                     [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]

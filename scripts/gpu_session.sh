@@ -3,8 +3,9 @@
 # install the project, then one stage per call of the device tool.
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
 # run `all` (timeout_s 450), then at once, on the warm machine,
-# `tests` (timeout_s 270) when at least 5 minutes are left. The other stages are the sweeps and ablation sets for later sessions
-# (`decide` alone fills most of one).
+# `tests` (timeout_s 270) when at least 5 minutes are left. The other stages are the sweeps
+# and ablation sets for later sessions (`decide` alone fills most of one; the layer pipeline
+# is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
 # at its limit still brings back what its finished steps wrote). Unpack it here with
@@ -17,8 +18,6 @@
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors), cut at
 #                                         240 s, the persistent-grid family's first; the log
 #                                         names each test as it finishes
-#   bash scripts/gpu_session.sh extra     the layer pipeline (2-layer stack without and with
-#                                         the overlap) and tune on the anchor
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
@@ -227,16 +226,6 @@ case "$stage" in
     cached "after the sweeps"
     box 60 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  extra)
-    box 45 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
-      --pass fwdbwd --no-tune --no-progress --out "$out/serial"
-    box 45 bench-pipeline env TRITONRNN_PIPELINE=1 python -m tritonrnn.bench bench \
-      --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
-    # The anchor has 84 candidates: the plan's own and its nearest (a partial entry that a
-    # later call carries on).
-    box 120 tune env TRITONRNN_CACHE_DIR="$out/cache" python -m tritonrnn.bench tune \
-      --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --no-progress \
-      --max-candidates 12 ;;
-  *) echo "usage: $0 all|tests|extra|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
+  *) echo "usage: $0 all|tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac
