@@ -238,6 +238,14 @@ def uses_tf32(device: torch.device) -> bool:
     return device.type == "cuda" and bool(torch.backends.cuda.matmul.allow_tf32)
 
 
+def cudnn_uses_tf32(device: torch.device) -> bool:
+    """Whether cuDNN's float32 RNNs on `device` may run in tf32: torch asks cuDNN for its
+    default math (tensor cores with fp32 -> tf32 conversion on Ampere and later) unless
+    torch.backends.cudnn.allow_tf32 is off, and that switch is on by default, unlike the
+    GEMM one (`uses_tf32`)."""
+    return device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)
+
+
 def scaled_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     """max |got - ref| / max(1, max |ref|), computed in float64 on the reference's device."""
     if ref.numel() == 0:

@@ -26,6 +26,7 @@ from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
 
 from .oracle import (
     OracleResult,
+    cudnn_uses_tf32,
     make_torch_rnn,
     oracle,
     params_from_torch,
@@ -116,22 +117,27 @@ def compute_oracle(case: Case) -> OracleResult:
     return case.ref
 
 
-def tolerances(case: Case) -> dict[str, float]:
-    """Tolerances of `scaled_error` for outputs and gradients (oracle.tolerance)."""
+def tolerances(case: Case, *, tf32: bool | None = None) -> dict[str, float]:
+    """Tolerances of `scaled_error` for outputs and gradients (oracle.tolerance); `tf32`:
+    whether the implementation's float32 products run in tf32 (default: torch's GEMM switch,
+    which tritonrnn's kernels follow; the cuDNN runners pass `cudnn_uses_tf32`)."""
     s = case.shape
     K = max(s.input, s.num_dirs * s.out_size) + s.out_size
     steps = s.time * s.layers
-    tf32 = uses_tf32(case.device)
+    if tf32 is None:
+        tf32 = uses_tf32(case.device)
     out = tolerance(s.torch_dtype, K=K, steps=steps, tf32=tf32)
     # Weight gradients sum over all N packed rows: dot products of length N.
     grad = tolerance(s.torch_dtype, K=max(K, case.tokens), steps=steps, tf32=tf32)
     return {"output": out, "gradient": grad}
 
 
-def compare(case: Case, got: dict[str, torch.Tensor | None]) -> dict:
-    """Scaled errors of every tensor in `got` against the oracle, with the verdict."""
+def compare(case: Case, got: dict[str, torch.Tensor | None], *,
+            tf32: bool | None = None) -> dict:
+    """Scaled errors of every tensor in `got` against the oracle, with the verdict
+    (`tf32`: as for `tolerances`)."""
     ref = compute_oracle(case)
-    tols = tolerances(case)
+    tols = tolerances(case, tf32=tf32)
     errors: dict[str, float] = {}
     ok = True
     for name, tensor in got.items():
@@ -359,7 +365,7 @@ def torch_runner(case: Case, packed: bool) -> Runner:
         "y": outs[0], "hT": outs[1], "cT": outs[2] if c0 is not None else None,
         "dx": grads[0], "dh0": grads[1], "dc0": grads[2] if c0 is not None else None,
         "dparams": params_from_torch(module, pgrads),
-    })
+    }, tf32=cudnn_uses_tf32(case.device))
     return runner
 
 
@@ -470,7 +476,7 @@ def torch_graph_runner(case: Case) -> Runner:
         "y": y, "hT": hT, "cT": cT,
         "dx": grads[0], "dh0": grads[1], "dc0": grads[2] if c0 is not None else None,
         "dparams": params_from_torch(module, dict(zip(names, grads[n_in:], strict=True))),
-    })
+    }, tf32=cudnn_uses_tf32(case.device))
     return runner
 
 

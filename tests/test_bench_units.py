@@ -93,6 +93,7 @@ def test_tolerance_orders_dtypes_and_grows_with_work():
     assert oracle.tolerance(torch.float32, K=64, steps=64) > t[torch.float32]
     assert oracle.tolerance(torch.float32, K=64, steps=16, tf32=True) > t[torch.float32]
     assert not oracle.uses_tf32(torch.device("cpu"))
+    assert not oracle.cudnn_uses_tf32(torch.device("cpu"))
     # fp32 on the CPU: 8 * (2^-24 * sqrt(17) + 2^-24 * sqrt(1024))
     assert t[torch.float32] == pytest.approx(8 * 2.0**-24 * (math.sqrt(17) + 32))
 
@@ -487,6 +488,21 @@ def test_source_hash_names_the_python_sources(tmp_path):
     (tmp_path / "kernels" / "m.py").rename(tmp_path / "kernels" / "n.py")
     assert source_hash(tmp_path) != first  # a renamed file is another tree
     assert environment(torch.device("cpu"))["source_sha256"] == source_hash()
+
+
+def test_cudnn_runners_are_judged_at_cudnns_fp32_math(monkeypatch):
+    """fp32 cuDNN RNNs run in tf32 under torch's default cudnn.allow_tf32 (an H200 measured
+    the fp32 graph baseline at 3.4e-4 scaled error against an IEEE tolerance of 2.0e-5): its
+    runners' verdicts use that switch, tritonrnn's the GEMM one."""
+    case = runners.build_case(presets.BenchShape(mode="lstm", hidden=8, batch=2, time=3,
+                                                 dtype="float32"), torch.device("cpu"))
+    ieee = runners.tolerances(case)
+    assert runners.tolerances(case, tf32=False) == ieee
+    assert runners.tolerances(case, tf32=True)["output"] > 10 * ieee["output"]
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert oracle.cudnn_uses_tf32(torch.device("cuda"))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert not oracle.cudnn_uses_tf32(torch.device("cuda"))
 
 
 def test_graph_baseline_is_skipped_without_a_gpu():
