@@ -2,8 +2,8 @@
 # Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
 # install the project, then one stage per call of the device tool.
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
-# run `all` (timeout_s 450), then at once, on the warm machine,
-# `tests` (timeout_s 270) when at least 5 minutes are left. The other stages are the sweeps
+# run `all` (timeout_s 490), then at once, on the warm machine,
+# `tests` (timeout_s 210) when at least 4 minutes are left. The other stages are the sweeps
 # and ablation sets for later sessions (`decide` alone fills most of one; the layer pipeline
 # is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
@@ -14,9 +14,9 @@
 #   bash scripts/gpu_session.sh all       the evidence of issues 5 and 6 in one call, each step
 #                                         time-boxed: the sweeps' kernels compiled ahead in
 #                                         parallel (warm), the grid and targets sweeps against
-#                                         cuDNN, the bare barrier, check (390 s in all)
+#                                         cuDNN, the bare barrier, check (460 s in all)
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors), cut at
-#                                         240 s, the persistent-grid family's first; the log
+#                                         180 s, the persistent-grid family's first; the log
 #                                         names each test as it finishes
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
@@ -118,18 +118,19 @@ box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
 cached() { echo "Triton cache: $(ls "$TRITON_CACHE_DIR" 2>/dev/null | wc -l) entries $1"; }
 case "$stage" in
   tests)
-    # pytest-xdist where the machine has it. 160 GPU tests took ~110 s with -n 6 (H100,
-    # 2026-11-22); there are 281 now. -v: a run cut at its box still names each test it
-    # finished; -rf lists the failures at the end.
+    # pytest-xdist where the machine has it. The 281 GPU tests took 88 s (the two files
+    # below, 156 tests) + 40 s with -n 12 on an H200 (2026-11-26, cold compile cache; 147 s
+    # for the stage). -v: a run cut at its box still names each test it finished; -rf lists
+    # the failures at the end.
     # The persistent-grid family's (issue 5: bf16 / fp32 against the reference, barrier
     # stress, pair launches) first, so that a cut falls on the others.
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 12")
     first="tests/test_kernels_grid.py tests/test_bidir_launch.py"
     t0=$SECONDS
-    timeout 150 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
+    timeout 120 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
       | tee "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     pack
-    timeout $((240 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
+    timeout $((180 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
       $(printf -- "--ignore=%s " $first) $par 2>&1 \
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
@@ -202,29 +203,31 @@ case "$stage" in
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
     # Each step is cut at its budget; bench reports are checkpointed per shape (the barrier
-    # JSON too), so a cut step keeps what it finished. Measured on an H100 (2026-11-22, cold
-    # compile cache): grid 77 s and targets 76 s (fwdbwd), barrier 27 s; since then the
-    # sweeps also time a cuDNN-graph baseline (torch-graph: three captures and their timing
-    # per shape), not yet measured. First the sweeps' kernels are compiled ahead into the
-    # Triton cache, 14 processes at once (`aot --device-preset current`: the JIT's own compile
-    # for this GPU, the entries the sweeps' runs look up; the cache counts before and after
-    # the sweeps say whether they found them). The budgets add up to 390 s.
+    # JSON too), so a cut step keeps what it finished. Measured on an H200 (2026-11-26, with
+    # the cuDNN-graph baseline): warm 31 s (46 cache entries; 5 more after the sweeps),
+    # grid 72 s, targets 111 s, check 24 s, 279 s for the stage; the barrier, then boxed at
+    # 30 s, measured 4 of its 18 rows (about 7 s a row with the grid's kernels cached, about
+    # 30 s cold). First the sweeps' kernels are compiled ahead into the Triton cache, 14
+    # processes at once (`aot --device-preset current`: the JIT's own compile for this GPU,
+    # the entries the sweeps' runs look up; the cache counts before and after the sweeps
+    # say whether they found them); the barrier runs after the grid sweep, whose shapes
+    # and kernels it shares. The budgets add up to 460 s.
     cached "at the start"
     t0=$SECONDS
     for p in grid targets; do
-      timeout 60 python -m tritonrnn.bench aot --preset "$p" --device-preset current --jobs 7 \
+      timeout 45 python -m tritonrnn.bench aot --preset "$p" --device-preset current --jobs 7 \
         --json "$out/aot-$p.json" > "$out/warm-$p.log" 2>&1 &
     done
     wait
     cached "after warm ($((SECONDS - t0)) s)"
     pack
-    box 120 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
+    box 100 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
       --no-progress --out "$out"
-    box 30 barrier python -m tritonrnn.bench barrier --out "$out"
-    box 120 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
+    box 150 barrier python -m tritonrnn.bench barrier --out "$out"
+    box 125 bench-targets python -m tritonrnn.bench bench --preset targets --pass all \
       --no-tune --no-progress --out "$out"
     cached "after the sweeps"
-    box 60 check python -m tritonrnn.bench check --no-progress
+    box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
   *) echo "usage: $0 all|tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
