@@ -165,8 +165,16 @@ SETS = {
 # targets that the 2026-11-22 H100 runs missed (B = 64: LSTM H=1024 1.09x cuDNN; per-step
 # latency 4.3-7.4x the bare barrier; B = 256: LSTM H=1024 0.72x), then the rules of the
 # large tiles and of the spilling compiles.
+# First, the anomaly of the 2026-11-26 H200 runs: the forward of H = 1024 B = 16 (16 x 16
+# tiles) took 8.07 ms (LSTM; GRU 7.97) against 5.54 at H = 768, about 7.7 us per step
+# against 5.2, while the H100's per-gate split-K forward (step ablation w4,s2) ran GRU
+# H = 1024 B = 16 at 4.94 us per step. Since that run the forward is gate-batched and a
+# resident reduction of 1024 is held as 512 + 512; the sm_90 compiles (Triton 3.6) favour
+# both (gate-batched 804 instructions and 128 MMA per warp and step, nobatch 1210 and 256,
+# chunk1024 863 and 128, none spills), so only a GPU can say which one costs the time.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
+        ("lstm,1024,16", "layer;nobatch,layer;chunk1024,layer"),  # the H200's slow forward
         ("lstm,1024,64", "layer;nobatch,layer"),  # the gate-batched forward on 8 warps
         ("lstm,768,16", "layer;fw8,layer;tagged,layer"),  # the anchor's forward warps
         ("lstm,1024,256", "layer;noswap,nojoin,layer"),  # transposed loops, joint gates
