@@ -521,9 +521,12 @@ def test_graph_baseline_is_skipped_without_a_gpu():
 def test_graph_baseline_replays_what_torch_computes(shape):
     """The CUDA-graph cuDNN baseline: every pass's replay gives what the eager torch.nn pass
     gives on the same data (same cuDNN kernels), within the oracle's tolerances, and reports
-    the memory its capture took."""
+    the memory its capture took. Their module's weights are one flat buffer (else torch
+    copies them into one on every cuDNN call)."""
     dev = torch.device("cuda")
     case = runners.build_case(shape, dev, seed=3)
+    module = runners._torch_setup(case).module
+    assert len({p.untyped_storage().data_ptr() for p in module.parameters()}) == 1
     graph = runners.torch_graph_runner(case)
     eager = runners.torch_runner(case, packed=False)
     assert graph.correctness["ok"], graph.correctness
