@@ -2,9 +2,11 @@
 # Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
 # install the project, then one stage per call of the device tool.
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
-# run `all` (timeout_s 490), then at once, on the warm machine,
-# `tests` (timeout_s 210) when at least 4 minutes are left. The other stages are the sweeps
-# and ablation sets for later sessions (`decide` alone fills most of one; the layer pipeline
+# run `all` (timeout_s 490), then at once, on the warm machine, `tests` (timeout_s 210) when
+# at least 4 minutes are left. Where `all`'s results for the current kernels are committed
+# (bench/results), run `decide` (timeout_s 570) instead, then at once `barrier` (timeout_s
+# 240) if the lease's budget_left_s is at least 250 (a start took about 30 s, transfers
+# included, both times on 2026-11-26). The other stages are the sweeps and ablation sets for later sessions (`decide` alone fills most of one; the layer pipeline
 # is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
@@ -20,6 +22,8 @@
 #                                         names each test as it finishes
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
+#   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
+#                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
@@ -199,6 +203,13 @@ case "$stage" in
     ablate 560 late ;;
   decide)
     ablate 540 decide ;;
+  barrier)
+    # Its shapes are the grid sweep's, so are its kernels: compiled ahead (14 processes)
+    # a row takes about 7 s, else about 30 s (H200, 2026-11-26).
+    box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
+      --jobs 14 --json "$out/aot-grid.json"
+    box 150 barrier python -m tritonrnn.bench barrier --out "$out"
+    tail -22 "$out/barrier.log" ;;
   profile)
     OUT="$out" bash scripts/gpu_profile.sh ;;
   all)
@@ -229,6 +240,6 @@ case "$stage" in
     cached "after the sweeps"
     box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 all|tests|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
+  *) echo "usage: $0 all|tests|barrier|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac
