@@ -6,8 +6,8 @@
 # at least 4 minutes are left. Where `all`'s results for the current kernels are committed
 # (bench/results), run `decide` (timeout_s 570) instead, then at once `barrier` (timeout_s
 # 240) if the lease's budget_left_s is at least 250 (a start took about 30 s, transfers
-# included, both times on 2026-11-26). The other stages are the sweeps and ablation sets for later sessions (`decide` alone fills most of one; the layer pipeline
-# is in `grid`, tune in `tune`).
+# included, both times on 2026-11-26). The other stages are the sweeps and ablation sets for
+# later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
 # at its limit still brings back what its finished steps wrote). Unpack it here with
