@@ -24,6 +24,10 @@
 #                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
 #                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
+#   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels:
+#                                         the exchange operand's L2 trip (l1load), the product
+#                                         (nodot), the barrier (nowait,noarrive); anchor,
+#                                         LSTM H=1024 B=16, a vector tile (B = 1)
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
@@ -203,6 +207,8 @@ case "$stage" in
     ablate 560 late ;;
   decide)
     ablate 540 decide ;;
+  phases)
+    ablate 300 phases ;;
   barrier)
     # Its shapes are the grid sweep's, so are its kernels: compiled ahead (14 processes)
     # a row takes about 7 s, else about 30 s (H200, 2026-11-26).
@@ -240,6 +246,6 @@ case "$stage" in
     cached "after the sweeps"
     box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 all|tests|barrier|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
+  *) echo "usage: $0 all|tests|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac

@@ -25,6 +25,10 @@ Variants (comma-joined in one process):
     nowait    grid_wait returns at once (arrivals still counted)
     noarrive  grid_arrive does nothing (with nowait: no barrier at all)
     nodot     the recurrent matmul (h load + dots + split-K reduction) returns zeros
+    l1load    the exchange operand's loads (`_kpart`, `_vx`: h, or dph in the backward)
+              cached in L1 (.ca instead of .cg): the same instructions, but from the third
+              step on the lines are L1's, stale: full - l1load is what the L2 round trip of
+              the operand costs over an L1 hit
     nocell    the cell nonlinearity is replaced by additions
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
@@ -89,6 +93,9 @@ import torch
 import triton
 import triton.language as tl
 
+# The operand pointers of the `l1load` replacements (the kernels' own).
+from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
+
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
 VARIANTS = ["full,layer", "nobatch,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
@@ -113,6 +120,12 @@ SETS = {
     # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
     "tagged-b1": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "full;tagged;layer;tagged,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
+    # Where a step's time goes with the current kernels (the H100 ablation of 2026-11-22
+    # timed the 8-warp split-K kernels since replaced): the exchange operand's L2 round
+    # trip (l1load), the whole product (nodot), the barrier (nowait,noarrive), at the steps
+    # that miss the 2x-barrier target most (H200, 2026-11-26: 16-wide tiles 4.5 to 6.4x;
+    # H=1024 B=16's forward about 7.7 us) and at a vector tile's (2.4x).
+    "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1", "full;l1load;nodot;nowait,noarrive"),
     # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
     # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
     # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
@@ -213,6 +226,20 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
 
 
 @triton.jit
+def _kpart_l1(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+              DT: tl.constexpr):
+    ptr, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
+    return tl.load(ptr, mask=ok, other=0.0, cache_modifier=".ca").to(DT)
+
+
+@triton.jit
+def _vx_l1(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexpr,
+           K: tl.constexpr, DT: tl.constexpr):
+    ptr, m = _vxptrs(X, x_row, jb, ok, k0, S, BM, KW, K)
+    return tl.load(ptr, mask=m, other=0.0, cache_modifier=".ca").to(DT).to(tl.float32)
+
+
+@triton.jit
 def _no_cell(CELL: tl.constexpr, x0, x1, x2, x3, p0, p1, p2, p3, h_old, c):
     return x0 + p0 + x1 + p1 + x2 + p2 + x3 + p3 + h_old, c + p0
 
@@ -269,6 +296,7 @@ def swaps() -> dict:
         "nowait": [(pg, "grid_wait", _no_wait)],
         "noarrive": [(pg, "grid_arrive", _no_arrive)],
         "nodot": [(pg, "_fwd_pre", _no_dot)],
+        "l1load": [(pg, "_kpart", _kpart_l1), (pg, "_vx", _vx_l1)],
         "nocell": [(cells, "cell_forward", _no_cell)],
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],

@@ -27,7 +27,7 @@ from tritonrnn.bench.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
           "batch", "warps", "hoist", "tagged", "vector", "spills", "spills2", "huge", "late",
-          "decide", "barrier", "profile"]
+          "decide", "barrier", "phases", "profile"]
 
 
 def _load_ablation():
