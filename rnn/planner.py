@@ -338,7 +338,8 @@ def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, 
     `resident_operands_fit`) and float32's FMA dots (both tiles spill thousands of values
     per step) keep the tiles they had. Not yet timed on a GPU (step_ablation's `bh128`
     restores 128 x 64 tiles)."""
-    return (16, 32, 64, 128) if block_h == 64 and block_k and not fma_dots else (16, 32, 64)
+    wide = block_h == 64 and block_k and not fma_dots
+    return _GRID_TILES if wide else tuple(t for t in _GRID_TILES if t <= 64)
 
 
 # Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
