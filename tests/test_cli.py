@@ -317,6 +317,25 @@ def test_tune_max_candidates_caches_a_partial_best_then_carries_on(capsys, monke
     assert "(choice: tuned)" in capsys.readouterr().out
 
 
+@pytest.mark.gpu
+def test_tune_on_gpu_times_the_planners_candidates(capsys):
+    """On a GPU, with the planner's own candidates: the first three of the key are timed with
+    do_bench, the best is cached as partial, and `plan` reports it."""
+    from tritonrnn.rnn import planner
+
+    shape = ["--mode", "lstm", "--hidden", "64", "--batch", "4", "--time", "16", "--dtype",
+             "bf16"]
+    rc = main(["tune", *shape, "--no-progress", "--max-candidates", "3", "--rep", "20",
+               "--warmup", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    (entry,) = json.loads(planner.tuning_cache_path().read_text())["entries"].values()
+    assert entry["ms"] > 0 and entry["measured"] == 3 < entry["candidates"], entry
+    assert main(["plan", *shape]) == 0
+    assert f"(choice: tuned, partial: best of 3 of {entry['candidates']} candidates)" in (
+        capsys.readouterr().out)
+
+
 # ----------------------------------------------------------------------------- errors
 
 
