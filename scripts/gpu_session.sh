@@ -4,11 +4,11 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
 # run `all` (timeout_s 490), then at once, on the warm machine, `tests` (timeout_s 210) when
 # at least 4 minutes are left. Where `all`'s results for the current kernels are committed
-# (bench/results), run `phases` (timeout_s 330) instead, then at once
-# `DECIDE_SECONDS=480 bash scripts/gpu_session.sh decide` (timeout_s 510): a start took about
-# 30 s, transfers included, both times on 2026-11-26. `barrier` (timeout_s 240) when a
-# session has the time. The other stages are the sweeps and ablation sets for later
-# sessions (the layer pipeline is in `grid`, tune in `tune`).
+# (bench/results), run `tests` (timeout_s 210), then at once `phases` (timeout_s 330) and
+# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270), its first
+# decisions. A start took about 30 s, transfers included, both times on 2026-11-26.
+# `barrier` (timeout_s 240) when a session has the time. The other stages are the sweeps
+# and ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
 # at its limit still brings back what its finished steps wrote). Unpack it here with
