@@ -181,19 +181,27 @@ def _cache_file(root: str) -> str:
     return os.path.join(root, "tuning.json")
 
 
-def load_tuning_cache() -> dict:
-    """{key: entry}; a missing or unreadable cache is empty (the planner's heuristic runs).
-    Re-read only when the file's mtime changes (one stat per call)."""
+def _tuning_cache_stamp() -> tuple[str, tuple[int, int, int] | None]:
+    """The tuning cache's path and (mtime_ns, inode, size), None without a file: what its
+    contents and the plans made from them are cached by. `store_tuning_entry` replaces the
+    file whole, so every store gives a new inode, also within one mtime tick."""
     path = _cache_file(os.environ.get("TRITONRNN_CACHE_DIR", ""))
     try:
-        mtime = os.stat(path).st_mtime_ns
+        st = os.stat(path)
     except OSError:
-        return {}
-    return _load_cache(path, mtime)
+        return path, None
+    return path, (st.st_mtime_ns, st.st_ino, st.st_size)
+
+
+def load_tuning_cache() -> dict:
+    """{key: entry}; a missing or unreadable cache is empty (the planner's heuristic runs).
+    Re-read only when the file changes (one stat per call, `_tuning_cache_stamp`)."""
+    path, stamp = _tuning_cache_stamp()
+    return {} if stamp is None else _load_cache(path, stamp)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cache(path: str, _mtime: int) -> dict:
+def _load_cache(path: str, _stamp: tuple[int, int, int]) -> dict:
     try:
         with open(path) as f:
             data = json.load(f)
@@ -1011,10 +1019,9 @@ def plan_for(
         direction=direction, num_proj=num_proj, dropout=dropout,
     )
     constraints = _constraints.get()
-    cache = load_tuning_cache()
     automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
-    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, id(cache), automatic,
-                        triton.__version__)
+    return _plan_cached(cfg, batch, max_time, dtype, props, constraints, _tuning_cache_stamp(),
+                        automatic, triton.__version__)
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -1037,10 +1044,12 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_id,
+def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
                  automatic: bool, _triton: str) -> Plan:
-    """plan_for's Plan, cached by everything it depends on: the tuning cache's contents
-    (_cache_id) and the Triton release whose entries count (_triton) among them."""
+    """plan_for's Plan, cached by everything it depends on: the tuning cache's file and
+    version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
+    is freed: a plan made without a cache was returned for a tuned key) and the Triton
+    release whose entries count (_triton) among them."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(

@@ -432,6 +432,39 @@ def test_tuning_cache_overrides_heuristic():
     assert (tuned.layer(0).family, tuned.layer(0).block_h) == ("stepwise", 32)
 
 
+def test_plans_follow_the_tuning_cache_file_not_the_id_of_its_loaded_dict(monkeypatch):
+    """Plans are cached by the tuning file's (mtime, inode, size): a store within one mtime
+    tick still changes the plan, and a freed cache dict whose id Python hands to the next
+    one does not bring back the plan made from it (both returned stale plans before)."""
+    import os
+
+    from tritonrnn.rnn import planner
+
+    base = _plan(H=224)
+    first = {"family": "stepwise", "block_b": 16, "block_h": 32, "num_warps": 8}
+    second = {"family": "stepwise", "block_b": 16, "block_h": 16, "num_warps": 4}
+    store_tuning_entry(base.key, first, 1.5, "h100")
+    path = tuning_cache_path()
+    tick = os.stat(path).st_mtime_ns
+    assert _plan(H=224).layer(0).block_h == 32
+    store_tuning_entry(base.key, second, 1.0, "h100")
+    os.utime(path, ns=(tick, tick))  # the same mtime as the first store
+    assert _plan(H=224).layer(0).block_h == 16
+    # Every load returns the same dict object (as a reused id would make it look): the plan
+    # still follows the file.
+    shared: dict = {}
+    read = planner._load_cache.__wrapped__
+
+    def same_dict(path, stamp):
+        shared.clear()
+        shared.update(read(path, stamp))
+        return shared
+
+    monkeypatch.setattr(planner, "_load_cache", same_dict)
+    store_tuning_entry(base.key, first, 0.5, "h100")
+    assert _plan(H=224).layer(0).block_h == 32
+
+
 def test_a_partial_tuning_entry_says_so_in_the_plan():
     base = _plan(H=160)
     choice = {"family": "stepwise", "block_b": 16, "block_h": 32, "num_warps": 8}
