@@ -213,8 +213,8 @@ case "$stage" in
   phases)
     ablate 300 phases ;;
   barrier)
-    # Its shapes are the grid sweep's, so are its kernels: compiled ahead (14 processes)
-    # a row takes about 7 s, else about 30 s (H200, 2026-11-26).
+    # Its shapes are the grid sweep's, and so are its kernels: compiled ahead (14
+    # processes), a row takes about 7 s, else about 30 s (H200, 2026-11-26).
     box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
       --jobs 14 --json "$out/aot-grid.json"
     box 150 barrier python -m tritonrnn.bench barrier --out "$out"
