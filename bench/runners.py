@@ -309,12 +309,34 @@ class _TorchSetup:
     params: list[torch.Tensor]
 
 
+def _flatten_for_cudnn(module: torch.nn.RNNBase) -> None:
+    """Module.to() leaves the weights in separate buffers; without one flat buffer torch
+    copies them into one on every cuDNN call (with a UserWarning), which is not cuDNN's
+    cost. flatten_parameters() does it for float32 / float16 but returns without a word for
+    bfloat16 (torch.backends.cudnn.is_acceptable leaves bfloat16 out), though cuDNN runs
+    bfloat16 RNNs, flattening their weights on every call (an H200's GPU test found 16
+    storages at GRU bf16 2 layers bidirectional); those get the same flattening op
+    flatten_parameters() calls. A no-op off CUDA."""
+    module.flatten_parameters()
+    weights = module._flat_weights
+    if (not weights or not all(isinstance(w, torch.Tensor) and w.is_cuda for w in weights)
+            or len({w.untyped_storage().data_ptr() for w in weights}) == 1
+            or weights[0].dtype != torch.bfloat16 or not torch.backends.cudnn.enabled
+            or not torch._use_cudnn_rnn_flatten_weight()):
+        return
+    from torch.backends.cudnn import rnn as cudnn_rnn
+
+    with torch.cuda.device_of(weights[0]), torch.no_grad():
+        torch._cudnn_rnn_flatten_weight(
+            weights, (4 if module.bias else 2) + (1 if module.proj_size > 0 else 0),
+            module.input_size, cudnn_rnn.get_cudnn_mode(module.mode), module.hidden_size,
+            module.proj_size, module.num_layers, module.batch_first,
+            bool(module.bidirectional))
+
+
 def _torch_setup(case: Case) -> _TorchSetup:
     module = copy.deepcopy(case.module64).to(case.shape.torch_dtype).train()
-    # Module.to() leaves the weights in separate buffers; without one flat buffer torch
-    # copies them into one on every cuDNN call (with a UserWarning), which is not cuDNN's
-    # cost. A no-op off CUDA.
-    module.flatten_parameters()
+    _flatten_for_cudnn(module)
     leaf = lambda t: None if t is None else t.detach().clone().requires_grad_()  # noqa: E731
     x, h0, c0 = leaf(case.x), leaf(case.h0), leaf(case.c0)
     names, params = zip(*module.named_parameters(), strict=True)
