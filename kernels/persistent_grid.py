@@ -74,12 +74,13 @@ with at least one MMA tile per warp keep the plain dot (S = 1). With fewer slice
 the extra warps compute copies again (the forward's gate dots use at most 2 slices, so 4
 warps ran every MMA twice).
 
-Gate-batched forward (`_fwd_gates`: gated cells, resident weights, MMA tiles with fewer MMA
-tiles than warps): the gates of a chunk are one 3-D dot whose batch entries are (K slice,
-gate), [KS * 4, BLOCK_H, chunk / KS] @ [KS * 4, chunk / KS, BLOCK_B] with h's slices
-broadcast over the gates (`_batched_chunk`, `_batched_dot`): each warp forms whole gates
-(GRU computes a zero fourth), nothing twice, and with 4 warps a gate's KS slices are summed
-in-thread. The anchor's forward: 96 mma.sync per warp per step instead of 192.
+Gate-batched forward (`_fwd_gates`, off by default: `_FWD_GATE_BATCH`): the gates of a
+chunk are one 3-D dot whose batch entries are (K slice, gate), [KS * 4, BLOCK_H, chunk / KS]
+@ [KS * 4, chunk / KS, BLOCK_B] with h's slices broadcast over the gates (`_batched_chunk`,
+`_batched_dot`): each warp forms whole gates (GRU computes a zero fourth), nothing twice,
+and with 4 warps a gate's KS slices are summed in-thread. The anchor's forward: 96
+mma.sync per warp per step instead of 192, and yet slower on an H200 than the per-gate
+split-K dots it replaced (measured there, see _FWD_GATE_BATCH).
 
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
@@ -1778,9 +1779,31 @@ def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
 
 
 # The forward's gate-batched product (`_fwd_gates`, `_batched_dot`) where the split-K gate
-# dots would repeat MMAs across warps. False restores those dots (`scripts/step_ablation.py`
-# variant `nobatch`).
-_FWD_GATE_BATCH = True
+# dots repeat MMAs across warps: off. Half the MMAs, and slower on a GPU: an H200 (Triton
+# 3.6, bf16, T = 1024, 2026-11-26; bench/results/step-ablation-nvidia-h200-2026-11-26-
+# decide.json) timed LSTM H=1024 B=16 (16 x 16 tiles, 4 warps) at 7.50 us per forward step
+# gate-batched against 5.86 per gate (layer forward 8.02 -> 6.35 ms), and H=1024 B=64
+# (16 x 32 tiles, the batched forward on 8 warps) at 7.65 against 5.74 on 4 warps (8.93 ->
+# 6.94 ms). The same H200's `tritonrnn barrier` rows with it on (GRU H=1024 B=16 7.50, LSTM
+# H=768 B=64 6.93, GRU H=768 B=64 6.78 us) are slower than an H100's per-gate rows of
+# 2026-11-22 (4.96, 4.97, 4.18), and equal at LSTM H=768 B=16 (5.18 / 5.16). Where a
+# gate's products are one MMA chain per warp the dots' latency, not their count, sets the
+# step: nodot leaves 1.6-1.7 us of it. True restores the batched forward (the planner then
+# gives 16 x 32 tiles' forward 8 warps; `scripts/step_ablation.py` variant `batch`), as does
+# TRITONRNN_FWD_GATE_BATCH=on in the environment of a process that imports this module (read
+# once, here: the planner's cached plans depend on it).
+
+
+def _env_on_off(var: str) -> bool:
+    """An on / off switch from the environment (unset or empty: off); anything else raises,
+    naming the variable."""
+    raw = os.environ.get(var, "").strip() or "off"
+    if raw not in ("on", "off"):
+        raise ValueError(f"{var}: expected on or off, got {raw!r}")
+    return raw == "on"
+
+
+_FWD_GATE_BATCH = _env_on_off("TRITONRNN_FWD_GATE_BATCH")
 
 
 def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int,
@@ -1809,7 +1832,7 @@ def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: i
     has an MMA tile per warp already, and gate-batched it spills (LSTM H=768 B=64: 51 local
     loads per step); with 8 warps (one entry per warp, the slices summed across warps) it
     does not, and the planner gives those tiles 8 (`rnn.planner._persistent_grid_warps`).
-    Not yet timed on a GPU (`scripts/step_ablation.py` variant `nobatch`)."""
+    Off by default since an H200 timed it slower than the per-gate dots (_FWD_GATE_BATCH)."""
     if _joint_gates(cell, block_k, block_b):
         return 1
     gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1

@@ -284,6 +284,10 @@ def _bucket(n: int) -> int:
     return _pow2(max(n, 1))
 
 
+# The persistent CTA's warps: its on-chip budgets (below) are those of 8-warp compiles.
+_CTA_WARPS = 8
+
+
 def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps) -> LayerPlan:
     from tritonrnn.kernels.persistent_cta import cta_onchip_bytes
 
@@ -560,7 +564,8 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> Laye
     if dtype == torch.float64:
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):
-        return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, 8), num_dirs=num_dirs)
+        return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, _CTA_WARPS),
+                       num_dirs=num_dirs)
     return _split_heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs)
 
 
@@ -679,6 +684,9 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
+        # Forced on another family's plan: the CTA's own warps, not that family's tile rule.
+        if "num_warps" not in choice and base.family != "persistent_cta":
+            num_warps = _CTA_WARPS
         # One program per batch tile: its backward keeps the forward's warps unless asked.
         plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
                        num_dirs=num_dirs).with_backward_warps(

@@ -6,7 +6,9 @@
 # at least 4 minutes are left. Where `all`'s results for the current kernels are committed
 # (bench/results), run `tests` (timeout_s 210), then at once `phases` (timeout_s 330) and
 # `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270), its first
-# decisions. A start took about 30 s, transfers included, both times on 2026-11-26.
+# decisions. A start took about 30 s, transfers included, all three times on 2026-11-26.
+# The committed `all` results predate the per-gate forward (kernels' _FWD_GATE_BATCH, off
+# since the second H200 session of 2026-11-26): the next session runs `all`, then `tests`.
 # `barrier` (timeout_s 240) when a session has the time. The other stages are the sweeps
 # and ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
@@ -39,8 +41,9 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
-#   bash scripts/gpu_session.sh batch     the gate-batched forward against per-gate split-K
-#                                         dots (nobatch: 16 x 32 tiles back on 4 warps)
+#   bash scripts/gpu_session.sh batch     the per-gate split-K forward (the default) against
+#                                         the gate-batched one (batch: 16 x 32 tiles on 8
+#                                         warps) and that on 8 warps at every tile (batch,fw8)
 #   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16) on 8 warps (w8 both passes,
 #                                         fw8 the forward) against the planner's 4: gate-
 #                                         batched, 8 warps halve each warp's MMAs (anchor

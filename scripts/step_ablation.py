@@ -34,8 +34,9 @@ Variants (comma-joined in one process):
     nostore   the y / c_seq output stores are dropped
     w2/w4/w8  2 / 4 / 8 warps instead of the planner's (both passes); bh32: block_h 32
     bw2/bw4/bw8  the backward's warps only (seen in `layer` times); fw4/fw8 the forward's
-    nobatch   the forward's gate dots per gate, split K, instead of gate-batched (kernels'
-              _FWD_GATE_BATCH; the planner then gives 16 x 32 tiles' forward 4 warps again)
+    batch     the forward gate-batched (kernels' _FWD_GATE_BATCH, off by default since the
+              2026-11-26 H200 runs; the planner then gives 16 x 32 tiles' forward 8 warps)
+    nobatch   the forward's gate dots per gate, split K (the default since those runs)
     chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
               default halves them, 512 + 512)
     nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
@@ -97,7 +98,7 @@ import triton.language as tl
 from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "nobatch,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
+VARIANTS = ["full,layer", "batch,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
@@ -111,7 +112,7 @@ SETS = {
     "b64": ("lstm,768,64;lstm,1024,64;gru,1024,64",
             "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"),
     "batch": ("lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64",
-              "layer;nobatch,layer"),
+              "layer;batch,layer;batch,fw8,layer"),
     "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w8,layer;fw8,layer"),
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
@@ -178,19 +179,19 @@ SETS = {
 # targets that the 2026-11-22 H100 runs missed (B = 64: LSTM H=1024 1.09x cuDNN; per-step
 # latency 4.3-7.4x the bare barrier; B = 256: LSTM H=1024 0.72x), then the rules of the
 # large tiles and of the spilling compiles.
-# First, the anomaly of the 2026-11-26 H200 runs: the forward of H = 1024 B = 16 (16 x 16
-# tiles) took 8.07 ms (LSTM; GRU 7.97) against 5.54 at H = 768, about 7.7 us per step
-# against 5.2, while the H100's per-gate split-K forward (step ablation w4,s2) ran GRU
-# H = 1024 B = 16 at 4.94 us per step. Since that run the forward is gate-batched and a
-# resident reduction of 1024 is held as 512 + 512; the sm_90 compiles (Triton 3.6) favour
-# both (gate-batched 804 instructions and 128 MMA per warp and step, nobatch 1210 and 256,
-# chunk1024 863 and 128, none spills), so only a GPU can say which one costs the time.
+# Decided on an H200 (2026-11-26, bench/results/step-ablation-nvidia-h200-2026-11-26-
+# decide.json): the per-gate split-K forward (nobatch) against the gate-batched one, which
+# it replaced as the default (kernels' _FWD_GATE_BATCH); the streamed B = 256 loops stay
+# (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
+# Next: the anchor's forward, where the batched forward on 8 warps (fw8, 4.95 ms) beat it
+# on 4 (5.55) but neither was timed against the per-gate default on this chip; the
+# backward's 1024-wide chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the
+# rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        ("lstm,1024,16", "layer;nobatch,layer;chunk1024,layer"),  # the H200's slow forward
-        ("lstm,1024,64", "layer;nobatch,layer"),  # the gate-batched forward on 8 warps
-        ("lstm,768,16", "layer;fw8,layer;tagged,layer"),  # the anchor's forward warps
-        ("lstm,1024,256", "layer;noswap,nojoin,layer"),  # transposed loops, joint gates
+        ("lstm,768,16", "layer;batch,fw8,layer;fw8,layer"),  # the anchor's forward
+        ("lstm,1024,16", "layer;chunk1024,layer;batch,layer"),  # 512 + 512 or 1024
+        ("gru,1024,64", "layer;chunk1024,layer;batch,layer"),  # 16 x 32 tiles, one gate less
         ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
         ("lstm,256,16", "layer;nohoist,layer"),  # resident weights in registers
         ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
@@ -301,6 +302,7 @@ def swaps() -> dict:
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
         "joint": [(pg, "_FWD_JOINT_GATES", True)],
+        "batch": [(pg, "_FWD_GATE_BATCH", True)],
         "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).

@@ -94,3 +94,23 @@ def _no_failed_barrier():
         from tritonrnn.kernels.grid_barrier import check_barriers
 
         check_barriers()
+
+
+@pytest.fixture
+def gate_batched(monkeypatch):
+    """The grid forward gate-batched (`kernels.persistent_grid._FWD_GATE_BATCH`, off by
+    default), with the planner's caches emptied before and after: their keys do not hold
+    the switch, and a plan made under one setting must not answer for the other."""
+    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.rnn import planner
+
+    def fresh() -> None:
+        planner._plan_cached.cache_clear()
+        planner._heuristic.cache_clear()
+
+    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
+    # The processes that compile for sm_90 (bench.aot) import the kernels afresh.
+    monkeypatch.setenv("TRITONRNN_FWD_GATE_BATCH", "on")
+    fresh()
+    yield
+    fresh()

@@ -198,7 +198,7 @@ def test_plan_prints_explain(capsys):
     assert out.startswith("Plan ")
     assert "H=768" in out and "B=16" in out and "T=1024" in out
     assert "reserve:" in out and "NVIDIA H100" in out
-    assert "weights=resident (gate-batched forward) " in out
+    assert "weights=resident warps=4 " in out  # per-gate forward dots, nothing in registers
 
 
 def test_plan_on_the_a100_preset(capsys):
@@ -219,7 +219,7 @@ def test_plan_names_register_weights_and_the_tagged_exchange(capsys, monkeypatch
     monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
     assert main(["plan", "--mode", "lstm", "--hidden", "256", "--batch", "16",
                  "--device-preset", "h100"]) == 0
-    notes = "gate-batched forward; in registers: fwd, bwd" + (
+    notes = "in registers: fwd, bwd" + (
         "; tagged exchange: fwd" if tagged == "fwd" else "")
     assert f"weights=resident ({notes}) " in capsys.readouterr().out
 

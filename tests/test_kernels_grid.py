@@ -725,7 +725,13 @@ def test_gate_batched_forward_matches_reference(monkeypatch, cell, H, P, block_b
     _check_forward(ins, outs, reverse)
 
 
-def test_gate_batch_choice():
+def test_gate_batch_choice(monkeypatch):
+    # Off by default (an H200 timed it slower, pg._FWD_GATE_BATCH): per-gate dots, the
+    # streamed weights' joint tile.
+    assert [pg._fwd_gates("lstm", 0, 16, bb, w) for bb, w in ((16, 4), (32, 8), (16, 8))] == [
+        0, 0, 0]
+    assert pg._fwd_gates("lstm", 64, 16, 16, 4) == 1
+    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
     # Gate-batched where the per-gate dots' output has fewer 16 x 8 MMA tiles than warps.
     assert pg._fwd_gates("lstm", 0, 16, 16, 4) == 2 and pg._fwd_gates("gru", 0, 16, 16, 4) == 2
     assert pg._fwd_gates("lstm", 0, 16, 32, 8) == 2 and pg._fwd_gates("lstm", 0, 32, 16, 8) == 2
@@ -738,6 +744,34 @@ def test_gate_batch_choice():
     # narrower than an MMA's 16 columns.
     assert [pg._batch_ksplit(*pg._ksplit(K)) for K in (33, 48, 96, 512, 768, 1024, 1536)] == [
         1, 1, 2, 2, 2, 2, 4]
+
+
+def test_gate_batch_switch_from_the_environment(monkeypatch):
+    # TRITONRNN_FWD_GATE_BATCH (read when the module is imported): on / off, else an error.
+    for raw, want in (("", False), ("off", False), ("on", True), (" on ", True)):
+        monkeypatch.setenv("TRITONRNN_FWD_GATE_BATCH", raw)
+        assert pg._env_on_off("TRITONRNN_FWD_GATE_BATCH") is want
+    monkeypatch.setenv("TRITONRNN_FWD_GATE_BATCH", "1")
+    with pytest.raises(ValueError, match=r"TRITONRNN_FWD_GATE_BATCH: expected on or off, "
+                                         r"got '1'"):
+        pg._env_on_off("TRITONRNN_FWD_GATE_BATCH")
+
+
+def test_gate_batched_onchip_bytes(monkeypatch):
+    """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
+    too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
+    3.6) allocated them."""
+    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
+    # GRU 16 x 32, 8 forward warps: 2*4*16*1024 + 2*32*256; 4 forward warps: per-gate dots.
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32,
+                                fwd_warps=4) == 131072
+    # GRU H=512 16 x 16: 2*4*16*512 + 2*16*256 (the backward 2*3*16*512 + 2*16*512).
+    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536 + 8192
+    # GRU H=1536 1024 + 512 in 4 K slices: 2*4*16*1536 + 2*16*512 (the backward 180224).
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
+    # LSTM's 4 gates are 4 rows either way: unchanged.
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
 
 
 def test_joint_gate_onchip_bytes(monkeypatch):
@@ -940,22 +974,17 @@ def test_grid_formulas():
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 147456
     # 16 x 32 tiles: the stage doubles (2*32*512).
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
-    # GRU (8 warps, so the forward is gate-batched, `_fwd_gates`): the forward's rows of 4
-    # gates (one zero) 2*4*16*1024 + half a chunk's operand 2*32*256; 4 forward warps: the
-    # per-gate dots' 3 gates 2*3*16*1024 + stage 2*32*512 (both as compiled).
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32,
-                                fwd_warps=4) == 131072
+    # GRU, per-gate forward dots (the default, `_fwd_gates`): 3 gates' rows 2*3*16*1024 +
+    # stage 2*32*512, as compiled.
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 131072
     # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512.
     assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
-    # GRU H=512, the gate-batched forward (16 x 16 tiles): 4 gates' rows 2*4*16*512 + half
-    # the chunk's operand 2*16*256 (73728 as compiled; the backward 2*3*16*512 + 2*16*512).
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536 + 8192
+    # GRU H=512 (16 x 16 tiles): either pass 2*3*16*512 + 2*16*512.
+    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
-    # GRU H=1536 1024 + 512: its gate-batched forward 2*4*16*1536 + 2*16*512 is the larger
-    # (212992 as compiled, 4 K slices; the backward 180224).
+    # GRU H=1536 1024 + 512: 2*3*16*1536 + 2*16*1024 either pass (180224 as compiled).
     assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 180224
     # 16 x 32 tiles: the forward's scratch [2, 4*16, 32] fp32 and the backward's [8, 16, 32]
     # are as large as the staged operand (2*32*256): 49152, as compiled (Triton 3.6, 8 warps).
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (

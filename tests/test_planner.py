@@ -301,14 +301,20 @@ def test_constraints_force_each_family():
     assert _plan(H=64).layer(0).family == "persistent_cta"  # restored after the block
 
 
-@pytest.mark.parametrize("mode,H,B,fwd,bwd", [
-    ("lstm", 768, 16, 4, 4), ("gru", 1024, 16, 4, 4),  # 16 x 16 tiles: 4 warps both passes
-    # 16 x 32: 8 warps both passes (gated cells: the forward gate-batched), a one-gate cell's
-    # forward 4
-    ("lstm", 768, 64, 8, 8), ("lstm", 1024, 64, 8, 8), ("gru", 1024, 64, 8, 8),
-    ("rnn_tanh", 1024, 64, 4, 8),
+@pytest.mark.parametrize("batched,mode,H,B,fwd,bwd", [
+    # 16 x 16 tiles: 4 warps both passes
+    (False, "lstm", 768, 16, 4, 4), (False, "gru", 1024, 16, 4, 4),
+    # 16 x 32: the backward 8 warps, the forward's per-gate dots 4
+    (False, "lstm", 768, 64, 4, 8), (False, "lstm", 1024, 64, 4, 8),
+    (False, "gru", 1024, 64, 4, 8), (False, "rnn_tanh", 1024, 64, 4, 8),
+    # with the gate-batched forward (pg._FWD_GATE_BATCH): its 16 x 32 tiles on 8 warps (one
+    # (K slice, gate) entry per warp), 16 x 16 still 4, a one-gate cell has nothing to batch
+    (True, "lstm", 768, 16, 4, 4), (True, "lstm", 768, 64, 8, 8),
+    (True, "gru", 1024, 64, 8, 8), (True, "rnn_tanh", 1024, 64, 4, 8),
 ])
-def test_persistent_grid_warps_per_pass(mode, H, B, fwd, bwd):
+def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
+    if batched:
+        request.getfixturevalue("gate_batched")
     lp = _plan(mode=mode, H=H, B=B).layer(0)
     assert lp.family == "persistent_grid"
     assert (lp.num_warps, lp.backward_warps) == (fwd, bwd)
@@ -320,9 +326,9 @@ def test_warps_constraints_per_pass():
     with plan_constraints(num_warps=8):  # both passes
         lp = _plan(H=768, B=64).layer(0)
     assert (lp.num_warps, lp.backward_warps) == (8, 8)
-    with plan_constraints(num_warps_bwd=4):  # the backward only; the forward's from the rule
+    with plan_constraints(num_warps_bwd=2):  # the backward only; the forward's from the rule
         lp = _plan(H=768, B=64).layer(0)
-    assert (lp.num_warps, lp.backward_warps) == (8, 4)
+    assert (lp.num_warps, lp.backward_warps) == (4, 2)
     with plan_constraints(num_warps=2, num_warps_bwd=16, family="stepwise"):
         lp = _plan(H=768, B=16).layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("stepwise", 2, 16)
@@ -330,6 +336,14 @@ def test_warps_constraints_per_pass():
     with plan_constraints(family="persistent_cta"):  # from that grid base (no smem check)
         lp = _plan(H=768, B=64, device="interpreter").layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 8, 8)
+    # The CTA's own 8 warps, also on a grid base of 4 (16 x 16 tiles); asked, the asked ones.
+    assert _plan(H=768, B=16, device="interpreter").layer(0).num_warps == 4
+    with plan_constraints(family="persistent_cta"):
+        lp = _plan(H=768, B=16, device="interpreter").layer(0)
+    assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 8, 8)
+    with plan_constraints(family="persistent_cta", num_warps=4):
+        lp = _plan(H=768, B=16, device="interpreter").layer(0)
+    assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 4, 4)
     for key, bad in (("num_warps", 3), ("num_warps_bwd", 64), ("num_warps_bwd", 0)):
         with pytest.raises(ValueError, match=rf"plan_constraints: {key} expected"), \
                 plan_constraints(**{key: bad}):
@@ -396,9 +410,9 @@ def test_vector_tile_constraints():
     with plan_constraints(block_b=16):
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.block_b, lp.block_h, lp.num_warps) == (16, 16, 4)
-    with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 LSTM 8 warps
+    with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 LSTM 4 and 8
         lp = _plan(H=768, B=1).layer(0)
-    assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 8, 8)
+    assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 4, 8)
     with plan_constraints(block_b=16, num_warps_bwd=8):
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.num_warps, lp.backward_warps) == (4, 8)
