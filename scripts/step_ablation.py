@@ -184,13 +184,15 @@ SETS = {
 # it replaced as the default (kernels' _FWD_GATE_BATCH); the streamed B = 256 loops stay
 # (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
 # Next: the anchor's forward, where the batched forward on 8 warps (fw8, 4.95 ms) beat it
-# on 4 (5.55) but neither was timed against the per-gate default on this chip; the
-# backward's 1024-wide chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the
-# rules no GPU has timed.
+# on 4 (5.55) but neither was timed against the per-gate default on this chip, nor the
+# per-gate dots split 4 ways (s4: on Triton 3.6 the default's 2 slices over 4 warps run
+# every MMA twice, anchor 192 mma.sync per warp and step; s4 96 and 1001 instructions
+# instead of 1093, no spill) or the joint wgmma (64 B spilled); the backward's 1024-wide
+# chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        ("lstm,768,16", "layer;batch,fw8,layer;fw8,layer"),  # the anchor's forward
-        ("lstm,1024,16", "layer;chunk1024,layer;batch,layer"),  # 512 + 512 or 1024
+        ("lstm,768,16", "layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),  # anchor
+        ("lstm,1024,16", "layer;s4,layer;chunk1024,layer"),  # split 4, 512 + 512 or 1024
         ("gru,1024,64", "layer;chunk1024,layer;batch,layer"),  # 16 x 32 tiles, one gate less
         ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
         ("lstm,256,16", "layer;nohoist,layer"),  # resident weights in registers
