@@ -507,10 +507,11 @@ def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan 
 
 def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
                            block_k: int = 0, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; and 8
-    where that makes the forward gate-batched (`kernels.persistent_grid._fwd_gates`: gated
-    cells, resident weights, the 16 x 32 and 32 x 16 tiles, whose 4 MMA tiles per gate
-    keep 4 warps on split-K-free per-gate dots).
+    """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; and,
+    where the gate-batched forward is switched on (`kernels.persistent_grid._FWD_GATE_BATCH`,
+    off by default), 8 where that makes it gate-batched (`_fwd_gates`: gated cells, resident
+    weights, the 16 x 32 and 32 x 16 tiles, whose 4 MMA tiles per gate keep 4 warps on
+    split-K-free per-gate dots).
 
     A step's work per program is small (a [G*16, H] @ [H, <=32] product); more warps only
     lengthen its cross-warp reductions and shared-memory traffic. Measured on an H100
@@ -523,8 +524,9 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     per warp, 4 warps per-gate dots -> 8 warps gate-batched: LSTM H=768 1242 / 192 -> 920 /
     96, H=1024 1411 / 256 -> 992 / 128 (longest MMA chain 32 -> 16), GRU H=1024 1124 / 192
     -> 912 / 128; no spills either way (8 warps per-gate, split K in 2, ran every MMA 4 times:
-    LSTM H=768 1535 / 384). Not yet timed on a GPU (`scripts/step_ablation.py` variant `w4`
-    restores 4 warps)."""
+    LSTM H=768 1535 / 384). An H200 timed LSTM H=1024 B=64 the other way: the layer
+    forward 8.93 ms gate-batched on 8 warps, 6.94 per gate on 4 (2026-11-26, step_ablation
+    `nobatch`), hence the per-gate default."""
     from tritonrnn.kernels.persistent_grid import _fwd_gates
 
     if block_h * block_b > 512:
