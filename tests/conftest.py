@@ -40,18 +40,24 @@ def _patch_triton_language_once_per_launch() -> None:
         return
     launch = launcher.__call__
     state = threading.local()
+    found: dict[int, frozenset] = {}  # id(module globals) -> the language modules they bind
 
-    def langs(fn) -> set:
-        return {id(v) for v in fn.__globals__.values()
-                if inspect.ismodule(v) and v in (tl, tl.core)}
+    def langs(fn) -> frozenset:
+        key = id(fn.__globals__)  # a module's globals live as long as the module
+        if key not in found:
+            found[key] = frozenset(id(v) for v in fn.__globals__.values()
+                                   if inspect.ismodule(v) and v in (tl, tl.core))
+        return found[key]
 
     def patch_once(fn):
         live = getattr(state, "live", None)
-        if live is not None and langs(fn) <= live:
+        mods = langs(fn)
+        if live is not None and mods <= live:
             return _NothingToRestore()
         scope = patch_lang(fn)
-        if getattr(state, "launching", False) and live is None:
-            state.live = langs(fn)
+        if getattr(state, "launching", False):
+            # The launch's own patches last until it ends; a nested call's are never restored.
+            state.live = mods if live is None else live | mods
         return scope
 
     def launch_once(self, *args, **kwargs):
