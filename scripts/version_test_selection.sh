@@ -2,13 +2,15 @@
 # on the Triton version. The sm_90 ahead-of-time compiles (tests/test_aot.py) and the kernels
 # under the release's interpreter (its frontend: an API that release lacks fails here). Every
 # kernel runs: the CTA, cell and dropout tests whole, the grid kernels and the pair launches
-# in their LSTM cases (the other cells share the kernels' code), and the op end to end through
-# each family once (varlen with zero lengths); the end-to-end matrix over cells and layers is
-# the main suite's.
+# in their LSTM cases (the other cells share the kernels' code) in forward time order (the
+# pair launches run direction 1 reversed), and the op end to end through each family once
+# (varlen with zero lengths); the end-to-end matrix over cells, layers and directions is the
+# main suite's.
 # shellcheck shell=bash
 VERSION_TEST_FILES=(
   tests/test_aot.py tests/test_kernels_cta.py tests/test_cells.py tests/test_kernels_dropout.py
   tests/test_kernels_grid.py tests/test_bidir_launch.py tests/test_triton_backend.py
 )
 VERSION_TEST_K="not (test_kernels_grid or test_bidir_launch or test_triton_backend) or (lstm and \
-(test_kernels_grid or pair_launch or engine_pair or unidirectional_varlen_zero_lengths))"
+not rev_dir and (test_kernels_grid or pair_launch or engine_pair or \
+unidirectional_varlen_zero_lengths))"

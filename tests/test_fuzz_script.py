@@ -39,10 +39,10 @@ def test_cases_run_clean(tmp_path):
     start = next(i for i in range(100) if FZ.draw(i)["kernel"])  # one case with a chunk set
     out = tmp_path / "fuzz.jsonl"
     for first in (0, start):
-        assert FZ.main(["--cases", "4" if first == 0 else "1", "--start", str(first),
+        assert FZ.main(["--cases", "2" if first == 0 else "1", "--start", str(first),
                         "--out", str(out)]) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["case"] for r in recs] == [0, 1, 2, 3, start]
+    assert [r["case"] for r in recs] == [0, 1, start]
     assert {r["status"] for r in recs} <= {"ok", "refused"}
     assert any(r["status"] == "ok" for r in recs)
     assert recs[-1]["kernel"] == FZ.draw(start)["kernel"]

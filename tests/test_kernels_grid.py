@@ -30,6 +30,7 @@ from tritonrnn.rnn.packing import make_pack_info
 
 CELLS = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ON_GPU = DEV.type == "cuda"
 VARLEN = ([5, 0, 3, 5, 1], 6)  # ties, a length-0 row, max_len < T
 TOL = {
     torch.float32: dict(rtol=1e-4, atol=1e-5),
@@ -165,11 +166,25 @@ def _check_backward(ins, outs, reverse, dtype=torch.float32):
 
 
 PERSIST = pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "stepwise"])
+# In the interpreter a grid of several programs runs one sub-step per launch, persistent or
+# not, and the launches differ only where the persistent one hoists its weights (HOIST:
+# resident MMA tiles without a projection; test_interpreted_launches_differ_only_in_hoist).
+# Cases whose weights are never hoisted (streamed, or with a projection) run stepwise only on
+# a GPU, where the two families launch differently.
+PERSIST_UNHOISTED = pytest.mark.parametrize(
+    "persistent", [True, False] if ON_GPU else [True],
+    ids=["persistent", "stepwise"] if ON_GPU else ["persistent"])
 REVERSE = pytest.mark.parametrize("reverse", [False, True], ids=["fwd_dir", "rev_dir"])
 # block_k = 0: weights resident on chip, the reduction H = 33 in two chunks 32 + 16 (the second
 # mostly padding); block_k = 16: weights streamed from memory every step in three 16-wide
-# chunks, the last masked past K.
+# chunks, the last masked past K. With PERSIST: both families where the weights are resident,
+# streamed stepwise only on a GPU (PERSIST_UNHOISTED).
 BLOCK_K = pytest.mark.parametrize("block_k", [0, 16], ids=["resident", "streamed"])
+BLOCK_K_PERSIST = pytest.mark.parametrize(
+    "block_k, persistent",
+    [pytest.param(k, p, id=f"{'streamed' if k else 'resident'}-"
+                  f"{'persistent' if p else 'stepwise'}")
+     for k in (0, 16) for p in (True, False) if p or not k or ON_GPU])
 
 
 # -------------------------------------------------------------------------------------------
@@ -188,8 +203,7 @@ def _check_layer(cell, H, P, lengths, T, *, reverse, dtype=torch.float32, **laun
     _check_backward(ins, outs, reverse, dtype)
 
 
-@BLOCK_K
-@PERSIST
+@BLOCK_K_PERSIST
 @REVERSE
 @pytest.mark.parametrize("cell", CELLS)
 def test_forward_matches_reference(cell, reverse, persistent, block_k):
@@ -198,8 +212,7 @@ def test_forward_matches_reference(cell, reverse, persistent, block_k):
     _check_forward(ins, outs, reverse)
 
 
-@BLOCK_K
-@PERSIST
+@BLOCK_K_PERSIST
 @REVERSE
 @pytest.mark.parametrize("cell", CELLS)
 def test_backward_matches_reference(cell, reverse, persistent, block_k):
@@ -209,7 +222,7 @@ def test_backward_matches_reference(cell, reverse, persistent, block_k):
 
 
 @BLOCK_K
-@PERSIST
+@PERSIST_UNHOISTED
 @REVERSE
 def test_projection_forward_backward(reverse, persistent, block_k):
     # H = 33 over 3 programs, P = 20 spread over them in 16-wide output slices (2 own one).
@@ -223,6 +236,49 @@ def test_streamed_single_program_loop(cell):
     # the K loop inside the step loop, 2 chunks of 16 for H = 32.
     lengths, T = [6, 4, 0], 7
     _check_layer(cell, 32, 0, lengths, T, reverse=False, persistent=True, block_h=32, block_k=16)
+
+
+class _LaunchRecord:
+    """Stands in for a grid kernel: `kernel[grid](*args, **kwargs)` records the grid, the
+    arguments (tensors as shape, dtype and strides) and the keywords, and runs nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            args = tuple((tuple(a.shape), a.dtype, a.stride()) if torch.is_tensor(a) else a
+                         for a in args)
+            self.calls.append((tuple(grid), args, kwargs))
+        return launch
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's launches (a GPU launches persistently)")
+@pytest.mark.parametrize("cell, P, block_k, hoisted", [
+    ("lstm", 0, 0, True), ("gru", 0, 16, False), ("lstm", 20, 0, False)],
+    ids=["resident", "streamed", "projection"])
+def test_interpreted_launches_differ_only_in_hoist(monkeypatch, cell, P, block_k, hoisted):
+    """What PERSIST_UNHOISTED relies on: in the interpreter, a persistent and a stepwise run
+    of the same grid (several programs) make the same launches, keyword for keyword, except
+    HOIST where the persistent one hoists its weights."""
+    def launches(persistent):
+        rec = {"fwd": _LaunchRecord(), "bwd": _LaunchRecord()}
+        monkeypatch.setattr(pg, "_grid_fwd_kernel", rec["fwd"])
+        monkeypatch.setattr(pg, "_grid_bwd_kernel", rec["bwd"])
+        kw = dict(persistent=persistent, block_h=16, block_k=block_k)
+        _run_forward(*_forward_problem(cell, 33, P, *VARLEN), False, **kw)
+        _run_backward(*_backward_problem(cell, 33, P, *VARLEN), False, **kw)
+        return rec
+
+    persistent, stepwise = launches(True), launches(False)
+    for kind in ("fwd", "bwd"):
+        a, b = persistent[kind].calls, stepwise[kind].calls
+        assert len(a) == len(b) > 1, kind  # one launch per sub-step, both
+        assert {kw["HOIST"] for *_, kw in a} == {hoisted}, kind
+        assert {kw["HOIST"] for *_, kw in b} == {False}, kind
+        for (grid_a, args_a, kw_a), (grid_b, args_b, kw_b) in zip(a, b, strict=True):
+            assert grid_a == grid_b and args_a == args_b, kind
+            assert {**kw_a, "HOIST": None} == {**kw_b, "HOIST": None}, kind
 
 
 def test_reduction_split():
@@ -584,7 +640,7 @@ def _swap_lengths():
 @pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
                          ids=lambda v: str(v))
 @REVERSE
-@PERSIST
+@PERSIST_UNHOISTED
 def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     assert pg._swap_dots(16, 64) and not pg._swap_dots(16, 32) and not pg._swap_dots(0, 64)
     assert pg._joint_gates(cell, 16, 64)
@@ -617,7 +673,7 @@ GATED = pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20
 # only tiles of 64 x 64 or more take it; _XJOIN_TILE lowered, the 16 x 64 tiles here do.
 @GATED
 @REVERSE
-@PERSIST
+@PERSIST_UNHOISTED
 def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persistent):
     monkeypatch.setattr(pg, "_XJOIN_TILE", 16 * 64)
     assert pg._xjoin(cell, 16, 16, 64)

@@ -42,7 +42,10 @@ def test_bidirectional_two_layers_batch_major(family, mode):
                            I=3, H=17, T=6, backend="triton", **FP32)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# A projection: in the interpreter the stepwise family would repeat the persistent grid's
+# launches (test_kernels_grid.py::test_interpreted_launches_differ_only_in_hoist).
+@pytest.mark.parametrize("family", FAMILIES if DEVICE == "cuda" else
+                         [f for f in FAMILIES if f != "stepwise"])
 @pytest.mark.parametrize("lengths", ["batch1", "full"])
 def test_lstm_projection(family, lengths):
     with _family(family):
