@@ -26,9 +26,11 @@ def _patch_triton_language_once_per_launch() -> None:
     when a launch starts, and again on every call of a nested @triton.jit function, where the
     patches are already live and the new scope is never restored: a third of the interpreted
     kernels' time here (cProfile of a bidirectional end-to-end test: 63 of 190 s). Inside a
-    launch, a nested call whose language modules the launch has patched skips the repeat; the
-    launch's own patching and restoring are Triton's. Tests only: the library leaves Triton
-    alone. Triton versions without these internals run unchanged."""
+    launch, a nested call whose language modules are already patched skips the repeat: the
+    launch's modules, and those a nested call patched (Triton's standard-library helpers,
+    tl.sum or tl.sigmoid, bind triton.language.core where the kernels bind triton.language).
+    The launch's own patching and restoring are Triton's. Tests only: the library leaves
+    Triton alone. Triton versions without these internals run unchanged."""
     try:
         import triton.language as tl
         from triton.runtime import interpreter
