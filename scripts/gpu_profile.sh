@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of the persistent-grid kernels on a lent GPU (development tool):
-# stall reasons per SASS instruction of one forward launch and of one layer's fwd + bwd.
-#   bash scripts/gpu_profile.sh [MODE,H,B]      (default lstm,768,16; writes to $OUT)
+# stall reasons per SASS instruction of one forward launch and of one layer's backward, per
+# shape, each ncu run cut at NCU_SECONDS (default 110; a cut run leaves the earlier reports).
+#   bash scripts/gpu_profile.sh [MODE,H,B ...]    (default lstm,768,16; writes to $OUT)
+# What to look for: the sm_90 compile of the anchor's forward (Triton 3.6, `tritonrnn aot
+# --dump`) has 27 BAR.SYNC in each step-loop iteration: 7 inside the product's branch (h
+# staged in shared memory for the dots, the split-K partial sums added across warps), 12
+# from there to the grid barrier's arrival (8 of them the four gate tiles' conversions from
+# the MMA layout to the cell's: TTGIR convert_layout #linear -> #blocked, 8 STS / 2 LDS per
+# thread each), 8 while the arrival is out (the next step's prefetched inputs) and at the
+# wait. Which of them a step waits on, and the shared-memory bank conflicts, are the
+# profile's to say.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/ncu}
 mkdir -p "$out"
-shape=${1:-lstm,768,16}
+[ $# -gt 0 ] || set -- lstm,768,16
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$ncu" ] || { echo "gpu_profile.sh: ncu not found" >&2; exit 1; }
 sections=(--section SpeedOfLight --section WarpStateStats --section SourceCounters
           --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis)
 report() {  # $1: report stem
+  [ -f "$1.ncu-rep" ] || return 0
   "$ncu" -i "$1.ncu-rep" --page details > "$1-details.txt" 2>&1
   "$ncu" -i "$1.ncu-rep" --page source --csv --print-source sass > "$1-sass.csv" 2>&1 \
     || "$ncu" -i "$1.ncu-rep" --page source --csv > "$1-sass.csv" 2>&1
   rm -f "$1.ncu-rep"
 }
-"$ncu" --clock-control none -k regex:_grid_fwd --launch-skip 1 --launch-count 1 \
-  "${sections[@]}" -f -o "$out/fwd" python scripts/step_ablation.py --once "$shape" \
-  > "$out/ncu-fwd.log" 2>&1
-report "$out/fwd"
-"$ncu" --clock-control none -k regex:_grid_bwd --launch-skip 1 --launch-count 1 \
-  "${sections[@]}" -f -o "$out/bwd" python scripts/step_ablation.py --once "$shape" --layer \
-  > "$out/ncu-bwd.log" 2>&1
-report "$out/bwd"
-tail -n 3 "$out/ncu-fwd.log" "$out/ncu-bwd.log"
-grep -E "Duration|Warp Cycles Per Issued|Issued Warp|Stall|One or More" "$out/fwd-details.txt" \
-  | head -20 || true  # no match: the details are in the report files anyway
+profile() {  # $1: kernel regex, $2: report stem, the rest: step_ablation.py arguments
+  local kernel=$1 stem=$2 t0=$SECONDS
+  shift 2
+  timeout "${NCU_SECONDS:-110}" "$ncu" --clock-control none -k "regex:$kernel" --launch-skip 1 \
+    --launch-count 1 "${sections[@]}" -f -o "$stem" python scripts/step_ablation.py "$@" \
+    > "$stem.log" 2>&1
+  echo "$(basename "$stem"): rc $? in $((SECONDS - t0)) s"
+  report "$stem"
+}
+for shape in "$@"; do
+  name=${shape//,/-}
+  profile _grid_fwd "$out/$name-fwd" --once "$shape"
+  profile _grid_bwd "$out/$name-bwd" --once "$shape" --layer
+  grep -E "Duration|Warp Cycles Per Issued|Excessive|excessive" "$out/$name-fwd-details.txt" \
+    2>/dev/null | head -8 || true  # no match: the details are in the report files anyway
+done

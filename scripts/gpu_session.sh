@@ -7,8 +7,12 @@
 # (bench/results), run `tests` (timeout_s 210), then at once `phases` (timeout_s 330) and
 # `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270), its first
 # decisions. A start took about 30 s, transfers included, all three times on 2026-11-26.
-# The committed `all` results predate the per-gate forward (kernels' _FWD_GATE_BATCH, off
-# since the second H200 session of 2026-11-26): the next session runs `all`, then `tests`.
+# Next session: `tests` (timeout_s 210), then at once `profile` (timeout_s 380): Nsight
+# Compute on the anchor and on LSTM H=1024 B=64, where a step's time goes beyond the MMAs
+# (the ~2.8 us of a 16 x 16 tile's step that is neither the barrier nor grows with H,
+# scripts/gpu_profile.sh). `all` in the session after: the committed `all` results predate
+# the per-gate forward (kernels' _FWD_GATE_BATCH, off since the second H200 session of
+# 2026-11-26).
 # `barrier` (timeout_s 240) when a session has the time. The other stages are the sweeps
 # and ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
@@ -85,7 +89,9 @@
 #                                         product (`_late_loads`), against the prefetch
 #                                         (nolate: LSTM 494 / 476 local loads per step
 #                                         instead of 70 / 73)
-#   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, anchor)
+#   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, forward and
+#                                         backward: the anchor, LSTM H=1024 B=64), each ncu
+#                                         run cut at 85 s
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -223,7 +229,7 @@ case "$stage" in
     box 150 barrier python -m tritonrnn.bench barrier --out "$out"
     tail -22 "$out/barrier.log" ;;
   profile)
-    OUT="$out" bash scripts/gpu_profile.sh ;;
+    NCU_SECONDS=85 OUT="$out" bash scripts/gpu_profile.sh lstm,768,16 lstm,1024,64 ;;
   all)
     # Each step is cut at its budget; bench reports are checkpointed per shape (the barrier
     # JSON too), so a cut step keeps what it finished. Measured on an H200 (2026-11-26, with

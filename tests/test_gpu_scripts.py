@@ -98,7 +98,7 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
     assert checked, f"stage {stage}: no command recorded ({calls})"
 
 
-@pytest.mark.parametrize("stage", ["all", "tests", "decide", "barrier"])
+@pytest.mark.parametrize("stage", ["all", "tests", "decide", "barrier", "profile"])
 def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
     """The device tool brings back at most 8 files from $OUT: a stage leaves one archive
     there, $OUT/<stage>.tgz, holding its logs (and whatever its programs wrote)."""
@@ -113,7 +113,9 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
                     "barrier.log", "bench-targets.log", "check.log"},
             "tests": {"gpu.txt", "gpu-tests.log"},
             "decide": {"gpu.txt", "ablation-decide.log"},
-            "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"}}[stage]
+            "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
+            "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
+                                     for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names
 
 
@@ -128,6 +130,10 @@ def _budgets(stage: str) -> list[int]:
     cap = re.findall(r"timeout \$\(\((\d+) - ", block)
     if cap:
         return [int(cap[-1])]
+    # gpu_profile.sh cuts each of its ncu runs, a forward and a backward per shape.
+    ncu = re.search(r"NCU_SECONDS=(\d+) .*gpu_profile\.sh((?: [\w,]+)+)", block)
+    if ncu:
+        return [int(ncu.group(1))] * 2 * len(ncu.group(2).split())
     # A box may be a variable with a default: ablate "${NAME:-N}".
     return [int(n) for n in re.findall(r'(?:box|timeout|ablate) "?(?:\$\{\w+:-)?(\d+)\}?"? ',
                                        block)]
@@ -141,10 +147,12 @@ def test_each_stage_fits_one_device_command(stage):
 
 
 @pytest.mark.parametrize(("stages", "spare"), [(("all", "tests"), 180),
+                                               (("tests", "profile"), 300),
                                                (("tests", "phases", "decide"), 60)])
 def test_a_session_fits_the_device_budget(stages, spare):
-    """The stages the script's header runs in a 15-minute session (all, then tests; or
-    tests, phases, then decide with the shorter box the header names) are each cut below the
+    """The stages the script's header runs in a 15-minute session (all, then tests; tests,
+    then profile; or tests, phases, then decide with the shorter box the header names) are
+    each cut below the
     timeout_s the header gives them, and together leave the machine's start, the transfers
     and the idle wait between the calls `spare` seconds of the 900 s."""
     import re
