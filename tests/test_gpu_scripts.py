@@ -234,6 +234,41 @@ def test_every_named_set_is_run_by_a_stage_and_plans():
     assert len(ABL.jobs(args)) == len(ABL.SETS) + sum(map(len, ABL.DECISIONS.values()))
 
 
+def test_a_decisions_rule_variants_keep_the_weights_where_the_plan_has_them(monkeypatch):
+    """A decision's variants that name no plan constraints change a rule of the kernels or
+    the planner (a chunk width, a split, warps): the plan they time keeps the baseline's
+    family, tiles and resident or streamed weights, so the decision compares that rule alone
+    (chunk1024 at GRU H=1024 B=64 would have streamed the weights: its 1024 x 32 operand
+    fails resident_operands_fit)."""
+    from tritonrnn.rnn import planner
+
+    def plan(variant: str, mode: str, H: int, B: int):
+        with monkeypatch.context() as m:
+            for part in variant.split(","):
+                for module, name, value in ABL.swaps().get(part, []):
+                    m.setattr(module, name, value)
+            planner._plan_cached.cache_clear()
+            planner._heuristic.cache_clear()
+            lp, _ = planner.recurrence_choice(mode, H, H, 0, torch.bfloat16, B,
+                                              planner.PRESETS["h100"])
+        planner._plan_cached.cache_clear()
+        planner._heuristic.cache_clear()
+        return lp.family, lp.block_h, lp.block_b, lp.block_k
+
+    checked = 0
+    for decisions in ABL.DECISIONS.values():
+        for shapes, variants in decisions:
+            for mode, H, B in ABL.parse_shapes(shapes):
+                base = plan("layer", mode, H, B)
+                for v in variants.split(";")[1:]:
+                    if not ABL.constraints(v):
+                        assert plan(v, mode, H, B) == base, (v, mode, H, B)
+                        checked += 1
+    assert checked
+    # The check can fail: the swap that the gru,1024,64 decision no longer makes.
+    assert plan("chunk1024,layer", "gru", 1024, 64)[3] != plan("layer", "gru", 1024, 64)[3]
+
+
 def test_decisions_run_in_order_and_time_a_baseline_once():
     a, b = ("lstm", 768, 16), ("gru", 1024, 64)
     todo = [([a], ["layer", "fw8,layer"]), ([b], ["layer", "nobatch,layer"]),
