@@ -885,6 +885,35 @@ def _gate_b(BR, hs, h_ok, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
 
 
 @triton.jit
+def _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1, b2, b3, G: tl.constexpr,
+               JOINED: tl.constexpr):
+    """The forward's gate pre-activations: the recurrent products p_k plus their biases b_k
+    and, where the cell adds them, the input-side tiles x_k (LSTM all four gates, GRU r and
+    z; GRU's n keeps x_n apart, n = tanh(x_n + r * (p_n + b_n))). Returns (p0 .. p3,
+    x0 .. x3) with the folded x_k zero, for `cells.cell_forward`.
+    JOINED (`_joined_sums`): a gated cell's sums formed as one [BH, BB, 2, 2] tensor. The
+    products arrive in their reduction's layout and the cell runs in the loads' (x_k, c, h),
+    so one layout conversion carries the four gate tiles over where separate sums took one
+    per gate. Else each gate's p_k + b_k, the x_k left to the cell."""
+    if G == 1 or not JOINED:
+        return (p0 + b0[:, None], p1 + b1[:, None], p2 + b2[:, None], p3 + b3[:, None], x0, x1,
+                x2, x3)
+    zero = tl.zeros_like(x0)
+    if G == 4:
+        xj = tl.join(tl.join(x0 + b0[:, None], x1 + b1[:, None]),
+                     tl.join(x2 + b2[:, None], x3 + b3[:, None]))
+        n_x = zero
+    else:
+        xj = tl.join(tl.join(x0 + b0[:, None], x1 + b1[:, None]),
+                     tl.join(zero + b2[:, None], zero))
+        n_x = x2
+    s01, s23 = tl.split(tl.join(tl.join(p0, p1), tl.join(p2, p3)) + xj)
+    p0, p1 = tl.split(s01)
+    p2, p3 = tl.split(s23)
+    return p0, p1, p2, p3, zero, zero, n_x, zero
+
+
+@triton.jit
 def _arrive(SYNC, u, u_end, BARRIER: tl.constexpr):
     """Arrival at the barrier that ends sub-step u (a launch's last sub-step has none)."""
     # Nested: the constexpr test must compile the barrier out entirely (interpreter).
@@ -937,7 +966,7 @@ def _fwd_cell_phase(
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
-    XJOIN: tl.constexpr = False, BR=0,
+    XJOIN: tl.constexpr = False, BR=0, SUMS: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -970,10 +999,8 @@ def _fwd_cell_phase(
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
                                   FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, XDT,
                                   _tag(u - 1), SYNC, max_spin)
-        p0 += b0[:, None]
-        p1 += b1[:, None]
-        p2 += b2[:, None]
-        p3 += b3[:, None]
+        p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
+                                                    b2, b3, G, SUMS)
     else:
         p0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
         p1 = p0
@@ -1049,6 +1076,7 @@ def _grid_fwd_kernel(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
+    SUMS: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1169,7 +1197,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XDT, max_spin, XJOIN, BR)
+                XDT, max_spin, XJOIN, BR, SUMS)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1177,7 +1205,7 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR)
+                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
@@ -1794,16 +1822,38 @@ def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
 # once, here: the planner's cached plans depend on it).
 
 
-def _env_on_off(var: str) -> bool:
-    """An on / off switch from the environment (unset or empty: off); anything else raises,
-    naming the variable."""
-    raw = os.environ.get(var, "").strip() or "off"
+def _env_on_off(var: str, default: bool = False) -> bool:
+    """An on / off switch from the environment (unset or empty: `default`); anything else
+    raises, naming the variable."""
+    raw = os.environ.get(var, "").strip() or ("on" if default else "off")
     if raw not in ("on", "off"):
         raise ValueError(f"{var}: expected on or off, got {raw!r}")
     return raw == "on"
 
 
 _FWD_GATE_BATCH = _env_on_off("TRITONRNN_FWD_GATE_BATCH")
+
+
+# The forward's gate pre-activations formed as one joined tensor on MMA tiles (`_gate_sums`):
+# one layout conversion from the products' reduction to the cell's tiles instead of one per
+# gate. The sm_90 compiles (Triton 3.6, bf16, forward step loop per warp, per-gate sums ->
+# joined): LSTM H=768 B=16 27 -> 21 BAR.SYNC, 97 -> 73 STS, 1093 -> 1023 instructions; GRU
+# H=1024 B=16 25 -> 21, 93 -> 77, 985 -> 946; GRU H=1536 B=16 25 -> 21, 101 -> 85, 1279 ->
+# 1234; 16 x 32 tiles (LSTM H=1024 B=64) 20 -> 17, 53 -> 41, 1411 -> 1406 (GRU H=768 B=64:
+# 168 -> 252 registers, no spill); no spills anywhere. Vector tiles (B = 1) keep per-gate sums:
+# their gates are joined already (LSTM H=512 B=1 480 -> 493 instructions joined again). With
+# hoisted weights (`_hoist_weights`, LSTM H=256 B=16) Triton 3.6's loop grows instead, 713 ->
+# 736 instructions (25 -> 19 BAR.SYNC), while the unhoisted one shrinks 764 -> 696 (3.9:
+# hoisted 527 -> 500, unhoisted 604 -> 555). Not yet timed on a GPU: `scripts/step_ablation.py`
+# variant `nosums` restores per-gate sums, as does TRITONRNN_FWD_JOINED_SUMS=off in the
+# environment of a process that imports this module (read once, here).
+_FWD_JOINED_SUMS = _env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True)
+
+
+def _joined_sums(block_b: int) -> bool:
+    """SUMS, the forward's joined gate sums (`_gate_sums`): MMA tiles while _FWD_JOINED_SUMS
+    is on."""
+    return _FWD_JOINED_SUMS and not vector_tiles(block_b)
 
 
 def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int,
@@ -2507,7 +2557,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
-                XJOIN=_xjoin(cell, block_k, block_h, block_b),
+                XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

@@ -37,6 +37,8 @@ Variants (comma-joined in one process):
     batch     the forward gate-batched (kernels' _FWD_GATE_BATCH, off by default since the
               2026-11-26 H200 runs; the planner then gives 16 x 32 tiles' forward 8 warps)
     nobatch   the forward's gate dots per gate, split K (the default since those runs)
+    nosums    the forward's gate pre-activations summed per gate (kernels' _FWD_JOINED_SUMS;
+              by default joined on MMA tiles: one layout conversion for the four gates)
     chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
               default halves them, 512 + 512)
     nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
@@ -191,13 +193,16 @@ SETS = {
 # chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        ("lstm,768,16", "layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),  # anchor
+        # The anchor: joined gate sums, split 4 ways, gate-batched on 8 warps, 8 warps, joint.
+        ("lstm,768,16", "layer;nosums,layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),
         ("lstm,1024,16", "layer;s4,layer;chunk1024,layer"),  # split 4, 512 + 512 or 1024
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
         ("gru,1024,64", "layer;batch,layer"),
         ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
-        ("lstm,256,16", "layer;nohoist,layer"),  # resident weights in registers
+        # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
+        # grows with both, see persistent_grid._FWD_JOINED_SUMS).
+        ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),
         ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
         ("gru,1536,16", "layer;bw8,layer"),  # the spilling 4-warp backward
     ],
@@ -308,6 +313,7 @@ def swaps() -> dict:
         "joint": [(pg, "_FWD_JOINT_GATES", True)],
         "batch": [(pg, "_FWD_GATE_BATCH", True)],
         "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
+        "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

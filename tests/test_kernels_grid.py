@@ -811,6 +811,24 @@ def test_gate_batch_switch_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match=r"TRITONRNN_FWD_GATE_BATCH: expected on or off, "
                                          r"got '1'"):
         pg._env_on_off("TRITONRNN_FWD_GATE_BATCH")
+    # A switch that is on by default (TRITONRNN_FWD_JOINED_SUMS).
+    for raw, want in (("", True), ("off", False), ("on", True)):
+        monkeypatch.setenv("TRITONRNN_FWD_JOINED_SUMS", raw)
+        assert pg._env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True) is want
+
+
+# The forward's gate pre-activations summed joined (the default on MMA tiles, SUMS) and per
+# gate (`_FWD_JOINED_SUMS` off), every cell: GRU folds r's and z's input side only (n keeps it
+# apart), one-gate cells and vector tiles always sum per gate.
+@pytest.mark.parametrize("joined", [True, False], ids=["joined", "per_gate"])
+@pytest.mark.parametrize("cell, block_b", [(c, 16) for c in CELLS] + [("lstm", 2)])
+def test_gate_sums_match_reference(monkeypatch, cell, block_b, joined):
+    monkeypatch.setattr(pg, "_FWD_JOINED_SUMS", joined)
+    assert pg._joined_sums(block_b) == (joined and block_b >= 16)
+    ins, outs = _forward_problem(cell, 33, 0, *VARLEN)
+    _run_forward(ins, outs, False, persistent=True, block_h=16 if block_b >= 16 else 8,
+                 block_b=block_b)
+    _check_forward(ins, outs, False)
 
 
 def test_gate_batched_onchip_bytes(monkeypatch):
