@@ -4,13 +4,14 @@
 # shape, each ncu run cut at NCU_SECONDS (default 110; a cut run leaves the earlier reports).
 #   bash scripts/gpu_profile.sh [MODE,H,B ...]    (default lstm,768,16; writes to $OUT)
 # What to look for: the sm_90 compile of the anchor's forward (Triton 3.6, `tritonrnn aot
-# --dump`) has 27 BAR.SYNC in each step-loop iteration: 7 inside the product's branch (h
-# staged in shared memory for the dots, the split-K partial sums added across warps), 12
-# from there to the grid barrier's arrival (8 of them the four gate tiles' conversions from
-# the MMA layout to the cell's: TTGIR convert_layout #linear -> #blocked, 8 STS / 2 LDS per
-# thread each), 8 while the arrival is out (the next step's prefetched inputs) and at the
-# wait. Which of them a step waits on, and the shared-memory bank conflicts, are the
-# profile's to say.
+# --dump`) had 27 BAR.SYNC in each step-loop iteration with per-gate sums: 7 inside the
+# product's branch (h staged in shared memory for the dots, the split-K partial sums added
+# across warps), 12 from there to the grid barrier's arrival (8 of them the four gate
+# tiles' conversions from the MMA layout to the cell's: TTGIR convert_layout #linear ->
+# #blocked), 8 while the arrival is out (the next step's prefetched inputs) and at the
+# wait. The joined gate sums (persistent_grid._FWD_JOINED_SUMS, the default) convert the
+# four tiles at once: 21. Which of them a step waits on, and the shared-memory bank
+# conflicts, are the profile's to say.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/ncu}
