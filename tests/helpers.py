@@ -9,6 +9,17 @@ from tritonrnn.rnn import canonical_to_params
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
+def stepwise_runs(hoistable: bool) -> bool:
+    """Whether a stepwise-family case of the grid kernels runs here. In the interpreter a grid
+    of several programs runs one sub-step per launch, persistent or not, and the launches
+    differ only where the persistent one hoists its weights (HOIST: resident MMA tiles
+    without a projection; test_kernels_grid.py::test_interpreted_launches_differ_only_in_hoist
+    checks it): a stepwise case whose persistent twin cannot hoist (streamed weights, a
+    projection) would repeat it, and runs on a GPU only, where the families launch
+    differently."""
+    return torch.cuda.is_available() or hoistable
+
+
 def make_torch_rnn(mode: str, I: int, H: int, L: int, bidirectional: bool, proj: int = 0,
                    dtype=torch.float64) -> torch.nn.RNNBase:
     """The torch.nn module with the same equations as (mode, ...)."""

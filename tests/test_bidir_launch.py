@@ -32,7 +32,7 @@ from dataclasses import replace
 import pytest
 import torch
 import triton
-from helpers import compare_with_torch, make_case, params_from_module
+from helpers import compare_with_torch, make_case, params_from_module, stepwise_runs
 
 from tritonrnn.kernels import cells
 from tritonrnn.kernels import persistent_cta as pc
@@ -481,14 +481,11 @@ def _op_results(mode, proj, H, lengths, T, dtype=torch.float32):
     return [res.output, res.output_h, res.output_c, *grads]
 
 
-# In the interpreter the stepwise family makes the persistent grid's launches except where
-# those hoist their weights, which a projection rules out
-# (test_kernels_grid.py::test_interpreted_launches_differ_only_in_hoist): the stepwise
-# projection case runs on a GPU only.
+# A projection rules out hoisted weights: its stepwise case where helpers.stepwise_runs says.
 E2E_CASES = [
     pytest.param(family, mode, proj, id=f"{family}-{mode}{f'-proj{proj}' if proj else ''}")
     for family in FAMILIES for mode, proj in (("lstm", 5), ("gru", 0), ("rnn_tanh", 0))
-    if ON_GPU or not (family == "stepwise" and proj)]
+    if family != "stepwise" or stepwise_runs(hoistable=not proj)]
 
 
 @pytest.mark.parametrize("family,mode,proj", E2E_CASES)

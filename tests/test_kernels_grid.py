@@ -22,6 +22,7 @@ import math
 
 import pytest
 import torch
+from helpers import stepwise_runs
 
 from tritonrnn.kernels import cells
 from tritonrnn.kernels import persistent_grid as pg
@@ -166,14 +167,11 @@ def _check_backward(ins, outs, reverse, dtype=torch.float32):
 
 
 PERSIST = pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "stepwise"])
-# In the interpreter a grid of several programs runs one sub-step per launch, persistent or
-# not, and the launches differ only where the persistent one hoists its weights (HOIST:
-# resident MMA tiles without a projection; test_interpreted_launches_differ_only_in_hoist).
-# Cases whose weights are never hoisted (streamed, or with a projection) run stepwise only on
-# a GPU, where the two families launch differently.
+# Cases whose weights are never hoisted (streamed, or with a projection): stepwise where
+# helpers.stepwise_runs says so.
 PERSIST_UNHOISTED = pytest.mark.parametrize(
-    "persistent", [True, False] if ON_GPU else [True],
-    ids=["persistent", "stepwise"] if ON_GPU else ["persistent"])
+    "persistent", [pytest.param(p, id="persistent" if p else "stepwise")
+                   for p in (True, False) if p or stepwise_runs(hoistable=False)])
 REVERSE = pytest.mark.parametrize("reverse", [False, True], ids=["fwd_dir", "rev_dir"])
 # block_k = 0: weights resident on chip, the reduction H = 33 in two chunks 32 + 16 (the second
 # mostly padding); block_k = 16: weights streamed from memory every step in three 16-wide
@@ -184,7 +182,7 @@ BLOCK_K_PERSIST = pytest.mark.parametrize(
     "block_k, persistent",
     [pytest.param(k, p, id=f"{'streamed' if k else 'resident'}-"
                   f"{'persistent' if p else 'stepwise'}")
-     for k in (0, 16) for p in (True, False) if p or not k or ON_GPU])
+     for k in (0, 16) for p in (True, False) if p or stepwise_runs(hoistable=not k)])
 
 
 # -------------------------------------------------------------------------------------------
