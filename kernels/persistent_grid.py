@@ -1076,7 +1076,7 @@ def _grid_fwd_kernel(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
-    SUMS: tl.constexpr = False,
+    SUMS: tl.constexpr = False, MASK_IN_LOOP: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1182,6 +1182,8 @@ def _grid_fwd_kernel(
     u = u_begin
     while (u < u_end) & (failed == 0):
         s = u // NPH
+        if MASK_IN_LOOP:  # `_mask_in_loop`; lens is 0 past B, and s >= 0 here
+            act = lens > (lens * 0 + s)
         src = XWS + (s % 2).to(tl.int64) * B * HOUT
         dst = XWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
@@ -1848,6 +1850,34 @@ _FWD_GATE_BATCH = _env_on_off("TRITONRNN_FWD_GATE_BATCH")
 # variant `nosums` restores per-gate sums, as does TRITONRNN_FWD_JOINED_SUMS=off in the
 # environment of a process that imports this module (read once, here).
 _FWD_JOINED_SUMS = _env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True)
+
+# The forward's active-row mask formed in its step loop (`_mask_in_loop`, MASK_IN_LOOP); the
+# ablation variant `carrymask` and TRITONRNN_FWD_MASK_IN_LOOP=off (read at import) carry the
+# prefetch's copy over instead.
+_FWD_MASK_IN_LOOP = _env_on_off("TRITONRNN_FWD_MASK_IN_LOOP", default=True)
+
+
+def _mask_in_loop(block_h: int, block_b: int) -> bool:
+    """MASK_IN_LOOP: the forward step loop forms its active-row mask at the top of each
+    iteration (lens > s: lens is 0 past B) instead of using the copy that the previous
+    iteration's prefetch (`_fwd_loads`) carried over. Triton 3.6 keeps that loop-carried
+    1-D mask in a layout of its own, and converting it to the tiles' (through shared memory,
+    two bar.sync) sat between the cell and the publication of h.
+    On MMA tiles below _XJOIN_TILE elements. The sm_90 compiles (Triton 3.6, bf16 and fp16)
+    of the planner's forwards in the grid, targets, fp16, large-batch, varlen, stack,
+    pipeline, small-batch, gru and anchor presets, step loop per warp: 2 BAR.SYNC fewer
+    (8 with a projection: LSTM H=1024 P=512 B=32 39 -> 31, 1184 -> 1143 instructions), up
+    to 2% fewer instructions (the anchor 1023 -> 1016, LSTM H=256 B=16 736 -> 721), GRU
+    H=1024 B=16 the exception (946 -> 952), no new spill. Triton 3.9's compiles had no such
+    conversion there. Not on vector tiles (none to remove; 6-8 instructions more per step)
+    nor on tiles of _XJOIN_TILE elements and more (Triton 3.6's sm_80 forward of LSTM
+    H=1024 B=256, 64 x 64, then spilled).
+    The backward keeps its carried mask: formed in its loop it saved 2 BAR.SYNC per Triton
+    3.6 step loop too, but spilled where nothing did (Triton 3.9: GRU H=1024 B=64 at 16 x
+    32, 1 local load per step; 3.6: the 128 x 64 and huge-batch stepwise tiles) and GRU
+    H=1536 B=16 reloaded 10-19 spilled values per step instead of 9, wherever in the
+    iteration the mask was formed. Not yet timed on a GPU."""
+    return _FWD_MASK_IN_LOOP and not vector_tiles(block_b) and block_h * block_b < _XJOIN_TILE
 
 
 def _joined_sums(block_b: int) -> bool:
@@ -2558,6 +2588,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
+                MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

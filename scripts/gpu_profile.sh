@@ -10,8 +10,9 @@
 # tiles' conversions from the MMA layout to the cell's: TTGIR convert_layout #linear ->
 # #blocked), 8 while the arrival is out (the next step's prefetched inputs) and at the
 # wait. The joined gate sums (persistent_grid._FWD_JOINED_SUMS, the default) convert the
-# four tiles at once: 21. Which of them a step waits on, and the shared-memory bank
-# conflicts, are the profile's to say.
+# four tiles at once: 21; the active-row mask formed in the loop (_mask_in_loop, the
+# default) drops the carried mask's conversion: 19. Which of them a step waits on, and the
+# shared-memory bank conflicts, are the profile's to say.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/ncu}

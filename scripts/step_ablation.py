@@ -39,6 +39,9 @@ Variants (comma-joined in one process):
     nobatch   the forward's gate dots per gate, split K (the default since those runs)
     nosums    the forward's gate pre-activations summed per gate (kernels' _FWD_JOINED_SUMS;
               by default joined on MMA tiles: one layout conversion for the four gates)
+    carrymask the forward uses the active-row mask its prefetch carried over the barrier
+              (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
+              64 x 64: Triton 3.6 converts the carried one through shared memory)
     chunk1024 resident reductions of 1024 in one chunk (kernels' _MAX_CHUNK = 1024; the
               default halves them, 512 + 512)
     nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
@@ -193,8 +196,10 @@ SETS = {
 # chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: joined gate sums, split 4 ways, gate-batched on 8 warps, 8 warps, joint.
-        ("lstm,768,16", "layer;nosums,layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),
+        # The anchor: joined gate sums, the mask formed in the loop, split 4 ways,
+        # gate-batched on 8 warps, 8 warps, joint.
+        ("lstm,768,16",
+         "layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),
         ("lstm,1024,16", "layer;s4,layer;chunk1024,layer"),  # split 4, 512 + 512 or 1024
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
@@ -314,6 +319,7 @@ def swaps() -> dict:
         "batch": [(pg, "_FWD_GATE_BATCH", True)],
         "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
+        "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

@@ -538,6 +538,34 @@ def test_hoisted_weights_leave_the_step_loop(monkeypatch):
         assert k["profile"]["instructions"] < base["profile"]["instructions"]
 
 
+@pytest.mark.compiler_specific
+def test_forward_mask_formed_in_the_loop_drops_its_layout_conversion(monkeypatch):
+    """MASK_IN_LOOP (`kernels.persistent_grid._mask_in_loop`) on the anchor's forward (LSTM
+    H=768 B=16, 16 x 16 tiles): formed in the step loop, the active-row mask is not the
+    loop-carried 1-D tensor that Triton 3.6 converts to the tiles' layout through shared
+    memory every step (2 BAR.SYNC: 21 -> 19 per warp); Triton 3.9 has no such conversion.
+    TRITONRNN_FWD_MASK_IN_LOOP=off carries it. The same MMAs, no local memory either way."""
+    job = [(aot.AotShape("lstm", hidden=768, batch=16, dtype=torch.bfloat16), None)]
+    try:
+        (r,) = aot.aot_reports(job, "h100")
+        monkeypatch.setenv("TRITONRNN_FWD_MASK_IN_LOOP", "off")
+        (carried,) = aot.aot_reports(job, "h100")
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
+    fwd, base = _kernels(r)[0], _kernels(carried)[0]
+    assert fwd["kernel"] == base["kernel"] == "_grid_fwd_kernel"
+    assert fwd["constexprs"]["MASK_IN_LOOP"] == "True"
+    assert base["constexprs"]["MASK_IN_LOOP"] == "False"
+    assert fwd["profile"]["MMA"] == base["profile"]["MMA"]
+    bars = (fwd["profile"]["BAR"], base["profile"]["BAR"])
+    if triton.__version__.startswith("3.6."):
+        assert bars[0] == bars[1] - 2, bars
+    else:
+        assert bars[0] <= bars[1], bars
+    for k in (fwd, base):
+        assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
+
+
 def test_tagged_exchange_compiles_without_the_barrier(reports, monkeypatch):
     """TRITONRNN_TAGGED_EXCHANGE=fwd (`kernels.persistent_grid.tagged_exchange`) on the
     planner's LSTM H=256 B=16 forward: the h exchange is int32 words, the GPU launch keeps

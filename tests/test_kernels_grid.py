@@ -829,6 +829,24 @@ def test_gate_sums_match_reference(monkeypatch, cell, block_b, joined):
     _check_forward(ins, outs, False)
 
 
+# The forward's active-row mask formed in its step loop (MASK_IN_LOOP, `_mask_in_loop`: MMA
+# tiles below 64 x 64) or carried over from the prefetch (vector tiles, wide tiles, or
+# `_FWD_MASK_IN_LOOP` off): a 16-wide tile whose columns past B (lens 0), a length-0 row and
+# rows ending before T must stay as they are, forward and reversed, with the projection's
+# two phases per step.
+@pytest.mark.parametrize("in_loop", [True, False], ids=["in_loop", "carried"])
+@pytest.mark.parametrize("cell, P, reverse", [("lstm", 0, False), ("gru", 0, True),
+                                              ("lstm", 20, True)])
+def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, reverse,
+                                                         in_loop):
+    monkeypatch.setattr(pg, "_FWD_MASK_IN_LOOP", in_loop)
+    assert pg._mask_in_loop(16, 16) is in_loop
+    assert not pg._mask_in_loop(16, 2) and not pg._mask_in_loop(64, 64)
+    ins, outs = _forward_problem(cell, 33, P, *VARLEN)
+    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
+    _check_forward(ins, outs, reverse)
+
+
 def test_gate_batched_onchip_bytes(monkeypatch):
     """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
     too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
