@@ -350,9 +350,8 @@ def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.const
            S: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
     """A resident reduction's two operand chunks (`_kpart`: columns 0 .. KA and KA .. KA +
     KB; the second a copy of the first, never read, when KB == 0) from a tagged exchange (X
-    of int words, `tagged_exchange`), both waited for together (`_xwait`). (A plain
-    exchange's chunks are loaded where their dots use them, `_kpart`: holding both at once
-    spills GRU H=1536's forward.)"""
+    of int words, `tagged_exchange`), both waited for together (`_xwait`). A plain
+    exchange's two chunks are loaded together too (`_fwd_pre_split`)."""
     pa, oa = _kptrs(X, x_row, jb64, x_ok, 0, KA, K, S)
     pb, ob = pa, oa  # placeholders when KB == 0
     if KB > 0:
@@ -755,7 +754,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
              GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-             XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0):
+             XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
+             PAIR: tl.constexpr = False):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
@@ -765,7 +765,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     it: no cross-warp reduction; 2 (gate-batched, resident, GP = 4) one 3-D dot per chunk
     whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
     `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
-    (`_dot_w3`). XDT, xtag, xsync, max_spin: a tagged exchange src (`_xpair`; resident)."""
+    (`_dot_w3`). XDT, xtag, xsync, max_spin: a tagged exchange src (`_xpair`; resident).
+    PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product."""
     tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
     if GATES == 2:
         if tagged:
@@ -787,7 +788,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
-                                        DOT_DT, FP32_DOT, BH, BB, XDT, xtag, xsync, max_spin)
+                                        DOT_DT, FP32_DOT, BH, BB, XDT, xtag, xsync, max_spin,
+                                        PAIR)
     return p0, p1, p2, p3
 
 
@@ -797,12 +799,20 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
                    BB: tl.constexpr, XDT: tl.constexpr = tl.float32, xtag=0, xsync=0,
-                   max_spin=0):
+                   max_spin=0, PAIR: tl.constexpr = False):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
     spill (Triton 3.6, LSTM H=1024 B=64: 72 B, 13 local loads per step -> none; GRU 24 B ->
-    none)."""
+    none).
+    PAIR (`_paired_chunks`): both chunks' operands are loaded before either product. Loaded
+    where its dots use it, the second chunk's load is issued after the first chunk's staging
+    barrier (the compilers do not move a load across bar.sync), so each step waits for two
+    L2 round trips in a row right after the grid barrier. Together: one round trip, one
+    staging (2 BAR.SYNC fewer), and shared memory for both chunks at once
+    (`grid_onchip_bytes`). (The H200 ablation `l1load`, 2026-11-26, meant to price that
+    round trip, could not: the barrier's acquire invalidates L1 every step, CCTL.IVALL, so
+    its L1-cached loads went to L2 as well.)"""
     a0 = _zacc(S, BH, BB)
     a1 = a0
     a2 = a0
@@ -834,9 +844,11 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                             max_spin)
         else:
             xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+            if PAIR and KB > 0:
+                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
-            if not tagged:
+            if not (tagged or PAIR):
                 xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
             z = _zacc(S, BH, BB)
             b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
@@ -966,7 +978,7 @@ def _fwd_cell_phase(
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
-    XJOIN: tl.constexpr = False, BR=0, SUMS: tl.constexpr = False,
+    XJOIN: tl.constexpr = False, BR=0, SUMS: tl.constexpr = False, PAIR: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -998,7 +1010,7 @@ def _fwd_cell_phase(
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, x_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
                                   FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, XDT,
-                                  _tag(u - 1), SYNC, max_spin)
+                                  _tag(u - 1), SYNC, max_spin, PAIR)
         p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
                                                     b2, b3, G, SUMS)
     else:
@@ -1076,7 +1088,7 @@ def _grid_fwd_kernel(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
-    SUMS: tl.constexpr = False, MASK_IN_LOOP: tl.constexpr = False,
+    SUMS: tl.constexpr = False, MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1199,7 +1211,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XDT, max_spin, XJOIN, BR, SUMS)
+                XDT, max_spin, XJOIN, BR, SUMS, PAIR)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1207,7 +1219,7 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS)
+                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS, PAIR=PAIR)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
@@ -1880,6 +1892,30 @@ def _mask_in_loop(block_h: int, block_b: int) -> bool:
     return _FWD_MASK_IN_LOOP and not vector_tiles(block_b) and block_h * block_b < _XJOIN_TILE
 
 
+# The per-gate forward's two resident chunks loaded together (`_paired_chunks`, PAIR); the
+# ablation variant `nopair` and TRITONRNN_FWD_PAIRED_CHUNKS=off (read at import) load each
+# where its dots use it.
+_FWD_PAIRED_CHUNKS = _env_on_off("TRITONRNN_FWD_PAIRED_CHUNKS", default=True)
+
+
+def _paired_chunks(block_b: int) -> bool:
+    """PAIR: the per-gate forward (`_fwd_pre_split`) loads both chunks of a resident
+    reduction held in two (H = 768, 1024 and GRU's 1536 at 16- and 32-wide tiles) before
+    either product, so a step waits for one L2 round trip of h after the grid barrier
+    instead of two in a row (the compilers do not move the second chunk's load across the
+    first one's staging barrier), and stages them together: 2 BAR.SYNC fewer, the second
+    chunk's shared memory added (`grid_onchip_bytes`). The sm_90 compiles (Triton 3.6, bf16
+    and fp16) of the planner's forwards with two chunks over ten bench presets, step loop
+    per warp: 2 BAR.SYNC fewer, instructions -2% to +0.2%, registers equal or fewer (GRU
+    H=1024 B=16 250 -> 166, H=1536 255 -> 168, LSTM H=1024 B=16 253 -> 172), no spill;
+    8 to 32 KiB more shared memory per program (the anchor 114688 -> 122880 B, LSTM H=1024
+    B=64 163840 -> 196608). MMA tiles up to 32 columns: at 64 the chunks are narrowed to
+    bound the operand's registers and shared memory (`_max_chunk`), and both at once would
+    take as much as one unnarrowed (tanh H=1536 B=64's resident forward 245760 B, past an
+    H100's 225280). Not yet timed on a GPU."""
+    return _FWD_PAIRED_CHUNKS and 16 <= block_b <= 32
+
+
 def _joined_sums(block_b: int) -> bool:
     """SUMS, the forward's joined gate sums (`_gate_sums`): MMA tiles while _FWD_JOINED_SUMS
     is on."""
@@ -2183,7 +2219,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
-    larger of the dot operand staged from the exchange (one chunk at a time, in the dtype) and
+    larger of the dot operand staged from the exchange (in the dtype: the per-gate forward
+    stages both chunks at once, `_paired_chunks`, the other dots one chunk at a time) and
     the fp32 scratch of the split-K reduction (`_nsplit`; both are dead outside their phase,
     so the compiler overlaps them).
     The reductions are split as `_ksplit` does: RF = sum(_ksplit(Hout)) (R in the forward,
@@ -2191,8 +2228,9 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
     S_x = `_nsplit` of a dot with output rows x, S'_bh = `_gate_split` (the forward's gate
     dots, S <= 2), G4 = 4 for a gated cell (the forward reduces its gates together) else 1:
-      forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF, [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
+      forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF', [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)
+    (KF' = RF where `_paired_chunks`, else KF)
       backward = e*(G*BO*RB + [P] bh*RF) + max(e*bb*KB, [P] e*bb*KF, 4*S_BO*BO*bb,
                                               [P] 4*S_bh*bh*bb)
     Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
@@ -2249,9 +2287,11 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     joint = gates > 0  # the gates' product as one tile, split out (a layout conversion)
     if gates == 2:
         stage_f = max(e * bb * KF // min(_batch_ksplit(KF, kf2), 2), 4 * g4 * bh * bb)
-    else:
-        stage_f = max(e * bb * KF, 4 * g4 * bh * bb if joint
-                      else scratch(KF, kf2, bh, g4, _gate_split))
+    elif joint:
+        stage_f = max(e * bb * KF, 4 * g4 * bh * bb)
+    else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
+        stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
+                      scratch(KF, kf2, bh, g4, _gate_split))
     stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
     if proj:
         stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
@@ -2588,7 +2628,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
-                MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
+                MASK_IN_LOOP=_mask_in_loop(block_h, block_b), PAIR=_paired_chunks(block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

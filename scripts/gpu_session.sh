@@ -32,7 +32,7 @@
 #   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
 #                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
 #   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels:
-#                                         the exchange operand's L2 trip (l1load), the product
+#                                         the exchange operand's L2 trip (noload), the product
 #                                         (nodot), the barrier (nowait,noarrive); anchor,
 #                                         LSTM H=1024 B=16, a vector tile (B = 1)
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier

@@ -25,10 +25,11 @@ Variants (comma-joined in one process):
     nowait    grid_wait returns at once (arrivals still counted)
     noarrive  grid_arrive does nothing (with nowait: no barrier at all)
     nodot     the recurrent matmul (h load + dots + split-K reduction) returns zeros
-    l1load    the exchange operand's loads (`_kpart`, `_vx`: h, or dph in the backward)
-              cached in L1 (.ca instead of .cg): the same instructions, but from the third
-              step on the lines are L1's, stale: full - l1load is what the L2 round trip of
-              the operand costs over an L1 hit
+    noload    the exchange operand (`_kpart`, `_vx`: h, or dph in the backward) is its own
+              mask as 1.0 / 0.0 instead of a load: the staging and the dots stay, the L2
+              round trips go (full - noload: what they cost). It replaces `l1load` (the loads
+              cached in L1), which could not show that: the barrier's acquire invalidates L1
+              every step (CCTL.IVALL in the sm_90 compiles), so its loads went to L2 too
     nocell    the cell nonlinearity is replaced by additions
     noxg      the input-side gate tiles are not loaded
     nostore   the y / c_seq output stores are dropped
@@ -39,6 +40,9 @@ Variants (comma-joined in one process):
     nobatch   the forward's gate dots per gate, split K (the default since those runs)
     nosums    the forward's gate pre-activations summed per gate (kernels' _FWD_JOINED_SUMS;
               by default joined on MMA tiles: one layout conversion for the four gates)
+    nopair    the forward loads the second chunk of h where its dots use it (kernels'
+              _FWD_PAIRED_CHUNKS; by default both chunks before either product, one L2
+              round trip per step instead of two in a row)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -99,7 +103,7 @@ import torch
 import triton
 import triton.language as tl
 
-# The operand pointers of the `l1load` replacements (the kernels' own).
+# The operand pointers and masks of the `noload` replacements (the kernels' own).
 from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
@@ -128,10 +132,10 @@ SETS = {
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
     # Where a step's time goes with the current kernels (the H100 ablation of 2026-11-22
     # timed the 8-warp split-K kernels since replaced): the exchange operand's L2 round
-    # trip (l1load), the whole product (nodot), the barrier (nowait,noarrive), at the steps
+    # trip (noload), the whole product (nodot), the barrier (nowait,noarrive), at the steps
     # that miss the 2x-barrier target most (H200, 2026-11-26: 16-wide tiles 4.5 to 6.4x;
     # H=1024 B=16's forward about 7.7 us) and at a vector tile's (2.4x).
-    "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1", "full;l1load;nodot;nowait,noarrive"),
+    "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1", "full;noload;nodot;nowait,noarrive"),
     # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
     # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
     # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
@@ -196,11 +200,13 @@ SETS = {
 # chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: joined gate sums, the mask formed in the loop, split 4 ways,
-        # gate-batched on 8 warps, 8 warps, joint.
+        # The anchor: both chunks of h loaded together, joined gate sums, the mask formed in
+        # the loop, split 4 ways, gate-batched on 8 warps, 8 warps, joint.
         ("lstm,768,16",
-         "layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;fw8,layer;joint,layer"),
-        ("lstm,1024,16", "layer;s4,layer;chunk1024,layer"),  # split 4, 512 + 512 or 1024
+         "layer;nopair,layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;fw8,layer;"
+         "joint,layer"),
+        # 512 + 512 loaded together or apart, split 4, or 1024 in one chunk.
+        ("lstm,1024,16", "layer;nopair,layer;s4,layer;chunk1024,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
         ("gru,1024,64", "layer;batch,layer"),
@@ -235,23 +241,24 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-            XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0):
+            XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
+            PAIR: tl.constexpr = False):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
 
 @triton.jit
-def _kpart_l1(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
-              DT: tl.constexpr):
-    ptr, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
-    return tl.load(ptr, mask=ok, other=0.0, cache_modifier=".ca").to(DT)
+def _kpart_noload(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr,
+                  S: tl.constexpr, DT: tl.constexpr):
+    _, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
+    return tl.where(ok, 1.0, 0.0).to(DT)
 
 
 @triton.jit
-def _vx_l1(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexpr,
-           K: tl.constexpr, DT: tl.constexpr):
-    ptr, m = _vxptrs(X, x_row, jb, ok, k0, S, BM, KW, K)
-    return tl.load(ptr, mask=m, other=0.0, cache_modifier=".ca").to(DT).to(tl.float32)
+def _vx_noload(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexpr,
+               K: tl.constexpr, DT: tl.constexpr):
+    _, m = _vxptrs(X, x_row, jb, ok, k0, S, BM, KW, K)
+    return tl.where(m, 1.0, 0.0).to(DT).to(tl.float32)
 
 
 @triton.jit
@@ -311,7 +318,7 @@ def swaps() -> dict:
         "nowait": [(pg, "grid_wait", _no_wait)],
         "noarrive": [(pg, "grid_arrive", _no_arrive)],
         "nodot": [(pg, "_fwd_pre", _no_dot)],
-        "l1load": [(pg, "_kpart", _kpart_l1), (pg, "_vx", _vx_l1)],
+        "noload": [(pg, "_kpart", _kpart_noload), (pg, "_vx", _vx_noload)],
         "nocell": [(cells, "cell_forward", _no_cell)],
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
@@ -320,6 +327,7 @@ def swaps() -> dict:
         "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
+        "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

@@ -847,15 +847,32 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
     _check_forward(ins, outs, reverse)
 
 
+# The per-gate forward's two resident chunks (H = 40: 32 + 16, the second padded past H)
+# loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles)
+# or each where its dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles).
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
+@pytest.mark.parametrize("cell, block_b", [("lstm", 16), ("gru", 32)])
+def test_forward_chunks_loaded_together_or_apart_match_reference(monkeypatch, cell, block_b,
+                                                                 paired):
+    monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", paired)
+    assert pg._ksplit(40, 0, block_b) == (32, 16)
+    assert pg._paired_chunks(block_b) is paired
+    assert not pg._paired_chunks(64) and not pg._paired_chunks(2)
+    ins, outs = _forward_problem(cell, 40, 0, *VARLEN)
+    _run_forward(ins, outs, False, persistent=True, block_h=16, block_b=block_b)
+    _check_forward(ins, outs, False)
+
+
 def test_gate_batched_onchip_bytes(monkeypatch):
     """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
     too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
     3.6) allocated them."""
     monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
-    # GRU 16 x 32, 8 forward warps: 2*4*16*1024 + 2*32*256; 4 forward warps: per-gate dots.
+    # GRU 16 x 32, 8 forward warps: 2*4*16*1024 + 2*32*256; 4 forward warps: per-gate dots
+    # (2*3*16*1024, both chunks staged: 2*32*1024).
     assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
     assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32,
-                                fwd_warps=4) == 131072
+                                fwd_warps=4) == 163840
     # GRU H=512 16 x 16: 2*4*16*512 + 2*16*256 (the backward 2*3*16*512 + 2*16*512).
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536 + 8192
     # GRU H=1536 1024 + 512 in 4 K slices: 2*4*16*1536 + 2*16*512 (the backward 180224).
@@ -1056,25 +1073,29 @@ def test_grid_formulas():
     assert pg.grid_programs(1024, 1024, 0, 64, 16, 16) == 64 * 4
     assert pg.grid_programs(1024, 256, 256, 16, 16, 16) == 64
     # Shared memory as Triton 3.6 allocates it for sm_90 (checked against compiled kernels):
-    # the resident slice plus the larger of the staged exchange operand (bf16) and the split-K
-    # scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the forward's 4
-    # gates joined in S = 2, its cap).
-    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(stage of one 512 chunk 2*16*512,
-    # scratch 4*2*4*16*16).
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 147456
-    # 16 x 32 tiles: the stage doubles (2*32*512).
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
+    # the resident slice plus the larger of the staged exchange operand (bf16; the per-gate
+    # forward stages both chunks of its reduction at once on tiles up to 32 columns,
+    # `_paired_chunks`, the backward one at a time) and
+    # the split-K scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the
+    # forward's 4 gates joined in S = 2, its cap).
+    # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(the forward's stage of both 512
+    # chunks 2*16*1024, scratch 4*2*4*16*16); the backward stages 2*16*512.
+    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
+    # 16 x 32 tiles: the stage doubles (2*32*1024).
+    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
     # GRU, per-gate forward dots (the default, `_fwd_gates`): 3 gates' rows 2*3*16*1024 +
-    # stage 2*32*512, as compiled.
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 131072
-    # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512.
+    # stage 2*32*1024, as compiled.
+    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
+    # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512
+    # (the forward's R rows 2*4*16*256 + Pw rows 2*16*1024 + Pw's stage 2*16*512: less).
     assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
     # GRU H=512 (16 x 16 tiles): either pass 2*3*16*512 + 2*16*512.
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
-    # GRU H=1536 1024 + 512: 2*3*16*1536 + 2*16*1024 either pass (180224 as compiled).
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 180224
+    # staged together in the forward (2*16*768; the backward's 98304 + 2*16*512 is less); GRU
+    # H=1536 1024 + 512: 2*3*16*1536 + 2*16*1536 (196608 as compiled; the backward 180224).
+    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 24576
+    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 196608
     # 16 x 32 tiles: the forward's scratch [2, 4*16, 32] fp32 and the backward's [8, 16, 32]
     # are as large as the staged operand (2*32*256): 49152, as compiled (Triton 3.6, 8 warps).
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
@@ -1084,7 +1105,7 @@ def test_grid_formulas():
         2 * 4 * 16 * 256 + 2 * 32 * 256)
     # fp32: the exchange is staged in fp32.
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.float32, 16, 16) == (
-        4 * 4 * 16 * 1024 + 4 * 16 * 512)
+        4 * 4 * 16 * 1024 + 4 * 16 * 1024)
     # Streamed weights: one chunk's tiles, 3 pipeline buffers, independent of H; the forward's
     # joint gate tile (4 * block_h rows, GRU padded) is the widest (as compiled, Triton 3.6).
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 3 * 64 * 2 * (
