@@ -1869,7 +1869,7 @@ _FWD_JOINED_SUMS = _env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True)
 _FWD_MASK_IN_LOOP = _env_on_off("TRITONRNN_FWD_MASK_IN_LOOP", default=True)
 
 
-def _mask_in_loop(block_h: int, block_b: int) -> bool:
+def _mask_in_loop(block_h: int, block_b: int, tagged: bool = False) -> bool:
     """MASK_IN_LOOP: the forward step loop forms its active-row mask at the top of each
     iteration (lens > s: lens is 0 past B) instead of using the copy that the previous
     iteration's prefetch (`_fwd_loads`) carried over. Triton 3.6 keeps that loop-carried
@@ -1883,13 +1883,16 @@ def _mask_in_loop(block_h: int, block_b: int) -> bool:
     H=1024 B=16 the exception (946 -> 952), no new spill. Triton 3.9's compiles had no such
     conversion there. Not on vector tiles (none to remove; 6-8 instructions more per step)
     nor on tiles of _XJOIN_TILE elements and more (Triton 3.6's sm_80 forward of LSTM
-    H=1024 B=256, 64 x 64, then spilled).
+    H=1024 B=256, 64 x 64, then spilled), nor with the tagged exchange (`tagged_exchange`),
+    whose product waits for the active rows' words: the floor's Triton 3.4 then spilled 27
+    local loads and stores per step (LSTM H=256 B=16).
     The backward keeps its carried mask: formed in its loop it saved 2 BAR.SYNC per Triton
     3.6 step loop too, but spilled where nothing did (Triton 3.9: GRU H=1024 B=64 at 16 x
     32, 1 local load per step; 3.6: the 128 x 64 and huge-batch stepwise tiles) and GRU
     H=1536 B=16 reloaded 10-19 spilled values per step instead of 9, wherever in the
     iteration the mask was formed. Not yet timed on a GPU."""
-    return _FWD_MASK_IN_LOOP and not vector_tiles(block_b) and block_h * block_b < _XJOIN_TILE
+    return (_FWD_MASK_IN_LOOP and not tagged and not vector_tiles(block_b)
+            and block_h * block_b < _XJOIN_TILE)
 
 
 # The per-gate forward's two resident chunks loaded together (`_paired_chunks`, PAIR); the
@@ -2628,7 +2631,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
-                MASK_IN_LOOP=_mask_in_loop(block_h, block_b), PAIR=_paired_chunks(block_b),
+                MASK_IN_LOOP=_mask_in_loop(block_h, block_b, tagged),
+                PAIR=_paired_chunks(block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

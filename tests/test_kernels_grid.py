@@ -842,6 +842,7 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
     monkeypatch.setattr(pg, "_FWD_MASK_IN_LOOP", in_loop)
     assert pg._mask_in_loop(16, 16) is in_loop
     assert not pg._mask_in_loop(16, 2) and not pg._mask_in_loop(64, 64)
+    assert not pg._mask_in_loop(16, 16, tagged=True)
     ins, outs = _forward_problem(cell, 33, P, *VARLEN)
     _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
     _check_forward(ins, outs, reverse)
