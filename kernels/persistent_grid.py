@@ -1253,14 +1253,16 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
                FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-               SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4):
+               SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
     Resident weights: the gates' products in CHAINS split-K accumulators (`_bwd_chains`: 1
     or 4 independent MMA chains), added in-thread, then one cross-warp reduction. Streamed
     weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
-    G*H of them (one software pipeline per step instead of one per gate)."""
+    G*H of them (one software pipeline per step instead of one per gate).
+    PAIRG (`_paired_gates`, opt-in): each gate's two chunks loaded together, the next gate's
+    before this gate's products."""
     if not RESIDENT:
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
@@ -1272,6 +1274,22 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                               BLOCK_B)
         return tl.where(act1[None, :], carry + acc, carry)
     z = _zacc(S, BLOCK_O, BLOCK_B)
+    if PAIRG:  # `_paired_gates`: the operands loaded ahead of their products
+        xa0, xb0 = _bwd_operand(src, G, H, jb64, act1, KA, KB, S, DOT_DT)
+        if G > 1:
+            xa1, xb1 = _bwd_operand(src + H, G, H, jb64, act1, KA, KB, S, DOT_DT)
+        acc = _bwd_gate_mm(z, wa0, wb0, xa0, xb0, KB, FP32_DOT)
+        if G > 1:
+            t1 = _bwd_gate_mm(z if CHAINS == 4 else acc, wa1, wb1, xa1, xb1, KB, FP32_DOT)
+            xa2, xb2 = _bwd_operand(src + 2 * H, G, H, jb64, act1, KA, KB, S, DOT_DT)
+            if G > 3:
+                xa3, xb3 = _bwd_operand(src + 3 * H, G, H, jb64, act1, KA, KB, S, DOT_DT)
+            t2 = _bwd_gate_mm(z if CHAINS == 4 else t1, wa2, wb2, xa2, xb2, KB, FP32_DOT)
+            t3 = z if CHAINS == 4 else t2
+            if G > 3:
+                t3 = _bwd_gate_mm(t3, wa3, wb3, xa3, xb3, KB, FP32_DOT)
+            acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
+        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
     acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
                   RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
@@ -1287,6 +1305,25 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                          jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
         acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
     return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
+
+
+@triton.jit
+def _bwd_operand(src, G: tl.constexpr, H: tl.constexpr, jb64, act1, KA: tl.constexpr,
+                 KB: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr):
+    """One gate's dph operand chunks (`_kpart`) of the carry product, both loaded."""
+    xa = _kpart(src, G * H, jb64, act1, 0, KA, H, S, DOT_DT)
+    xb = xa
+    if KB > 0:
+        xb = _kpart(src, G * H, jb64, act1, KA, KB, H, S, DOT_DT)
+    return xa, xb
+
+
+@triton.jit
+def _bwd_gate_mm(acc, wa, wb, xa, xb, KB: tl.constexpr, FP32_DOT: tl.constexpr):
+    acc += _mm(wa, xa, FP32_DOT)
+    if KB > 0:
+        acc += _mm(wb, xb, FP32_DOT)
+    return acc
 
 
 @triton.jit
@@ -1424,7 +1461,7 @@ def _grid_bwd_kernel(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
-    HOIST: tl.constexpr = False, LATE: tl.constexpr = False,
+    HOIST: tl.constexpr = False, LATE: tl.constexpr = False, PAIRG: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1554,7 +1591,7 @@ def _grid_bwd_kernel(
             if carry_on:
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
-                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG)
             if LATE:
                 act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                     PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1578,7 +1615,7 @@ def _grid_bwd_kernel(
                 if carry_on:
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG)
                 if LATE:
                     act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                         PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1917,6 +1954,29 @@ def _paired_chunks(block_b: int) -> bool:
     take as much as one unnarrowed (tanh H=1536 B=64's resident forward 245760 B, past an
     H100's 225280). Not yet timed on a GPU."""
     return _FWD_PAIRED_CHUNKS and 16 <= block_b <= 32
+
+
+# The backward's carry product with its gates' dph operands loaded ahead (`_paired_gates`,
+# PAIRG): an experiment, off unless TRITONRNN_BWD_PAIRED_GATES=on (read at import) or the
+# ablation variant `pairg`.
+_BWD_PAIRED_GATES = _env_on_off("TRITONRNN_BWD_PAIRED_GATES")
+
+
+def _paired_gates(block_k: int, block_b: int) -> bool:
+    """PAIRG (experiment, off by default): the backward's resident carry product
+    (`_bwd_carry`) loads each gate's two dph chunks together and the next gate's before this
+    gate's products, on 16-wide MMA tiles. Loaded where its dots use them, each chunk's load
+    is issued after the previous chunk's staging barrier: the anchor's backward step waits
+    for 8 L2 round trips of dph in a row (4 gates x 512 + 256). The sm_90 compiles (Triton
+    3.6, bf16), step loop per warp, off -> on: the anchor's loads go out in two groups
+    (gates 0-1, then 2-3), 33 -> 21 BAR.SYNC, 1107 -> 1106 instructions, 16 B saved around
+    the loop, shared memory 114688 -> 147456 B (two gates' operands staged at once, as
+    `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21, 147456 -> 196608 B; GRU H=1024
+    B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop. Off by default until a GPU
+    times it, and because the planner would have to fit the larger footprint: GRU H=1536
+    B=16's backward would need 245760 B, past an H100's 225280 (wider tiles likewise:
+    LSTM H=1024 at 32 columns 262144)."""
+    return _BWD_PAIRED_GATES and not block_k and block_b == 16
 
 
 def _joined_sums(block_b: int) -> bool:
@@ -2295,7 +2355,9 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
         stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
                       scratch(KF, kf2, bh, g4, _gate_split))
-    stage_b = max(e * bb * KB, scratch(KB, kb2, BO))
+    # The backward stages one chunk at a time, or two gates' chunks (`_paired_gates`).
+    stage_b = max(e * bb * (min(G, 2) * RB if _paired_gates(block_k, bb) else KB),
+                  scratch(KB, kb2, BO))
     if proj:
         stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
         stage_b = max(stage_b, e * bb * KF, scratch(KF, kf2, bh))
@@ -2818,6 +2880,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
+                PAIRG=_paired_gates(block_k, block_b),
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

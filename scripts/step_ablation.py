@@ -43,6 +43,9 @@ Variants (comma-joined in one process):
     nopair    the forward loads the second chunk of h where its dots use it (kernels'
               _FWD_PAIRED_CHUNKS; by default both chunks before either product, one L2
               round trip per step instead of two in a row)
+    pairg     the backward loads its gates' dph operands ahead of their products (kernels'
+              _BWD_PAIRED_GATES, off by default: the anchor waits for 8 L2 round trips of
+              dph per step, 2 with it; 32 KiB more shared memory)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -200,13 +203,14 @@ SETS = {
 # chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: both chunks of h loaded together, joined gate sums, the mask formed in
-        # the loop, split 4 ways, gate-batched on 8 warps, 8 warps, joint.
+        # The anchor: the backward's gates loaded ahead (off by default), both chunks of h
+        # loaded together, joined gate sums, the mask formed in the loop, split 4 ways,
+        # gate-batched on 8 warps, 8 warps, joint.
         ("lstm,768,16",
-         "layer;nopair,layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;fw8,layer;"
-         "joint,layer"),
+         "layer;pairg,layer;nopair,layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;"
+         "fw8,layer;joint,layer"),
         # 512 + 512 loaded together or apart, split 4, or 1024 in one chunk.
-        ("lstm,1024,16", "layer;nopair,layer;s4,layer;chunk1024,layer"),
+        ("lstm,1024,16", "layer;nopair,layer;pairg,layer;s4,layer;chunk1024,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
         ("gru,1024,64", "layer;batch,layer"),
@@ -328,6 +332,7 @@ def swaps() -> dict:
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
+        "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

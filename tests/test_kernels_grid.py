@@ -864,6 +864,23 @@ def test_forward_chunks_loaded_together_or_apart_match_reference(monkeypatch, ce
     _check_forward(ins, outs, False)
 
 
+# The backward's carry product with its gates' dph operands loaded ahead of their products
+# (PAIRG, `_paired_gates`, an opt-in experiment: 16-wide tiles, resident weights), every
+# gate count, two chunks (H = 40: 32 + 16), forward and backward against the reference.
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell):
+    assert not pg._paired_gates(0, 16)  # off by default
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", True)
+    assert pg._paired_gates(0, 16)
+    assert not pg._paired_gates(64, 16) and not pg._paired_gates(0, 32)
+    assert not pg._paired_gates(0, 2)
+    # The planner's count: two gates' operands staged at once (one gate's for tanh).
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    on = pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16)
+    assert on == 2 * G * 16 * 768 + 2 * 16 * min(G, 2) * 768
+    _check_layer(cell, 40, 0, *VARLEN, reverse=True, persistent=True, block_h=16, block_b=16)
+
+
 def test_gate_batched_onchip_bytes(monkeypatch):
     """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
     too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
