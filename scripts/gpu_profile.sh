@@ -11,8 +11,10 @@
 # #blocked), 8 while the arrival is out (the next step's prefetched inputs) and at the
 # wait. The joined gate sums (persistent_grid._FWD_JOINED_SUMS, the default) convert the
 # four tiles at once: 21; the active-row mask formed in the loop (_mask_in_loop, the
-# default) drops the carried mask's conversion: 19. Which of them a step waits on, and the
-# shared-memory bank conflicts, are the profile's to say.
+# default) drops the carried mask's conversion: 19; both chunks of h loaded and staged
+# together (_paired_chunks): 17. The backward had 33; its gates' operands loaded ahead
+# (_paired_gates, off by default: TRITONRNN_BWD_PAIRED_GATES=on) 21. Which of them a step
+# waits on, and the shared-memory bank conflicts, are the profile's to say.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/ncu}
