@@ -95,7 +95,8 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
         lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps), "cuda", timing)
     bwd_kw = _backward_inputs(mode, H, B, T, dtype, device)
     bwd = time_callable(
-        lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps), "cuda", timing)
+        lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps,
+                              pair_gates=lp.pair_gates), "cuda", timing)
     bare = time_callable(lambda: run_bare_barriers(T, lp.num_programs, device), "cuda", timing)
     row["step_us"] = step.ms * 1e3 / T
     row["bwd_step_us"] = bwd.ms * 1e3 / T

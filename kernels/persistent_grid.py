@@ -1973,10 +1973,24 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
     the loop, shared memory 114688 -> 147456 B (two gates' operands staged at once, as
     `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21, 147456 -> 196608 B; GRU H=1024
     B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop. Off by default until a GPU
-    times it, and because the planner would have to fit the larger footprint: GRU H=1536
-    B=16's backward would need 245760 B, past an H100's 225280 (wider tiles likewise:
-    LSTM H=1024 at 32 columns 262144)."""
+    times it. Where the larger footprint does not fit the device, the launch keeps the
+    gates apart (`grid_pairs_gates`): GRU H=1536 B=16's paired backward would need 245760 B,
+    past an H100's 225280."""
     return _BWD_PAIRED_GATES and not block_k and block_b == 16
+
+
+def grid_pairs_gates(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
+                     block_b: int, block_k: int = 0, smem_limit: int | None = None,
+                     num_warps: int = 8) -> bool:
+    """Whether a backward on these tiles runs PAIRG: `_paired_gates`, and its shared memory
+    with two gates' operands staged at once within smem_limit bytes per program (None: no
+    limit). The planner decides it with its budget for the device (`LayerPlan.pair_gates`),
+    so turning PAIRG on never costs a shape its plan: where the paired backward does not fit,
+    the gates stay apart and the plan's footprint is the unpaired one (`grid_onchip_bytes`)."""
+    if not _paired_gates(block_k, block_b):
+        return False
+    return smem_limit is None or _grid_bwd_bytes(
+        cell, H, Hout, P, dtype, block_h, block_b, num_warps, True) <= smem_limit
 
 
 def _joined_sums(block_b: int) -> bool:
@@ -2276,10 +2290,11 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
                       block_b: int, block_k: int = 0, num_warps: int = 8,
-                      fwd_warps: int | None = None) -> int:
+                      fwd_warps: int | None = None, smem_limit: int | None = None) -> int:
     """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
     warps, whose split-K scratch grows with them; fwd_warps: the forward's, which decide its
-    gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps).
+    gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps; smem_limit: the
+    budget within which the backward pairs its gates, `grid_pairs_gates`).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
     larger of the dot operand staged from the exchange (in the dtype: the per-gate forward
@@ -2340,10 +2355,6 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
 
-    def scratch(ka, kb, rows, gates=1, split=_nsplit):  # split-K partial sums,
-        S = split(ka, kb, num_warps, rows, bb)          # [S, gates * rows, bb] fp32
-        return 4 * S * gates * rows * bb if S > 1 else 0
-
     g4 = 4 if G > 1 else 1
     gates = _fwd_gates(cell, block_k, bh, bb, num_warps if fwd_warps is None else fwd_warps,
                        dtype == torch.float32)
@@ -2354,16 +2365,36 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         stage_f = max(e * bb * KF, 4 * g4 * bh * bb)
     else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
         stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
-                      scratch(KF, kf2, bh, g4, _gate_split))
-    # The backward stages one chunk at a time, or two gates' chunks (`_paired_gates`).
-    stage_b = max(e * bb * (min(G, 2) * RB if _paired_gates(block_k, bb) else KB),
-                  scratch(KB, kb2, BO))
+                      _split_scratch(KF, kf2, num_warps, bh, bb, g4, _gate_split))
     if proj:
-        stage_f = max(stage_f, e * bb * KB, scratch(KB, kb2, BO))
-        stage_b = max(stage_b, e * bb * KF, scratch(KF, kf2, bh))
+        stage_f = max(stage_f, e * bb * KB, _split_scratch(KB, kb2, num_warps, BO, bb))
     fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
-    bwd = e * (G * BO * RB + (bh * RF if proj else 0)) + stage_b
-    return max(fwd, bwd)
+    paired = grid_pairs_gates(cell, H, Hout, P, dtype, bh, bb, block_k, smem_limit, num_warps)
+    return max(fwd, _grid_bwd_bytes(cell, H, Hout, P, dtype, bh, bb, num_warps, paired))
+
+
+def _grid_bwd_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, bh: int, bb: int,
+                    num_warps: int, paired: bool) -> int:
+    """The resident backward's part of `grid_onchip_bytes` (MMA tiles): it stages one chunk at
+    a time, or two gates' chunks at once (paired, `grid_pairs_gates`)."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    BO = _block_o(H, P, bh)
+    (KF, kf2), (KB, kb2) = _ksplit(Hout, 0, bb), _ksplit(H, 0, bb)
+    RF, RB = KF + kf2, KB + kb2
+
+    stage = max(e * bb * (min(G, 2) * RB if paired else KB),
+                _split_scratch(KB, kb2, num_warps, BO, bb))
+    if P:
+        stage = max(stage, e * bb * KF, _split_scratch(KF, kf2, num_warps, bh, bb))
+    return e * (G * BO * RB + (bh * RF if P else 0)) + stage
+
+
+def _split_scratch(ka: int, kb: int, num_warps: int, rows: int, bb: int, gates: int = 1,
+                   split=_nsplit) -> int:
+    """Bytes of a split-K product's partial sums, [S, gates * rows, bb] fp32 (0 unsplit)."""
+    S = split(ka, kb, num_warps, rows, bb)
+    return 4 * S * gates * rows * bb if S > 1 else 0
 
 
 def grid_vector_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
@@ -2732,6 +2763,7 @@ def grid_backward(
     block_b: int = 16,
     block_k: int = 0,
     num_warps: int = 4,
+    pair_gates: bool | None = None,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
     _count_arrivals: bool = False,
@@ -2739,19 +2771,21 @@ def grid_backward(
     """Backward recurrence of one layer/direction, the contract of
     `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU),
     dh0 [B, Hout], dc0 [B, H] (LSTM), dh_total [N, P] and m_seq [N, H] (projection) in place).
-    No atomics on results: bit-identical run to run."""
+    No atomics on results: bit-identical run to run.
+    pair_gates: the plan's `grid_pairs_gates` (False keeps the gates apart where
+    `_paired_gates` would pair them; None: `_paired_gates` alone)."""
     t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
     return _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k,
-                     num_warps, _max_spin, _barrier_extra, _count_arrivals)
+                     num_warps, pair_gates, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def grid_backward_pair(
     cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info: PackInfo,
     dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
     persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
-    num_warps: int = 4,
+    num_warps: int = 4, pair_gates: bool | None = None,
     _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0, _count_arrivals: bool = False,
 ) -> torch.Tensor | None:
     """Both directions' backward in the same launches; pairs, grid and barriers as in
@@ -2764,18 +2798,18 @@ def grid_backward_pair(
         counts = [
             grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
                           block_h=block_h, block_b=block_b, block_k=block_k,
-                          num_warps=num_warps, _max_spin=_max_spin,
+                          num_warps=num_warps, pair_gates=pair_gates, _max_spin=_max_spin,
                           _barrier_extra=_barrier_extra, _count_arrivals=_count_arrivals,
                           **{k: split_pair(k, v)[d] for k, v in pairs.items()})
             for d in range(2)]
         return None if counts[0] is None else torch.cat(counts)
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
     return _backward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
-                     num_warps, _max_spin, _barrier_extra, _count_arrivals)
+                     num_warps, pair_gates, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
-              max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
+              pair_gates, max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
@@ -2880,7 +2914,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
-                PAIRG=_paired_gates(block_k, block_b),
+                PAIRG=_paired_gates(block_k, block_b) and pair_gates is not False,
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

@@ -265,6 +265,9 @@ class LayerPlan:
     block_k: int = 0  # persistent_grid / stepwise: 0 = weights resident, else streamed chunk
     num_dirs: int = 1  # 2: both directions of a bidirectional layer share each launch
     num_warps_bwd: int = 0  # the backward kernel's warps; 0: num_warps
+    # persistent_grid / stepwise: the backward loads two gates' operands at once (PAIRG,
+    # `kernels.persistent_grid.grid_pairs_gates`), decided within the device's budget
+    pair_gates: bool = False
 
     @property
     def backward_warps(self) -> int:
@@ -315,15 +318,23 @@ def _cta_fits(cell, H, Hout, P, dtype, props) -> bool:
 
 
 def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k=0,
-          num_dirs=1) -> LayerPlan:
-    from tritonrnn.kernels.persistent_grid import grid_onchip_bytes, grid_programs
+          num_dirs=1, smem_limit=None) -> LayerPlan:
+    """A grid-family plan; smem_limit: the budget within which its backward may pair its
+    gates (`grid_pairs_gates`; None: no limit), counted in onchip_bytes where it does."""
+    from tritonrnn.kernels.persistent_grid import (
+        grid_onchip_bytes,
+        grid_pairs_gates,
+        grid_programs,
+    )
 
     return LayerPlan(
         family, block_b, block_h, num_warps,
         grid_programs(H, Hout, P, batch, block_h, block_b, num_dirs),
         grid_onchip_bytes(cell, H, Hout, P, dtype, block_h, block_b, block_k,
-                          fwd_warps=num_warps),
+                          fwd_warps=num_warps, smem_limit=smem_limit),
         block_k, num_dirs,
+        pair_gates=grid_pairs_gates(cell, H, Hout, P, dtype, block_h, block_b, block_k,
+                                    smem_limit),
     )
 
 
@@ -359,6 +370,12 @@ def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, 
 _STREAM_K = 64
 # Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
 _SMEM_SLACK = 7 * 1024
+
+
+def _smem_budget(props: DeviceProperties) -> int:
+    """Shared memory a grid-family plan may count on per program on the device (the
+    interpreter preset's is an H100's)."""
+    return props.smem_per_program - _SMEM_SLACK
 
 
 def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, ...]:
@@ -450,9 +467,9 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
                 break
             fwd = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
             lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, fwd,
-                       block_k, num_dirs)
+                       block_k, num_dirs, _smem_budget(props))
             if lp.num_programs <= props.sm_count and (
-                lp.onchip_bytes <= props.smem_per_program - _SMEM_SLACK
+                lp.onchip_bytes <= _smem_budget(props)
             ):
                 if not block_k and not resident_operands_fit(H, Hout, block_b):
                     return None  # streamed on these tiles rather than resident on others
@@ -621,7 +638,7 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
     neither spills)."""
     from tritonrnn.kernels.persistent_grid import resident_operands_fit
 
-    budget = props.smem_per_program - _SMEM_SLACK
+    budget = _smem_budget(props)
     slices = (32, 16) if _fma_dots(dtype, props) else (64, 32, 16)
     G = GATES[cell]
     best = None
@@ -633,11 +650,11 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
                 if not block_k and not resident_operands_fit(H, Hout, block_b):
                     continue  # (as the persistent grid's: streamed instead)
                 lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
-                           block_k, num_dirs)
+                           block_k, num_dirs, budget)
                 warps = _grid_warps(lp.onchip_bytes, block_h, block_b)
                 if warps != 4:  # the forward's warps decide its gate layout (its bytes)
                     lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch,
-                               warps, block_k, num_dirs)
+                               warps, block_k, num_dirs, budget)
                 if below is not None and lp.onchip_bytes >= below:
                     continue
                 if (props.interpreter or lp.onchip_bytes <= budget) and (
@@ -720,11 +737,11 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
-                 num_dirs)
+                 num_dirs, _smem_budget(props))
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:
         # The pair does not fit together: each direction gets its own launch.
         plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
-                     block_k, 1)
+                     block_k, 1, _smem_budget(props))
     if family == "persistent_grid" and plan.num_programs > props.sm_count:
         if strict:
             raise ValueError(
@@ -734,13 +751,13 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             )
         return base
     if family == "persistent_grid" and not props.interpreter and (
-        plan.onchip_bytes > props.smem_per_program - _SMEM_SLACK
+        plan.onchip_bytes > _smem_budget(props)
     ):
         if strict:
             raise ValueError(
                 f"plan_constraints: family 'persistent_grid' needs {plan.onchip_bytes} bytes on "
                 f"chip per program for H={H}, block_h={block_h}, {dtype}; {props.name} allows "
-                f"{props.smem_per_program - _SMEM_SLACK}"
+                f"{_smem_budget(props)}"
             )
         return base
     return plan.with_backward_warps(bwd)
@@ -871,6 +888,7 @@ class Plan:
                 f"weights={weights} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
+                f"{' backward gates paired' if lp.pair_gates else ''}"
                 f" programs={lp.num_programs}"
                 f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )

@@ -203,6 +203,8 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
     a later launch or `check_barriers()` instead (kernels/grid_barrier.py)."""
     tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
                  num_warps=lp.backward_warps if backward else lp.num_warps)
+    if backward:
+        tiles["pair_gates"] = lp.pair_gates
     if lp.family != "persistent_grid":
         launch(*args, persistent=False, **tiles)
         return

@@ -594,6 +594,32 @@ def test_forward_loop_rules_drop_two_barriers(anchor_report, monkeypatch, env, c
             assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
 
 
+# The backward's gate operands loaded ahead (PAIRG, opt-in) compile where the planner fits
+# their footprint: at the anchor with two gates' operands staged at once, as the plan counts
+# (Triton 3.6: 147456 B, 21 BAR.SYNC per step instead of 33); at GRU H=1536 B=16, where paired
+# the backward would need 245760 B, the plan keeps its resident weights and the launch its
+# gates apart (before the fit rule, the plan streamed the weights instead).
+def test_paired_gates_compile_where_they_fit(request):
+    request.getfixturevalue("paired_gates")
+    gru = aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16)
+    try:
+        anchor, wide = aot.aot_reports([(ANCHOR, None), (gru, None)], "h100")
+    except aot.ToolMissing as e:
+        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
+    for r, paired in ((anchor, True), (wide, False)):
+        lp = r["plan"]
+        assert (lp["family"], lp["block_k"], lp["pair_gates"]) == ("persistent_grid", 0, paired)
+        bwd = _kernels(r)[1]
+        assert bwd["constexprs"]["PAIRG"] == str(paired)
+        assert bwd["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program
+        if paired:  # (GRU H=1536 B=16's backward spills with its gates apart, as before)
+            assert _local_ops(bwd)[0] == 0, bwd["profile"]
+    assert anchor["plan"]["onchip_bytes"] == 147456
+    if triton.__version__.startswith("3.6."):
+        assert _kernels(anchor)[1]["shared"] == 147456
+        assert _kernels(anchor)[1]["profile"]["BAR"] == 21
+
+
 def test_tagged_exchange_compiles_without_the_barrier(reports, monkeypatch):
     """TRITONRNN_TAGGED_EXCHANGE=fwd (`kernels.persistent_grid.tagged_exchange`) on the
     planner's LSTM H=256 B=16 forward: the h exchange is int32 words, the GPU launch keeps

@@ -878,6 +878,16 @@ def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell):
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     on = pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16)
     assert on == 2 * G * 16 * 768 + 2 * 16 * min(G, 2) * 768
+    # Within a budget only (`grid_pairs_gates`): GRU H=1536 paired needs 2*3*16*1536 +
+    # 2*16*2*1536 B, past an H100's; apart, its forward's 2*3*16*1536 + 2*16*1536 is the most.
+    limit = 225280
+    for budget, paired, onchip in ((None, True, 245760), (limit, False, 196608)):
+        assert pg.grid_pairs_gates("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 0,
+                                   budget) is paired
+        assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16,
+                                    smem_limit=budget) == onchip
+    assert pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on)
+    assert not pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on - 1)
     _check_layer(cell, 40, 0, *VARLEN, reverse=True, persistent=True, block_h=16, block_b=16)
 
 

@@ -54,6 +54,40 @@ def test_reach_with_weights_resident_on_h100(mode, H):
     assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
 
 
+# The backward's gate operands loaded ahead (PAIRG, `grid_pairs_gates`, an opt-in experiment)
+# where their larger footprint fits the device's budget, the gates apart where it does not:
+# switched on, it changes no plan's family, tiles or warps, only pair_gates and onchip_bytes.
+@pytest.mark.parametrize("device, paired, apart", [
+    ("h100", [("lstm", 768, 147456), ("lstm", 1024, 196608), ("gru", 1024, 163840)],
+     [("gru", 1536, 196608)]),  # paired it would need 245760 B
+    ("a100", [("lstm", 768, 147456), ("lstm", 512, 98304)], [("gru", 1024, 131072)]),
+])
+def test_paired_gates_only_within_the_budget(request, device, paired, apart):
+    from tritonrnn.rnn import planner
+
+    def tiles(lp):
+        return lp.family, lp.block_h, lp.block_b, lp.block_k, lp.num_warps, lp.backward_warps
+
+    shapes = [(mode, H, B) for mode in ("lstm", "gru", "rnn_tanh")
+              for H in (256, 512, 768, 1024, 1536) for B in (1, 16, 64)]
+    off = {s: _plan(mode=s[0], H=s[1], B=s[2], device=device).layer(0) for s in shapes}
+    assert not any(lp.pair_gates for lp in off.values())  # off by default
+    request.getfixturevalue("paired_gates")
+    budget = planner._smem_budget(PRESETS[device])
+    on = {s: _plan(mode=s[0], H=s[1], B=s[2], device=device).layer(0) for s in shapes}
+    for s in shapes:
+        assert tiles(on[s]) == tiles(off[s]), s
+        if on[s].pair_gates:
+            assert off[s].onchip_bytes <= on[s].onchip_bytes <= budget, s
+        else:
+            assert on[s].onchip_bytes == off[s].onchip_bytes, s
+    for mode, H, onchip in paired + apart:
+        lp = on[(mode, H, 16)]
+        assert (lp.family, lp.block_k, lp.onchip_bytes) == ("persistent_grid", 0, onchip), lp
+        assert lp.pair_gates == ((mode, H, onchip) in paired), lp
+    assert "backward gates paired" in _plan(H=768, device=device).explain()
+
+
 @pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("lstm", 512, 16), ("gru", 768, 16),
                                       ("rnn_tanh", 512, 64), ("lstm", 512, 1)])
 def test_float32_streams_its_mma_tile_weights(mode, H, B):
