@@ -8,6 +8,7 @@ naming the argument, the expected and the given value for every bad attribute.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -23,13 +24,25 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 def check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An int attribute as a Python int: Python and NumPy integers are taken (TensorFlow's
+    int attributes take both), bools are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    value = int(value)
     if maximum is not None and not minimum <= value <= maximum:
         raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}], got {value}")
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return value
+
+
+def check_dropout(value: object) -> float:
+    """The dropout attribute as a Python float in [0, 1) (Python and NumPy reals)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"dropout: expected a float in [0, 1), got {type(value).__name__}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"dropout: expected a float in [0, 1), got {value}")
+    return float(value)
 
 
 def check_int64(name: str, value: object) -> int:
@@ -100,12 +113,12 @@ def make_config(
     check_choice("rnn_mode", rnn_mode, RNN_MODES)
     check_choice("input_mode", input_mode, INPUT_MODES)
     check_choice("direction", direction, DIRECTIONS)
-    check_int("num_layers", num_layers, minimum=1)
-    check_int("num_units", num_units, minimum=1)
-    check_int("input_size", input_size, minimum=1)
-    check_int("num_proj", num_proj, minimum=0)
-    check_int64("seed", seed)
-    check_int64("seed2", seed2)
+    num_layers = check_int("num_layers", num_layers, minimum=1)
+    num_units = check_int("num_units", num_units, minimum=1)
+    input_size = check_int("input_size", input_size, minimum=1)
+    num_proj = check_int("num_proj", num_proj, minimum=0)
+    seed = check_int64("seed", seed)
+    seed2 = check_int64("seed2", seed2)
     if num_proj > 0:
         if rnn_mode != "lstm":
             raise ValueError(
@@ -116,10 +129,7 @@ def make_config(
             raise ValueError(
                 f"num_proj: expected a value in (0, num_units={num_units}], got {num_proj}"
             )
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout: expected a float in [0, 1), got {dropout}")
+    dropout = check_dropout(dropout)
     if input_mode == "auto_select":
         skip = input_size == num_units
     else:

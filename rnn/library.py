@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .config import check_int64
+from .config import check_dropout, check_int, check_int64
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -286,16 +286,15 @@ def cudnn_rnn(
     Returns CudnnRNNOutput(output, output_h, output_c, reserve_space, host_reserved).
     """
     if rnn_mode != "lstm" and rnn_mode in _GATES:
+        ops.check_ignored_state("input_c", input_c, rnn_mode)
         input_c = None  # ignored for non-LSTM modes; None keeps it out of the graph
-    check_int64("seed", seed)  # the schema's int64 (as the op's), before torch's cast
-    check_int64("seed2", seed2)
-    if isinstance(num_proj, bool) or not isinstance(num_proj, int):
-        raise TypeError(f"num_proj: expected an int, got {type(num_proj).__name__} {num_proj!r}")
+    seed = check_int64("seed", seed)  # the schema's int64 (as the op's), before torch's cast
+    seed2 = check_int64("seed2", seed2)
+    num_proj = check_int("num_proj", num_proj, minimum=0)
     for name, value in (("is_training", is_training), ("time_major", time_major)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
+    dropout = check_dropout(dropout)
     for name, value in (("rnn_mode", rnn_mode), ("input_mode", input_mode),
                         ("direction", direction), ("backend", backend)):
         if not isinstance(value, str):
@@ -316,6 +315,6 @@ def cudnn_rnn(
                         f"{type(seeds).__name__}")
     out = torch.ops.tritonrnn.cudnn_rnn(
         input, input_h, input_c, params, sequence_lengths, seeds, rnn_mode, input_mode,
-        direction, float(dropout), seed, seed2, num_proj, is_training, time_major, backend,
+        direction, dropout, seed, seed2, num_proj, is_training, time_major, backend,
     )
     return ops.CudnnRNNOutput(*out)

@@ -16,10 +16,9 @@ from . import engine
 from . import reserve as reserve_mod
 from .config import RNNConfig, check_choice, check_int, make_config
 from .packing import PackInfo, make_pack_info, pack, unpack
-from .params import check_params_tensor
+from .params import FLOAT_DTYPES, check_params_tensor
 from .planner import current_constraints, plan_constraints
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BACKENDS = ("auto", "reference", "triton")
 
 
@@ -61,7 +60,7 @@ def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
         raise ValueError(f"{name}: expected a tensor on {device} (the input's), got {t.device}")
 
 
-def _check_ignored(name: str, t: object, rnn_mode: str) -> None:
+def check_ignored_state(name: str, t: object, rnn_mode: str) -> None:
     """A cell state argument of a non-LSTM mode: ignored, but None or a tensor."""
     if t is not None and not isinstance(t, torch.Tensor):
         raise TypeError(
@@ -188,8 +187,8 @@ def _validate(
         expect = (LD, B, H) if time_major else (B, LD, H)
         _check_shape("input_c", input_c, expect, "layer axis and batch of input_h")
     else:
-        _check_ignored("input_c", input_c, rnn_mode)
-    check_int("num_proj", num_proj, minimum=0)  # before the state checks that use it
+        check_ignored_state("input_c", input_c, rnn_mode)
+    num_proj = check_int("num_proj", num_proj, minimum=0)  # before the state checks
     for name, state in (("input_h", input_h), ("input_c", input_c if rnn_mode == "lstm" else None)):
         if state is not None and state.shape[2] < 1:
             raise ValueError(f"{name}: expected a last dimension >= 1 (the state size), got "
@@ -415,8 +414,8 @@ def cudnn_rnn_backprop(
             _check_device(name, t, dev)
             _check_shape(name, t, tuple(input_c.shape), "input_c's shape")
     else:
-        _check_ignored("output_c", output_c, cfg.rnn_mode)
-        _check_ignored("output_c_backprop", output_c_backprop, cfg.rnn_mode)
+        check_ignored_state("output_c", output_c, cfg.rnn_mode)
+        check_ignored_state("output_c_backprop", output_c_backprop, cfg.rnn_mode)
     layout = reserve_mod.reserve_layout(cfg, call.info, dtype)
     reserve_space = reserve_mod.check(reserve_space, host_reserved, layout, dev)
     rec = _resolve_backend(backend, dev, dtype)

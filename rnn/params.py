@@ -188,6 +188,7 @@ def canonical_to_params(
                 )
     tensors = list(weights) + list(biases)
     ref = tensors[0]
+    _check_float("weights[0]", ref.dtype)
     named = [("weights", i) for i in range(len(weights))]
     named += [("biases", i) for i in range(len(biases))]
     for (arg, i), t in zip(named, tensors, strict=True):
@@ -235,6 +236,7 @@ def check_params_tensor(cfg: RNNConfig, params: object) -> None:
         raise TypeError(f"params: expected a tensor, got {type(params).__name__}")
     if params.dim() != 1:
         raise ValueError(f"params: expected a 1-D tensor, got shape {list(params.shape)}")
+    _check_float("params", params.dtype)
     expected = config_params_size(cfg)
     if params.numel() != expected:
         raise ValueError(
@@ -244,3 +246,13 @@ def check_params_tensor(cfg: RNNConfig, params: object) -> None:
             f"{'bidirectional' if cfg.bidirectional else 'unidirectional'}, "
             f"{'skip_input' if cfg.skip_input else 'linear_input'}), got {params.numel()}"
         )
+
+
+# The dtypes of the ops' tensors (CudnnRNNV3's T).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_float(name: str, dtype: torch.dtype) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype float16, bfloat16, float32 or float64, "
+                        f"got {dtype}")

@@ -3,6 +3,7 @@ the expected and the given value."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,6 +55,9 @@ FORWARD_CASES = {
                 r"input_h: expected dtype torch.float32.*got torch.float64"),
     "params_dtype": ({"params": torch.randn(4 * H * (I + H) + 8 * H, dtype=torch.float16)},
                      TypeError, r"params: expected dtype torch.float32.*got torch.float16"),
+    "params_int_dtype": ({"params": torch.ones(4 * H * (I + H) + 8 * H, dtype=torch.int64)},
+                         TypeError, r"params: expected dtype float16, bfloat16, float32 or "
+                         r"float64, got torch.int64"),
     "params_size": ({"params": torch.randn(10)}, ValueError,
                     r"params: expected 312 elements.*got 10"),
     "params_rank": ({"params": torch.randn(2, 156)}, ValueError,
@@ -67,6 +71,12 @@ FORWARD_CASES = {
     "dropout_high": ({"dropout": 1.0}, ValueError, r"dropout: expected a float in \[0, 1\), got 1"),
     "dropout_negative": ({"dropout": -0.1}, ValueError, r"dropout: .*got -0.1"),
     "dropout_type": ({"dropout": "0.1"}, TypeError, r"dropout: expected a float.*got str"),
+    "dropout_bool": ({"dropout": np.bool_(True)}, TypeError,
+                     r"dropout: expected a float.*got bool"),
+    "dropout_tensor": ({"dropout": torch.tensor(0.1)}, TypeError,
+                       r"dropout: expected a float.*got Tensor"),
+    "dropout_numpy_high": ({"dropout": np.float32(1.0)}, ValueError,
+                           r"dropout: expected a float in \[0, 1\), got 1"),
     "skip_input_size": ({"input_mode": "skip_input"}, ValueError,
                         r"input_mode: 'skip_input' needs input size == num_units \(6\), got .*5"),
     "proj_too_big": ({"num_proj": 7, "input_h": torch.randn(1, B, 7)}, ValueError,
@@ -88,6 +98,9 @@ FORWARD_CASES = {
     "is_training": ({"is_training": 1}, TypeError, r"is_training: expected a bool, got int"),
     "time_major": ({"time_major": "yes"}, TypeError, r"time_major: expected a bool, got str"),
     "seed_type": ({"seed": 1.5}, TypeError, r"seed: expected an int, got float"),
+    "seed_numpy_float": ({"seed": np.float64(1.0)}, TypeError,
+                         r"seed: expected an int, got float64"),
+    "seed_bool": ({"seed": True}, TypeError, r"seed: expected an int, got bool True"),
     "layer_axis_bidir": ({"direction": "bidirectional"}, ValueError,
                          r"input_h: expected a layer axis that is a positive multiple of 2"),
 }
@@ -258,6 +271,42 @@ def test_params_helper_errors():
         canonical_to_params(w, [b[0].double()] + b[1:], **kw)
     with pytest.raises(TypeError, match=r"weights\[2\]: expected dtype torch.float32"):
         canonical_to_params(w[:2] + [w[2].half()] + w[3:], b, **kw)
+    with pytest.raises(TypeError, match=r"weights\[0\]: expected dtype float16, bfloat16, "
+                       r"float32 or float64, got torch.int64"):
+        canonical_to_params([t.long() for t in w], [t.long() for t in b], **kw)
+    with pytest.raises(TypeError, match=r"params: expected dtype float16, bfloat16, float32 "
+                       r"or float64, got torch.int32"):
+        params_to_canonical(torch.zeros(42, dtype=torch.int32), **kw)
+
+
+# TensorFlow's attributes take NumPy scalars as well as Python numbers: the same call, the
+# same results (the op and its torch.library form), and the helpers' sizes likewise.
+@pytest.mark.parametrize("op", ["ops", "library"])
+def test_numpy_scalar_attributes_act_as_python_numbers(op):
+    from tritonrnn.rnn import library
+
+    call = cudnn_rnn if op == "ops" else library.cudnn_rnn
+    a = _good()
+    py = dict(dropout=0.25, seed=3, seed2=-4, num_proj=0, rnn_mode="lstm", backend="reference")
+    npy = dict(py, dropout=np.float32(0.25), seed=np.int64(3), seed2=np.int32(-4),
+               num_proj=np.int64(0))
+    want = call(a["input"], a["input_h"], a["input_c"], a["params"], **py)
+    got = call(a["input"], a["input_h"], a["input_c"], a["params"], **npy)
+    for x, y in zip(want, got, strict=True):
+        assert torch.equal(x, y)
+    kw = dict(rnn_mode="gru", num_layers=2, num_units=3, input_size=2)
+    assert params_size(**{k: np.int64(v) if isinstance(v, int) else v
+                          for k, v in kw.items()}) == params_size(**kw)
+
+
+def test_library_op_checks_the_ignored_cell_state():
+    from tritonrnn.rnn import library
+
+    a = _good("gru")
+    with pytest.raises(TypeError, match=r"input_c: expected None or a tensor \(ignored for "
+                                        r"rnn_mode='gru'\), got str"):
+        library.cudnn_rnn(a["input"], a["input_h"], "junk", a["params"], rnn_mode="gru",
+                          backend="reference")
 
 
 def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
