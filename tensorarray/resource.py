@@ -60,6 +60,21 @@ def new_flow(flow_in: torch.Tensor | None = None) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32)
 
 
+def _unversioned(slab: torch.Tensor) -> torch.Tensor:
+    """The slab for the array's own in-place writes, apart from autograd's version counter.
+
+    Reads, stack and range gathers hand out views of the slab (no copy). Were the array's
+    later writes to other rows (or zeros filled into soft rows) to bump the counter those
+    views share, autograd would refuse every earlier read's result ("a view ... and its base
+    ... has been modified inplace"): the loop ``h = f(ta.read(t)); ta = ta.write(t + 1, h)``
+    could not be differentiated. No row a view shows is ever rewritten (a write twice is an
+    error; a gradient array aggregates into a row before its one read, in backward), so no
+    value handed out changes. The counter still catches in-place changes the user makes to
+    the values: a view handed out, or the tensor a full unstack adopted as the slab.
+    """
+    return slab.data
+
+
 class ArrayResource:
     """Storage and state of one TensorArray (the resource a handle points to)."""
 
@@ -183,13 +198,16 @@ class ArrayResource:
         if self.device is None:
             self.device = value.device
 
-    def _check_element_shape(self, shape: torch.Size, op: str) -> None:
+    def _check_element_shape(self, shape: torch.Size, op: str, of: str = "") -> None:
+        """of: the whole value's shape where `shape` is its elements' (scatter, unstack)."""
         es = self.element_shape
         if es is None or shape == es or is_compatible(es, shape):
             return
+        what = f"element shape {fmt_shape(shape)} of value shape {of}" if of else (
+            f"value shape {fmt_shape(shape)}")
         raise TensorArrayShapeError(
-            f"{self._prefix(op)}value shape {fmt_shape(shape)} is incompatible with the "
-            f"array's element shape {fmt_shape(es)} ({self.shape_origin})"
+            f"{self._prefix(op)}{what} is incompatible with the array's element shape "
+            f"{fmt_shape(es)} ({self.shape_origin})"
         )
 
     def _infer_shape(self, shape: torch.Size) -> None:
@@ -360,7 +378,7 @@ class ArrayResource:
                     slab = self.slab
                     if slab is None:
                         slab = self._ensure_capacity(self.size)
-                    slab[i].copy_(value)
+                    _unversioned(slab)[i].copy_(value)
                     self.written[i] = 1
                     if hist:
                         self.hist[i] = 1
@@ -391,7 +409,7 @@ class ArrayResource:
         value = value.detach()
         has_data = self.written[i] and not self.soft[i]
         if self.slab_shape is not None:
-            row = self._ensure_capacity(i + 1)[i]
+            row = _unversioned(self._ensure_capacity(i + 1))[i]
             if has_data:
                 row.add_(value)
             else:
@@ -429,7 +447,7 @@ class ArrayResource:
                 f"and value shape {fmt_shape(value.shape)}"
             )
         elem = value.shape[1:]
-        self._check_element_shape(elem, op)
+        self._check_element_shape(elem, op, fmt_shape(value.shape))
         if n == 0:
             return
         lo, hi = min(indices), max(indices)
@@ -516,7 +534,7 @@ class ArrayResource:
                 # the slab is one contiguous block whose rows may be written in place.
                 self.slab = value.contiguous()
             else:
-                slab = self._ensure_capacity(end)
+                slab = _unversioned(self._ensure_capacity(end))
                 if not has_data and not duplicates:
                     if indices is None:
                         slab[lo:end].copy_(value)
@@ -657,10 +675,11 @@ class ArrayResource:
         elif self.cleared[i]:
             raise self._cleared_error(i, op)
         if self.slab_shape is not None:
-            value = self._ensure_capacity(self.size)[i]
+            slab = self._ensure_capacity(self.size)
             if self.soft[i]:
-                value.zero_()
+                _unversioned(slab)[i].zero_()
                 self.soft[i] = 0
+            value = slab[i]
         else:
             items = self.items
             if self.soft[i]:
@@ -826,7 +845,7 @@ class ArrayResource:
             rng = indices
         if self.slab_shape is not None:
             slab = self._ensure_capacity(self.size)
-            self._zero_rows(slab, fresh)
+            self._zero_rows(_unversioned(slab), fresh)
             if indices is None:
                 data = slab[lo:end]
             else:

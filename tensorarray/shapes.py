@@ -25,9 +25,8 @@ __all__ = [
 
 PartialShape = tuple[int | None, ...] | None
 
-_INT_DTYPES = frozenset(
-    {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32}
-)
+_INT_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64,
+                         torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
 
 def fmt_shape(shape: PartialShape | torch.Size) -> str:

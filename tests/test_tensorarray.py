@@ -199,6 +199,21 @@ def test_index_arguments_accept_tensors():
     assert TensorArray(torch.float32, torch.tensor(5)).size() == 5
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64,
+                                   torch.uint8, torch.uint16, torch.uint32, torch.uint64],
+                         ids=str)
+def test_index_tensors_of_every_integer_dtype(dtype):
+    x = rand((3, 2))
+    ta = TensorArray(torch.float32, 3, clear_after_read=False)
+    ta = ta.scatter(torch.tensor([2, 0], dtype=dtype), x[[2, 0]])
+    ta = ta.write(torch.tensor(1, dtype=dtype), x[1])
+    assert torch.equal(ta.gather(torch.tensor([0, 2, 1], dtype=dtype)), x[[0, 2, 1]])
+    assert torch.equal(ta.read(torch.tensor(1, dtype=dtype)), x[1])
+    with pytest.raises(TensorArrayTypeError, match=r"must have an integer dtype, got "
+                                                   r"torch.float32"):
+        ta.gather(torch.tensor([0.0]))
+
+
 def test_index_lists_may_hold_0d_integer_tensors():
     x = rand((3, 2))
     ta = TensorArray(torch.float32, 3).scatter([torch.tensor(2), 0, torch.tensor(1)], x)
@@ -623,8 +638,11 @@ def test_error_element_shape_incompatible_with_declared():
     ta = TensorArray(torch.float32, 3, element_shape=(2, 3))
     with raises(TensorArrayShapeError, ta, "(2, 4)", "(2, 3)", "declared"):
         ta.write(0, torch.ones(2, 4))
-    with raises(TensorArrayShapeError, ta, "(3,)", "(2, 3)"):
+    with raises(TensorArrayShapeError, ta, "element shape (3,) of value shape (2, 3)",
+                "array's element shape (2, 3)"):
         ta.scatter([0, 1], torch.ones(2, 3))
+    with raises(TensorArrayShapeError, ta, "element shape (4,) of value shape (3, 4)"):
+        ta.unstack(torch.ones(3, 4))
     partial = TensorArray(torch.float32, 1, element_shape=(None, 3))
     with raises(TensorArrayShapeError, partial, "(2, 4)", "(None, 3)"):
         partial.write(0, torch.ones(2, 4))

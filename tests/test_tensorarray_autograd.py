@@ -401,20 +401,26 @@ def rnn_reference(x, h0, w_ih, w_hh, b):
     return torch.stack(outs)
 
 
-def rnn_tensorarray(x, h0, w_ih, w_hh, b, storage):
+def rnn_tensorarray(x, h0, w_ih, w_hh, b, storage, feedback=False):
+    """feedback: each step reads the state back from the output array (row t - 1) before
+    writing row t, instead of carrying it in a Python variable."""
     T, B = x.shape[0], h0.shape[0]
     H = h0.shape[1]
     inputs = TensorArray(x.dtype, T, element_shape=x.shape[1:]).unstack(x)
+    kw = dict(clear_after_read=not feedback)  # stack() reads the rows again at the end
     if storage == "slab":
-        out = TensorArray(x.dtype, T, element_shape=(B, H))
+        out = TensorArray(x.dtype, T, element_shape=(B, H), **kw)
     elif storage == "list":
-        out = TensorArray(x.dtype, T)
+        out = TensorArray(x.dtype, T, **kw)
     elif storage == "dynamic":
-        out = TensorArray(x.dtype, 0, dynamic_size=True, element_shape=(B, H))
+        out = TensorArray(x.dtype, 0, dynamic_size=True, element_shape=(B, H), **kw)
     else:  # identical
-        out = TensorArray(x.dtype, T, identical_element_shapes=True, element_shape=(None, H))
+        out = TensorArray(x.dtype, T, identical_element_shapes=True, element_shape=(None, H),
+                          **kw)
     h = h0
     for t in range(T):  # per-step writes in a Python loop
+        if feedback and t:
+            h = out.read(t - 1)
         h = torch.tanh(inputs.read(t) @ w_ih.T + h @ w_hh.T + b)
         out = out.write(t, h)
     return out.stack()
@@ -446,6 +452,72 @@ def test_rnn_loop_matches_plain_torch(T, B, I, H, dtype, storage, device):
     expect = grads((y_ref * gy).sum(), refs)
     for name, g, e in zip(["x", "h0", "w_ih", "w_hh", "b"], got, expect, strict=True):
         torch.testing.assert_close(g, e, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+# The recurrence through one array: each step reads back the state the step before wrote
+# (row t - 1) and then writes row t. Slab storage hands out views of its rows; the writes
+# that follow a read must not invalidate them for autograd (they did: "Output 0 of ReadFn is
+# a view and its base ... has been modified inplace").
+@pytest.mark.parametrize("storage", ["slab", "list", "dynamic", "identical"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_rnn_loop_reading_back_its_states_matches_plain_torch(dtype, storage):
+    torch.manual_seed(7)
+    T, B, I, H = 6, 2, 3, 5
+    params = [leaf((T, B, I), dtype), leaf((B, H), dtype), leaf((H, I), dtype),
+              leaf((H, H), dtype), leaf((H,), dtype)]
+    refs = [p.detach().clone().requires_grad_() for p in params]
+    y = rnn_tensorarray(*params, storage, feedback=True)
+    y_ref = rnn_reference(*refs)
+    torch.testing.assert_close(y, y_ref, **TOL[dtype])
+    gy = torch.randn(y_ref.shape, dtype=dtype)
+    got = grads((y * gy).sum(), params)
+    expect = grads((y_ref * gy).sum(), refs)
+    for name, g, e in zip(["x", "h0", "w_ih", "w_hh", "b"], got, expect, strict=True):
+        torch.testing.assert_close(g, e, **TOL[dtype], msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+# A value handed out (a read, a range gather or stack: views of a slab's rows; an
+# index_select gather; an unwritten row read as zeros), then another row written: the value
+# stays the same and differentiable.
+@pytest.mark.parametrize("storage, op", [
+    *[(s, op) for s in STORAGES for op in ("read", "gather", "gather_reversed", "stack")],
+    ("slab", "read_unwritten"),
+])
+def test_values_handed_out_survive_later_writes(storage, op):
+    torch.manual_seed(3)
+    x = leaf((2,), torch.float64)
+    dynamic = op == "stack"
+    ta = array(torch.float64, 0 if dynamic else 4, storage, (2,), dynamic_size=dynamic,
+               clear_after_read=False)
+    ta = ta.write(0, x * 2).write(1, x * 3)
+    value, expect = {
+        "read": lambda: (ta.read(0), x * 2),
+        "gather": lambda: (ta.gather([0, 1]), torch.stack([x * 2, x * 3])),
+        "gather_reversed": lambda: (ta.gather([1, 0]), torch.stack([x * 3, x * 2])),
+        "stack": lambda: (ta.stack(), torch.stack([x * 2, x * 3])),
+        "read_unwritten": lambda: (ta.read(3) + ta.read(0), x * 2),
+    }[op]()
+    before = value.detach().clone()
+    ta = ta.write(2, x * 4)
+    torch.testing.assert_close(value, before, rtol=0, atol=0)
+    torch.testing.assert_close(value, expect, rtol=0, atol=0)
+    w = torch.randn(value.shape, dtype=torch.float64)
+    (got,) = grads((value * w).sum() + ta.read(2).sum(), [x])
+    (want,) = grads((expect * w).sum() + (x * 4).sum(), [x])
+    torch.testing.assert_close(got, want, **TOL[torch.float64])  # (summed in another order)
+
+
+# The array's own writes leave the version counter alone, not the user's: a value read from
+# the tensor a full unstack adopted as its slab, that tensor then changed in place by the user,
+# is refused by autograd as before.
+def test_in_place_change_of_an_unstacked_value_is_still_caught():
+    x = leaf((3, 2))
+    v = x * 1
+    ta = TensorArray(torch.float32, 3, element_shape=(2,)).unstack(v)
+    r = ta.read(0)
+    v.add_(1)
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        r.sum().backward()
 
 
 def test_rnn_loop_with_zero_steps():
