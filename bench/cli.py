@@ -20,8 +20,10 @@ line on stderr, never a traceback).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -232,7 +234,9 @@ def resolve_shapes(args, default_preset: str) -> tuple[str, list[BenchShape]]:
         shapes = [replace(s, **overrides).validated() for s in base]
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return preset or "custom", shapes
+    # Overrides can make a preset's shapes equal (--hidden on the grid sweep): each runs once,
+    # in the preset's order.
+    return preset or "custom", list(dict.fromkeys(shapes))
 
 
 def _effective_backend(backend: str, device) -> str:
@@ -254,6 +258,25 @@ _BACKEND_WORDS = {
 def _cpu_work(s: BenchShape) -> int:
     gates = {"lstm": 4, "gru": 3}.get(s.mode, 1)
     return s.time * s.batch * gates * s.hidden * (s.input + s.hidden) * s.layers * s.num_dirs
+
+
+def _check_output(path: Path, option: str, *, file: bool = False) -> None:
+    """Checks, before anything runs, that an output can be written: creates the directory
+    (`path`, or its parent for a file) and a scratch file in it. An output path that cannot be
+    written is a bad option (UsageError naming `option`), not a traceback after the first
+    shape has run."""
+    directory = path.parent if file else path
+    try:
+        if file and path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+        if file and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as e:
+        what = "a writable file path" if file else "a writable directory"
+        raise UsageError(f"{option}: expected {what}, got '{path}' ({e.strerror or e})") from None
 
 
 CPU_WORK_BUDGET = 50_000_000  # multiply-adds per step set: ~a minute in the interpreter
@@ -290,6 +313,7 @@ def cmd_bench(args, argv) -> int:
         if big:
             raise UsageError(f"shape '{big[0]}' is too large for the CPU interpreter (no GPU "
                              "found); use smaller sizes, --preset smoke, or --allow-slow")
+    _check_output(args.out, "--out")
     passes = ("fwd", "bwd", "fwdbwd") if args.passes == "all" else (args.passes,)
     impls = tuple(args.impl) if args.impl else IMPLS
     impls = tuple(i for i in IMPLS if i in impls)  # fixed order: tritonrnn first
@@ -340,7 +364,7 @@ def _tune_before_bench(shapes, device, timing, args) -> None:
     try:
         summaries = tune_shapes(shapes, device, timing, progress=not args.no_progress,
                                 seed=args.seed)
-    except (ImportError, ValueError, RuntimeError) as e:
+    except (ImportError, ValueError, RuntimeError, OSError) as e:  # e.g. an unwritable cache
         print(f"  tuning skipped: {type(e).__name__}: {e}".splitlines()[0])
         return
     for s in summaries:
@@ -386,7 +410,10 @@ def cmd_tune(args) -> int:
                          "timings say nothing about GPU speed); --allow-cpu exercises the "
                          "tuner in the interpreter anyway")
     preset, shapes = resolve_shapes(args, "smoke" if device.type == "cpu" else "anchor")
-    summaries = tune_shapes(shapes, device, _timing(args), force=args.force,
+    timing = _timing(args)
+    # The tuner records every measurement there as it goes (tune._write_partial).
+    _check_output(tuning_cache_path().parent, "TRITONRNN_CACHE_DIR (the tuning cache)")
+    summaries = tune_shapes(shapes, device, timing, force=args.force,
                             progress=not args.no_progress, seed=args.seed,
                             limit=args.max_candidates)
     print(format_tune(summaries, tuning_cache_path()))
@@ -482,6 +509,10 @@ def cmd_aot(args) -> int:
     if any(s.dtype == torch.float64 for s in aot_shapes):
         raise UsageError("--dtype fp64: the planner runs float64 on the reference family; "
                          "there is no Triton kernel to compile")
+    if args.json is not None:
+        _check_output(args.json, "--json", file=True)
+    if args.dump is not None:
+        _check_output(args.dump, "--dump")
     reports = []
     try:
         if args.jobs > 1:
@@ -538,7 +569,7 @@ def cmd_barrier(args) -> int:
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
     path = None
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
+        _check_output(args.out, "--out")
         path = args.out / f"barrier-{device.replace(' ', '-')}-{_dt.date.today().isoformat()}.json"
     done: list[dict] = []
 
@@ -592,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tritonrnn: error: a required module is missing: {e}".splitlines()[0],
               file=sys.stderr)
         return 1
+    except OSError as e:  # an output that failed after the up-front checks (a full disk)
+        print(f"tritonrnn: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("tritonrnn: interrupted", file=sys.stderr)
         return 130

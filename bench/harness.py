@@ -339,7 +339,9 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
             dtypes: list, preset: str, argv: list[str] | None) -> dict:
     failures = []
     for r in results:
-        tr = r["implementations"].get("tritonrnn", {})
+        if "tritonrnn" not in r["implementations"]:
+            continue  # not selected (--impl): only the baselines ran, nothing of ours failed
+        tr = r["implementations"]["tritonrnn"]
         if tr.get("status") != "ok":
             failures.append(f"{r['label']}: tritonrnn {tr.get('status')}: {tr.get('reason')}")
         elif tr["correctness"] and not tr["correctness"]["ok"]:

@@ -79,7 +79,7 @@ def make_lengths(dist: str, batch: int, max_time: int, seed: int = 0) -> list[in
 
 @dataclass(frozen=True)
 class BenchShape:
-    """One benchmark configuration (input_size defaults to hidden when 0)."""
+    """One benchmark configuration (input_size None: the same as hidden)."""
 
     mode: str = "lstm"
     hidden: int = 768
@@ -90,11 +90,11 @@ class BenchShape:
     proj: int = 0
     dtype: str = "bfloat16"
     varlen: str = "none"
-    input_size: int = 0
+    input_size: int | None = None
 
     @property
     def input(self) -> int:
-        return self.input_size or self.hidden
+        return self.hidden if self.input_size is None else self.input_size
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -143,7 +143,7 @@ class BenchShape:
                             ("--time", self.time), ("--layers", self.layers)):
             if value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value}")
-        if self.input_size < 0:
+        if self.input_size is not None and self.input_size < 1:
             raise ValueError(f"--input-size: expected an int >= 1, got {self.input_size}")
         if self.proj < 0:
             raise ValueError(f"--proj: expected an int >= 0, got {self.proj}")

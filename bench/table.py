@@ -1,12 +1,15 @@
 """Markdown table of committed benchmark JSON files (for the README's results section).
 
     python -m tritonrnn.bench.table bench/results/*.json
+
+Exit codes: 0 success, 2 a file that cannot be read or is not JSON (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _ms(run: dict) -> str:
@@ -18,9 +21,22 @@ def _x(speedup: float | None) -> str:
     return "-" if speedup is None else f"{speedup:.2f}x"
 
 
+def _families(result: dict) -> str:
+    """The family column: the plan's families, "plan error" where the planner refused the
+    shape (the report's plan is {"error": ...}), - where the report has no plan."""
+    plan = result.get("plan") or {}
+    if "families" in plan:
+        return ",".join(plan["families"])
+    return "plan error" if "error" in plan else "-"
+
+
 def rows(path: str) -> list[str]:
-    with open(path) as f:
-        report = json.load(f)
+    """The table rows of one `tritonrnn bench` report file (ValueError: unreadable, not JSON)."""
+    return report_rows(load(path))
+
+
+def report_rows(report: dict) -> list[str]:
+    """The table rows of a loaded `tritonrnn bench` report: one per tritonrnn run."""
     device = report["environment"]["device"]
     out = []
     for r in report["results"]:
@@ -30,7 +46,7 @@ def rows(path: str) -> list[str]:
                 continue
             base = runs.get(("torch", pas), {})
             graph = runs.get(("torch-graph", pas), {})
-            fam = ",".join(r["plan"]["families"]) if r.get("plan") else "-"
+            fam = _families(r)
             ratio = (r.get("reserve_ratio") or {}).get("torch")
             if run["status"] != "ok":
                 out.append(f"| {device} | {r['label']} | {pas} | {fam} | failed | "
@@ -45,29 +61,46 @@ def rows(path: str) -> list[str]:
     return out
 
 
-def _is_bench_report(path: str) -> bool:
+def load(path: str) -> object:
+    """A JSON file's contents; ValueError naming the file when it cannot be read or parsed."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: expected a readable JSON file ({e.strerror or e})") from None
+    except ValueError as e:  # json.JSONDecodeError, or bytes that are not UTF-8
+        raise ValueError(f"{path}: expected a JSON file, got invalid JSON ({e})") from None
+
+
+def _is_bench_report(report: object) -> bool:
     """`tritonrnn bench` reports only (barrier and ablation JSON files have other schemas)."""
-    with open(path) as f:
-        report = json.load(f)
     return isinstance(report, dict) and report.get("schema") == "tritonrnn.bench/1"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Prints the table; returns the exit code (2 with one line on stderr for a bad file,
+    checked for every file before the table starts)."""
     ap = argparse.ArgumentParser(
         prog="python -m tritonrnn.bench.table",
         description="Markdown table of `tritonrnn bench` JSON reports (other JSON files are "
                     "skipped).")
     ap.add_argument("paths", nargs="+", metavar="JSON")
     args = ap.parse_args(argv)
+    try:
+        reports = [load(p) for p in args.paths]
+    except ValueError as e:
+        print(f"{ap.prog}: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
     print("| device | shape | pass | family | tritonrnn ms | cuDNN ms | speedup "
           "| cuDNN-graph ms | speedup vs graph | reserve / cuDNN |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for p in args.paths:
-        if not _is_bench_report(p):
+    for report in reports:
+        if not _is_bench_report(report):
             continue
-        for line in rows(p):
+        for line in report_rows(report):
             print(line)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -74,6 +74,24 @@ def _write_partial(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _measurements(record: object) -> dict:
+    """A partial-file record ({choice id: measurement}) with what it holds that tune_key can
+    use: a measurement is {"ms": float | None} with an optional "screened_ms" (a number) or
+    "error" (a string). Anything else (an edited or damaged file) is dropped, so that choice
+    is measured again rather than ending the run."""
+    if not isinstance(record, dict):
+        return {}
+
+    def number(v: object) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    return {cid: m for cid, m in record.items()
+            if isinstance(cid, str) and isinstance(m, dict) and "ms" in m
+            and (m["ms"] is None or number(m["ms"]))
+            and ("screened_ms" not in m or number(m["screened_ms"]))
+            and ("error" not in m or isinstance(m["error"], str))}
+
+
 def choice_id(choice: dict) -> str:
     return json.dumps(choice, sort_keys=True)
 
@@ -128,7 +146,7 @@ def tune_key(
     path = partial_path()
     partial = _read_partial(path)
     pkey = _partial_key(key)
-    done: dict = dict(partial.get(pkey, {})) if not force else {}
+    done: dict = _measurements(partial.get(pkey)) if not force else {}
     for i, choice in enumerate(choices):
         cid = choice_id(choice)
         if cid in done:

@@ -35,6 +35,7 @@ import itertools
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from .config import GATES, make_config
+from .config import GATES, check_int, make_config
 
 if TYPE_CHECKING:  # rnn/pipeline.py imports this module
     from .pipeline import Decision
@@ -119,6 +120,33 @@ _current_device_properties = device_properties  # plan_for's keyword shadows the
 _constraints: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonrnn_plan", default=())
 
 
+def _constraint_problem(key: str, value: object) -> str | None:
+    """What is wrong with one planner choice (a `plan_constraints` keyword or a tuning-cache
+    entry's field, key in _CONSTRAINT_KEYS + _STACK_KEYS), as "KEY expected X, got Y"; None
+    when it is valid. Checks the value alone; whether it applies to a shape is `_apply`'s."""
+    if key == "family":
+        return None if value in FAMILIES else (
+            f"family expected one of {list(FAMILIES)}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        what = ("0 (resident weights) or a power of two >= 16 (streamed in chunks of block_k)"
+                if key == "block_k" else "a positive int")
+        return f"{key} expected {what}, got {value!r}"
+    if key == "block_k":
+        if value != 0 and (value < 16 or value & (value - 1)):
+            return (f"block_k expected 0 (resident weights) or a power of two >= 16 (streamed "
+                    f"in chunks of block_k), got {value!r}")
+        return None
+    if value < 1:
+        return f"{key} expected a positive int, got {value!r}"
+    if key == "block_b" and (value & (value - 1) or 4 < value < 16):
+        return f"block_b expected 1, 2, 4 (vector tiles) or a power of two >= 16, got {value}"
+    if key == "block_h" and (value < 8 or value & (value - 1)):
+        return f"block_h expected a power of two >= 8, got {value}"
+    if key in ("num_warps", "num_warps_bwd") and (value > 32 or value & (value - 1)):
+        return f"{key} expected a power of two <= 32, got {value}"
+    return None
+
+
 @contextlib.contextmanager
 def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
@@ -128,34 +156,18 @@ def plan_constraints(**overrides):
     block_k (0: the weight slice resident on chip; a power of two: streamed in chunks of
     block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it
     should differ), pipeline_chunks. A forced choice that cannot apply to a shape raises
-    ValueError when that shape is planned."""
+    ValueError when that shape is planned: the tiles of a family that has none (block_h or a
+    streamed block_k on the persistent CTA, any tile or warps on the reference family), or a
+    plan that does not fit the device (shared memory, co-resident programs)."""
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
             raise ValueError(
                 f"plan_constraints: expected keys {list(_CONSTRAINT_KEYS + _STACK_KEYS)}, "
                 f"got {k!r}"
             )
-        if k == "family" and v not in FAMILIES:
-            raise ValueError(
-                f"plan_constraints: family expected one of {list(FAMILIES)}, got {v!r}"
-            )
-        if k == "block_k":
-            ok = isinstance(v, int) and not isinstance(v, bool)
-            if not ok or (v != 0 and (v < 16 or v & (v - 1))):
-                raise ValueError(
-                    f"plan_constraints: block_k expected 0 (resident weights) or a power of "
-                    f"two >= 16 (streamed in chunks of block_k), got {v!r}"
-                )
-            continue
-        if k != "family" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise ValueError(f"plan_constraints: {k} expected a positive int, got {v!r}")
-        if k == "block_b" and (v & (v - 1) or 4 < v < 16):
-            raise ValueError(f"plan_constraints: block_b expected 1, 2, 4 (vector tiles) or a "
-                             f"power of two >= 16, got {v}")
-        if k == "block_h" and (v < 8 or v & (v - 1)):
-            raise ValueError(f"plan_constraints: block_h expected a power of two >= 8, got {v}")
-        if k in ("num_warps", "num_warps_bwd") and (v > 32 or v & (v - 1)):
-            raise ValueError(f"plan_constraints: {k} expected a power of two <= 32, got {v}")
+        problem = _constraint_problem(k, v)
+        if problem:
+            raise ValueError(f"plan_constraints: {problem}")
     token = _constraints.set(tuple(sorted({**dict(_constraints.get()), **overrides}.items())))
     try:
         yield
@@ -219,9 +231,36 @@ def tuning_entry(key: str) -> dict | None:
     A timing belongs to the compiler that built the kernels (another release compiles the
     same choice to other code: Triton 3.4's persistent-CTA backward takes 23 to 35% more
     shared memory than 3.6's at LSTM H=128 / 64 bf16), so the planner ignores an entry from
-    another release (or one that names none) and `tritonrnn tune` times its key again."""
+    another release (or one that names none) and `tritonrnn tune` times its key again.
+    An entry that is not a valid choice (not a dict, a field `plan_constraints` would refuse,
+    such as block_b "16" or num_warps 3, or a malformed measured / candidates pair: an edited
+    or damaged file) is ignored as well, with a warning naming the key and the problem."""
     entry = load_tuning_cache().get(key)
-    return entry if entry and entry.get("triton") == triton.__version__ else None
+    if entry is None or (isinstance(entry, dict)
+                         and entry.get("triton") != triton.__version__):
+        return None  # none, or another release's timing (or one that names none)
+    problem = _entry_problem(entry)
+    if problem is not None:
+        warnings.warn(f"tritonrnn: tuning cache entry {key!r}: {problem} (ignored: the "
+                      f"planner's heuristic runs; cache {tuning_cache_path()})", RuntimeWarning,
+                      stacklevel=2)
+        return None
+    return entry
+
+
+def _entry_problem(entry: object) -> str | None:
+    """What makes a tuning-cache entry unusable, or None (`tuning_entry`)."""
+    if not isinstance(entry, dict):
+        return f"expected a dict of choices, got {type(entry).__name__}"
+    for k in _CONSTRAINT_KEYS:
+        if k in entry and (problem := _constraint_problem(k, entry[k])):
+            return problem
+    counts = {k: entry[k] for k in ("measured", "candidates") if k in entry}
+    if counts and (len(counts) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values())):
+        return (f"measured and candidates expected two ints >= 0, got measured="
+                f"{entry.get('measured')!r}, candidates={entry.get('candidates')!r}")
+    return None
 
 
 def tuning_complete(entry: dict) -> bool:
@@ -291,12 +330,14 @@ def _bucket(n: int) -> int:
 _CTA_WARPS = 8
 
 
-def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps) -> LayerPlan:
+def _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps, num_dirs=1) -> LayerPlan:
+    """A persistent-CTA plan: one program per batch tile and direction (a pair launch,
+    num_dirs = 2, runs both directions' programs, `kernels.persistent_cta.cta_forward_pair`)."""
     from tritonrnn.kernels.persistent_cta import cta_onchip_bytes
 
     return LayerPlan(
-        "persistent_cta", block_b, 0, num_warps, -(-batch // block_b),
-        cta_onchip_bytes(cell, H, Hout, P, dtype, block_b),
+        "persistent_cta", block_b, 0, num_warps, -(-batch // block_b) * num_dirs,
+        cta_onchip_bytes(cell, H, Hout, P, dtype, block_b), num_dirs=num_dirs,
     )
 
 
@@ -583,8 +624,7 @@ def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> Laye
     if dtype == torch.float64:
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):
-        return replace(_cta(cell, H, Hout, P, dtype, 16, batch_bucket, _CTA_WARPS),
-                       num_dirs=num_dirs)
+        return _cta(cell, H, Hout, P, dtype, 16, batch_bucket, _CTA_WARPS, num_dirs)
     return _split_heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs)
 
 
@@ -668,34 +708,41 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
 
 
 def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
-           strict: bool, num_dirs: int = 1) -> LayerPlan:
-    """The heuristic choice with `choice` (constraints or a tuning entry) applied."""
+           num_dirs: int = 1, where: str = "plan_constraints") -> LayerPlan:
+    """The heuristic choice with `choice` (constraints or a tuning entry) applied. Raises
+    ValueError, its message starting with `where`, when the choice cannot apply to the shape
+    on the device: a tile or warps the family has no use for, or a plan that does not fit
+    (shared memory, co-resident programs; not checked on the interpreter preset)."""
     family = choice.get("family", base.family)
-    if family == "reference":
-        return LayerPlan("reference")
-    if dtype == torch.float64:
-        if strict:
+    # A family the choice did not name is the heuristic's: say so where it is refused.
+    how = "" if "family" in choice else " (the heuristic's family for this shape)"
+    if family == "reference" or dtype == torch.float64:
+        if family != "reference":
             raise ValueError(
-                f"plan_constraints: family {family!r} cannot run float64 (Triton kernels run "
+                f"{where}: family {family!r} cannot run float64 (Triton kernels run "
                 f"fp32/fp16/bf16); use family='reference'"
             )
-        return base
-    block_b = choice.get("block_b", base.block_b if base.family != "reference" else 16)
+        tiles = [k for k in _CONSTRAINT_KEYS if k != "family" and k in choice]
+        if tiles:
+            raise ValueError(
+                f"{where}: {tiles[0]} = {choice[tiles[0]]} cannot apply to family "
+                f"'reference'{how}: the pure-PyTorch recurrence has no tiles or warps"
+            )
+        return LayerPlan("reference")
+    block_b = choice.get("block_b", base.block_b)
     from tritonrnn.kernels.persistent_grid import vector_tiles
 
-    vector = vector_tiles(base.block_b) and base.family != "reference"
+    vector = vector_tiles(base.block_b)
     if "block_b" not in choice and vector and (
         family == "persistent_cta" or choice.get("block_k", 0)
     ):
         block_b = 16  # a vector-tile heuristic forced elsewhere: back to MMA tiles
     if vector_tiles(block_b) and (family == "persistent_cta" or choice.get("block_k", 0)):
-        if strict:
-            raise ValueError(
-                f"plan_constraints: block_b = {block_b} (vector tiles) needs resident weights "
-                f"(block_k = 0) and family 'persistent_grid' or 'stepwise', got family "
-                f"{family!r}, block_k = {choice.get('block_k', 0)}"
-            )
-        return base
+        raise ValueError(
+            f"{where}: block_b = {block_b} (vector tiles) needs resident weights "
+            f"(block_k = 0) and family 'persistent_grid' or 'stepwise', got family "
+            f"{family!r}, block_k = {choice.get('block_k', 0)}"
+        )
     num_warps = choice.get("num_warps", base.num_warps)
     # Forced warps apply to both passes unless the backward's are given too.
     bwd = choice.get("num_warps_bwd", num_warps if "num_warps" in choice
@@ -703,34 +750,37 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
+        tiles = [k for k in ("block_h", "block_k") if choice.get(k)]  # block_k = 0: resident
+        if tiles:
+            raise ValueError(
+                f"{where}: {tiles[0]} = {choice[tiles[0]]} cannot apply to family "
+                f"'persistent_cta'{how}: its one program per batch tile holds all of R on "
+                f"chip, with no hidden slices (block_h) and no streamed weights (block_k); "
+                f"force family 'persistent_grid' or 'stepwise' with it"
+            )
         # Forced on another family's plan: the CTA's own warps, not that family's tile rule.
         if "num_warps" not in choice and base.family != "persistent_cta":
             num_warps = _CTA_WARPS
         # One program per batch tile: its backward keeps the forward's warps unless asked.
-        plan = replace(_cta(cell, H, Hout, P, dtype, block_b, batch, num_warps),
-                       num_dirs=num_dirs).with_backward_warps(
-                           choice.get("num_warps_bwd", num_warps))
+        plan = _cta(cell, H, Hout, P, dtype, block_b, batch, num_warps,
+                    num_dirs).with_backward_warps(choice.get("num_warps_bwd", num_warps))
         smem = cta_onchip_parts(cell, H, Hout, P, dtype, block_b).smem
         if not props.interpreter and smem > props.smem_per_program:
-            if strict:
-                raise ValueError(
-                    f"plan_constraints: family 'persistent_cta' needs {smem} bytes of shared "
-                    f"memory for H={H}, Hout={Hout}, {dtype}; {props.name} allows "
-                    f"{props.smem_per_program} per program"
-                )
-            return base
+            raise ValueError(
+                f"{where}: family 'persistent_cta' needs {smem} bytes of shared "
+                f"memory for H={H}, Hout={Hout}, {dtype}; {props.name} allows "
+                f"{props.smem_per_program} per program"
+            )
         return plan
     block_h = choice.get("block_h", base.block_h or _grid_block_h(
         cell, H, Hout, P, dtype, block_b, batch, props))
     if "block_h" not in choice and not vector_tiles(block_b) and block_h < 16:
         block_h = _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props)
     if not vector_tiles(block_b) and block_h < 16:
-        if strict:
-            raise ValueError(
-                f"plan_constraints: block_h = {block_h} needs vector tiles (block_b 1, 2 or "
-                f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
-            )
-        return base
+        raise ValueError(
+            f"{where}: block_h = {block_h} needs vector tiles (block_b 1, 2 or "
+            f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
+        )
     block_k = choice.get("block_k", base.block_k)
     if "num_warps" not in choice and vector and not vector_tiles(block_b):
         # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
@@ -743,23 +793,19 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
                      block_k, 1, _smem_budget(props))
     if family == "persistent_grid" and plan.num_programs > props.sm_count:
-        if strict:
-            raise ValueError(
-                f"plan_constraints: family 'persistent_grid' needs {plan.num_programs} "
-                f"co-resident programs for H={H}, block_h={block_h}, B={batch}; "
-                f"{props.name} has {props.sm_count} SMs"
-            )
-        return base
-    if family == "persistent_grid" and not props.interpreter and (
-        plan.onchip_bytes > _smem_budget(props)
-    ):
-        if strict:
-            raise ValueError(
-                f"plan_constraints: family 'persistent_grid' needs {plan.onchip_bytes} bytes on "
-                f"chip per program for H={H}, block_h={block_h}, {dtype}; {props.name} allows "
-                f"{_smem_budget(props)}"
-            )
-        return base
+        raise ValueError(
+            f"{where}: family 'persistent_grid' needs {plan.num_programs} "
+            f"co-resident programs for H={H}, block_h={block_h}, B={batch}; "
+            f"{props.name} has {props.sm_count} SMs"
+        )
+    # Both grid families stage their weight slice (or a streamed chunk's tiles) in shared
+    # memory: a stepwise program over the budget fails at launch as a grid program would.
+    if not props.interpreter and plan.onchip_bytes > _smem_budget(props):
+        raise ValueError(
+            f"{where}: family {family!r} needs {plan.onchip_bytes} bytes on chip per "
+            f"program for H={H}, block_h={block_h}, block_b={block_b}, block_k={block_k}, "
+            f"{dtype}; {props.name} allows {_smem_budget(props)}"
+        )
     return plan.with_backward_warps(bwd)
 
 
@@ -769,7 +815,8 @@ def recurrence_choice(
 ) -> tuple[LayerPlan, str]:
     """(LayerPlan, source) for one recurrence; source is heuristic, tuned (with ", partial:
     best of M of N candidates" for an entry `tritonrnn tune --max-candidates` left to carry
-    on) or constrained.
+    on) or constrained. Forced choices that cannot apply raise ValueError (`_apply`); a
+    tuning entry that cannot is ignored with a warning, and the source is then heuristic.
 
     num_dirs = 2 plans a bidirectional layer whose directions share each launch: the grid
     counts both directions' programs (LayerPlan.num_dirs says whether the pair fits together;
@@ -778,14 +825,20 @@ def recurrence_choice(
     key = recurrence_key(cell, H, P, dtype, batch, props, num_dirs)
     base = _heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs)
     forced = {k: v for k, v in _constraints.get() if k in _CONSTRAINT_KEYS}
-    args = (cell, H, Hout, P, dtype, bucket, props)
+    args = (cell, H, Hout, P, dtype, bucket, props, num_dirs)
     if forced:
-        return _apply(base, forced, *args, True, num_dirs), "constrained"
+        return _apply(base, forced, *args), "constrained"
     entry = tuning_entry(key)
     if entry:
+        try:
+            lp = _apply(base, entry, *args, where=f"tuning cache entry {key!r}")
+        except ValueError as e:  # e.g. a CTA entry whose weights no longer fit the estimate
+            warnings.warn(f"tritonrnn: {e} (ignored: the planner's heuristic runs)",
+                          RuntimeWarning, stacklevel=2)
+            return base, "heuristic"
         source = "tuned" if tuning_complete(entry) else (
             f"tuned, partial: best of {entry['measured']} of {entry['candidates']} candidates")
-        return _apply(base, entry, *args, False, num_dirs), source
+        return lp, source
     return base, "heuristic"
 
 
@@ -867,6 +920,11 @@ class Plan:
         return self.reserve_bytes + max(fwd, bwd)
 
     def layer(self, layer: int, direction: int = 0) -> LayerPlan:
+        """The recurrence of `layer` (0 .. num_layers - 1) in `direction` (0: forward; 1: the
+        reverse direction of a bidirectional plan). Python or NumPy ints; ValueError naming
+        the argument when out of range."""
+        layer = check_int("layer", layer, minimum=0, maximum=self.num_layers - 1)
+        direction = check_int("direction", direction, minimum=0, maximum=self.num_dirs - 1)
         return self.layers[layer * self.num_dirs + direction]
 
     def explain(self) -> str:
@@ -1026,7 +1084,8 @@ def plan_for(
     """Plans one RNN stack for a batch/time size on a device (a preset name, properties, or
     None for the current device). Cached by key; T and B enter only as power-of-two buckets
     for the kernel choice (buffer sizes use the exact values). `dropout` (between layers, as
-    cudnn_rnn's) changes only the buffers: the pipelined run's dropout scratch."""
+    cudnn_rnn's) changes only the buffers: the pipelined run's dropout scratch. batch and
+    max_time: Python or NumPy ints >= 1 (TypeError for another type, ValueError below 1)."""
     props = device_properties
     if props is None:
         props = _current_device_properties()
@@ -1037,11 +1096,17 @@ def plan_for(
                 f"got {props!r}"
             )
         props = PRESETS[props]
+    elif not isinstance(props, DeviceProperties):
+        raise TypeError(
+            f"device_properties: expected a DeviceProperties, a preset name (one of "
+            f"{sorted(PRESETS)}) or None (the current device), got {type(props).__name__} "
+            f"{props!r}"
+        )
     if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64, got {dtype}")
-    for name, v in (("batch", batch), ("max_time", max_time)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    # Python or NumPy ints (as make_config takes its sizes), as Python ints from here on.
+    batch = check_int("batch", batch, minimum=1)
+    max_time = check_int("max_time", max_time, minimum=1)
     cfg = make_config(
         rnn_mode=rnn_mode, num_layers=num_layers, num_units=num_units, input_size=input_size,
         direction=direction, num_proj=num_proj, dropout=dropout,
@@ -1097,7 +1162,9 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
 
 
 def candidates(plan: Plan) -> list[dict]:
-    """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`)."""
+    """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`):
+    those the planner accepts forced (`_apply`: within its shared memory and, for the
+    persistent grid, co-resident; every choice on the interpreter preset)."""
     from tritonrnn.kernels.persistent_grid import vector_tiles
 
     if plan.dtype == "float64":

@@ -670,3 +670,84 @@ def test_barrier_rows_format_with_and_without_the_backward_step():
     assert lines[1].split()[-3:] == ["5.00", "1.00", "5.00"]
     assert lines[2].split()[-5:] == ["5.00", "1.00", "5.00", "7.50", "7.50"]
     assert lines[3].endswith(f"({cta['note']})")
+
+
+# ----------------------------------------------------------------------------- audit fixes
+
+
+_GOOD = tune.choice_id({"family": "stepwise", "block_h": 16})
+_OTHER = tune.choice_id({"family": "persistent_cta"})
+
+
+@pytest.mark.parametrize("record", [
+    {"a": 1}, [1, 2], "str", {_GOOD: {"ms": "fast"}}, {_GOOD: {"ms": True}},
+    {_GOOD: {"ms": None, "screened_ms": "x"}}, {_GOOD: {"ms": None, "error": 3}},
+    {_GOOD: {"screened_ms": 1.0}},
+], ids=["int-measurement", "list", "str", "ms-str", "ms-bool", "screened-str", "error-int",
+        "no-ms"])
+def test_tune_key_measures_again_what_a_damaged_partial_record_holds(tmp_path, monkeypatch,
+                                                                     record):
+    # The partial file's record for a key, edited or damaged: what is not a measurement is
+    # dropped (the choice is measured again), and what is one is kept.
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    key = "k3"
+    partial = {tune._partial_key(key): record}
+    if isinstance(record, dict):
+        record[_OTHER] = {"ms": 5.0}  # a valid measurement beside it: resumed, not rerun
+    tune.partial_path().write_text(json.dumps(partial))
+    calls = []
+
+    def measure(choice, _bound):
+        calls.append(choice["family"])
+        return 2.0
+
+    choices = [json.loads(_GOOD), json.loads(_OTHER)]
+    summary = tune.tune_key(key, choices, measure, "dev")
+    assert summary["status"] == "tuned" and summary["best"]["ms"] == 2.0
+    resumed = isinstance(record, dict)  # the valid measurement beside the damaged one
+    assert calls == (["stepwise"] if resumed else ["stepwise", "persistent_cta"])
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "missing.json: expected a readable JSON file (No such file or directory)"),
+    ("{", "bad.json: expected a JSON file, got invalid JSON (Expecting property name"),
+    (b"\xff\xfe", "bad.json: expected a JSON file, got invalid JSON ("),
+], ids=["missing", "truncated", "not-utf8"])
+def test_table_refuses_unreadable_files_in_one_line(tmp_path, capsys, content, message):
+    from tritonrnn.bench import table
+
+    path = tmp_path / ("missing.json" if content is None else "bad.json")
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    assert table.main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # checked before the table starts
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err
+    assert lines[0].startswith(f"python -m tritonrnn.bench.table: error: {tmp_path}/{message}")
+
+
+def test_table_labels_the_rows_of_a_shape_the_planner_refused(tmp_path, capsys):
+    # harness._plan_summary records {"error": ...} where plan_for raised.
+    from tritonrnn.bench import table
+
+    run = {"impl": "tritonrnn", "pass": "fwd", "status": "ok", "ms": 1.0}
+    report = {"schema": "tritonrnn.bench/1", "environment": {"device": "CPU"},
+              "results": [{"label": "lstm H8", "runs": [run],
+                           "plan": {"error": "ValueError: x"}}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    assert table.main([str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "| CPU | lstm H8 | fwd | plan error | 1.00 | - | - | - | - | - |")
+
+
+def test_input_size_zero_is_no_size():
+    # None (the default) means the same as hidden; 0 is refused as -1 is.
+    assert presets.BenchShape(hidden=12).validated().input == 12
+    assert presets.BenchShape(hidden=12, input_size=5).validated().input == 5
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"--input-size: expected an int >= 1, got {bad}"):
+            presets.BenchShape(input_size=bad).validated()

@@ -503,3 +503,85 @@ def test_aot_without_ptxas_is_one_line_exit_1(capsys, monkeypatch):
     monkeypatch.setattr(aot, "_tool", missing)
     assert main(["aot", "--hidden", "64"]) == 1
     assert _one_line_error(capsys) == "tritonrnn: error: ptxas not found (test)"
+
+
+# ----------------------------------------------------------------------------- audit fixes
+
+
+@pytest.mark.parametrize("command", ["bench", "aot-json", "aot-json-is-a-dir", "aot-dump",
+                                     "tune"])
+def test_unwritable_outputs_are_one_line_exit_2_before_anything_runs(command, tmp_path,
+                                                                     capsys, monkeypatch):
+    # An output path that cannot be written (here: under a regular file) is a bad option,
+    # found before a shape is timed, a kernel compiled or a candidate tuned.
+    from tritonrnn.bench import aot, harness, tune
+
+    for module, name in ((harness, "run_benchmark"), (aot, "aot_report"),
+                         (tune, "tune_shapes")):
+        monkeypatch.setattr(module, name,
+                            lambda *_a, name=name, **_k: pytest.fail(f"{name} ran first"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = blocker / "out"
+    aot_argv = ["aot", "--hidden", "32", "--batch", "4"]
+    argv, option, path, what = {
+        "bench": (["bench", "--preset", "smoke", "--backend", "reference", "--no-progress",
+                   "--out", str(bad)], "--out", bad, "a writable directory"),
+        "aot-json": ([*aot_argv, "--json", str(bad / "x.json")], "--json", bad / "x.json",
+                     "a writable file path"),
+        "aot-json-is-a-dir": ([*aot_argv, "--json", str(tmp_path)], "--json", tmp_path,
+                              "a writable file path"),
+        "aot-dump": ([*aot_argv, "--dump", str(bad)], "--dump", bad, "a writable directory"),
+        "tune": (["tune", "--allow-cpu", "--max-candidates", "1", "--no-progress"],
+                 "TRITONRNN_CACHE_DIR (the tuning cache)", bad, "a writable directory"),
+    }[command]
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(bad if command == "tune" else tmp_path))
+    assert main(argv) == 2
+    assert _one_line_error(capsys).startswith(
+        f"tritonrnn: error: {option}: expected {what}, got '{path}' (")
+
+
+def test_a_late_os_error_is_one_line_exit_2(capsys, monkeypatch):
+    import errno
+
+    def disk_full(_args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/results/report.json")
+
+    monkeypatch.setattr(cli, "cmd_plan", disk_full)
+    assert main(["plan"]) == 2
+    assert _one_line_error(capsys) == ("tritonrnn: error: [Errno 28] No space left on device: "
+                                       "'/results/report.json'")
+
+
+def test_bench_without_tritonrnn_fails_nothing(tmp_path, capsys):
+    # --impl torch alone: no tritonrnn entry, so no "tritonrnn None: None" failure.
+    rc = main(["bench", "--mode", "lstm", "--hidden", "8", "--batch", "2", "--time", "3",
+               "--dtype", "fp32", "--impl", "torch", "--pass", "fwd", "--no-progress",
+               "--cpu-rep", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "FAILED" not in out
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["failures"] == []
+    assert set(report["results"][0]["implementations"]) == {"torch"}
+
+
+def test_overrides_that_make_a_presets_shapes_equal_run_each_once(capsys):
+    assert main(["plan", "--preset", "grid", "--hidden", "64", "--batch", "1", "--mode", "lstm",
+                 "--device-preset", "h100"]) == 0
+    assert capsys.readouterr().out.count("Plan ") == 1
+    # The preset's order is kept (bench times, tune tunes and aot compiles these).
+    args = cli.build_parser().parse_args(["bench", "--preset", "grid", "--hidden", "64"])
+    preset, shapes = cli.resolve_shapes(args, "anchor")
+    assert preset == "grid" and [(s.mode, s.batch) for s in shapes] == [
+        ("lstm", 1), ("lstm", 16), ("lstm", 64), ("gru", 1), ("gru", 16), ("gru", 64)]
+
+
+@pytest.mark.parametrize("argv", [["plan", "--input-size", "0"],
+                                  ["bench", "--input-size", "0"],
+                                  ["check", "--backend", "reference", "--input-size", "0"]],
+                         ids=["plan", "bench", "check"])
+def test_input_size_zero_is_refused(argv, capsys):
+    # --input-size defaults to --hidden when not given; 0 is no size (as -1 is not).
+    assert main(argv) == 2
+    assert _one_line_error(capsys) == "tritonrnn: error: --input-size: expected an int >= 1, got 0"

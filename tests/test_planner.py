@@ -582,3 +582,200 @@ def test_plan_for_errors():
         _plan(B=0)
     with pytest.raises(TypeError, match=r"dtype: expected float16.*torch.int32"):
         _plan(dtype=torch.int32)
+
+
+# ----------------------------------------------------------------------------- audit fixes
+
+
+def _write_tuning_cache(entries: dict) -> None:
+    """The tuning cache as a hand-edited or damaged file may hold it (store_tuning_entry
+    writes only valid choices)."""
+    import json
+
+    path = tuning_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "entries": entries}))
+
+
+def _this_triton(**entry) -> dict:
+    import triton
+
+    return {**entry, "triton": triton.__version__, "ms": 1.0}
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ([1, 2], "expected a dict of choices, got list"),
+    ("stepwise", "expected a dict of choices, got str"),
+    (_this_triton(family="bogus"), "family expected one of .* got 'bogus'"),
+    (_this_triton(family="stepwise", block_b="16"), "block_b expected a positive int, got '16'"),
+    (_this_triton(family="persistent_grid", block_b=8, block_h=16), "block_b expected 1, 2, 4"),
+    (_this_triton(family="stepwise", block_h=24), "block_h expected a power of two >= 8, got 24"),
+    (_this_triton(family="persistent_grid", block_h=0), "block_h expected a positive int, got 0"),
+    (_this_triton(family="stepwise", num_warps=0), "num_warps expected a positive int, got 0"),
+    (_this_triton(family="stepwise", num_warps=3), "num_warps expected a power of two <= 32"),
+    (_this_triton(family="stepwise", block_k=7), "block_k expected 0 .* got 7"),
+    (_this_triton(family="stepwise", measured="3", candidates=5),
+     "measured and candidates expected two ints >= 0, got measured='3', candidates=5"),
+    (_this_triton(family="stepwise", measured=3),
+     "measured and candidates expected two ints >= 0, got measured=3, candidates=None"),
+], ids=["list", "str", "family", "block_b-str", "block_b-8", "block_h-24", "block_h-0",
+        "warps-0", "warps-3", "block_k-7", "measured-str", "measured-alone"])
+def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
+    # An entry plan_constraints would refuse is treated as absent (with one warning naming
+    # the key and the problem): the heuristic runs, not a "tuned" plan that fails at launch.
+    base = _plan(H=768, B=16)
+    _write_tuning_cache({base.key: entry})
+    with pytest.warns(RuntimeWarning, match=rf"tuning cache entry '{base.key}': {problem}"):
+        plan = _plan(H=768, B=16)
+    assert plan.source == "heuristic" and plan.layers == base.layers
+
+
+def test_a_valid_hand_written_tuning_entry_still_applies():
+    base = _plan(H=768, B=16)
+    _write_tuning_cache({base.key: _this_triton(family="stepwise", block_b=16, block_h=32,
+                                                block_k=64, num_warps=4, measured=3,
+                                                candidates=5)})
+    plan = _plan(H=768, B=16)
+    assert plan.source == "tuned, partial: best of 3 of 5 candidates"
+    assert (plan.layer(0).family, plan.layer(0).block_h, plan.layer(0).block_k) == (
+        "stepwise", 32, 64)
+
+
+@pytest.mark.parametrize("H, choice, why", [
+    (768, {"family": "persistent_cta"}, r"'persistent_cta' needs \d+ bytes of shared memory"),
+    (2048, {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 0},
+     r"'stepwise' needs 1179648 bytes on chip"),
+    (64, {"block_h": 32}, r"block_h = 32 cannot apply to family 'persistent_cta'"),
+], ids=["cta-too-large", "stepwise-over-budget", "cta-block_h"])
+def test_a_tuning_entry_that_cannot_apply_leaves_the_heuristic_labelled_so(H, choice, why):
+    # _apply refuses the entry for this shape: the plan is the heuristic's, and says so.
+    base = _plan(H=H, B=16)
+    store_tuning_entry(base.key, choice, 1.0, "h100")
+    with pytest.warns(RuntimeWarning, match=rf"tuning cache entry '{base.key}': .*{why}"):
+        plan = _plan(H=H, B=16)
+    assert plan.layers == base.layers and plan.source == "heuristic"
+    assert "(choice: heuristic)" in plan.explain()
+
+
+@pytest.mark.parametrize("family", ["persistent_grid", "stepwise"])
+def test_forced_grid_families_are_held_to_the_shared_memory(family):
+    # Resident 64 x 64 tiles of LSTM H=2048: 1179648 B per program against the H100's
+    # 225280 B budget (`_smem_budget`). Both grid families stage the slice in shared memory.
+    from tritonrnn.rnn.planner import _smem_budget
+
+    forced = dict(family=family, block_k=0, block_h=64, block_b=64)
+    with plan_constraints(**forced), pytest.raises(
+            ValueError, match=rf"plan_constraints: family '{family}' needs 1179648 bytes on "
+                              rf"chip per program .* allows {_smem_budget(PRESETS['h100'])}"):
+        _plan(H=2048, B=16)
+    with plan_constraints(**forced):  # the interpreter has no on-chip limit
+        assert _plan(H=2048, B=16, device="interpreter").layer(0).family == family
+
+
+@pytest.mark.parametrize("mode, H, B", [("lstm", 2048, 16), ("gru", 1536, 64)])
+def test_candidates_fit_the_shared_memory(mode, H, B):
+    from tritonrnn.rnn.planner import _smem_budget
+
+    p = _plan(mode=mode, H=H, B=B)
+    cands = candidates(p)
+    assert {c["family"] for c in cands} >= {"persistent_grid", "stepwise"}
+    for c in cands:
+        with plan_constraints(**c):
+            lp = _plan(mode=mode, H=H, B=B).layer(0)
+        assert lp.onchip_bytes <= _smem_budget(p.device), (c, lp)
+
+
+@pytest.mark.parametrize("forced, dtype, match", [
+    (dict(block_k=32), torch.float32,
+     r"block_k = 32 cannot apply to family 'persistent_cta' \(the heuristic's family"),
+    (dict(block_h=8), torch.float32, r"block_h = 8 cannot apply to family 'persistent_cta'"),
+    (dict(family="persistent_cta", block_h=64, block_k=64), torch.float32,
+     r"block_h = 64 cannot apply to family 'persistent_cta': .*no hidden slices"),
+    (dict(family="persistent_cta", block_k=64), torch.bfloat16,
+     r"block_k = 64 cannot apply to family 'persistent_cta': .*no streamed weights"),
+    (dict(block_b=16), torch.float64,
+     r"block_b = 16 cannot apply to family 'reference' \(the heuristic's family"),
+    (dict(family="reference", num_warps=4), torch.bfloat16,
+     r"num_warps = 4 cannot apply to family 'reference': .*no tiles or warps"),
+], ids=["cta-block_k", "cta-block_h", "cta-block_h-block_k", "cta-streamed", "fp64-block_b",
+        "reference-warps"])
+def test_forced_choices_a_family_has_no_use_for_raise(forced, dtype, match):
+    # LSTM H=64: the heuristic's persistent CTA (float64: the reference family). These were
+    # dropped without a word, the plan labelled "constrained".
+    with plan_constraints(**forced), pytest.raises(ValueError, match=match):
+        _plan(H=64, dtype=dtype)
+
+
+def test_forced_choices_the_cta_has_still_apply():
+    # Its batch tile and warps, and block_k = 0 (resident weights: what the CTA does).
+    with plan_constraints(block_b=32, num_warps=4, num_warps_bwd=8, block_k=0):
+        lp = _plan(H=64, B=64, dtype=torch.float32).layer(0)
+    assert (lp.family, lp.block_b, lp.num_warps, lp.backward_warps) == (
+        "persistent_cta", 32, 4, 8)
+    with plan_constraints(family="reference"):
+        assert _plan(H=64).layer(0).family == "reference"
+
+
+@pytest.mark.parametrize("B, direction, programs", [
+    (16, "bidirectional", 2), (64, "bidirectional", 8), (17, "bidirectional", 4),
+    (64, "unidirectional", 4),
+])
+def test_cta_programs_count_both_directions_of_a_pair_launch(B, direction, programs):
+    # cta_forward_pair launches cdiv(B, block_b) x 2 programs (LayerPlan.num_programs: "x 2
+    # for a pair launch", as the grid families count them).
+    p = _plan(H=64, B=B, direction=direction)
+    lp = p.layer(0)
+    assert (lp.family, lp.num_dirs, lp.num_programs) == (
+        "persistent_cta", 2 if direction == "bidirectional" else 1, programs)
+    assert f"programs={programs}" in p.explain()
+    grid = _plan(H=256, B=B, direction=direction, device="interpreter").layer(0)
+    with plan_constraints(family="persistent_cta"):  # forced on a grid heuristic, likewise
+        forced = _plan(H=256, B=B, direction=direction, device="interpreter").layer(0)
+    assert grid.family == "persistent_grid"
+    assert (forced.family, forced.num_programs) == ("persistent_cta", programs)
+
+
+@pytest.mark.parametrize("layers, direction, args, error", [
+    (2, "unidirectional", (0, 1), r"direction: expected an int in \[0, 0\], got 1"),
+    (2, "unidirectional", (0, -1), r"direction: expected an int in \[0, 0\], got -1"),
+    (2, "unidirectional", (2, 0), r"layer: expected an int in \[0, 1\], got 2"),
+    (2, "unidirectional", (-1, 0), r"layer: expected an int in \[0, 1\], got -1"),
+    (1, "bidirectional", (0, 2), r"direction: expected an int in \[0, 1\], got 2"),
+], ids=["direction-1-uni", "direction-negative", "layer-past-end", "layer-negative",
+        "direction-2-bi"])
+def test_plan_layer_checks_its_arguments(layers, direction, args, error):
+    p = _plan(H=16, num_layers=layers, direction=direction)
+    with pytest.raises(ValueError, match=error):
+        p.layer(*args)
+
+
+def test_plan_layer_takes_numpy_ints():
+    import numpy as np
+
+    p = _plan(H=16, num_layers=2, direction="bidirectional")
+    assert p.layer(np.int64(1), np.int64(1)) is p.layers[3]
+
+
+@pytest.mark.parametrize("device", [123, {"name": "h100"}, 1.5],
+                         ids=["int", "dict", "float"])
+def test_plan_for_names_what_device_properties_takes(device):
+    with pytest.raises(TypeError, match=r"device_properties: expected a DeviceProperties, a "
+                                        r"preset name \(one of \['a100', 'h100', 'h200', "
+                                        r"'interpreter'\]\) or None .*, got "):
+        _plan(device=device)
+
+
+@pytest.mark.parametrize("name", ["batch", "max_time"])
+def test_plan_for_takes_numpy_ints_for_batch_and_max_time(name):
+    import numpy as np
+
+    kw = dict(rnn_mode="lstm", input_size=8, num_units=16, batch=2, max_time=5,
+              dtype=torch.float32, device_properties="h100")
+    want = plan_for(**kw)
+    got = plan_for(**{**kw, name: np.int64(kw[name])})
+    assert (got.batch, got.max_time) == (2, 5) and type(getattr(got, name)) is int
+    assert got.layers == want.layers and got.buffers == want.buffers
+    with pytest.raises(TypeError, match=rf"{name}: expected an int, got float 2.0"):
+        plan_for(**{**kw, name: 2.0})
+    with pytest.raises(ValueError, match=rf"{name}: expected an int >= 1, got 0"):
+        plan_for(**{**kw, name: np.int64(0)})
