@@ -4,7 +4,9 @@
 work from them, which a compiler cannot trace. Registered as custom ops they are opaque nodes
 of the graph instead: Dynamo and AOTAutograd see only their schema, a fake implementation that
 gives the output shapes, and the autograd formula (which calls the backprop op, itself a
-custom op). Eager calls go through the same ops, so compiled and eager runs share one path.
+custom op). Eager calls go through the same ops, so compiled and eager runs share one path;
+the ops' bodies run with autocast off on the input's device (a compiled graph runs them
+outside autocast too), so the dtype of a call is that of its inputs, eager or compiled.
 
 Ops (namespace `tritonrnn`):
 
@@ -24,6 +26,8 @@ Use `cudnn_rnn` below (same arguments as `rnn.ops.cudnn_rnn`, plus `seeds`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -64,6 +68,16 @@ def _seeds(seeds: torch.Tensor | None, seed: int, seed2: int) -> tuple[int, int]
     return int(a), int(b)
 
 
+def _autocast_off(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Autocast disabled on t's device for the op's body. The caller picks the op's dtype by
+    casting its inputs (the modules do under autocast); a caller's autocast left on inside
+    would re-cast the body's own math (the reference recurrence's float32 GEMMs) to its dtype,
+    so eager calls would differ from compiled ones, whose graphs run the op outside autocast."""
+    if torch.amp.is_autocast_available(t.device.type):
+        return torch.autocast(t.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 # ----------------------------------------------------------------------------- forward op
 
 
@@ -87,11 +101,13 @@ def _cudnn_rnn_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     seed, seed2 = _seeds(seeds, seed, seed2)
-    out = ops.cudnn_rnn(
-        input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
-        input_mode=input_mode, direction=direction, dropout=dropout, seed=seed, seed2=seed2,
-        num_proj=num_proj, is_training=is_training, time_major=time_major, backend=backend,
-    )
+    with _autocast_off(input):
+        out = ops.cudnn_rnn(
+            input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+            input_mode=input_mode, direction=direction, dropout=dropout, seed=seed,
+            seed2=seed2, num_proj=num_proj, is_training=is_training, time_major=time_major,
+            backend=backend,
+        )
     output_c = _layout(out.output_c, time_major) if rnn_mode == "lstm" else out.output_c
     return (
         _layout(out.output, time_major),
@@ -174,12 +190,14 @@ def _cudnn_rnn_backprop_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     seed, seed2 = _seeds(seeds, seed, seed2)
-    g = ops.cudnn_rnn_backprop(
-        input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
-        output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
-        rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
-        seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major, backend=backend,
-    )
+    with _autocast_off(input):
+        g = ops.cudnn_rnn_backprop(
+            input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+            output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+            host_reserved, rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+            dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+            time_major=time_major, backend=backend,
+        )
     d_c = g.input_c_backprop.contiguous() if rnn_mode == "lstm" else g.input_c_backprop
     # Fresh tensors: a gradient may not alias an input of the op.
     return (

@@ -24,15 +24,24 @@ update of a Parameter is an update of the buffer. In a forward:
   buffer is rebuilt once from the current Parameters and they become views again
   (`flatten_parameters`, which `_apply` calls after every conversion). The check is a
   pointer comparison per Parameter.
-- Weights that are not plain Parameters (torch.nn.utils.parametrize,
-  torch.func.functional_call) and traced runs under torch.compile concatenate the weights
-  instead (one copy, differentiable by autograd; the
-  compiler sees only tensor ops).
+- Only the Parameters the module registered itself are ever re-pointed at its buffer. Weights
+  that are computed (torch.nn.utils.parametrize, torch.nn.utils.prune) or that are not the
+  module's (the caller's tensors under torch.func.functional_call, which a functional call
+  must not modify), and traced runs under torch.compile, concatenate the weights instead
+  (one copy, differentiable by autograd; the compiler sees only tensor ops). Conversions
+  and unpickling leave such weights as torch.nn does and keep no stale buffer.
 
 Autocast
 --------
 Under torch.autocast (float16/bfloat16) the input, states and a cast of the weights go to
-the op in the autocast dtype (the fp32 Parameters stay the masters, as torch.nn does on CUDA).
+the op in the autocast dtype (the fp32 Parameters stay the masters, as torch.nn does on CUDA);
+the op itself runs with autocast off, so its result is that of a plain call in that dtype,
+eager or compiled.
+
+Empty batch
+-----------
+A batch of 0 (B = 0, T >= 1) returns what torch.nn returns without calling the op (which
+takes B >= 1): empty output and final states of the op's dtype, whose gradients are zeros.
 
 Dropout and training
 --------------------
@@ -157,6 +166,9 @@ class _RNNBase(nn.Module):
             "unidirectional", num_proj=proj_size,
         )
         self._build_slots()
+        # The Parameters this module registered under the weight names (register_parameter):
+        # the only ones flatten_parameters may re-point at `_flat`.
+        self._owned: dict[str, nn.Parameter | None] = {}
         flat = torch.zeros(self._flat_numel, device=device, dtype=dtype)
         for name, (offset, shape, numel) in zip(self._flat_weights_names, self._slots,
                                                 strict=True):
@@ -193,9 +205,26 @@ class _RNNBase(nn.Module):
         self._slots = tuple(slots)
         self._flat_numel = total
 
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
+        super().register_parameter(name, param)
+        if name in self._flat_weights_names:
+            self._owned[name] = param
+
+    def _own_parameters(self) -> list[nn.Parameter] | None:
+        """The registered Parameters in slot order when each is one this module registered
+        itself; None when a weight is computed (parametrize, prune), removed, or a tensor
+        torch.func.functional_call put in its place (the caller's, never to be re-pointed)."""
+        params = [self._parameters.get(n) for n in self._flat_weights_names]
+        for name, p in zip(self._flat_weights_names, params, strict=True):
+            if p is None or p is not self._owned.get(name):
+                return None
+        return params
+
     def _flat_is_current(self) -> bool:
         """True when every named Parameter is still the view of its slice of `_flat`."""
         flat = self._flat
+        if flat.numel() != self._flat_numel:  # released by _refresh_flat
+            return False
         base, itemsize = flat.data_ptr(), flat.element_size()
         for name, (offset, shape, _) in zip(self._flat_weights_names, self._slots,
                                             strict=True):
@@ -213,18 +242,16 @@ class _RNNBase(nn.Module):
 
     def flatten_parameters(self) -> None:
         """Makes every named Parameter a view of one fresh flat buffer again (one copy), unless
-        they already are. Parameter objects are kept, so optimizers stay valid."""
+        they already are. Parameter objects are kept, so optimizers stay valid. Does nothing
+        when a weight is not a Parameter this module registered (parametrized, pruned,
+        removed, or the caller's under torch.func.functional_call): forwards concatenate
+        the weights then, as torch.nn's flatten_parameters returns quietly."""
         if self._flat_is_current():
             return
-        params = []
-        for name in self._flat_weights_names:
-            p = self._parameters.get(name)
-            if p is None:
-                raise ValueError(
-                    f"{name}: expected a registered nn.Parameter to flatten, got "
-                    f"{type(getattr(self, name, None)).__name__} (parametrized or removed)"
-                )
-            params.append((name, p))
+        own = self._own_parameters()
+        if own is None:
+            return
+        params = list(zip(self._flat_weights_names, own, strict=True))
         ref = params[0][1]
         for name, p in params:
             if p.dtype != ref.dtype or p.device != ref.device:
@@ -243,17 +270,34 @@ class _RNNBase(nn.Module):
                 p.data = view
         self._flat = flat
 
+    def _refresh_flat(self) -> None:
+        """After a conversion or an unpickling: the buffer rebuilt from the Parameters, or,
+        when a weight is not one of this module's Parameters, released (forwards concatenate
+        the weights; flatten_parameters builds a fresh buffer once they are all its own)."""
+        if self._own_parameters() is None:
+            self._flat = self._flat.new_empty(0)
+        else:
+            self.flatten_parameters()
+
     def _apply(self, fn, recurse=True):
+        own = [n for n in self._flat_weights_names
+               if n in self._parameters and self._parameters[n] is self._owned.get(n)]
         ret = super()._apply(fn, recurse)
+        # A conversion may store new Parameter objects in place of the module's own
+        # (torch.__future__.set_overwrite_module_params_on_conversion): still its own.
+        for name in own:
+            self._owned[name] = self._parameters.get(name)
         # .to()/.half()/.cuda() gave the Parameters new storage: rebuild the buffer from them.
-        self.flatten_parameters()
+        self._refresh_flat()
         return ret
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        if "_owned" not in self.__dict__:  # pickled before `_owned` existed: all its own
+            self._owned = {n: self._parameters.get(n) for n in self._flat_weights_names}
         # deepcopy and unpickling copy every Parameter separately (Parameter.__deepcopy__
         # clones): make them views of one buffer again.
-        self.flatten_parameters()
+        self._refresh_flat()
 
     def _cat_weights(self) -> torch.Tensor:
         """The flat buffer as a concatenation of the current weights (differentiable)."""
@@ -279,12 +323,10 @@ class _RNNBase(nn.Module):
         if torch.compiler.is_compiling():
             return self._cat_weights()
         if not self._flat_is_current():
-            # Only plain leaf Parameters can be re-pointed at a new buffer; anything else
-            # (parametrizations, torch.func.functional_call's tensors) is concatenated.
-            if not all(
-                isinstance(p, nn.Parameter) and p.is_leaf
-                for p in (self._parameters.get(n) for n in self._flat_weights_names)
-            ):
+            # Only this module's own Parameters are re-pointed at a new buffer; anything else
+            # (parametrizations, pruning, torch.func.functional_call's tensors) is
+            # concatenated, leaving the caller's tensors as they are.
+            if self._own_parameters() is None:
                 return self._cat_weights()
             self.flatten_parameters()
         params = [self._parameters[n] for n in self._flat_weights_names]
@@ -352,9 +394,12 @@ class _RNNBase(nn.Module):
             h0 = x.new_zeros(h_shape)
             return h0, (x.new_zeros(c_shape) if lstm else None)
         if lstm:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                raise TypeError(f"hx: expected a tuple (h_0, c_0) of tensors for LSTM, got "
+            if not isinstance(hx, (tuple, list)):
+                raise TypeError(f"hx: expected a tuple (h_0, c_0) of 2 tensors for LSTM, got "
                                 f"{type(hx).__name__}")
+            if len(hx) != 2:
+                raise TypeError(f"hx: expected a tuple (h_0, c_0) of 2 tensors for LSTM, got "
+                                f"a {type(hx).__name__} of {len(hx)} entries")
             return (self._check_state("hx[0]", hx[0], h_shape, x, batched),
                     self._check_state("hx[1]", hx[1], c_shape, x, batched))
         return self._check_state("hx", hx, h_shape, x, batched), None
@@ -395,6 +440,21 @@ class _RNNBase(nn.Module):
                              f"{list(lengths.shape)}")
         return lengths
 
+    def _empty_batch(
+        self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor | None, flat: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """torch.nn's result for B = 0 (the op takes B >= 1): output [T, 0, D*Hout], h_n
+        [L*D, 0, Hout] and c_n [L*D, 0, H] (LSTM, else None) in x's dtype, on whose backward
+        x, h0, c0 and every weight get zero gradients, as torch.nn's do."""
+        D = 2 if self.bidirectional else 1
+        h_shape, c_shape = self._state_shapes(0)
+        # An empty slice's sum is an exact 0 whose gradient is zeros of the source's shape.
+        zero = sum(t.reshape(-1)[:0].sum() for t in (x, h0, c0, flat) if t is not None)
+        output = x.new_zeros(x.shape[0], 0, D * h_shape[2]) + zero
+        h_n = x.new_zeros(h_shape) + zero
+        c_n = x.new_zeros(c_shape) + zero if self.mode == "LSTM" else None
+        return output, h_n, c_n
+
     def forward(self, input, hx=None, *, lengths=None):
         """Same inputs and outputs as torch.nn.{LSTM,GRU,RNN}.forward, plus `lengths`.
 
@@ -403,7 +463,8 @@ class _RNNBase(nn.Module):
         lengths: optional [B] ints (tensor or list) for a padded input: steps t >= lengths[b]
         are padding (output exactly 0 there, h_n/c_n the state after the last valid step).
         Returns (output, h_n) or (output, (h_n, c_n)); output is a PackedSequence when input
-        is one, else [T, B, D*Hout] ([B, T, D*Hout] if batch_first).
+        is one, else [T, B, D*Hout] ([B, T, D*Hout] if batch_first). A batch of 0 gives
+        torch.nn's empty results without calling the op.
         """
         lstm = self.mode == "LSTM"
         packed = isinstance(input, PackedSequence)
@@ -434,20 +495,24 @@ class _RNNBase(nn.Module):
         flat = self._flat_weights_for_forward()
         if cast is not None:
             flat = flat.to(cast)
-        need_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (flat, x, h0, c0)
-        )
-        use_dropout = self.training and self.dropout > 0 and self.num_layers > 1
-        seeds = torch.randint(0, _SEED_HIGH, (2,), dtype=torch.int64) if use_dropout else None
-        res = library.cudnn_rnn(
-            x, h0, c0, flat, seq_lengths, rnn_mode=self._cfg.rnn_mode,
-            direction="bidirectional" if self.bidirectional else "unidirectional",
-            dropout=self.dropout if use_dropout else 0.0, seeds=seeds,
-            num_proj=self.proj_size, is_training=need_grad or use_dropout, time_major=True,
-            backend=self.backend,
-        )
-        output, h_n = res.output, res.output_h
-        c_n = res.output_c if lstm else None
+        if B == 0 and x.shape[0] > 0:
+            output, h_n, c_n = self._empty_batch(x, h0, c0, flat)
+        else:
+            need_grad = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (flat, x, h0, c0)
+            )
+            use_dropout = self.training and self.dropout > 0 and self.num_layers > 1
+            seeds = (torch.randint(0, _SEED_HIGH, (2,), dtype=torch.int64) if use_dropout
+                     else None)
+            res = library.cudnn_rnn(
+                x, h0, c0, flat, seq_lengths, rnn_mode=self._cfg.rnn_mode,
+                direction="bidirectional" if self.bidirectional else "unidirectional",
+                dropout=self.dropout if use_dropout else 0.0, seeds=seeds,
+                num_proj=self.proj_size, is_training=need_grad or use_dropout,
+                time_major=True, backend=self.backend,
+            )
+            output, h_n = res.output, res.output_h
+            c_n = res.output_c if lstm else None
         if packed:
             output = PackedSequence(
                 output.reshape(-1, output.shape[2]).index_select(0, rows),

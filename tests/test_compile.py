@@ -8,6 +8,8 @@ float64 rounding of a few dozen operations: 1e-12 (measured: <= 1e-15).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch._dynamo.testing
@@ -181,6 +183,41 @@ def test_packed_sequence_fullgraph():
     (dx,) = torch.autograd.grad(out.data.sum() + hn.sum(), x)
     (dx_e,) = torch.autograd.grad(out_e.data.sum() + hn_e.sum(), x)
     torch.testing.assert_close(dx, dx_e, **TOL)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_autocast_eager_equals_compiled_and_plain_bfloat16(cell):
+    """Under CPU autocast the op's bodies run with autocast off, as a compiled graph runs
+    them: eager and compiled (aot_eager, fullgraph) outputs and gradients are the same
+    numbers, and those of the module converted to bfloat16 (float32 masters' gradients are
+    the cast of its bfloat16 ones). Exact: the same ops on the same bfloat16 data."""
+    torch.manual_seed(0)
+    rnn = {"lstm": LSTM, "gru": GRU}[cell](8, 8, 2, bidirectional=True, backend="reference")
+    plain = copy.deepcopy(rnn).bfloat16()
+    compiled = torch.compile(rnn, backend="aot_eager", fullgraph=True)
+    x0 = torch.randn(5, 3, 8)
+    results = []
+    for fn in (rnn, compiled):
+        rnn.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(x)[0]
+            out.float().pow(2).sum().backward()
+        results.append((out, x.grad, [p.grad for p in rnn.parameters()]))
+    xb = x0.bfloat16().requires_grad_(True)
+    out = plain(xb)[0]
+    out.float().pow(2).sum().backward()
+    results.append((out, xb.grad.float(), [p.grad.float() for p in plain.parameters()]))
+    (out, dx, grads), *others = results
+    assert out.dtype == torch.bfloat16
+    for who, (out_o, dx_o, grads_o) in zip(("compiled", "bfloat16"), others, strict=True):
+        torch.testing.assert_close(out_o, out, rtol=0, atol=0,
+                                   msg=lambda m, w=who: f"{w} output: {m}")
+        torch.testing.assert_close(dx_o, dx, rtol=0, atol=0,
+                                   msg=lambda m, w=who: f"{w} input grad: {m}")
+        for (n, _), a, b in zip(rnn.named_parameters(), grads_o, grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0,
+                                       msg=lambda m, n=n, w=who: f"{w} grad {n}: {m}")
 
 
 def _sample_args(mode, lengths, training, time_major=True):

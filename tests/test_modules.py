@@ -13,9 +13,11 @@ a lost step or a misrouted gradient produces (>= 1e-2).
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
+from torch.nn.utils import parametrize, prune
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import tritonrnn.rnn.modules as modules_mod
@@ -215,6 +217,60 @@ def test_zero_length_sequence():
     assert (dx[:, 1] == 0).all() and (dx[4:, 0] == 0).all()
 
 
+@pytest.mark.parametrize("with_hx", [False, True], ids=["zero_hx", "hx"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time_major", "batch_first"])
+@pytest.mark.parametrize("mode", [*MODES, "lstm_proj"])
+def test_empty_batch_matches_torch(mode, batch_first, with_hx):
+    """B = 0 (T >= 1): torch.nn's empty output and states, and its zero gradients (input,
+    states and every parameter), without calling the op (which takes B >= 1)."""
+    kw = dict(num_layers=2, bidirectional=True, batch_first=batch_first)
+    if mode == "lstm_proj":
+        mode, kw["proj_size"] = "lstm", 3
+    ours, theirs = make_pair(mode, **kw)
+    h00, c00 = random_like_states(ours, 0, torch.Generator().manual_seed(1))
+    results = []
+    for module in (ours, theirs):
+        x = torch.randn((0, T, I) if batch_first else (T, 0, I), dtype=F64, requires_grad=True)
+        states = [t.clone().requires_grad_(True) for t in (h00, c00)
+                  if t is not None and with_hx]
+        hx = (tuple(states) if len(states) == 2 else states[0]) if with_hx else None
+        out, hn = module(x, hx)
+        hn = hn if isinstance(hn, tuple) else (hn,)
+        (out.sum() + sum(h.sum() for h in hn)).backward()
+        grads = {n: p.grad for n, p in module.named_parameters()}
+        results.append((out, hn, x.grad, [t.grad for t in states], grads))
+    (out, hn, dx, dhx, grads), (out_t, hn_t, dx_t, dhx_t, grads_t) = results
+    for a, b in zip((out, *hn, dx, *dhx), (out_t, *hn_t, dx_t, *dhx_t), strict=True):
+        assert (a.shape, a.dtype, a.device, a.is_contiguous()) == \
+            (b.shape, b.dtype, b.device, b.is_contiguous())
+    assert list(grads) == list(grads_t)
+    for name, g in grads_t.items():
+        assert grads[name] is not None, f"{name}: no gradient"
+        torch.testing.assert_close(grads[name], g, rtol=0, atol=0)
+
+
+def test_empty_batch_never_calls_the_op(monkeypatch):
+    def op(*args, **kw):
+        raise AssertionError("the op was called for B = 0")
+
+    monkeypatch.setattr(modules_mod.library, "cudnn_rnn", op)
+    m = GRU(I, H, num_layers=2, dropout=0.5, backend="reference")  # training, dropout
+    out, hn = m(torch.randn(T, 0, I), lengths=[])
+    assert out.shape == (T, 0, H) and hn.shape == (2, 0, H) and out.requires_grad
+    with torch.no_grad():
+        assert not m.eval()(torch.randn(T, 0, I))[0].requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the op's dtype, as for B >= 1
+        out, hn = m(torch.randn(T, 0, I))
+    assert out.dtype == hn.dtype == torch.bfloat16
+
+
+def test_empty_batch_and_no_steps_is_rejected_like_torch():
+    """T = 0 is an error for torch.nn whatever B is; it stays the op's error here."""
+    m = LSTM(I, H, dtype=F64, backend="reference")
+    with pytest.raises(ValueError, match="input: expected max time"):
+        m(torch.randn(0, 0, I, dtype=F64))
+
+
 def test_packed_enforce_sorted_and_lengths_as_tensor():
     ours, theirs = make_pair("gru", num_layers=2, bidirectional=True)
     x = torch.randn(T, 3, I, dtype=F64)
@@ -348,13 +404,30 @@ def test_replaced_parameter_and_conversions_rebuild(monkeypatch):
     torch.testing.assert_close(twin(x.float())[0], ours(x.float())[0], rtol=0, atol=0)
 
 
+class Scale(torch.nn.Module):
+    def forward(self, w):
+        return 2.0 * w
+
+
+@pytest.mark.parametrize("future", ["overwrite", "swap"])
+def test_conversion_that_replaces_parameter_objects_still_flattens(monkeypatch, future):
+    """torch.__future__ conversions that store new Parameter objects (overwrite) or swap
+    their contents (swap): the module's Parameters stay its own and views of one buffer."""
+    setter = getattr(torch.__future__, f"set_{future}_module_params_on_conversion")
+    ours, theirs = make_pair("lstm", dtype=torch.float32, num_layers=2, proj_size=2)
+    setter(True)
+    try:
+        ours.double()
+    finally:
+        setter(False)
+    assert ours._flat.dtype == F64 and ours._flat_is_current()
+    calls = _spy_rebuilds(monkeypatch)
+    x = torch.randn(T, 2, I, dtype=F64)
+    torch.testing.assert_close(ours(x)[0], theirs.double()(x)[0], **TOL)
+    assert calls == {"flatten": 0, "cat": 0}
+
+
 def test_parametrized_weight_falls_back_to_concatenation(monkeypatch):
-    from torch.nn.utils import parametrize
-
-    class Scale(torch.nn.Module):
-        def forward(self, w):
-            return 2.0 * w
-
     ours, theirs = make_pair("rnn_tanh", num_layers=2, bidirectional=True)
     calls = _spy_rebuilds(monkeypatch)
     for m in (ours, theirs):
@@ -367,6 +440,104 @@ def test_parametrized_weight_falls_back_to_concatenation(monkeypatch):
     out_t.sum().backward()
     g = ours.parametrizations.weight_hh_l0.original.grad
     torch.testing.assert_close(g, theirs.parametrizations.weight_hh_l0.original.grad, **TOL)
+
+
+def _results(module, x0, h00):
+    """Output, h_n and every gradient (input, h_0, each named parameter) of one forward and
+    a weighted-sum backward, by name."""
+    x, h0 = x0.clone().requires_grad_(True), h00.clone().requires_grad_(True)
+    module.zero_grad()
+    out, h_n = module(x, h0)
+    g = torch.Generator().manual_seed(2)
+    loss = (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum()
+    (loss + (h_n * torch.randn(h_n.shape, generator=g, dtype=out.dtype)).sum()).backward()
+    grads = {f"grad {n}": p.grad for n, p in module.named_parameters()}
+    return dict(out=out, h_n=h_n, dx=x.grad, dh0=h0.grad, **grads)
+
+
+def _assert_same_results(got, want):
+    assert list(got) == list(want), "parameter names/order differ"
+    for key, w in want.items():
+        assert got[key] is not None, f"{key}: missing"
+        torch.testing.assert_close(got[key], w, **TOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+_WRAPS = {  # (apply, remove) of a weight that is computed from other tensors
+    "parametrize": (
+        lambda m: parametrize.register_parametrization(m, "weight_hh_l0", Scale()),
+        lambda m: parametrize.remove_parametrizations(m, "weight_hh_l0"),
+    ),
+    "prune": (
+        lambda m: prune.l1_unstructured(m, "weight_ih_l1_reverse", amount=0.3),
+        lambda m: prune.remove(m, "weight_ih_l1_reverse"),
+    ),
+}
+
+
+def _convert(m, how):
+    if how == "double":
+        return m.double()
+    if how == "share_memory":
+        return m.share_memory()
+    if how == "deepcopy":  # torch.nn cannot pickle a parametrized module, only deepcopy it
+        return copy.deepcopy(m)
+    return pickle.loads(pickle.dumps(m))  # torch.nn cannot deepcopy a pruned module
+
+
+@pytest.mark.parametrize(
+    "wrap, how",
+    [("parametrize", "double"), ("parametrize", "share_memory"),
+     ("parametrize", "deepcopy"), ("prune", "double"), ("prune", "share_memory"),
+     ("prune", "pickle")],
+    ids=lambda v: v,
+)
+def test_computed_weights_survive_conversion_and_pickling_like_torch(wrap, how):
+    """A parametrized or pruned weight is no Parameter of the module: conversions and
+    unpickling leave it as torch.nn does, forwards concatenate, and once the weight is a
+    Parameter again the module flattens its buffer again; torch.nn's results throughout."""
+    apply, remove = _WRAPS[wrap]
+    dtype = torch.float32 if how == "double" else F64
+    ours, theirs = make_pair("gru", dtype=dtype, num_layers=2, bidirectional=True)
+    for m in (ours, theirs):
+        apply(m)
+    ours, theirs = _convert(ours, how), _convert(theirs, how)
+    assert all(p.dtype == F64 for p in ours.parameters())
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(T, 3, I, generator=gen, dtype=F64)
+    h0 = torch.randn(4, 3, H, generator=gen, dtype=F64)
+    _assert_same_results(_results(ours, x, h0), _results(theirs, x, h0))
+    ours.flatten_parameters()  # quietly nothing to do, as torch.nn's
+    for m in (ours, theirs):
+        remove(m)
+    _assert_same_results(_results(ours, x, h0), _results(theirs, x, h0))
+    assert ours._flat_is_current()
+
+
+def test_functional_call_leaves_the_callers_parameters_alone():
+    """functional_call with another module's Parameters must not re-point them at this
+    module's buffer: their storage, and the views the caller holds, stay theirs."""
+    ours, theirs = make_pair("gru", num_layers=2, bidirectional=True)
+    given = dict(theirs.named_parameters())
+    ptrs = {n: p.data_ptr() for n, p in given.items()}
+    aliases = {n: p.view(-1) for n, p in given.items()}
+    own_ptrs = [p.data_ptr() for p in ours.parameters()]
+    flat_before, flat_ptr = ours._flat.clone(), ours._flat.data_ptr()
+    x = torch.randn(T, 2, I, dtype=F64)
+    out = torch.func.functional_call(ours, given, (x,))[0]
+    want = theirs(x)[0]
+    torch.testing.assert_close(out, want, **TOL)
+    got = torch.autograd.grad(out.pow(2).sum(), list(given.values()))
+    exp = torch.autograd.grad(want.pow(2).sum(), list(given.values()))
+    for n, a, b in zip(given, got, exp, strict=True):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+    assert {n: p.data_ptr() for n, p in given.items()} == ptrs
+    assert ours._flat.data_ptr() == flat_ptr and torch.equal(ours._flat, flat_before)
+    assert [p.data_ptr() for p in ours.parameters()] == own_ptrs and ours._flat_is_current()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(1.0)
+    for n, p in theirs.named_parameters():
+        assert torch.equal(aliases[n], p.view(-1)), n
 
 
 def test_functional_call_uses_the_given_tensors(monkeypatch):
@@ -532,6 +703,8 @@ def _forward_cases():
         ("input_size", lambda m: m(x[..., :3]), ValueError, "input_size"),
         ("input_dtype", lambda m: m(x.float()), TypeError, "dtype"),
         ("hx_not_tuple", lambda m: m(x, h), TypeError, "hx"),
+        ("hx_three_states", lambda m: m(x, (h, h, h)), TypeError,
+         r"hx: expected a tuple \(h_0, c_0\) of 2 tensors for LSTM, got a tuple of 3 entries"),
         ("hx_shape", lambda m: m(x, (h[:, :1], h)), ValueError, r"hx\[0\]"),
         ("cx_dtype", lambda m: m(x, (h, h.float())), TypeError, r"hx\[1\]"),
         ("hx_2d_batched", lambda m: m(x, (h[0], h[0])), ValueError, r"hx\[0\]"),
@@ -594,6 +767,28 @@ def test_autocast_bfloat16():
     torch.testing.assert_close(out.float(), want, rtol=1.6e-2, atol=1.6e-2)
     out.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ours.parameters())
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_autocast_runs_the_op_as_a_plain_call_in_its_dtype(mode):
+    """Under autocast the op gets bfloat16 tensors and computes exactly what a bfloat16
+    module computes (its own math is not re-cast by autocast), forward and backward."""
+    ours, _ = make_pair(mode, dtype=torch.float32, num_layers=2, bidirectional=True)
+    plain = copy.deepcopy(ours).bfloat16()
+    x0 = torch.randn(T, 3, I, generator=torch.Generator().manual_seed(1))
+    x, xb = x0.clone().requires_grad_(True), x0.bfloat16().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ours(x)[0]
+        out.float().pow(2).sum().backward()
+    want = plain(xb)[0]
+    want.float().pow(2).sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(x.grad, xb.grad.float(), rtol=0, atol=0)
+    for (n, p), q in zip(ours.named_parameters(), plain.parameters(), strict=True):
+        assert p.grad.dtype == torch.float32, n
+        torch.testing.assert_close(p.grad, q.grad.float(), rtol=0, atol=0,
+                                   msg=lambda m, n=n: f"{n}: {m}")
 
 
 # ----------------------------------------------------------------------------- example
