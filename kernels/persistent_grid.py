@@ -69,10 +69,12 @@ K / 16-long MMA chain of every gate (LSTM H = 768: 384 mma.sync per warp per ste
 largest item of the step in the sm_90 compiles). Such dots cut the reduction into S slices
 instead, the batch dimension of a 3-D dot (Triton puts its warps along it): each warp runs
 1/S of the MMAs and reads 1/S of the weights and of h from shared memory, and the S partial
-sums are added once per step (the forward joins its gates into one reduction). Output tiles
-with at least one MMA tile per warp keep the plain dot (S = 1). With fewer slices than warps
-the extra warps compute copies again (the forward's gate dots use at most 2 slices, so 4
-warps ran every MMA twice).
+sums are added once per step (the forward joins its gates into one sum): the slice axis is
+moved last and halved with tl.split, the halves added in-thread, one layout conversion
+(`_halved_sums`; tl.sum's cross-warp reduction cost more shared-memory traffic and
+barriers). Output tiles with at least one MMA tile per warp keep the plain dot (S = 1). With
+fewer slices than warps the extra warps compute copies again (the forward's gate dots used
+at most 2 slices while tl.sum added them, so 4 warps ran every MMA twice).
 
 Gate-batched forward (`_fwd_gates`, off by default: `_FWD_GATE_BATCH`): the gates of a
 chunk are one 3-D dot whose batch entries are (K slice, gate), [KS * 4, BLOCK_H, chunk / KS]
@@ -211,11 +213,27 @@ def _sum4(a, b, c, d):
 
 
 @triton.jit
-def _ksum(acc, S: tl.constexpr):
-    """The product from a split-K accumulator: the S partial sums added (a cross-warp
-    reduction), or acc itself when S == 1."""
+def _ksum(acc, S: tl.constexpr, HALVES: tl.constexpr = False):
+    """The product from a split-K accumulator [S, M, N]: the S partial sums added, or acc
+    itself when S == 1. HALVES (`_halved_sums`; S = 2, 4 or 8): the slice axis moved last
+    and halved by tl.split, the halves added in-thread; else tl.sum, a cross-warp
+    reduction."""
     if S == 1:
         return acc
+    elif HALVES and S == 2:
+        lo, hi = tl.split(tl.permute(acc, (1, 2, 0)))
+        return lo + hi
+    elif HALVES and S == 4:
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, [2, 2, acc.shape[1], acc.shape[2]]),
+                                     (2, 3, 0, 1)))
+        lo, hi = tl.split(lo + hi)
+        return lo + hi
+    elif HALVES and S == 8:
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, [2, 2, 2, acc.shape[1], acc.shape[2]]),
+                                     (3, 4, 0, 1, 2)))
+        lo, hi = tl.split(lo + hi)
+        lo, hi = tl.split(lo + hi)
+        return lo + hi
     else:
         return tl.sum(acc, axis=0)
 
@@ -595,11 +613,11 @@ def _dot_t(acc_t, W, a_idx, a_ok, a_stride, b_stride, X, x_row, jb64, x_ok, K: t
 def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
            K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr,
-           BB: tl.constexpr, SWAP: tl.constexpr = False):
+           BB: tl.constexpr, SWAP: tl.constexpr = False, HALVES: tl.constexpr = False):
     """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32 (`_dot_w3`)."""
     acc = _dot_w3(_zacc(S, BM, BB), W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row,
                   jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
-    return _ksum(acc, S)
+    return _ksum(acc, S, HALVES)
 
 
 @triton.jit
@@ -755,7 +773,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
              GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
              XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
-             PAIR: tl.constexpr = False):
+             PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
@@ -766,7 +784,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
     `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
     (`_dot_w3`). XDT, xtag, xsync, max_spin: a tagged exchange src (`_xpair`; resident).
-    PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product."""
+    PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
+    HALVES (`_halved_sums`): how the split-K dots' slices are added."""
     tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
     if GATES == 2:
         if tagged:
@@ -789,7 +808,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
                                         DOT_DT, FP32_DOT, BH, BB, XDT, xtag, xsync, max_spin,
-                                        PAIR)
+                                        PAIR, HALVES)
     return p0, p1, p2, p3
 
 
@@ -799,7 +818,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
                    BB: tl.constexpr, XDT: tl.constexpr = tl.float32, xtag=0, xsync=0,
-                   max_spin=0, PAIR: tl.constexpr = False):
+                   max_spin=0, PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
@@ -870,16 +889,27 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
             if G > 3:
                 a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
                           xk, FP32_DOT)
-    # The S partial sums meet here, in one cross-warp reduction for all gates (join / split
-    # only regroup registers); gates the cell lacks stay zero.
+    # The S partial sums meet here, all gates at once (join / split only regroup registers):
+    # HALVES and S = 2 (`_halved_sums`), the slice axis moved last and split in two, the
+    # halves added in-thread; else one cross-warp reduction. Gates the cell lacks stay zero.
     if S == 1:
         p0, p1, p2, p3 = a0, a1, a2, a3
     elif G > 1:
-        t01, t23 = tl.split(tl.sum(tl.join(tl.join(a0, a1), tl.join(a2, a3)), axis=0))
+        t = tl.join(tl.join(a0, a1), tl.join(a2, a3))  # [S, BH, BB, 2, 2]
+        if HALVES and S == 2:
+            lo, hi = tl.split(tl.permute(t, (1, 2, 3, 4, 0)))
+            t01, t23 = tl.split(lo + hi)
+        elif HALVES and S == 4:
+            lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, BH, BB, 2, 2]),
+                                         (2, 3, 4, 5, 0, 1)))
+            lo, hi = tl.split(lo + hi)
+            t01, t23 = tl.split(lo + hi)
+        else:
+            t01, t23 = tl.split(tl.sum(t, axis=0))
         p0, p1 = tl.split(t01)
         p2, p3 = tl.split(t23)
     else:
-        p0 = tl.sum(a0, axis=0)
+        p0 = _ksum(a0, S, HALVES)
         p1 = tl.zeros([BH, BB], tl.float32)
         p2 = p1
         p3 = p1
@@ -979,6 +1009,7 @@ def _fwd_cell_phase(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
     XJOIN: tl.constexpr = False, BR=0, SUMS: tl.constexpr = False, PAIR: tl.constexpr = False,
+    HALVES: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -1010,7 +1041,7 @@ def _fwd_cell_phase(
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, x_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
                                   FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, XDT,
-                                  _tag(u - 1), SYNC, max_spin, PAIR)
+                                  _tag(u - 1), SYNC, max_spin, PAIR, HALVES)
         p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
                                                     b2, b3, G, SUMS)
     else:
@@ -1054,13 +1085,13 @@ def _fwd_proj_phase(
     pwa, pwb, h_own, is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
     KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-    BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
+    BARRIER: tl.constexpr, SWAP: tl.constexpr = False, HALVES: tl.constexpr = False,
 ):
     """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice; publishes h,
     arrives, then writes y / hT. Returns the carried h_own."""
     if tile_on:
         hp = _dot_w(PW, os_, o_ok, s_pw, 1, pwa, pwb, MX, H, jb64, act, H, KA, KB, RESIDENT,
-                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
+                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, HALVES)
     else:
         hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
     mo = o_ok[:, None] & act[None, :]
@@ -1089,6 +1120,7 @@ def _grid_fwd_kernel(
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
     SUMS: tl.constexpr = False, MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
+    HALVES: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1211,7 +1243,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XDT, max_spin, XJOIN, BR, SUMS, PAIR)
+                XDT, max_spin, XJOIN, BR, SUMS, PAIR, HALVES)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1219,12 +1251,13 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS, PAIR=PAIR)
+                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS, PAIR=PAIR,
+                    HALVES=HALVES)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
                     os_, o_ok, pwa, pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, PS,
-                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP)
+                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP, HALVES)
         act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok,
                                                u + 1, u_end, rev, G, H, NPH, REVERSE, NUM_DIRS,
                                                BLOCK_H, BLOCK_B, XJOIN, GP)
@@ -1253,7 +1286,8 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                act1, G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
                FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-               SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False):
+               SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False,
+               HALVES: tl.constexpr = False):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
@@ -1266,7 +1300,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     if not RESIDENT:
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
-        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
+        return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
     if BLOCK_B < 16:  # vector tiles: the gates' products summed before one reduction
         acc = _vgate_sum(wa0, wa1, wa2, wa3, src, G * H, jb64, act1, 0, H, G, DOT_DT, BLOCK_B)
         if KB > 0:
@@ -1289,7 +1323,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
             if G > 3:
                 t3 = _bwd_gate_mm(t3, wa3, wb3, xa3, xb3, KB, FP32_DOT)
             acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
-        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
+        return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
     acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
                   RESIDENT, S, DOT_DT, FP32_DOT)
     if G > 1:
@@ -1304,7 +1338,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
             t3 = _dot_w3(t3, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
                          jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
         acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
-    return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
+    return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
 
 
 @triton.jit
@@ -1462,6 +1496,7 @@ def _grid_bwd_kernel(
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
     HOIST: tl.constexpr = False, LATE: tl.constexpr = False, PAIRG: tl.constexpr = False,
+    HALVES: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1591,7 +1626,8 @@ def _grid_bwd_kernel(
             if carry_on:
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2,
                                    wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
-                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG)
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
+                                   HALVES)
             if LATE:
                 act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                     PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1615,7 +1651,8 @@ def _grid_bwd_kernel(
                 if carry_on:
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
+                                       HALVES)
                 if LATE:
                     act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                         PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1637,7 +1674,8 @@ def _grid_bwd_kernel(
                                           REVERSE, NUM_DIRS)
                 if tile_on:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
-                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
+                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP,
+                                HALVES)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
                 if LATE:
@@ -1795,14 +1833,25 @@ _XJOIN_TILE = 64 * 64
 # rather than before the barrier's wait (`_late_loads`).
 _LATE_TILE = 128 * 64
 
-# The forward's gate dots split K at most this many ways. Their partial sums meet in one
-# cross-warp reduction of all the gate tiles, and Triton lowers that reduction through
-# shared memory with heavy bank conflicts: Nsight Compute on an H100 (LSTM H=768 B=16, 8
-# warps, S = 8) counted 32-way conflicted stores and 86% excess shared wavefronts, about
-# 9 of the step's 12 us. Measured forward steps (4 warps, H100, T = 1024, bf16): LSTM H=768
-# B=16 7.40 us at S = 4, 5.19 at S = 2, 6.06 at S = 1; GRU H=1024 B=16 6.81 / 4.94 / 8.09.
-# The backward's reductions are smaller (one tile per slice) and keep S = num_warps.
+# The forward's gate dots split K at most this many ways where their partial sums meet in
+# one cross-warp reduction (tl.sum, `_halved_sums` off). Triton lowers that reduction
+# through shared memory with heavy bank conflicts: Nsight Compute on an H100 (LSTM H=768
+# B=16, 8 warps, S = 8) counted 32-way conflicted stores and 86% excess shared wavefronts,
+# about 9 of the step's 12 us. Measured forward steps (4 warps, H100, T = 1024, bf16, the
+# reduction): LSTM H=768 B=16 7.40 us at S = 4, 5.19 at S = 2, 6.06 at S = 1; GRU H=1024
+# B=16 6.81 / 4.94 / 8.09. The backward's reductions are smaller (one tile per slice) and
+# keep S = num_warps.
 _FWD_GATE_SPLIT = 2
+# ... and where the slices are added by halves (`_halved_sums`), which has no cross-warp
+# reduction: 4, the slices of the 16 x 16 tiles' 4 warps. At S = 2 two of the 4 warps
+# compute copies (Triton lays the 2 slices over 4 warps), so every warp issues twice the
+# MMAs and ldmatrix reads twice the weights it would at S = 4. The sm_90 compiles (Triton
+# 3.6, bf16, 16 x 16 tiles, 4 warps), forward step loop per warp, S = 2 -> 4 with halves:
+# LSTM H=768 B=16 832 -> 696 instructions, 192 -> 96 mma.sync, 120 -> 60 ldmatrix, the
+# longest MMA chain 16 -> 8, 14 BAR.SYNC either way, no spills (the reduction at S = 4: 925
+# instructions, 70 LDS and 88 STS, against 12 and 24 by halves). Not yet timed on a GPU
+# (step_ablation's variant `gs2` keeps S = 2, `reducesum` the reduction with S = 2).
+_FWD_GATE_SPLIT_HALVES = 4
 
 
 def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int:
@@ -1969,10 +2018,11 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
     is issued after the previous chunk's staging barrier: the anchor's backward step waits
     for 8 L2 round trips of dph in a row (4 gates x 512 + 256). The sm_90 compiles (Triton
     3.6, bf16), step loop per warp, off -> on: the anchor's loads go out in two groups
-    (gates 0-1, then 2-3), 33 -> 21 BAR.SYNC, 1107 -> 1106 instructions, 16 B saved around
-    the loop, shared memory 114688 -> 147456 B (two gates' operands staged at once, as
-    `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21, 147456 -> 196608 B; GRU H=1024
-    B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop. Off by default until a GPU
+    (gates 0-1, then 2-3), 33 -> 21 BAR.SYNC (30 -> 18 since `_halved_sums`), 1107 -> 1106
+    instructions, 16 B saved around the loop, shared memory 114688 -> 147456 B (two gates'
+    operands staged at once, as `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21,
+    147456 -> 196608 B; GRU H=1024 B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop
+    (Triton 3.4 spills the paired anchor: 5 local loads per step). Off by default until a GPU
     times it. Where the larger footprint does not fit the device, the launch keeps the
     gates apart (`grid_pairs_gates`): GRU H=1536 B=16's paired backward would need 245760 B,
     past an H100's 225280."""
@@ -1991,6 +2041,35 @@ def grid_pairs_gates(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, b
         return False
     return smem_limit is None or _grid_bwd_bytes(
         cell, H, Hout, P, dtype, block_h, block_b, num_warps, True) <= smem_limit
+
+
+# The split-K products' slices added by halving (`_halved_sums`, HALVES); the ablation
+# variant `reducesum` and TRITONRNN_HALVED_SUMS=off (read at import) use tl.sum instead.
+_HALVED_SUMS = _env_on_off("TRITONRNN_HALVED_SUMS", default=True)
+
+
+def _halved_sums() -> bool:
+    """HALVES: a split-K product's S partial sums (S = 2, 4, 8; `_ksum`, and the forward's
+    joined gates in `_fwd_pre_split`) are added by moving the slice axis last and splitting
+    it in halves (tl.split), the halves added in-thread: one layout conversion through
+    shared memory. tl.sum over the slice axis, which Triton lays across warps, is a
+    cross-warp reduction whose result then takes another conversion to the cell's layout.
+    With the forward's gate dots then split 4 ways (`_FWD_GATE_SPLIT_HALVES`: no warp
+    computes copies), the sm_90 compiles of seven bench presets' plans (grid, targets, fp16,
+    large-batch, small-batch, gru, stack; 47 of 74 kernels change), step loop per warp,
+    tl.sum -> halves:
+      Triton 3.6: forwards -26 to -34% instructions (the anchor 1014 -> 696), 17 -> 14
+        BAR.SYNC (31 -> 23 with a projection), mma.sync halved on 16 x 16 tiles (192 -> 96);
+        backwards -4 to -17%, 3 BAR.SYNC fewer (8 with a projection); spills gone from GRU
+        H=1024 B=64's and LSTM H=1024 B=64's (fp16) backwards, LSTM H=512 B=32's pair and
+        H=1024 P=512's (LSTM H=768 P=384 B=16: the forward's 24 B gone, the backward 16 B
+        saved around the loop instead); GRU H=1536 B=16's spilling backward 9 -> 10 local
+        ops per step.
+      Triton 3.9: forwards -2 to -18%, 29 -> 13 BAR.SYNC; backwards -3 to -14%, 8 to 16
+        BAR.SYNC fewer; GRU H=512's backward 1 local load per step more, LSTM H=1024 B=16's
+        forward and H=256 B=256's backward 16 B saved around the loop.
+    Not yet timed on a GPU (step_ablation's variant `reducesum`)."""
+    return _HALVED_SUMS
 
 
 def _joined_sums(block_b: int) -> bool:
@@ -2266,8 +2345,9 @@ def _late_loads(cell: str, block_h: int, block_b: int) -> bool:
 
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
     """Split-K factor of the forward's gate dots (R's slice @ h): `_nsplit` capped at
-    _FWD_GATE_SPLIT."""
-    return _nsplit(ka, kb, num_warps, bm, bb, _FWD_GATE_SPLIT)
+    _FWD_GATE_SPLIT, or _FWD_GATE_SPLIT_HALVES where `_halved_sums`."""
+    cap = _FWD_GATE_SPLIT_HALVES if _halved_sums() else _FWD_GATE_SPLIT
+    return _nsplit(ka, kb, num_warps, bm, bb, cap)
 
 
 def _block_o(H: int, P: int, block_h: int) -> int:
@@ -2304,8 +2384,9 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     The reductions are split as `_ksplit` does: RF = sum(_ksplit(Hout)) (R in the forward,
     Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
-    S_x = `_nsplit` of a dot with output rows x, S'_bh = `_gate_split` (the forward's gate
-    dots, S <= 2), G4 = 4 for a gated cell (the forward reduces its gates together) else 1:
+    S_x = `_nsplit` of a dot with output rows x (the forward's at fwd_warps), S'_bh =
+    `_gate_split` (the forward's gate dots, S <= 4 with `_halved_sums`, else 2), G4 = 4 for a
+    gated cell (the forward sums its gates together) else 1:
       forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF', [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)
     (KF' = RF where `_paired_chunks`, else KF)
@@ -2314,7 +2395,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     Equal to the `shared` bytes of the sm_90 bf16 compiles of Triton 3.6 (the larger of the
     two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
     512 / 1536 (rechecked after the forward's split cap: LSTM H=256 bb=32 and GRU H=512 with
-    8 warps, LSTM H=768 with 4). The gate-batched forward (`_fwd_gates` = 2) holds G4 gates'
+    8 warps, LSTM H=768 with 4; and with the slices added by halves, S'_bh = 4: LSTM H=256
+    bb=32 with 8 and 4 forward warps). The gate-batched forward (`_fwd_gates` = 2) holds G4 gates'
     rows (GRU's zero fourth gate too) and stages half a chunk's operand (KS = 2 and 4
     slices, `_batch_ksplit`; all of it with KS = 1):
       forward  = e*(G4*bh*RF + [P] BO*RB) + max(e*bb*KF/min(KS, 2), 4*G4*bh*bb, [P] ...)
@@ -2356,8 +2438,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     proj = P > 0
 
     g4 = 4 if G > 1 else 1
-    gates = _fwd_gates(cell, block_k, bh, bb, num_warps if fwd_warps is None else fwd_warps,
-                       dtype == torch.float32)
+    fw = num_warps if fwd_warps is None else fwd_warps
+    gates = _fwd_gates(cell, block_k, bh, bb, fw, dtype == torch.float32)
     joint = gates > 0  # the gates' product as one tile, split out (a layout conversion)
     if gates == 2:
         stage_f = max(e * bb * KF // min(_batch_ksplit(KF, kf2), 2), 4 * g4 * bh * bb)
@@ -2365,9 +2447,9 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
         stage_f = max(e * bb * KF, 4 * g4 * bh * bb)
     else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
         stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
-                      _split_scratch(KF, kf2, num_warps, bh, bb, g4, _gate_split))
+                      _split_scratch(KF, kf2, fw, bh, bb, g4, _gate_split))
     if proj:
-        stage_f = max(stage_f, e * bb * KB, _split_scratch(KB, kb2, num_warps, BO, bb))
+        stage_f = max(stage_f, e * bb * KB, _split_scratch(KB, kb2, fw, BO, bb))
     fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
     paired = grid_pairs_gates(cell, H, Hout, P, dtype, bh, bb, block_k, smem_limit, num_warps)
     return max(fwd, _grid_bwd_bytes(cell, H, Hout, P, dtype, bh, bb, num_warps, paired))
@@ -2725,7 +2807,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
                 MASK_IN_LOOP=_mask_in_loop(block_h, block_b, tagged),
-                PAIR=_paired_chunks(block_b),
+                PAIR=_paired_chunks(block_b), HALVES=_halved_sums(),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
@@ -2915,6 +2997,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
                 PAIRG=_paired_gates(block_k, block_b) and pair_gates is not False,
+                HALVES=_halved_sums(),
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

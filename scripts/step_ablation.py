@@ -54,6 +54,11 @@ Variants (comma-joined in one process):
     nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
               default narrows them, kernels' _max_chunk: 512 = 256 + 256 at 64 columns)
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
+    reducesum split-K slices added by tl.sum, a cross-warp reduction (kernels' _HALVED_SUMS;
+              by default by halving the slice axis in-thread after one layout conversion),
+              and with it the forward's gate dots split at most 2 ways again
+    gs2       the forward's gate dots split at most 2 ways with the slices added by halves
+              (kernels' _FWD_GATE_SPLIT_HALVES; by default 4: no warp computes copies)
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
     joint     the forward's experimental joint gate dot (kernels.persistent_grid
@@ -195,25 +200,27 @@ SETS = {
 # decide.json): the per-gate split-K forward (nobatch) against the gate-batched one, which
 # it replaced as the default (kernels' _FWD_GATE_BATCH); the streamed B = 256 loops stay
 # (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
-# Next: the anchor's forward, where the batched forward on 8 warps (fw8, 4.95 ms) beat it
-# on 4 (5.55) but neither was timed against the per-gate default on this chip, nor the
-# per-gate dots split 4 ways (s4: on Triton 3.6 the default's 2 slices over 4 warps run
-# every MMA twice, anchor 192 mma.sync per warp and step; s4 96 and 1001 instructions
-# instead of 1093, no spill) or the joint wgmma (64 B spilled); the backward's 1024-wide
-# chunk (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
+# Next: the split-K slices added by halves (the default since; `reducesum` restores tl.sum
+# and the forward's 2 slices over 4 warps, which ran every MMA twice) and the forward split
+# 4 ways with them (`gs2` keeps 2); the anchor's forward, where the batched forward on 8
+# warps (fw8, 4.95 ms) beat it on 4 (5.55) but neither was timed against the per-gate
+# default on this chip, or the joint wgmma (64 B spilled); the backward's 1024-wide chunk
+# (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: the backward's gates loaded ahead (off by default), both chunks of h
-        # loaded together, joined gate sums, the mask formed in the loop, split 4 ways,
-        # gate-batched on 8 warps, 8 warps, joint.
+        # The anchor: the split-K slices added by tl.sum (and the forward split 2 ways), the
+        # forward split 2 ways with halves, the backward's gates loaded ahead (off by
+        # default), both chunks of h loaded together, joined gate sums, the mask formed in
+        # the loop, gate-batched on 8 warps, 8 warps, joint.
         ("lstm,768,16",
-         "layer;pairg,layer;nopair,layer;nosums,layer;carrymask,layer;s4,layer;batch,fw8,layer;"
-         "fw8,layer;joint,layer"),
-        # 512 + 512 loaded together or apart, split 4, or 1024 in one chunk.
-        ("lstm,1024,16", "layer;nopair,layer;pairg,layer;s4,layer;chunk1024,layer"),
+         "layer;reducesum,layer;gs2,layer;pairg,layer;nopair,layer;nosums,layer;carrymask,"
+         "layer;batch,fw8,layer;fw8,layer;joint,layer"),
+        # 512 + 512 loaded together or apart, or 1024 in one chunk; tl.sum.
+        ("lstm,1024,16", "layer;reducesum,layer;gs2,layer;nopair,layer;pairg,layer;"
+                         "chunk1024,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
-        ("gru,1024,64", "layer;batch,layer"),
+        ("gru,1024,64", "layer;reducesum,layer;batch,layer"),  # S = 8 in the backward
         ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
         # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
@@ -246,7 +253,7 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
             XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
-            PAIR: tl.constexpr = False):
+            PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -333,6 +340,8 @@ def swaps() -> dict:
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
+        "reducesum": [(pg, "_HALVED_SUMS", False)],
+        "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

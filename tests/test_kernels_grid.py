@@ -551,7 +551,8 @@ def test_outputs_without_unit_column_stride():
 # one program, all steps in one launch, 2 slices (the in-kernel loop with split K).
 SPLIT_K = pytest.mark.parametrize("H, block_h, block_k, num_warps, S", [
     (64, 16, 0, 4, 4), (96, 16, 0, 4, 2), (64, 16, 32, 4, 2), (32, 32, 0, 8, 2),
-], ids=["one-chunk-S4", "two-chunks-S2", "streamed-S2", "single-program-S2"])
+    (128, 16, 0, 8, 8),
+], ids=["one-chunk-S4", "two-chunks-S2", "streamed-S2", "single-program-S2", "one-chunk-S8"])
 
 
 def test_split_k_factor():
@@ -562,11 +563,21 @@ def test_split_k_factor():
     assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._nsplit(32, 16, 4, 16, 16) == 1
     assert pg._nsplit(16, 0, 8, 16, 16) == 1
-    # The forward's gate dots: at most 2 slices (their joined reduction's bank conflicts).
-    assert pg._gate_split(512, 256, 8, 16, 16) == 2
-    assert pg._gate_split(512, 256, 4, 16, 16) == 2
+    # The forward's gate dots: at most 4 slices with the slices added by halves (the
+    # default), 2 where tl.sum adds them (its cross-warp reduction's bank conflicts).
+    assert pg._halved_sums()
+    assert pg._gate_split(512, 256, 8, 16, 16) == 4
+    assert pg._gate_split(512, 256, 4, 16, 16) == 4
+    assert pg._gate_split(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._gate_split(32, 16, 4, 16, 16) == 1
     assert pg._gate_split(64, 0, 4, 16, 32) == 1  # 4 MMA tiles for 4 warps: a plain dot
+
+
+def test_split_k_factor_with_tl_sum(monkeypatch):
+    monkeypatch.setattr(pg, "_HALVED_SUMS", False)
+    assert pg._gate_split(512, 256, 8, 16, 16) == 2
+    assert pg._gate_split(512, 256, 4, 16, 16) == 2
+    assert pg._nsplit(512, 256, 4, 16, 16) == 4  # the backward's: unchanged
 
 
 @SPLIT_K
@@ -574,9 +585,24 @@ def test_split_k_factor():
 @pytest.mark.parametrize("cell", CELLS)
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
     assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
-    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == min(S, 2)
+    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == min(S, 4)
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
+
+
+# The slices' partial sums added by halving the slice axis (HALVES, `_halved_sums`, the
+# default) or by tl.sum: S = 2 (the forward's joined gates too), 4 and 8, every gate count.
+@pytest.mark.parametrize("halves", [True, False], ids=["halves", "reduce"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+@pytest.mark.parametrize("H, num_warps, S", [(96, 4, 2), (64, 4, 4), (128, 8, 8)],
+                         ids=["S2", "S4", "S8"])
+def test_split_k_sums_halved_or_reduced_match_reference(monkeypatch, cell, H, num_warps, S,
+                                                        halves):
+    monkeypatch.setattr(pg, "_HALVED_SUMS", halves)
+    assert pg._halved_sums() is halves
+    assert pg._nsplit(*pg._ksplit(H, 0), num_warps, 16, 16) == S
+    _check_layer(cell, H, 0, *VARLEN, reverse=False, persistent=True, block_h=16,
+                 num_warps=num_warps)
 
 
 # The backward's resident gate products as 1 or 4 independent MMA chains (CHAINS): the
@@ -1105,9 +1131,9 @@ def test_grid_formulas():
     # forward stages both chunks of its reduction at once on tiles up to 32 columns,
     # `_paired_chunks`, the backward one at a time) and
     # the split-K scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the
-    # forward's 4 gates joined in S = 2, its cap).
+    # forward's 4 gates joined in S = 4, its cap with the slices added by halves).
     # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(the forward's stage of both 512
-    # chunks 2*16*1024, scratch 4*2*4*16*16); the backward stages 2*16*512.
+    # chunks 2*16*1024, scratch 4*4*4*16*16); the backward stages 2*16*512.
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
     # 16 x 32 tiles: the stage doubles (2*32*1024).
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
@@ -1124,10 +1150,14 @@ def test_grid_formulas():
     # H=1536 1024 + 512: 2*3*16*1536 + 2*16*1536 (196608 as compiled; the backward 180224).
     assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 24576
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 196608
-    # 16 x 32 tiles: the forward's scratch [2, 4*16, 32] fp32 and the backward's [8, 16, 32]
-    # are as large as the staged operand (2*32*256): 49152, as compiled (Triton 3.6, 8 warps).
+    # 16 x 32 tiles, 8 warps: the forward's scratch [4, 4*16, 32] fp32 (its 4 joined gates in
+    # 4 slices) is the largest, 65536 as compiled (Triton 3.6); the backward's [8, 16, 32] is
+    # as large as the staged operand (2*32*256). With 4 forward warps (the planner's) its 4
+    # MMA tiles cover the warps: no split, the backward's 49152, as compiled.
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
-        4 * 2 * 4 * 16 * 32) == 49152
+        4 * 4 * 4 * 16 * 32) == 65536
+    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32,
+                                fwd_warps=4) == 49152
     # 2 warps: the 4 MMA tiles of a 16 x 32 output keep them busy, a plain dot, no scratch.
     assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32, num_warps=2) == (
         2 * 4 * 16 * 256 + 2 * 32 * 256)
