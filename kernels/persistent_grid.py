@@ -480,7 +480,7 @@ def _v3(w):
 
 @triton.jit
 def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.constexpr,
-            DT: tl.constexpr, BB: tl.constexpr):
+            DT: tl.constexpr, BB: tl.constexpr, HALVES: tl.constexpr = False):
     """Vector tiles (`vector_tiles`): w_k @ X[jb, k0 : k0 + KC]^T for the cell's gates (G is
     1, 3 or 4) on the FMA units, one batch column at a time, summed in fp32 (the products of
     bf16 / fp16 operands are exact): [BM, BB, 2, 2] fp32 with gate g at [..., g % 2, g // 2]
@@ -489,8 +489,9 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.con
     The weight chunks w_k are [S, BM, KW] (KC = S * KW columns in slices of `vector_width`,
     `_tile`) or [BM, KC] (one slice): a warp holds whole slice rows, so the sums over KW are
     warp shuffles; the gates' partial sums over the S slices are joined and reduced, and
-    later converted, as one tensor, not one per gate (each a round through shared memory).
-    Each column's operand is loaded once for all gates. The weights stay in registers across
+    later converted, as one tensor, not one per gate (each a round through shared memory);
+    2 slices by halves where HALVES (`_halved_sums`). Each column's operand is loaded once for
+    all gates. The weights stay in registers across
     steps (no dot operand is staged in shared memory)."""
     v0 = _v3(w0)
     S: tl.constexpr = v0.shape[0]
@@ -501,12 +502,12 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.con
     for b in tl.static_range(BB):
         jb, ok = _vcol(jb64, x_ok, b, BB)
         x = _vx(X, x_row, jb, ok, k0, S, BM, KW, K, DT)
-        acc = tl.where(sel_b == b, _vq(w0, w1, w2, w3, x, G)[:, None, :, :], acc)
+        acc = tl.where(sel_b == b, _vq(w0, w1, w2, w3, x, G, HALVES)[:, None, :, :], acc)
     return acc
 
 
 @triton.jit
-def _vq(w0, w1, w2, w3, x, G: tl.constexpr):
+def _vq(w0, w1, w2, w3, x, G: tl.constexpr, HALVES: tl.constexpr = False):
     """One batch column of `_vgates`: the gates' products with that column's operand x
     ([S, BM, KW] fp32, `_vx`), [BM, 2, 2] fp32 with gate g at [:, g % 2, g // 2]."""
     r0 = tl.sum(_v3(w0).to(tl.float32) * x, axis=2)
@@ -518,7 +519,11 @@ def _vq(w0, w1, w2, w3, x, G: tl.constexpr):
         r2 = tl.sum(_v3(w2).to(tl.float32) * x, axis=2)
     if G > 3:
         r3 = tl.sum(_v3(w3).to(tl.float32) * x, axis=2)
-    return tl.sum(tl.join(tl.join(r0, r1), tl.join(r2, r3)), axis=0)
+    t = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # [S, BM, 2, 2]
+    if HALVES and t.shape[0] == 2:
+        lo, hi = tl.split(tl.permute(t, (1, 2, 3, 0)))
+        return lo + hi
+    return tl.sum(t, axis=0)
 
 
 @triton.jit
@@ -532,7 +537,7 @@ def _vsplit(acc):
 
 @triton.jit
 def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.constexpr,
-               DT: tl.constexpr, BB: tl.constexpr):
+               DT: tl.constexpr, BB: tl.constexpr, HALVES: tl.constexpr = False):
     """Vector tiles: sum over the G gates of w_k @ X[jb, k * K + k0 : ...]^T -> [BM, BB] fp32,
     gate k's operand at column offset k * K of X's rows (the backward's dph exchange): the
     gates' products are added elementwise and reduced once (slices as in `_vgates`)."""
@@ -552,22 +557,29 @@ def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.
         if G > 3:
             prod += _v3(w3).to(tl.float32) * _vx(X + 3 * K, x_row, jb, ok, k0, S, BM, KW, K,
                                                  DT)
-        acc = tl.where(sel_b == b, tl.sum(tl.sum(prod, axis=2), axis=0)[:, None], acc)
+        q = tl.sum(prod, axis=2)  # [S, BM]
+        if HALVES and S == 2:
+            lo, hi = tl.split(tl.permute(q, (1, 0)))
+            q = lo + hi
+        else:
+            q = tl.sum(q, axis=0)
+        acc = tl.where(sel_b == b, q[:, None], acc)
     return acc
 
 
 @triton.jit
-def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
+def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr,
+          HALVES: tl.constexpr = False):
     """One weight chunk on the FMA units (`_vgate_sum` of one gate):
     w @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32."""
-    return _vgate_sum(w, w, w, w, X, x_row, jb64, x_ok, k0, K, 1, DT, BB)
+    return _vgate_sum(w, w, w, w, X, x_row, jb64, x_ok, k0, K, 1, DT, BB, HALVES)
 
 
 @triton.jit
 def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
             K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
             S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
-            SWAP: tl.constexpr = False):
+            SWAP: tl.constexpr = False, HALVES: tl.constexpr = False):
     """acc[s, i, j] += the part s of sum_k W[a_idx[i], k] * X[jb[j], k] over k < K ([S, BM, BB]
     fp32; summing over s gives the product, `tl.sum(acc, axis=0)`).
 
@@ -580,9 +592,9 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
     turned once at the end: the batch tile becomes the MMA's M dimension, so a batch tile of
     64 makes the loop a Hopper wgmma (M a multiple of 64) where 32 rows would be mma.sync."""
     if RESIDENT and acc.shape[-1] < 16:  # vector tiles (S = 1; slices from the chunk's shape)
-        acc += _vdot(wa, X, x_row, jb64, x_ok, 0, K, DOT_DT, acc.shape[-1])
+        acc += _vdot(wa, X, x_row, jb64, x_ok, 0, K, DOT_DT, acc.shape[-1], HALVES)
         if KB > 0:
-            acc += _vdot(wb, X, x_row, jb64, x_ok, KA, K, DOT_DT, acc.shape[-1])
+            acc += _vdot(wb, X, x_row, jb64, x_ok, KA, K, DOT_DT, acc.shape[-1], HALVES)
     elif RESIDENT:
         acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
         if KB > 0:
@@ -616,7 +628,7 @@ def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
            BB: tl.constexpr, SWAP: tl.constexpr = False, HALVES: tl.constexpr = False):
     """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32 (`_dot_w3`)."""
     acc = _dot_w3(_zacc(S, BM, BB), W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row,
-                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
+                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP, HALVES)
     return _ksum(acc, S, HALVES)
 
 
@@ -841,21 +853,22 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
         # waited for together, then the products of `_vgates`
         xa, xb = _vxpair(wa0, wb0, src, HOUT, jb64, b_ok, KA, KB, HOUT, DOT_DT, XDT, xtag,
                          xsync, max_spin)
-        q = _vq(wa0, wa1, wa2, wa3, xa, G)
+        q = _vq(wa0, wa1, wa2, wa3, xa, G, HALVES)
         if KB > 0:
-            q += _vq(wb0, wb1, wb2, wb3, xb, G)
+            q += _vq(wb0, wb1, wb2, wb3, xb, G, HALVES)
         a0, a1, a2, a3 = _vsplit(q[:, None, :, :])
     elif RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
         # the gates' sums joined (one reduction and one layout conversion for all gates)
         if G == 1:
-            a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB)
+            a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB, HALVES)
             if KB > 0:
-                a0 += _vdot(wb0, src, HOUT, jb64, b_ok, KA, HOUT, DOT_DT, BB)
+                a0 += _vdot(wb0, src, HOUT, jb64, b_ok, KA, HOUT, DOT_DT, BB, HALVES)
         else:
-            q = _vgates(wa0, wa1, wa2, wa3, src, HOUT, jb64, b_ok, 0, HOUT, G, DOT_DT, BB)
+            q = _vgates(wa0, wa1, wa2, wa3, src, HOUT, jb64, b_ok, 0, HOUT, G, DOT_DT, BB,
+                        HALVES)
             if KB > 0:
                 q += _vgates(wb0, wb1, wb2, wb3, src, HOUT, jb64, b_ok, KA, HOUT, G, DOT_DT,
-                             BB)
+                             BB, HALVES)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
         if tagged:
@@ -1302,10 +1315,11 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
         return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
     if BLOCK_B < 16:  # vector tiles: the gates' products summed before one reduction
-        acc = _vgate_sum(wa0, wa1, wa2, wa3, src, G * H, jb64, act1, 0, H, G, DOT_DT, BLOCK_B)
+        acc = _vgate_sum(wa0, wa1, wa2, wa3, src, G * H, jb64, act1, 0, H, G, DOT_DT, BLOCK_B,
+                         HALVES)
         if KB > 0:
             acc += _vgate_sum(wb0, wb1, wb2, wb3, src, G * H, jb64, act1, KA, H, G, DOT_DT,
-                              BLOCK_B)
+                              BLOCK_B, HALVES)
         return tl.where(act1[None, :], carry + acc, carry)
     z = _zacc(S, BLOCK_O, BLOCK_B)
     if PAIRG:  # `_paired_gates`: the operands loaded ahead of their products
@@ -1804,7 +1818,8 @@ def vector_width(dot_dt: tl.dtype) -> int:
     3.6, bf16, B = 1) of the step loops went from 42 to 15 bar.sync and 624 to 559
     instructions (LSTM H=768 forward; backward 52 -> 15, 868 -> 698), 46 -> 18 and 847 -> 667
     at H=1024 (backward 56 -> 18, 1060 -> 816), no spills. The slices of a 512-column chunk
-    still meet across 2 warps (Triton lays the slice axis over warps): 3 of those barriers."""
+    still meet across 2 warps (Triton lays the slice axis over warps): 3 of those barriers,
+    none since the slices are added by halves (`_halved_sums`: 18 -> 12 at LSTM H=1024)."""
     return 32 * 16 // (dot_dt.primitive_bitwidth // 8)
 
 
@@ -2068,6 +2083,9 @@ def _halved_sums() -> bool:
       Triton 3.9: forwards -2 to -18%, 29 -> 13 BAR.SYNC; backwards -3 to -14%, 8 to 16
         BAR.SYNC fewer; GRU H=512's backward 1 local load per step more, LSTM H=1024 B=16's
         forward and H=256 B=256's backward 16 B saved around the loop.
+    Vector tiles (`_vgates`, `_vgate_sum`: a chunk's 2 slices of `vector_width`) likewise,
+    Triton 3.6, B = 1, both passes: 3 to 6 BAR.SYNC fewer (LSTM H=1024 18 -> 12), 1 to 7%
+    fewer instructions, no spills (3.9 compiles them the same either way).
     Not yet timed on a GPU (step_ablation's variant `reducesum`)."""
     return _HALVED_SUMS
 

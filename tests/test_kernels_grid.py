@@ -980,6 +980,18 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sli
     _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=reverse, **kw)
 
 
+# A sliced chunk's two slices (`_vgates`, `_vgate_sum`, `_vdot`) added by halves (the default,
+# `_halved_sums`) or by tl.sum, R's and Pw's products in both passes.
+@pytest.mark.parametrize("halves", [True, False], ids=["halves", "reduce"])
+@pytest.mark.parametrize("cell, P", [("lstm", 20), ("gru", 0)])
+def test_vector_slices_halved_or_reduced_match_reference(monkeypatch, cell, P, halves):
+    monkeypatch.setattr(pg, "_HALVED_SUMS", halves)
+    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
+    monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
+    kw = dict(persistent=True, block_h=8, block_b=2, num_warps=8)
+    _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=False, **kw)
+
+
 def test_vector_tiles_batch_one_single_program():
     # One program (H = 8, block_h = 8, B = 1): the persistent launch runs every step in one
     # launch under the interpreter too, so the in-kernel step loop carries h, c in registers.
