@@ -7,12 +7,15 @@
 # (bench/results), run `tests` (timeout_s 210), then at once `phases` (timeout_s 330) and
 # `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270), its first
 # decisions. A start took about 30 s, transfers included, all three times on 2026-11-26.
-# Next session: `tests` (timeout_s 210), then at once `profile` (timeout_s 380): Nsight
-# Compute on the anchor and on LSTM H=1024 B=64, where a step's time goes beyond the MMAs
-# (the ~2.8 us of a 16 x 16 tile's step that is neither the barrier nor grows with H,
-# scripts/gpu_profile.sh). `all` in the session after: the committed `all` results predate
-# the per-gate forward (kernels' _FWD_GATE_BATCH, off since the second H200 session of
-# 2026-11-26).
+# Next session: `tests` (timeout_s 210), then at once `DECIDE_SECONDS=240 bash
+# scripts/gpu_session.sh decide` (timeout_s 270), whose first rows time the split-K slices
+# added by halves (kernels' _halved_sums, the default since 2026-11-26, untimed) against
+# tl.sum (`reducesum`) and the forward split 2 ways (`gs2`) at the anchor and LSTM H=1024
+# B=16, then `barrier` (timeout_s 240): the per-step latency against the bare barrier with
+# them. Then `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024
+# B=64, where a step's time goes beyond the MMAs (scripts/gpu_profile.sh). `all` in the
+# session after: the committed `all` results predate the per-gate forward (kernels'
+# _FWD_GATE_BATCH, off since the second H200 session of 2026-11-26) and the halves.
 # `barrier` (timeout_s 240) when a session has the time. The other stages are the sweeps
 # and ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
