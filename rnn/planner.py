@@ -938,6 +938,10 @@ class Plan:
             "  recurrences:",
         ]
         for i, lp in enumerate(self.layers):
+            if lp.family == "reference":  # no kernel: no tiles, warps or on-chip weights
+                lines.append(f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: "
+                             f"reference       (the PyTorch recurrence: no kernel)")
+                continue
             weights = _weights_label(self.rnn_mode, lp, getattr(torch, self.dtype),
                                      self.num_units, self.num_proj)
             lines.append(

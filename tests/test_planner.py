@@ -54,6 +54,13 @@ def test_reach_with_weights_resident_on_h100(mode, H):
     assert lp.onchip_bytes <= PRESETS["h100"].smem_per_program
 
 
+def test_explain_names_no_tiles_for_the_reference_family():
+    text = _plan(H=64, dtype=torch.float64).explain()
+    line = next(t for t in text.splitlines() if "layer 0 dir 0" in t)
+    assert "reference" in line and "no kernel" in line
+    assert "block_b" not in line and "warps" not in line and "weights" not in line
+
+
 # The backward's gate operands loaded ahead (PAIRG, `grid_pairs_gates`, an opt-in experiment)
 # where their larger footprint fits the device's budget, the gates apart where it does not:
 # switched on, it changes no plan's family, tiles or warps, only pair_gates and onchip_bytes.
