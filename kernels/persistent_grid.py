@@ -903,8 +903,9 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                 a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
                           xk, FP32_DOT)
     # The S partial sums meet here, all gates at once (join / split only regroup registers):
-    # HALVES and S = 2 (`_halved_sums`), the slice axis moved last and split in two, the
-    # halves added in-thread; else one cross-warp reduction. Gates the cell lacks stay zero.
+    # HALVES and S = 2 or 4 (`_halved_sums`), the slice axes moved last and split in halves,
+    # the halves added in-thread; else one cross-warp reduction. Gates the cell lacks stay
+    # zero.
     if S == 1:
         p0, p1, p2, p3 = a0, a1, a2, a3
     elif G > 1:
