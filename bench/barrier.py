@@ -76,7 +76,11 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
 
 def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: TimingConfig) -> dict:
     """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio."""
-    from tritonrnn.kernels.grid_barrier import run_bare_barriers
+    from tritonrnn.kernels.grid_barrier import (
+        BarrierTimeoutError,
+        check_barriers,
+        run_bare_barriers,
+    )
     from tritonrnn.kernels.persistent_grid import grid_backward, grid_forward
     from tritonrnn.rnn.planner import device_properties, recurrence_choice
 
@@ -98,6 +102,13 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
         lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps,
                               pair_gates=lp.pair_gates), "cuda", timing)
     bare = time_callable(lambda: run_bare_barriers(T, lp.num_programs, device), "cuda", timing)
+    try:
+        # The launches queue their barriers' error flags (deferred check): a launch whose
+        # barrier timed out skipped its waits, and its time is no step's time.
+        check_barriers()
+    except BarrierTimeoutError as e:
+        row["note"] = f"no timing: {e}".splitlines()[0]
+        return row
     row["step_us"] = step.ms * 1e3 / T
     row["bwd_step_us"] = bwd.ms * 1e3 / T
     row["barrier_us"] = bare.ms * 1e3 / T

@@ -541,7 +541,7 @@ def cmd_aot(args) -> int:
     return 0
 
 
-def cmd_barrier(args) -> int:
+def cmd_barrier(args, argv: list[str] | None = None) -> int:
     import datetime as _dt
     import json
 
@@ -549,6 +549,7 @@ def cmd_barrier(args) -> int:
 
     from . import barrier
     from .barrier import format_rows, run
+    from .harness import environment
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if args.dtype not in dtypes:
@@ -564,6 +565,7 @@ def cmd_barrier(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("barrier: needs a CUDA GPU (a grid barrier deadlocks in the "
                          "interpreter); none found")
+    timing = _timing(args)
     device = torch.cuda.get_device_name()
     print(f"persistent-grid forward and backward steps vs bare grid barrier on {device}, "
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
@@ -571,15 +573,20 @@ def cmd_barrier(args) -> int:
     if args.out is not None:
         _check_output(args.out, "--out")
         path = args.out / f"barrier-{device.replace(' ', '-')}-{_dt.date.today().isoformat()}.json"
+    # Tagged as the bench reports are (design: JSON with GPU, commit and versions): a row's
+    # microseconds belong to the kernels of one commit on one GPU, timed one way.
+    header = {"device": device, "environment": environment(torch.device("cuda")),
+              "command": ["tritonrnn", *(argv or [])], "time": args.time,
+              "dtype": args.dtype, "timing": timing.describe("cuda")}
     done: list[dict] = []
 
     def on_row(row: dict) -> None:
         print(format_rows([row]).splitlines()[1], flush=True)
         done.append(row)
         if path is not None:  # after every shape: a run cut short keeps what it finished
-            path.write_text(json.dumps({"device": device, "rows": done}, indent=1) + "\n")
+            path.write_text(json.dumps({**header, "rows": done}, indent=1) + "\n")
 
-    rows = run(args.time, dtypes[args.dtype], _timing(args), shapes, on_row=on_row)
+    rows = run(args.time, dtypes[args.dtype], timing, shapes, on_row=on_row)
     print(format_rows(rows))
     if path is not None:
         print(f"wrote {path}")
@@ -608,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             return cmd_tune(args)
         if args.command == "barrier":
-            return cmd_barrier(args)
+            return cmd_barrier(args, argv)
         if args.command == "aot":
             return cmd_aot(args)
         return cmd_plan(args)

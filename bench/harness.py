@@ -373,7 +373,9 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
             "pct_roofline": "100 * max(flops/matrix_peak, bytes/memory_peak) / measured time",
             "speedup": "baseline ms / implementation ms, same pass (speedup_vs_<baseline>: "
             "torch = cuDNN through torch.nn, launched eagerly; torch_graph = the same passes "
-            "replayed from CUDA graphs, no host launches; torch_packed = PackedSequence input)",
+            "replayed from CUDA graphs, no host launches; torch_packed = PackedSequence input, "
+            "which torch runs with its native kernels, not cuDNN, in bfloat16: see each "
+            "implementation's rnn_backend)",
             "peak_bytes": "torch.cuda.max_memory_allocated during one call, above the "
             "memory allocated before it (null on the CPU); torch-graph: what the pass's "
             "capture allocated (its graph's memory pool)",
@@ -386,12 +388,17 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
 
 
 def write_report(report: dict, out_dir: Path) -> Path:
-    """Writes <device>-<date>-<preset>.json under out_dir; returns its path."""
+    """Writes <device>-<date>-<preset>.json under out_dir; returns its path. A custom shape
+    (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
+    one directory (gpu_session.sh's `vector` stage, LSTM then GRU) must not overwrite each
+    other's report."""
     import json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     date = report["created"][:10]
     stem = f"{device_slug(report['environment']['device'])}-{date}-{report['preset']}"
+    if report["preset"] == "custom" and report["results"]:
+        stem += "-" + device_slug(report["results"][0]["label"])
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
     return path
@@ -410,13 +417,28 @@ def _fmt_bytes(n: int | float | None) -> str:
     return str(n)
 
 
+def _ran_cudnn(impl: str, report: dict) -> bool | None:
+    """Whether every run of a torch.nn baseline in the report went through cuDNN (True),
+    none did (False) or some did (None). torch sends a bfloat16 PackedSequence to its native
+    CUDA kernels, not cuDNN (the padded path takes cuDNN; an H200 run of the varlen shapes
+    found no CudnnRnnBackward node): the runners record it as `rnn_backend`. Reports from
+    before that field count as cuDNN."""
+    ran = {e.get("rnn_backend", "cuDNN").startswith("cuDNN")
+           for r in report["results"]
+           if (e := r["implementations"].get(impl, {})).get("status") == "ok"}
+    return None if len(ran) > 1 else (ran.pop() if ran else True)
+
+
 def display_name(impl: str, report: dict) -> str:
     gpu = report["environment"]["device_type"] == "cuda"
-    return {
-        "torch": "cuDNN" if gpu else "torch-cpu",
-        "torch-packed": "cuDNN-packed" if gpu else "torch-cpu-packed",
-        "torch-graph": "cuDNN-graph",
-    }.get(impl, impl)
+    if not gpu:
+        return {"torch": "torch-cpu", "torch-packed": "torch-cpu-packed",
+                "torch-graph": "cuDNN-graph"}.get(impl, impl)
+    if impl in ("torch", "torch-packed"):
+        cudnn = _ran_cudnn(impl, report)
+        base = "cuDNN" if cudnn else ("torch-native" if cudnn is False else "torch")
+        return base + ("-packed" if impl == "torch-packed" else "")
+    return {"torch-graph": "cuDNN-graph"}.get(impl, impl)
 
 
 def format_table(report: dict) -> str:

@@ -45,8 +45,13 @@ class TimingConfig:
                 "method": "triton.testing.do_bench",
                 "warmup_ms": self.warmup_ms,
                 "rep_ms": self.rep_ms,
+                # `measure` stretches both for a slow pass: warm-up >= 2 calls, repetition
+                # >= MIN_SAMPLES calls; warmup_ms / rep_ms alone understate what ran.
+                "min_warmup_calls": 2,
+                "min_samples": MIN_SAMPLES,
                 "quantiles": list(QUANTILES),
-                "note": "medians after warm-up (and tuning); do_bench flushes L2 between runs",
+                "note": "medians after warm-up (and tuning); do_bench flushes L2 between runs; "
+                "warm-up and repetition are at least 2 and min_samples calls of the pass",
             }
         return {
             "method": "time.perf_counter loop (do_bench needs CUDA)",

@@ -200,6 +200,9 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
     def measure_choice(choice: dict, bound: float | None = None) -> float | Screened:
         with plan_constraints(**choice):
             runner = runners.tritonrnn_runner(case, "triton")
+        # Each choice answers for its own launches' barriers (deferred flags), here and
+        # after its timed runs, so that none is left for the next choice to fail on.
+        _check_barriers(device)
         if not runner.correctness["ok"]:
             raise ValueError(
                 f"outside tolerance (max scaled error {runner.correctness['max_scaled_error']:.2e})"
@@ -214,10 +217,22 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
         if bound is not None:
             one = one_run_ms(fn, device.type)
             if one > bound:
+                _check_barriers(device)
                 return Screened(one)
-        return measure(fn, device.type, timing).ms
+        ms = measure(fn, device.type, timing).ms
+        # A timed launch whose grid barrier timed out skipped its waits: a fast time that is
+        # no result, and must not become the cached best (BarrierTimeoutError: failed).
+        _check_barriers(device)
+        return ms
 
     return measure_choice
+
+
+def _check_barriers(device: torch.device) -> None:
+    if device.type == "cuda":
+        from tritonrnn.kernels.grid_barrier import check_barriers
+
+        check_barriers()
 
 
 def own_choice(plan) -> dict:

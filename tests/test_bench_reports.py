@@ -1,0 +1,219 @@
+"""The benchmark package's measurement and reporting (tritonrnn.bench): the report
+files of custom runs, the barrier JSON's tags, and grid-barrier timeouts during timed runs
+(barrier rows, tuner candidates). GPU-only paths are driven on the CPU with their launches
+replaced by stubs; only the harness logic around them runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from tritonrnn.bench import barrier, runners, tune
+from tritonrnn.bench.cli import main
+from tritonrnn.bench.presets import BenchShape
+from tritonrnn.bench.timing import Timing, TimingConfig
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path / "cache"))
+    # `--device cpu` sets TRITON_INTERPRET for the process; restore it after each test.
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
+
+
+# ----------------------------------------------------------------------------- report files
+
+
+def test_two_custom_runs_into_one_directory_keep_both_reports(tmp_path, capsys):
+    """gpu_session.sh's `vector` stage runs `bench --mode lstm --hidden 768 ...` and then
+    `--mode gru --hidden 1024 ...` with the same --out: both are preset 'custom', and the
+    second report (JSON and PNG) used to replace the first."""
+    common = ["bench", "--device", "cpu", "--hidden", "4", "--input-size", "3", "--batch", "1",
+              "--time", "2", "--dtype", "fp32", "--impl", "torch", "--pass", "fwd",
+              "--cpu-rep", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main([*common, "--mode", "lstm"]) == 0
+    assert main([*common, "--mode", "gru"]) == 0
+    capsys.readouterr()
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert sorted(r["results"][0]["shape"]["mode"] for r in reports) == ["gru", "lstm"]
+    assert len(list(tmp_path.glob("*.png"))) == 2
+
+
+# ----------------------------------------------------------------------------- barrier
+
+
+def _stub_barrier_launches(monkeypatch, *, timed_out: bool):
+    """measure_shape on the CPU: a persistent-grid plan, launches that do nothing, a fixed
+    1 ms per timed call, and the deferred barrier check raising when `timed_out`."""
+    from tritonrnn.kernels import grid_barrier, persistent_grid
+    from tritonrnn.rnn import planner
+
+    lp = planner.LayerPlan("persistent_grid", block_b=16, block_h=32, num_warps=4,
+                           num_programs=8)
+    monkeypatch.setattr(planner, "device_properties", lambda device: None)
+    monkeypatch.setattr(planner, "recurrence_choice", lambda *a, **k: (lp, "heuristic"))
+    monkeypatch.setattr(persistent_grid, "grid_forward", lambda *a, **k: None)
+    monkeypatch.setattr(persistent_grid, "grid_backward", lambda *a, **k: None)
+    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda *a, **k: None)
+
+    def check():
+        if timed_out:
+            raise grid_barrier.BarrierTimeoutError("a launch of _grid_fwd: timed out")
+
+    monkeypatch.setattr(grid_barrier, "check_barriers", check)
+
+    def timed(fn, device_type, cfg):
+        fn()
+        return Timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(barrier, "time_callable", timed)
+
+
+@pytest.mark.parametrize("timed_out", [False, True], ids=["ok", "timed-out"])
+def test_barrier_row_is_no_timing_when_a_timed_launchs_barrier_timed_out(monkeypatch,
+                                                                        timed_out):
+    _stub_barrier_launches(monkeypatch, timed_out=timed_out)
+    T = 8
+    row = barrier.measure_shape("gru", 32, 2, T, torch.float32, torch.device("cpu"),
+                                TimingConfig())
+    if not timed_out:
+        assert row["step_us"] == pytest.approx(1e3 / T)
+        assert row["ratio"] == pytest.approx(1.0)
+        return
+    assert "step_us" not in row and "ratio" not in row
+    assert "timed out" in row["note"]
+    assert "timed out" in barrier.format_rows([row])
+
+
+def test_barrier_json_is_tagged_with_commit_versions_and_timing(tmp_path, capsys,
+                                                               monkeypatch):
+    """The design: JSON tagged with GPU, commit and versions. The barrier file had only the
+    device name and the rows."""
+    row = {"mode": "gru", "H": 512, "B": 1, "T": 16, "dtype": "bfloat16",
+           "family": "persistent_grid", "programs": 8, "block_h": 64, "block_b": 16,
+           "block_k": 0, "num_warps": 4, "num_warps_bwd": 4, "step_us": 5.0,
+           "bwd_step_us": 9.0, "barrier_us": 2.5, "ratio": 2.0, "bwd_ratio": 3.6}
+
+    def fake_run(T, dtype, timing, shapes, on_row=None):
+        assert isinstance(timing, TimingConfig)
+        on_row(row)
+        return [row]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(barrier, "run", fake_run)
+    assert main(["barrier", "--time", "16", "--mode", "gru", "--hidden", "512", "--batch",
+                 "1", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    (path,) = tmp_path.glob("barrier-*.json")
+    data = json.loads(path.read_text())
+    assert data["rows"] == [row] and data["device"] == "Fake GPU"
+    env = data["environment"]
+    assert env["device"] == "Fake GPU"
+    for key in ("commit", "source_sha256", "torch", "triton", "python"):
+        assert env[key], key
+    assert data["time"] == 16 and data["dtype"] == "bf16"
+    assert data["timing"]["method"] == "triton.testing.do_bench"
+    assert data["command"][:2] == ["tritonrnn", "barrier"]
+
+
+# ----------------------------------------------------------------------------- tune
+
+
+def test_tune_fails_a_candidate_whose_timed_launch_had_a_barrier_time_out(monkeypatch):
+    """The harness checks the deferred barrier flags after timing (a timed-out barrier skips
+    its waits: a fast, wrong time); the tuner did not, so such a time could be cached as the
+    key's best choice."""
+    from tritonrnn.kernels import grid_barrier
+
+    runner = runners.Runner("tritonrnn", passes={"fwdbwd": lambda: None},
+                            correctness={"ok": True, "max_scaled_error": 0.0})
+    monkeypatch.setattr(runners, "build_case", lambda *a, **k: object())
+    monkeypatch.setattr(runners, "compute_oracle", lambda case: None)
+    monkeypatch.setattr(runners, "tritonrnn_runner", lambda case, backend: runner)
+    timed = []
+
+    def fake_measure(fn, device_type, cfg):
+        timed.append(fn())
+        return Timing(0.5, 0.5, 0.5)
+
+    monkeypatch.setattr(tune, "measure", fake_measure)
+
+    def check():  # the checked run's launches were fine; a timed one's barrier timed out
+        if timed:
+            raise grid_barrier.BarrierTimeoutError("a launch of _grid_fwd: timed out")
+
+    monkeypatch.setattr(grid_barrier, "check_barriers", check)
+    shape = BenchShape(mode="lstm", hidden=32, batch=4, time=8, dtype="float32").validated()
+    measure_choice = tune.shape_measurer(shape, torch.device("cuda"), TimingConfig())
+    with pytest.raises(grid_barrier.BarrierTimeoutError):
+        measure_choice({}, None)
+    assert timed == [None]
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def _gpu_report(packed_backend: str) -> dict:
+    """A GPU report of one varlen shape: tritonrnn, cuDNN on padded input, and torch.nn on
+    a PackedSequence that ran `packed_backend` (runners.torch_runner's rnn_backend)."""
+    def run(impl, ms):
+        return {"impl": impl, "pass": "fwd", "status": "ok", "ms": ms, "ms_p20": ms,
+                "ms_p80": ms, "peak_bytes": 1024, "tflops": 1.0, "pct_roofline": 1.0,
+                "speedup_vs_torch": 8.0 / ms, "speedup_vs_torch_packed": 20.0 / ms}
+
+    def entry(backend):
+        return {"status": "ok", "correctness": None, "correctness_note": "timed only",
+                "reserve_bytes": None, "rnn_backend": backend}
+
+    result = {"label": "lstm H256 B16 T1024 bf16 varlen=uniform", "tokens": 9000,
+              "runs": [run("tritonrnn", 2.0), run("torch", 8.0), run("torch-packed", 20.0)],
+              "implementations": {"tritonrnn": {**entry(None), "rnn_backend": None},
+                                  "torch": entry("cuDNN 91900"),
+                                  "torch-packed": entry(packed_backend)},
+              "reserve_ratio": {}, "plan": {"error": "none here"}}
+    return {"environment": {"device_type": "cuda", "device": "NVIDIA H200", "commit": "abc"},
+            "preset": "varlen", "results": [result],
+            "roofline": {"memory_bytes_per_s": 4e12, "matrix_flops_per_s": {"bfloat16": 7e14}}}
+
+
+def test_a_packed_baseline_that_did_not_run_cudnn_is_not_called_cudnn():
+    """torch runs a bfloat16 PackedSequence with its native CUDA kernels (the committed H200
+    varlen results: rnn_backend 'torch native CUDA', no cuDNN reserve), yet the summary
+    table and the plot named that baseline 'cuDNN-packed'."""
+    from tritonrnn.bench.harness import display_name, format_table
+
+    native = _gpu_report("torch native CUDA")
+    text = format_table(native)
+    assert "cuDNN-packed" not in text
+    assert "torch-native-packed" in text
+    assert display_name("torch", native) == "cuDNN"  # the padded run did take cuDNN
+    assert display_name("torch-packed", _gpu_report("cuDNN 91900")) == "cuDNN-packed"
+
+
+def test_the_gpu_timing_description_names_the_stretched_budget(monkeypatch):
+    """measure() stretches do_bench's budget to at least 2 warm-up calls and MIN_SAMPLES
+    timed calls of a slow pass; the report said only warmup_ms / rep_ms (25 / 100), which a
+    12 ms pass would turn into 8 samples, not the 10 or more that ran."""
+    import triton.testing
+
+    from tritonrnn.bench import timing
+
+    got = {}
+
+    def do_bench(fn, warmup, rep, quantiles):
+        got.update(warmup=warmup, rep=rep)
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(timing, "one_run_ms", lambda fn, device_type: 37.0)
+    cfg = TimingConfig()
+    timing.measure(lambda: None, "cuda", cfg)
+    desc = cfg.describe("cuda")
+    assert got["rep"] >= desc["min_samples"] * 37.0
+    assert got["warmup"] >= desc["min_warmup_calls"] * 37.0
+    assert desc["min_samples"] == timing.MIN_SAMPLES
