@@ -903,7 +903,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                 a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
                           xk, FP32_DOT)
     # The S partial sums meet here, all gates at once (join / split only regroup registers):
-    # HALVES and S = 2 or 4 (`_halved_sums`), the slice axes moved last and split in halves,
+    # HALVES and S = 2, 4 or 8 (`_halved_sums`), the slice axes moved last and split in halves,
     # the halves added in-thread; else one cross-warp reduction. Gates the cell lacks stay
     # zero.
     if S == 1:
@@ -916,6 +916,12 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
         elif HALVES and S == 4:
             lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, BH, BB, 2, 2]),
                                          (2, 3, 4, 5, 0, 1)))
+            lo, hi = tl.split(lo + hi)
+            t01, t23 = tl.split(lo + hi)
+        elif HALVES and S == 8:
+            lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, 2, BH, BB, 2, 2]),
+                                         (3, 4, 5, 6, 0, 1, 2)))
+            lo, hi = tl.split(lo + hi)
             lo, hi = tl.split(lo + hi)
             t01, t23 = tl.split(lo + hi)
         else:
@@ -1867,7 +1873,17 @@ _FWD_GATE_SPLIT = 2
 # longest MMA chain 16 -> 8, 14 BAR.SYNC either way, no spills (the reduction at S = 4: 925
 # instructions, 70 LDS and 88 STS, against 12 and 24 by halves). Not yet timed on a GPU
 # (step_ablation's variant `gs2` keeps S = 2, `reducesum` the reduction with S = 2).
-_FWD_GATE_SPLIT_HALVES = 4
+# The cap is 8, one slice per warp on 8 warps too: at 4 slices Triton 3.6 laid them over 8
+# warps as copies (the anchor's forward on 8 warps, `fw8`: 96 mma.sync and 60 ldmatrix per
+# warp, as on 4). At S = 8 (Triton 3.6, bf16, 8 warps, step loop per warp, forward ;
+# backward, instructions / mma.sync, the planner's 4 warps -> 8 in both passes, `w8`):
+# LSTM H=768 B=16 696 / 96 -> 483 / 48 ; 1065 / 96 -> 650 / 48, H=1024 B=16 757 / 128 ->
+# 508 / 64 ; 1139 / 128 -> 702 / 64, GRU H=1024 B=16 637 / 96 -> 447 / 48 ; 927 / 96 ->
+# 599 / 48; no spills, BAR.SYNC unchanged. The planner keeps 4 warps on 16 x 16 tiles
+# (`planner._persistent_grid_warps`: 8 measured slower on an H100 when the slices met in
+# tl.sum) until a GPU times 8 (step_ablation `w8`, first in `decide`); no plan's kernel
+# changes with the cap.
+_FWD_GATE_SPLIT_HALVES = 8
 
 
 def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int:
@@ -2070,9 +2086,10 @@ def _halved_sums() -> bool:
     it in halves (tl.split), the halves added in-thread: one layout conversion through
     shared memory. tl.sum over the slice axis, which Triton lays across warps, is a
     cross-warp reduction whose result then takes another conversion to the cell's layout.
-    With the forward's gate dots then split 4 ways (`_FWD_GATE_SPLIT_HALVES`: no warp
-    computes copies), the sm_90 compiles of seven bench presets' plans (grid, targets, fp16,
-    large-batch, small-batch, gru, stack; 47 of 74 kernels change), step loop per warp,
+    With the forward's gate dots then split one slice per warp (up to 8,
+    `_FWD_GATE_SPLIT_HALVES`: no warp computes copies), the sm_90 compiles of seven bench
+    presets' plans (grid, targets, fp16, large-batch, small-batch, gru, stack; 47 of 74
+    kernels change), step loop per warp,
     tl.sum -> halves:
       Triton 3.6: forwards -26 to -34% instructions (the anchor 1014 -> 696), 17 -> 14
         BAR.SYNC (31 -> 23 with a projection), mma.sync halved on 16 x 16 tiles (192 -> 96);
@@ -2404,7 +2421,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
     S_x = `_nsplit` of a dot with output rows x (the forward's at fwd_warps), S'_bh =
-    `_gate_split` (the forward's gate dots, S <= 4 with `_halved_sums`, else 2), G4 = 4 for a
+    `_gate_split` (the forward's gate dots, S <= 8 with `_halved_sums`, else 2), G4 = 4 for a
     gated cell (the forward sums its gates together) else 1:
       forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF', [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)

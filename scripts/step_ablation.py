@@ -208,15 +208,17 @@ SETS = {
 # (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: the split-K slices added by tl.sum (and the forward split 2 ways), the
-        # forward split 2 ways with halves, the backward's gates loaded ahead (off by
-        # default), both chunks of h loaded together, joined gate sums, the mask formed in
-        # the loop, gate-batched on 8 warps, 8 warps, joint.
+        # The anchor: 8 warps in both passes (one K slice per warp, no copies, since the
+        # slices are added by halves), with the weights in registers too; the split-K
+        # slices added by tl.sum (and the forward split 2 ways), the forward split 2 ways
+        # with halves, the backward's gates loaded ahead (off by default), both chunks of h
+        # loaded together, joined gate sums, the mask formed in the loop, gate-batched on 8
+        # warps, joint.
         ("lstm,768,16",
-         "layer;reducesum,layer;gs2,layer;pairg,layer;nopair,layer;nosums,layer;carrymask,"
-         "layer;batch,fw8,layer;fw8,layer;joint,layer"),
-        # 512 + 512 loaded together or apart, or 1024 in one chunk; tl.sum.
-        ("lstm,1024,16", "layer;reducesum,layer;gs2,layer;nopair,layer;pairg,layer;"
+         "layer;w8,layer;hoist,w8,layer;reducesum,layer;gs2,layer;pairg,layer;nopair,layer;"
+         "nosums,layer;carrymask,layer;batch,fw8,layer;joint,layer"),
+        # 8 warps; 512 + 512 loaded together or apart, or 1024 in one chunk; tl.sum.
+        ("lstm,1024,16", "layer;w8,layer;reducesum,layer;gs2,layer;nopair,layer;pairg,layer;"
                          "chunk1024,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
@@ -226,7 +228,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
         ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),
         ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
-        ("gru,1536,16", "layer;bw8,layer"),  # the spilling 4-warp backward
+        ("gru,1536,16", "layer;bw8,layer;w8,layer"),  # the spilling 4-warp backward
     ],
 }
 

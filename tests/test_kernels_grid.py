@@ -563,10 +563,10 @@ def test_split_k_factor():
     assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._nsplit(32, 16, 4, 16, 16) == 1
     assert pg._nsplit(16, 0, 8, 16, 16) == 1
-    # The forward's gate dots: at most 4 slices with the slices added by halves (the
-    # default), 2 where tl.sum adds them (its cross-warp reduction's bank conflicts).
+    # The forward's gate dots: one slice per warp (up to 8) with the slices added by halves
+    # (the default), 2 where tl.sum adds them (its cross-warp reduction's bank conflicts).
     assert pg._halved_sums()
-    assert pg._gate_split(512, 256, 8, 16, 16) == 4
+    assert pg._gate_split(512, 256, 8, 16, 16) == 8
     assert pg._gate_split(512, 256, 4, 16, 16) == 4
     assert pg._gate_split(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._gate_split(32, 16, 4, 16, 16) == 1
@@ -585,13 +585,14 @@ def test_split_k_factor_with_tl_sum(monkeypatch):
 @pytest.mark.parametrize("cell", CELLS)
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
     assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
-    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == min(S, 4)
+    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
 
 
 # The slices' partial sums added by halving the slice axis (HALVES, `_halved_sums`, the
-# default) or by tl.sum: S = 2 (the forward's joined gates too), 4 and 8, every gate count.
+# default) or by tl.sum: S = 2, 4 and 8 (with halves the forward's joined gates too), every
+# gate count.
 @pytest.mark.parametrize("halves", [True, False], ids=["halves", "reduce"])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("H, num_warps, S", [(96, 4, 2), (64, 4, 4), (128, 8, 8)],
