@@ -274,6 +274,33 @@ _cudnn_rnn_op.register_autograd(_backward, setup_context=_setup_context)
 # ----------------------------------------------------------------------------- public API
 
 
+def _check_devices(input, input_h, input_c, params, sequence_lengths, seeds,
+                   is_training: bool) -> None:
+    """The op's tensors on the input's device (lengths and seeds anywhere, but with data when
+    the input has data). Checked before the op is called: the dispatcher runs a custom op's
+    fake (shape-only) implementation as soon as one argument is on the meta device, which
+    would return uninitialised tensors for a real input instead of rnn.ops' error."""
+    dev = input.device
+    for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name}: expected a tensor on {dev} (the input's), got {t.device}")
+    if dev.type == "meta":
+        if is_training and sequence_lengths is not None:
+            # The fake sizes the reserve from sum(lengths), which meta tensors cannot give.
+            raise ValueError(
+                "sequence_lengths: expected None for meta tensors with is_training=True (the "
+                "reserve's size depends on the lengths, which a meta call cannot read), got a "
+                "tensor"
+            )
+        return
+    for name, t in (("sequence_lengths", sequence_lengths), ("seeds", seeds)):
+        if t is not None and t.device.type == "meta":
+            raise ValueError(
+                f"{name}: expected a tensor with data (read on the host), got a tensor on the "
+                f"meta device"
+            )
+
+
 def cudnn_rnn(
     input: torch.Tensor,
     input_h: torch.Tensor,
@@ -303,7 +330,7 @@ def cudnn_rnn(
     can draw fresh dropout seeds with torch.randint without a graph break).
     Returns CudnnRNNOutput(output, output_h, output_c, reserve_space, host_reserved).
     """
-    if rnn_mode != "lstm" and rnn_mode in _GATES:
+    if isinstance(rnn_mode, str) and rnn_mode != "lstm" and rnn_mode in _GATES:
         ops.check_ignored_state("input_c", input_c, rnn_mode)
         input_c = None  # ignored for non-LSTM modes; None keeps it out of the graph
     seed = check_int64("seed", seed)  # the schema's int64 (as the op's), before torch's cast
@@ -331,6 +358,8 @@ def cudnn_rnn(
     if seeds is not None and not isinstance(seeds, torch.Tensor):
         raise TypeError(f"seeds: expected an int64 tensor of shape [2] or None, got "
                         f"{type(seeds).__name__}")
+    _check_devices(input, input_h, input_c if rnn_mode == "lstm" else None, params,
+                   sequence_lengths, seeds, is_training)
     out = torch.ops.tritonrnn.cudnn_rnn(
         input, input_h, input_c, params, sequence_lengths, seeds, rnn_mode, input_mode,
         direction, dropout, seed, seed2, num_proj, is_training, time_major, backend,

@@ -1,0 +1,86 @@
+"""The torch.library wrapper (rnn/library.py) at its boundary: every tensor on the input's
+device, a meta tensor beside real ones refused (the dispatcher would otherwise run the op's
+shape-only implementation and return uninitialised tensors), and arguments named in each
+error as rnn.ops names them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonrnn.rnn import params_size
+from tritonrnn.rnn.library import cudnn_rnn as library_cudnn_rnn
+
+T, B, I, H = 3, 2, 3, 4
+
+
+def _lstm_args(device="cpu"):
+    g = torch.Generator().manual_seed(3)
+    n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
+    return {"input": rnd(T, B, I), "input_h": rnd(1, B, H), "input_c": rnd(1, B, H),
+            "params": rnd(n)}
+
+
+# ----------------------------------------------------------------------------- library op
+
+
+@pytest.mark.parametrize("rnn_mode", [["lstm"], {"gru": 1}], ids=["list", "dict"])
+def test_library_names_an_unhashable_rnn_mode(rnn_mode):
+    # The library wrapper looked the mode up in a dict before checking it is a string: an
+    # unhashable value raised "unhashable type" without naming the argument.
+    a = _lstm_args()
+    with pytest.raises(ValueError, match=r"rnn_mode: expected a string, got "):
+        library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"],
+                          rnn_mode=rnn_mode, backend="reference")
+
+
+META_CASES = {
+    # argument on the meta device beside real tensors: (argument, regex)
+    "input_h": ("input_h", r"input_h: expected a tensor on cpu \(the input's\), got meta"),
+    "input_c": ("input_c", r"input_c: expected a tensor on cpu \(the input's\), got meta"),
+    "params": ("params", r"params: expected a tensor on cpu \(the input's\), got meta"),
+    "input": ("input", r"input_h: expected a tensor on meta \(the input's\), got cpu"),
+    "seeds": ("seeds", r"seeds: expected a tensor with data .*got a tensor on the meta device"),
+    "sequence_lengths": ("sequence_lengths", r"sequence_lengths: expected a tensor with data "
+                         r".*got a tensor on the meta device"),
+}
+
+
+@pytest.mark.parametrize("case", list(META_CASES))
+def test_library_rejects_a_meta_tensor_beside_real_ones(case):
+    # A custom op dispatches to its fake (shape-only) implementation as soon as one argument
+    # is on the meta device: the library returned uninitialised real tensors (output, states,
+    # a reserve without a header) instead of the error rnn.ops.cudnn_rnn gives.
+    name, pattern = META_CASES[case]
+    a = _lstm_args()
+    a["seeds"] = torch.tensor([5, 6])
+    a["sequence_lengths"] = torch.tensor([T, 1])
+    a[name] = a[name].to("meta")
+    with pytest.raises(ValueError, match=pattern):
+        library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"],
+                          a["sequence_lengths"], seeds=a["seeds"], dropout=0.5,
+                          backend="reference")
+
+
+def test_library_all_meta_still_gives_shapes():
+    # The meta device as a whole stays a shape-only run (the fake), as before.
+    a = _lstm_args("meta")
+    out = library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"],
+                            backend="reference")
+    assert out.output.is_meta and tuple(out.output.shape) == (T, B, H)
+
+
+@pytest.mark.parametrize("lengths_device", ["cpu", "meta"])
+def test_library_all_meta_with_lengths_is_named(lengths_device):
+    # A meta call's reserve size depends on sum(lengths), which the fake cannot read: named as
+    # sequence_lengths instead of torch's RuntimeError about data-dependent meta outputs.
+    a = _lstm_args("meta")
+    lens = torch.tensor([T, 1], device=lengths_device)
+    with pytest.raises(ValueError, match=r"sequence_lengths: expected None for meta tensors "
+                                         r"with is_training=True.*got a tensor"):
+        library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"], lens,
+                          backend="reference")
+    out = library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"], lens,
+                            is_training=False, backend="reference")
+    assert out.output.is_meta and out.reserve_space.numel() == 0
