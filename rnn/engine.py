@@ -128,11 +128,13 @@ def _layer_input(cfg, info, layer, x0, ys, training, dropped=None):
     return y
 
 
-def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training):
+def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, reuse=False):
     """What every forward starts from: the parameter views, the initial states in sorted batch
     order and the (poisoned) final-state outputs, the reserve (training: allocated, with its
     c_seq and layer-output views; inference: empty) and every layer's packed output
-    [N, D*Hout] (the inner ones in the reserve when training)."""
+    [N, D*Hout] (the inner ones in the reserve when training). reuse (inference, layers run
+    one after another): the inner outputs alternate between two buffers, as layer l reads
+    only layer l-1's; the layer pipeline, whose layers run concurrently, keeps them all."""
     L, D, Hout, lstm = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.is_lstm
     h0s = h0.index_select(1, info.perm)
     c0s = c0.index_select(1, info.perm) if lstm else None
@@ -144,7 +146,9 @@ def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training):
         reserve = torch.empty(0, dtype=torch.uint8, device=dev)
         host_reserved = torch.empty(0, dtype=torch.int8)
         c_views = []
-        y_views = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev) for _ in range(L - 1)]
+        inner = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)
+                 for _ in range(min(L - 1, 2) if reuse else L - 1)]
+        y_views = [inner[i % len(inner)] for i in range(L - 1)]
     ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
     return (layer_views(cfg, params), h0s, c0s, poison_like(h0s),
             poison_like(c0s) if lstm else None, reserve, host_reserved, c_views, ys)
@@ -168,13 +172,14 @@ def forward(
     dtype, dev = x.dtype, x.device
     lstm = cfg.is_lstm
     (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
-     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training)
+     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, reuse=True)
     # The input pre-activations [N, G*H] of each direction in flight, reused by every layer:
     # both directions' ([2, N, G*H]) when the backend runs them in one call.
     paired = pairs_directions(rec, D)
     xg = new_buffer(2 if paired else 1, info.N, cfg.num_gates * cfg.num_units, dtype=dtype,
                     device=dev)
-    dropped = new_buffer(info.N, D * Hout, dtype=dtype, device=dev) if L > 1 else None
+    drop = L > 1 and training and cfg.dropout > 0  # the inter-layer dropout's workspace
+    dropped = new_buffer(info.N, D * Hout, dtype=dtype, device=dev) if drop else None
     for layer in range(L):
         xl = _layer_input(cfg, info, layer, x, ys, training, dropped)
         y_dirs = [ys[layer][:, d * Hout : (d + 1) * Hout] for d in range(D)]
@@ -272,9 +277,9 @@ def backward(
     dh_total = buf(W, N, Hout) if proj else None
     m_seq = buf(W, N, H) if proj else None
     width = max(cfg.input_size, D * Hout)
-    pingpong = (buf(N * width), buf(N * width))
+    pingpong = (buf(N * width), buf(N * width) if L > 1 else None)  # layer l uses [l % 2]
     acc = torch.float32 if dtype != torch.float64 else None
-    dropped = buf(N, D * Hout) if L > 1 else None
+    dropped = buf(N, D * Hout) if L > 1 and cfg.dropout > 0 else None
 
     def half(t, w):
         return t[w] if t is not None else None

@@ -1042,8 +1042,8 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
                 add(ws.name, ws.shape, ws.phase)
         add("output_backprop slab", (T, B, D * Hout), "tensorarray")
         return tuple(out)
-    if L > 1:
-        # The inter-layer dropout scratch the unpipelined engine allocates for any dropout.
+    if L > 1 and cfg.dropout > 0:
+        # The inter-layer dropout's workspace, in each pass.
         add("dropped", (N, D * Hout), "forward")
         add("dropped", (N, D * Hout), "backward")
     add("pre_x", (*W, N, G * H), "backward")
@@ -1057,7 +1057,8 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
     if P:
         add("dh_total", (*W, N, Hout), "backward")
         add("m_seq", (*W, N, H), "backward")
-    add("dx_dy (ping-pong)", (2, N, max(cfg.input_size, D * Hout)), "backward")
+    # dx / dy alternate between two buffers down the stack (one for a single layer).
+    add("dx_dy (ping-pong)", (min(L, 2), N, max(cfg.input_size, D * Hout)), "backward")
     add("output_backprop slab", (T, B, D * Hout), "tensorarray")
     return tuple(out)
 
@@ -1088,7 +1089,7 @@ def plan_for(
     """Plans one RNN stack for a batch/time size on a device (a preset name, properties, or
     None for the current device). Cached by key; T and B enter only as power-of-two buckets
     for the kernel choice (buffer sizes use the exact values). `dropout` (between layers, as
-    cudnn_rnn's) changes only the buffers: the pipelined run's dropout scratch. batch and
+    cudnn_rnn's) changes only the buffers: the inter-layer dropout's workspaces. batch and
     max_time: Python or NumPy ints >= 1 (TypeError for another type, ValueError below 1)."""
     props = device_properties
     if props is None:

@@ -138,10 +138,10 @@ def test_automatic_lists_the_extra_buffers_and_counts_them_in_peak(monkeypatch):
         row = rf"\n    {phase} +{re.escape(name)} +{re.escape(str(list(shape)))} +bfloat16 +"
         assert re.search(rf"{row}{nbytes:,} B\n", text), name
     assert f"extra workspaces (pipeline.* below): {extra:,} B" in text
-    # Unpipelined backward: dropped, pre_x, pre_h, dpre_x, h_prev, c_prev, dx/dy ping-pong
-    # [2, N, 768]. Pipelined: pre_x, pre_h, c_prev, dy, dx, h_prev, dpre_x (first slot)
-    # and the extras above; the backward is the larger phase in both.
-    bwd_serial = N * (3 * GH + 3 * H + 2 * H) * item
+    # Unpipelined backward (no dropout: no dropped workspace): pre_x, pre_h, dpre_x, h_prev,
+    # c_prev, dx/dy ping-pong [2, N, 768]. Pipelined: pre_x, pre_h, c_prev, dy, dx, h_prev,
+    # dpre_x (first slot) and the extras above; the backward is the larger phase in both.
+    bwd_serial = N * (3 * GH + 2 * H + 2 * H) * item
     bwd_pipe = N * (3 * GH + 4 * H) * item + extra - 2 * 2 * 2 * 16 * H * item
     assert _phase_bytes(serial, "backward") == bwd_serial
     assert _phase_bytes(p, "backward") == bwd_pipe
@@ -277,27 +277,34 @@ def test_plan_bytes_match_what_the_engine_allocates(case):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * max(1.0, b.abs().max().item()))
 
 
-@pytest.mark.parametrize("mode,direction,proj", [
-    ("lstm", "bidirectional", 0), ("gru", "bidirectional", 0), ("lstm", "unidirectional", 3),
-    ("lstm", "bidirectional", 3), ("rnn_tanh", "unidirectional", 0),
+@pytest.mark.parametrize("mode,direction,proj,layers,dropout", [
+    ("lstm", "bidirectional", 0, 2, 0.0), ("gru", "bidirectional", 0, 2, 0.0),
+    ("lstm", "unidirectional", 3, 2, 0.0), ("lstm", "bidirectional", 3, 2, 0.0),
+    ("rnn_tanh", "unidirectional", 0, 2, 0.0), ("lstm", "unidirectional", 0, 2, 0.25),
+    ("gru", "bidirectional", 0, 3, 0.25), ("lstm", "unidirectional", 0, 1, 0.25),
+    ("lstm", "bidirectional", 3, 1, 0.0),
 ])
-def test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, proj):
+def test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, proj, layers,
+                                                           dropout):
     # Every workspace the engine allocates for a training step with the Triton backend,
     # forward and backward, is in the plan with its shape: bidirectional layers'
     # per-recurrence workspaces hold a half per direction. Not counted: the [L*D, B, C] final
     # states and their gradients (outputs), and x_packed (the ops pack x before the engine
-    # runs); the dx/dy ping-pong is two flat [N * C] buffers.
+    # runs); the dx/dy ping-pong is flat [N * C] buffers, two (one for a single layer); the
+    # inter-layer dropout's workspace only where there is dropout between layers.
     from tritonrnn.rnn.triton_backend import triton_recurrence
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = make_config(rnn_mode=mode, num_layers=2, num_units=H, input_size=I,
-                      direction=direction, num_proj=proj)
+    cfg = make_config(rnn_mode=mode, num_layers=layers, num_units=H, input_size=I,
+                      direction=direction, num_proj=proj, dropout=dropout)
     seen, _, _, _ = _engine_run(cfg, 1, triton_recurrence(), device)
-    plan = plan_for(rnn_mode=mode, input_size=I, num_units=H, num_layers=2,
+    plan = plan_for(rnn_mode=mode, input_size=I, num_units=H, num_layers=layers,
                     direction=direction, num_proj=proj, batch=B, max_time=T,
-                    dtype=torch.float32,
+                    dropout=dropout, dtype=torch.float32,
                     device_properties=None if device == "cuda" else "interpreter")
-    LD = 2 * cfg.num_dirs
+    assert sum(b.name == "dropped" for b in plan.buffers) == (2 if layers > 1 and dropout
+                                                             else 0)
+    LD = layers * cfg.num_dirs
     for phase in ("forward", "backward"):
         got = sorted(s[1:] if len(s) == 3 and s[0] == 1 else s  # [1, N, C]: one direction
                      for s in (tuple(t.shape) for t in seen[phase])
@@ -307,7 +314,45 @@ def test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, proj
             if b.phase != phase or b.name == "x_packed":
                 continue
             if b.name.startswith("dx_dy"):
-                want += [(b.shape[1] * b.shape[2],)] * 2
+                assert b.shape[0] == min(layers, 2)
+                want += [(b.shape[1] * b.shape[2],)] * b.shape[0]
             else:
                 want.append(b.shape)
         assert got == sorted(want), phase
+
+
+@pytest.mark.parametrize("layers", [2, 3, 4])
+@pytest.mark.parametrize("mode,direction", [("lstm", "bidirectional"), ("gru", "unidirectional")])
+def test_inference_forward_keeps_two_inner_outputs(mode, direction, layers):
+    # Inference keeps no layer outputs for a backward: layer l reads only layer l-1's, so the
+    # inner outputs alternate between two [N, D*Hout] buffers (one for two layers) beside the
+    # stack's output, and no dropout workspace is allocated (dropout is off in inference).
+    # The results equal a training forward's, whose inner outputs live in the reserve.
+    cfg = make_config(rnn_mode=mode, num_layers=layers, num_units=H, input_size=I,
+                      direction=direction, dropout=0.5)
+    LD, Hout = layers * cfg.num_dirs, cfg.out_size
+    info = make_pack_info([T, T - 2, 0, T - 1][:B] + [T] * (B - 4), T, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    x, h0 = torch.randn(info.N, I, generator=g), torch.randn(LD, B, Hout, generator=g)
+    c0 = torch.randn(LD, B, H, generator=g) if cfg.is_lstm else None
+    params = 0.3 * torch.randn(config_params_size(cfg), generator=g)
+    seen = []
+    new_buffer = engine.new_buffer
+
+    def spy(*shape, dtype, device):
+        t = new_buffer(*shape, dtype=dtype, device=device)
+        seen.append(t)
+        return t
+
+    rec = engine.ReferenceRecurrence()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "new_buffer", spy)
+        out = engine.forward(cfg, rec, x, h0, c0, params, info, False)
+    outputs = [t for t in seen if tuple(t.shape) == (info.N, cfg.num_dirs * Hout)]
+    assert len(outputs) == min(layers - 1, 2) + 1
+    no_dropout = dataclasses.replace(cfg, dropout=0.0)
+    ref = engine.forward(no_dropout, rec, x, h0, c0, params, info, True)
+    torch.testing.assert_close(out.y, ref.y, rtol=0, atol=0)
+    torch.testing.assert_close(out.hT, ref.hT, rtol=0, atol=0)
+    if cfg.is_lstm:
+        torch.testing.assert_close(out.cT, ref.cT, rtol=0, atol=0)
