@@ -212,8 +212,7 @@ def _validate(
     if params.dtype != dtype:
         raise TypeError(f"params: expected dtype {dtype} (the input's), got {params.dtype}")
     _check_device("params", params, dev)
-    if sequence_lengths is not None and isinstance(sequence_lengths, torch.Tensor):
-        pass  # lengths may live on any device; they are read on the host once.
+    # Lengths may live on any device: they are read on the host once.
     lengths = _lengths(sequence_lengths, B, T)
     return _Call(cfg, make_pack_info(lengths, T, dev), T, B)
 

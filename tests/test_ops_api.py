@@ -380,3 +380,13 @@ def test_float32_close_to_float64_oracle():
     errors = compare_with_torch("lstm", L=2, bidirectional=True, dtype=torch.float32,
                                 rtol=1e-5, atol=1e-5)
     assert max(errors.values()) < 1e-5
+
+
+def test_pack_info_refuses_more_rows_than_int32_offsets_hold():
+    # 4096 sequences of 2^19 steps: 2^31 packed rows, one more than the kernels' int32
+    # offsets hold. Refused from the lengths alone, before any tensor of N rows exists.
+    from tritonrnn.rnn.packing import make_pack_info
+
+    with pytest.raises(ValueError, match=r"sequence_lengths: .* at most 2147483647 .* got "
+                                         r"2147483648"):
+        make_pack_info([2**19] * 4096, 2**19, torch.device("cpu"))
