@@ -333,11 +333,17 @@ def cmd_bench(args, argv) -> int:
             _tune_before_bench(shapes, device, timing, args)
     opts = BenchOptions(device=device, backend=args.backend, passes=passes, impls=impls,
                         timing=timing, seed=args.seed)
+    # A preset with shape options overridden is not that preset's sweep: the report says
+    # which options, and its file is named after them (never over the preset's own report).
+    overrides = {f: getattr(args, f) for f in _SHAPE_FIELDS if getattr(args, f) is not None}
+    extra = {"overrides": overrides} if overrides and preset != "custom" else {}
+
     def checkpoint(partial: dict) -> None:
-        write_report({**partial, "tritonrnn_backend": backend}, args.out)
+        write_report({**partial, **extra, "tritonrnn_backend": backend}, args.out)
 
     report = run_benchmark(shapes, opts, progress=not args.no_progress, preset=preset,
                            argv=argv, checkpoint=checkpoint)
+    report.update(extra)
     report["tritonrnn_backend"] = backend
     json_path = write_report(report, args.out)
     png_path = plot_report(report, json_path.with_suffix(".png"))

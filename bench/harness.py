@@ -391,7 +391,8 @@ def write_report(report: dict, out_dir: Path) -> Path:
     """Writes <device>-<date>-<preset>.json under out_dir; returns its path. A custom shape
     (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
     one directory (gpu_session.sh's `vector` stage, LSTM then GRU) must not overwrite each
-    other's report."""
+    other's report; a preset whose shape options were overridden adds them
+    (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report."""
     import json
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -399,6 +400,8 @@ def write_report(report: dict, out_dir: Path) -> Path:
     stem = f"{device_slug(report['environment']['device'])}-{date}-{report['preset']}"
     if report["preset"] == "custom" and report["results"]:
         stem += "-" + device_slug(report["results"][0]["label"])
+    elif report.get("overrides"):  # a preset with shape options overridden
+        stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["overrides"].items()))
     path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
     return path

@@ -43,6 +43,24 @@ def test_two_custom_runs_into_one_directory_keep_both_reports(tmp_path, capsys):
     assert len(list(tmp_path.glob("*.png"))) == 2
 
 
+def test_a_preset_with_overridden_options_does_not_replace_the_presets_report(tmp_path,
+                                                                              capsys):
+    """`--preset smoke --time 2` is not the smoke sweep: its report names the overrides and
+    its file is not smoke's (it used to overwrite the preset's own report)."""
+    common = ["bench", "--device", "cpu", "--preset", "smoke", "--impl", "torch", "--pass",
+              "fwd", "--cpu-rep", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main(common) == 0
+    assert main([*common, "--time", "2"]) == 0
+    capsys.readouterr()
+    reports = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert len(reports) == 2 and len(list(tmp_path.glob("*.png"))) == 2
+    (plain,) = [r for r in reports.values() if "overrides" not in r]
+    (name, over), = [(n, r) for n, r in reports.items() if "overrides" in r]
+    assert over["overrides"] == {"time": 2} and name.endswith("-smoke-time-2.json")
+    assert {r["shape"]["time"] for r in over["results"]} == {2}
+    assert plain["preset"] == over["preset"] == "smoke"
+
+
 # ----------------------------------------------------------------------------- barrier
 
 
