@@ -74,6 +74,11 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     )
 
 
+def bare_timed_out(syncs: list[torch.Tensor]) -> bool:
+    """Whether any of `run_bare_barriers`' returned sync tensors has its error flag set."""
+    return bool(syncs) and bool(torch.stack([s[1] for s in syncs]).any())
+
+
 def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: TimingConfig) -> dict:
     """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio."""
     from tritonrnn.kernels.grid_barrier import (
@@ -101,13 +106,20 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     bwd = time_callable(
         lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps,
                               pair_gates=lp.pair_gates), "cuda", timing)
-    bare = time_callable(lambda: run_bare_barriers(T, lp.num_programs, device), "cuda", timing)
+    # The bare launches return their sync tensors ([counter, error flag]) instead of queueing
+    # the flag: each one is kept and read once, after the timing.
+    bare_syncs: list[torch.Tensor] = []
+    bare = time_callable(
+        lambda: bare_syncs.append(run_bare_barriers(T, lp.num_programs, device)), "cuda", timing)
     try:
         # The launches queue their barriers' error flags (deferred check): a launch whose
         # barrier timed out skipped its waits, and its time is no step's time.
         check_barriers()
     except BarrierTimeoutError as e:
         row["note"] = f"no timing: {e}".splitlines()[0]
+        return row
+    if bare_timed_out(bare_syncs):
+        row["note"] = "no timing: a bare grid barrier timed out (programs not co-resident?)"
         return row
     row["step_us"] = step.ms * 1e3 / T
     row["bwd_step_us"] = bwd.ms * 1e3 / T

@@ -64,9 +64,10 @@ def test_a_preset_with_overridden_options_does_not_replace_the_presets_report(tm
 # ----------------------------------------------------------------------------- barrier
 
 
-def _stub_barrier_launches(monkeypatch, *, timed_out: bool):
+def _stub_barrier_launches(monkeypatch, *, timed_out: bool, bare_timed_out: bool = False):
     """measure_shape on the CPU: a persistent-grid plan, launches that do nothing, a fixed
-    1 ms per timed call, and the deferred barrier check raising when `timed_out`."""
+    1 ms per timed call, the deferred barrier check raising when `timed_out`, and the bare
+    barrier's sync tensor [counter, error flag] with its flag set when `bare_timed_out`."""
     from tritonrnn.kernels import grid_barrier, persistent_grid
     from tritonrnn.rnn import planner
 
@@ -76,7 +77,8 @@ def _stub_barrier_launches(monkeypatch, *, timed_out: bool):
     monkeypatch.setattr(planner, "recurrence_choice", lambda *a, **k: (lp, "heuristic"))
     monkeypatch.setattr(persistent_grid, "grid_forward", lambda *a, **k: None)
     monkeypatch.setattr(persistent_grid, "grid_backward", lambda *a, **k: None)
-    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda *a, **k: None)
+    monkeypatch.setattr(grid_barrier, "run_bare_barriers",
+                        lambda *a, **k: torch.tensor([0, int(bare_timed_out)], dtype=torch.int32))
 
     def check():
         if timed_out:
@@ -91,14 +93,15 @@ def _stub_barrier_launches(monkeypatch, *, timed_out: bool):
     monkeypatch.setattr(barrier, "time_callable", timed)
 
 
-@pytest.mark.parametrize("timed_out", [False, True], ids=["ok", "timed-out"])
+@pytest.mark.parametrize("timed_out, bare", [(False, False), (True, False), (False, True)],
+                         ids=["ok", "timed-out", "bare-timed-out"])
 def test_barrier_row_is_no_timing_when_a_timed_launchs_barrier_timed_out(monkeypatch,
-                                                                        timed_out):
-    _stub_barrier_launches(monkeypatch, timed_out=timed_out)
+                                                                        timed_out, bare):
+    _stub_barrier_launches(monkeypatch, timed_out=timed_out, bare_timed_out=bare)
     T = 8
     row = barrier.measure_shape("gru", 32, 2, T, torch.float32, torch.device("cpu"),
                                 TimingConfig())
-    if not timed_out:
+    if not (timed_out or bare):
         assert row["step_us"] == pytest.approx(1e3 / T)
         assert row["ratio"] == pytest.approx(1.0)
         return
