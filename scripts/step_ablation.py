@@ -676,6 +676,13 @@ def main() -> int:
         return 0
     # Each variant in its own process (its swaps must precede the first compile).
     rows, failed = [], []
+    # The JSON is tagged as bench reports are: the device (the CPU that compiled, for --aot),
+    # commit and versions, and the command.
+    from tritonrnn.bench.harness import environment
+
+    gpu = torch.cuda.is_available() and not args.aot
+    header = {"environment": environment(torch.device("cuda" if gpu else "cpu")),
+              "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
     plans: dict[tuple, dict] = {}  # (mode, H, B) -> the `layer` row: the planner's plan
     for v, shapes in runs(todo, merge=args.aot):
         cmd = [sys.executable, __file__, "--variant", v,
@@ -703,7 +710,7 @@ def main() -> int:
         if args.out:  # after every variant: a run cut short keeps what it finished
             args.out.mkdir(parents=True, exist_ok=True)
             name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
-            (args.out / name).write_text(json.dumps(rows, indent=1) + "\n")
+            (args.out / name).write_text(json.dumps({**header, "rows": rows}, indent=1) + "\n")
     if args.aot:
         errors = [r for r in rows if r["error"]]
         misfits = [r for r in rows if not r["error"] and not r["fits"]]

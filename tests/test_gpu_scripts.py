@@ -321,7 +321,9 @@ def test_aot_compiles_each_variant_with_its_swaps(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "6 kernels compiled for sm_90" in r.stdout.splitlines()[-1]
-    rows = json.loads((tmp_path / "step_ablation_aot.json").read_text())
+    report = json.loads((tmp_path / "step_ablation_aot.json").read_text())
+    assert report["environment"]["commit"] and report["command"][0] == "step_ablation.py"
+    rows = report["rows"]
     by = {(row["variant"], row["phase"]): row for row in rows}
     assert sorted(by) == [(v, p) for v in ("full", "nohoist", "w8")
                           for p in ("backward", "forward")]
@@ -433,5 +435,8 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
     assert "= 0.50x the plan's fwd+bwd" in out  # nobatch against gru's plan
     assert "tagged,layer: killed after 240 s" in out
-    rows = json.loads((tmp_path / "step_ablation.json").read_text())
+    report = json.loads((tmp_path / "step_ablation.json").read_text())
+    assert {"device", "commit", "torch", "triton"} <= set(report["environment"])
+    assert report["command"] == ["step_ablation.py", "--set", "decide", "--out", str(tmp_path)]
+    rows = report["rows"]
     assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nobatch,layer"]
