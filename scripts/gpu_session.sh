@@ -11,8 +11,9 @@
 # scripts/gpu_session.sh decide` (timeout_s 270), whose first rows time the split-K slices
 # added by halves (kernels' _halved_sums, the default since 2026-11-26, untimed) against
 # tl.sum (`reducesum`), 8 warps on the 16 x 16 tiles (`w8`, and `hoist,w8` with the weights
-# in registers: one K slice per warp, no copies, since the slices are added by halves) and
-# the forward split 2 ways (`gs2`) at the anchor and LSTM H=1024 B=16,
+# in registers, `pairg,w8` with the backward's gates loaded ahead: one K slice per warp, no
+# copies, since the slices are added by halves) and the forward split 2 ways (`gs2`) at the
+# anchor and LSTM H=1024 B=16,
 # then `barrier` (timeout_s 240): the per-step latency against the bare barrier with
 # them. Then `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024
 # B=64, where a step's time goes beyond the MMAs (scripts/gpu_profile.sh). `all` in the
