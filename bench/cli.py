@@ -4,7 +4,7 @@
     tritonrnn check [--backend B] [--dtype D] [small shape options]
     tritonrnn tune  [--preset NAME | shape options] [--force] [--max-candidates N]
     tritonrnn plan  [--preset NAME | shape options]
-                    [--device-preset h100|h200|a100|interpreter] [--pipeline-chunks C]
+                    [--device-preset current|h100|h200|a100|interpreter] [--pipeline-chunks C]
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
                     [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
