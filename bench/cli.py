@@ -223,9 +223,14 @@ def _device(choice: str):
     return torch.device(choice)
 
 
+def _overrides(args) -> dict:
+    """The shape options given on the command line ({field: value})."""
+    return {f: getattr(args, f) for f in _SHAPE_FIELDS if getattr(args, f) is not None}
+
+
 def resolve_shapes(args, default_preset: str) -> tuple[str, list[BenchShape]]:
     """(preset name or 'custom', validated shapes) from --preset and the shape options."""
-    overrides = {f: getattr(args, f) for f in _SHAPE_FIELDS if getattr(args, f) is not None}
+    overrides = _overrides(args)
     preset = getattr(args, "preset", None)
     if preset is None and not overrides:
         preset = default_preset
@@ -335,7 +340,7 @@ def cmd_bench(args, argv) -> int:
                         timing=timing, seed=args.seed)
     # A preset with shape options overridden is not that preset's sweep: the report says
     # which options, and its file is named after them (never over the preset's own report).
-    overrides = {f: getattr(args, f) for f in _SHAPE_FIELDS if getattr(args, f) is not None}
+    overrides = _overrides(args)
     extra = {"overrides": overrides} if overrides and preset != "custom" else {}
 
     def checkpoint(partial: dict) -> None:

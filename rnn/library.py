@@ -282,8 +282,8 @@ def _check_devices(input, input_h, input_c, params, sequence_lengths, seeds,
     would return uninitialised tensors for a real input instead of rnn.ops' error."""
     dev = input.device
     for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
-        if t is not None and t.device != dev:
-            raise ValueError(f"{name}: expected a tensor on {dev} (the input's), got {t.device}")
+        if t is not None:
+            ops._check_device(name, t, dev)
     if dev.type == "meta":
         if is_training and sequence_lengths is not None:
             # The fake sizes the reserve from sum(lengths), which meta tensors cannot give.

@@ -127,15 +127,14 @@ def _constraint_problem(key: str, value: object) -> str | None:
     if key == "family":
         return None if value in FAMILIES else (
             f"family expected one of {list(FAMILIES)}, got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, int):
-        what = ("0 (resident weights) or a power of two >= 16 (streamed in chunks of block_k)"
-                if key == "block_k" else "a positive int")
-        return f"{key} expected {what}, got {value!r}"
+    is_int = isinstance(value, int) and not isinstance(value, bool)
     if key == "block_k":
-        if value != 0 and (value < 16 or value & (value - 1)):
-            return (f"block_k expected 0 (resident weights) or a power of two >= 16 (streamed "
-                    f"in chunks of block_k), got {value!r}")
-        return None
+        if is_int and (value == 0 or (value >= 16 and not value & (value - 1))):
+            return None
+        return (f"block_k expected 0 (resident weights) or a power of two >= 16 (streamed "
+                f"in chunks of block_k), got {value!r}")
+    if not is_int:
+        return f"{key} expected a positive int, got {value!r}"
     if value < 1:
         return f"{key} expected a positive int, got {value!r}"
     if key == "block_b" and (value & (value - 1) or 4 < value < 16):
