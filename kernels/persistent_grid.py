@@ -1315,8 +1315,8 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     or 4 independent MMA chains), added in-thread, then one cross-warp reduction. Streamed
     weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
     G*H of them (one software pipeline per step instead of one per gate).
-    PAIRG (`_paired_gates`, opt-in): each gate's two chunks loaded together, the next gate's
-    before this gate's products."""
+    PAIRG (`_paired_gates`, the default): each gate's two chunks loaded together, the next
+    gate's before this gate's products."""
     if not RESIDENT:
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
@@ -2038,13 +2038,13 @@ def _paired_chunks(block_b: int) -> bool:
 
 
 # The backward's carry product with its gates' dph operands loaded ahead (`_paired_gates`,
-# PAIRG): an experiment, off unless TRITONRNN_BWD_PAIRED_GATES=on (read at import) or the
-# ablation variant `pairg`.
-_BWD_PAIRED_GATES = _env_on_off("TRITONRNN_BWD_PAIRED_GATES")
+# PAIRG): on by default since the H200 runs of 2026-11-26 (third session); off with
+# TRITONRNN_BWD_PAIRED_GATES=off (read at import) or the ablation variant `nopairg`.
+_BWD_PAIRED_GATES = _env_on_off("TRITONRNN_BWD_PAIRED_GATES", default=True)
 
 
 def _paired_gates(block_k: int, block_b: int) -> bool:
-    """PAIRG (experiment, off by default): the backward's resident carry product
+    """PAIRG (on by default): the backward's resident carry product
     (`_bwd_carry`) loads each gate's two dph chunks together and the next gate's before this
     gate's products, on 16-wide MMA tiles. Loaded where its dots use them, each chunk's load
     is issued after the previous chunk's staging barrier: the anchor's backward step waits
@@ -2054,10 +2054,13 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
     instructions, 16 B saved around the loop, shared memory 114688 -> 147456 B (two gates'
     operands staged at once, as `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21,
     147456 -> 196608 B; GRU H=1024 B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop
-    (Triton 3.4 spills the paired anchor: 5 local loads per step). Off by default until a GPU
-    times it. Where the larger footprint does not fit the device, the launch keeps the
-    gates apart (`grid_pairs_gates`): GRU H=1536 B=16's paired backward would need 245760 B,
-    past an H100's 225280."""
+    (Triton 3.4 spills the paired anchor: 5 local loads per step). Timed on an H200
+    (Triton 3.6, 2026-11-26, bench/results/step-ablation-nvidia-h200-2026-11-26-decide-
+    halves.json), whole-layer backward, apart -> paired, 4 warps: the anchor 6.44 -> 5.59 ms
+    (-13%), LSTM H=1024 B=16 7.41 -> 7.11 ms (-4%); on 8 warps 6.18 -> 5.90 and 7.02 ->
+    7.07. The default since. Where the larger footprint does not fit the device, the launch
+    keeps the gates apart (`grid_pairs_gates`): GRU H=1536 B=16's paired backward would need
+    245760 B, past an H100's 225280."""
     return _BWD_PAIRED_GATES and not block_k and block_b == 16
 
 

@@ -14,7 +14,8 @@
 # default) drops the carried mask's conversion: 19; both chunks of h loaded and staged
 # together (_paired_chunks): 17; the split-K slices added by halves (_halved_sums, split 4
 # ways): 14. The backward had 33, 30 with halves; its gates' operands loaded ahead
-# (_paired_gates, off by default: TRITONRNN_BWD_PAIRED_GATES=on) 18. Which of them a step
+# (_paired_gates, the default since 2026-11-26: TRITONRNN_BWD_PAIRED_GATES=off keeps them
+# apart) 18. Which of them a step
 # waits on, and the shared-memory bank conflicts, are the profile's to say.
 set -uo pipefail
 cd "$(dirname "$0")/.."

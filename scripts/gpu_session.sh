@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
 # Batched runs on a lent GPU machine (torch and Triton preinstalled, no package registry):
 # install the project, then one stage per call of the device tool.
-# A session has 15 device minutes, the machine's start (1 to 2 minutes) included:
-# run `all` (timeout_s 490), then at once, on the warm machine, `tests` (timeout_s 210) when
-# at least 4 minutes are left. Where `all`'s results for the current kernels are committed
-# (bench/results), run `tests` (timeout_s 210), then at once `phases` (timeout_s 330) and
-# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270), its first
-# decisions. A start took about 30 s, transfers included, all three times on 2026-11-26.
-# Next session: `tests` (timeout_s 210), then at once `DECIDE_SECONDS=240 bash
-# scripts/gpu_session.sh decide` (timeout_s 270), whose first rows time the split-K slices
-# added by halves (kernels' _halved_sums, the default since 2026-11-26, untimed) against
-# tl.sum (`reducesum`), 8 warps on the 16 x 16 tiles (`w8`, and `hoist,w8` with the weights
-# in registers, `pairg,w8` with the backward's gates loaded ahead: one K slice per warp, no
-# copies, since the slices are added by halves) and the forward split 2 ways (`gs2`) at the
-# anchor and LSTM H=1024 B=16,
-# then `barrier` (timeout_s 240): the per-step latency against the bare barrier with
-# them. Then `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024
-# B=64, where a step's time goes beyond the MMAs (scripts/gpu_profile.sh). `all` in the
-# session after: the committed `all` results predate the per-gate forward (kernels'
-# _FWD_GATE_BATCH, off since the second H200 session of 2026-11-26) and the halves.
-# `barrier` (timeout_s 240) when a session has the time. The other stages are the sweeps
-# and ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
+# A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
+# took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
+# its machine dead: 86 s lost, then a fresh start).
+# Next session: `tests` (timeout_s 210) first: the backward's gates loaded ahead
+# (kernels' _paired_gates) are the default since the third H200 session of 2026-11-26, timed
+# there but never yet run against the reference on a GPU (its own GPU test,
+# test_gpu_backward_gates_loaded_ahead, is new); then at once `all` (timeout_s 490): the
+# committed `all` results (README's Results table) predate the per-gate forward, the halves
+# and the paired backward gates. The session after: `DECIDE_SECONDS=240 bash
+# scripts/gpu_session.sh decide` (timeout_s 270): step_ablation.DECISIONS, at four 16-row
+# shapes the paired gates against apart, the forward on 8 warps with its weights in
+# registers, the backward on 8 warps; then `phases` (timeout_s 330): where a step's time
+# goes with the current kernels; a session after that, `tests` (timeout_s 210) and
+# `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
+# (scripts/gpu_profile.sh). The other stages are the sweeps and
+# ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
 # at its limit still brings back what its finished steps wrote). Unpack it here with

@@ -43,9 +43,10 @@ Variants (comma-joined in one process):
     nopair    the forward loads the second chunk of h where its dots use it (kernels'
               _FWD_PAIRED_CHUNKS; by default both chunks before either product, one L2
               round trip per step instead of two in a row)
-    pairg     the backward loads its gates' dph operands ahead of their products (kernels'
-              _BWD_PAIRED_GATES, off by default: the anchor waits for 8 L2 round trips of
-              dph per step, 2 with it; 32 KiB more shared memory)
+    pairg / nopairg  the backward loads its gates' dph operands ahead of their products
+              (kernels' _BWD_PAIRED_GATES, on by default since the third H200 session of
+              2026-11-26: apart the anchor waits for 8 L2 round trips of dph per step, 2
+              paired; 32 KiB more shared memory) / where its products use them
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -200,31 +201,25 @@ SETS = {
 # decide.json): the per-gate split-K forward (nobatch) against the gate-batched one, which
 # it replaced as the default (kernels' _FWD_GATE_BATCH); the streamed B = 256 loops stay
 # (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
-# Next: the split-K slices added by halves (the default since; `reducesum` restores tl.sum
-# and the forward's 2 slices over 4 warps, which ran every MMA twice) and the forward split
-# 4 ways with them (`gs2` keeps 2); the anchor's forward, where the batched forward on 8
-# warps (fw8, 4.95 ms) beat it on 4 (5.55) but neither was timed against the per-gate
-# default on this chip, or the joint wgmma (64 B spilled); the backward's 1024-wide chunk
-# (0.95x the plan's backward at LSTM H=1024 B=16); then the rules no GPU has timed.
+# Decided on an H200 (the third session of 2026-11-26, bench/results/step-ablation-nvidia-
+# h200-2026-11-26-decide-halves.json, whole layer fwd + bwd against the plan): the split-K
+# slices added by halves stay (reducesum 1.28x at the anchor and at LSTM H=1024 B=16), so
+# does the forward split up to 8 ways (gs2 1.06x, 1.05x); the backward's gates loaded ahead
+# (pairg, 4 warps: backward -13%, -4%) are the default since. Open: 8 warps (w8: the
+# backward -4%, -5%, the anchor's forward +5%) and the weights in registers on 8 warps
+# (hoist,w8: the anchor's forward 3.28 -> 3.15 ms, the best of the set), timed at one or
+# two shapes; the 1024-wide backward chunk (chunk1024 0.98x at LSTM H=1024 B=16, before
+# pairg). Next, at the shapes the grid sweep runs on 16-row tiles: the default against the
+# gates apart (nopairg), the forward alone on 8 warps with its weights in registers
+# (fw8,hoistf; the backward keeps the plan's 4 warps), the backward alone on 8 (bw8); then
+# the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # The anchor: the split-K slices added by tl.sum (and the forward split 2 ways)
-        # against the halves (the untimed default); 8 warps in both passes (one K slice per
-        # warp, no copies, since the slices are added by halves), with the weights in
-        # registers, or with the backward's gates loaded ahead (sm_90, Triton 3.6: backward
-        # 1065 -> 658 instructions, 30 -> 18 BAR.SYNC, no spills); the forward split 2 ways
-        # with halves. (A 240 s box holds about 11 rows: the same questions at LSTM H=1024
-        # B=16 come before the anchor's other rules.)
-        ("lstm,768,16",
-         "layer;reducesum,layer;w8,layer;hoist,w8,layer;pairg,w8,layer;gs2,layer"),
-        ("lstm,1024,16", "layer;reducesum,layer;w8,layer;pairg,w8,layer"),
-        # The anchor's other rules: the backward's gates loaded ahead (off by default), both
-        # chunks of h loaded together, joined gate sums, the mask formed in the loop,
-        # gate-batched on 8 warps, joint.
-        ("lstm,768,16", "layer;pairg,layer;nopair,layer;nosums,layer;carrymask,layer;"
-                        "batch,fw8,layer;joint,layer"),
-        # 2 forward slices; 512 + 512 loaded together or apart, or 1024 in one chunk.
-        ("lstm,1024,16", "layer;gs2,layer;nopair,layer;pairg,layer;chunk1024,layer"),
+        # (A 240 s box holds about 20 rows.)
+        ("lstm,768,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
+        ("lstm,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer;chunk1024,layer"),
+        ("gru,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
+        ("lstm,512,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
         ("gru,1024,64", "layer;reducesum,layer;batch,layer"),  # S = 8 in the backward
@@ -347,6 +342,7 @@ def swaps() -> dict:
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
+        "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],
         "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates

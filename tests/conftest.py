@@ -104,10 +104,10 @@ def _no_failed_barrier():
         check_barriers()
 
 
-def _switched_on(monkeypatch, attr: str, env: str):
-    """Turns on a kernels.persistent_grid switch read at import (`attr`, env var `env`), with
-    the planner's caches emptied before and after: their keys do not hold the switch, and a
-    plan made under one setting must not answer for the other."""
+def _switched(monkeypatch, attr: str, env: str, on: bool = True):
+    """Turns a kernels.persistent_grid switch read at import (`attr`, env var `env`) on or
+    off, with the planner's caches emptied before and after: their keys do not hold the
+    switch, and a plan made under one setting must not answer for the other."""
     from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn import planner
 
@@ -115,9 +115,9 @@ def _switched_on(monkeypatch, attr: str, env: str):
         planner._plan_cached.cache_clear()
         planner._heuristic.cache_clear()
 
-    monkeypatch.setattr(pg, attr, True)
+    monkeypatch.setattr(pg, attr, on)
     # The processes that compile for sm_90 (bench.aot) import the kernels afresh.
-    monkeypatch.setenv(env, "on")
+    monkeypatch.setenv(env, "on" if on else "off")
     fresh()
     yield
     fresh()
@@ -127,11 +127,12 @@ def _switched_on(monkeypatch, attr: str, env: str):
 def gate_batched(monkeypatch):
     """The grid forward gate-batched (`kernels.persistent_grid._FWD_GATE_BATCH`, off by
     default)."""
-    yield from _switched_on(monkeypatch, "_FWD_GATE_BATCH", "TRITONRNN_FWD_GATE_BATCH")
+    yield from _switched(monkeypatch, "_FWD_GATE_BATCH", "TRITONRNN_FWD_GATE_BATCH")
 
 
 @pytest.fixture
-def paired_gates(monkeypatch):
-    """The grid backward's gate operands loaded ahead (`kernels.persistent_grid.
-    _BWD_PAIRED_GATES`, PAIRG, off by default)."""
-    yield from _switched_on(monkeypatch, "_BWD_PAIRED_GATES", "TRITONRNN_BWD_PAIRED_GATES")
+def gates_apart(monkeypatch):
+    """The grid backward's gate operands each loaded where its products use them
+    (`kernels.persistent_grid._BWD_PAIRED_GATES` off; PAIRG is the default)."""
+    yield from _switched(monkeypatch, "_BWD_PAIRED_GATES", "TRITONRNN_BWD_PAIRED_GATES",
+                         on=False)

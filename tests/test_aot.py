@@ -557,7 +557,8 @@ def anchor_report():
 # through shared memory every step; 3.9 has no such conversion) and PAIR
 # (`_paired_chunks`: both chunks of h, 512 + 256, loaded before either product and staged
 # together; the per-gate forward's shared memory grows by the second chunk, 2*16*256 B, as
-# the planner counts it).
+# the planner counts it: the plans' footprints are the backward's, whose paired gates stage
+# more, so the count is the forward's with the backward's gates apart).
 @pytest.mark.compiler_specific
 @pytest.mark.parametrize("env, constexpr", [("TRITONRNN_FWD_MASK_IN_LOOP", "MASK_IN_LOOP"),
                                             ("TRITONRNN_FWD_PAIRED_CHUNKS", "PAIR")])
@@ -579,7 +580,13 @@ def test_forward_loop_rules_drop_two_barriers(anchor_report, monkeypatch, env, c
     lp, lp_off = anchor_report["plan"], off["plan"]
     assert fwd["shared"] <= lp["onchip_bytes"] and base["shared"] <= lp_off["onchip_bytes"]
     if constexpr == "PAIR":
-        assert lp["onchip_bytes"] - lp_off["onchip_bytes"] == 2 * 16 * 256
+        monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
+        counts = []
+        for paired in (True, False):
+            monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", paired)
+            counts.append(pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16,
+                                               num_warps=4))
+        assert counts[0] - counts[1] == 2 * 16 * 256, counts
         if triton.__version__.startswith("3.6."):
             assert fwd["shared"] - base["shared"] == 2 * 16 * 256
     # No local memory in the loop (Triton 3.6: none at all; 3.9, `test_anchor_mma_chains`).
@@ -589,13 +596,12 @@ def test_forward_loop_rules_drop_two_barriers(anchor_report, monkeypatch, env, c
             assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
 
 
-# The backward's gate operands loaded ahead (PAIRG, opt-in) compile where the planner fits
+# The backward's gate operands loaded ahead (PAIRG, the default) compile where the planner fits
 # their footprint: at the anchor with two gates' operands staged at once, as the plan counts
 # (Triton 3.6: 147456 B, 21 BAR.SYNC per step instead of 33); at GRU H=1536 B=16, where paired
 # the backward would need 245760 B, the plan keeps its resident weights and the launch its
 # gates apart (before the fit rule, the plan streamed the weights instead).
-def test_paired_gates_compile_where_they_fit(request):
-    request.getfixturevalue("paired_gates")
+def test_paired_gates_compile_where_they_fit():
     gru = aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16)
     try:
         anchor, wide = aot.aot_reports([(ANCHOR, None), (gru, None)], "h100")

@@ -879,50 +879,42 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
 # loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles)
 # or each where its dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles).
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
-@pytest.mark.parametrize("cell, block_b", [("lstm", 16), ("gru", 32)])
-def test_forward_chunks_loaded_together_or_apart_match_reference(monkeypatch, cell, block_b,
-                                                                 paired):
-    monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", paired)
-    assert pg._ksplit(40, 0, block_b) == (32, 16)
-    assert pg._paired_chunks(block_b) is paired
-    assert not pg._paired_chunks(64) and not pg._paired_chunks(2)
-    ins, outs = _forward_problem(cell, 40, 0, *VARLEN)
-    _run_forward(ins, outs, False, persistent=True, block_h=16, block_b=block_b)
-    _check_forward(ins, outs, False)
-
-
-# The backward's carry product with its gates' dph operands loaded ahead of their products
-# (PAIRG, `_paired_gates`, an opt-in experiment: 16-wide tiles, resident weights), every
-# gate count, two chunks (H = 40: 32 + 16), forward and backward against the reference.
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
-def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell):
-    assert not pg._paired_gates(0, 16)  # off by default
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", True)
-    assert pg._paired_gates(0, 16)
+def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
+    assert pg._paired_gates(0, 16)  # on by default
     assert not pg._paired_gates(64, 16) and not pg._paired_gates(0, 32)
     assert not pg._paired_gates(0, 2)
-    # The planner's count: two gates' operands staged at once (one gate's for tanh).
+    # The planner's count at H = 768: the weights, 2*G*16*768 B, and paired the backward's
+    # two gates' operands staged at once (2*16*2*768 B; tanh's one gate, whose paired
+    # backward stays within its forward's footprint); apart the forward's staged h is the
+    # larger (LSTM / GRU: both 512-row chunks, 2*16*1024 B).
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    on = pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16)
-    assert on == 2 * G * 16 * 768 + 2 * 16 * min(G, 2) * 768
-    # Within a budget only (`grid_pairs_gates`): GRU H=1536 paired needs 2*3*16*1536 +
-    # 2*16*2*1536 B, past an H100's; apart, its forward's 2*3*16*1536 + 2*16*1536 is the most.
-    limit = 225280
-    for budget, paired, onchip in ((None, True, 245760), (limit, False, 196608)):
-        assert pg.grid_pairs_gates("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 0,
-                                   budget) is paired
-        assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16,
-                                    smem_limit=budget) == onchip
-    assert pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on)
+    on = 2 * G * 16 * 768 + 2 * 16 * min(G, 2) * 768
+    apart = {"lstm": 131072, "gru": 106496, "rnn_tanh": 49152}[cell]
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", paired)
+    assert pg._paired_gates(0, 16) is paired
+    assert pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16) == (
+        on if paired else apart)
+    assert pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on) is paired
     assert not pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on - 1)
+    if paired:
+        # Within a budget only (`grid_pairs_gates`): GRU H=1536 paired needs 2*3*16*1536 +
+        # 2*16*2*1536 B, past an H100's; apart, its forward's 2*3*16*1536 + 2*16*1536 is
+        # the most.
+        for budget, fits, onchip in ((None, True, 245760), (225280, False, 196608)):
+            assert pg.grid_pairs_gates("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 0,
+                                       budget) is fits
+            assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16,
+                                        smem_limit=budget) == onchip
     _check_layer(cell, 40, 0, *VARLEN, reverse=True, persistent=True, block_h=16, block_b=16)
 
 
 def test_gate_batched_onchip_bytes(monkeypatch):
     """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
     too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
-    3.6) allocated them."""
+    3.6) allocated them (the backward's gates apart, so that the forward's are the larger)."""
     monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
     # GRU 16 x 32, 8 forward warps: 2*4*16*1024 + 2*32*256; 4 forward warps: per-gate dots
     # (2*3*16*1024, both chunks staged: 2*32*1024).
     assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
@@ -938,7 +930,9 @@ def test_gate_batched_onchip_bytes(monkeypatch):
 
 def test_joint_gate_onchip_bytes(monkeypatch):
     # GRU's joint tile holds 4 gate slots (one zero), as the gate-batched chunks do, and
-    # stages the whole chunk's operand (the gate-batched forward half of it).
+    # stages the whole chunk's operand (the gate-batched forward half of it); the backward's
+    # gates apart, so that the forward's footprint is the larger.
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
     off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16, fwd_warps=4)
     monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
     assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == (
@@ -1135,7 +1129,7 @@ def test_persistent_run_split_into_launches(monkeypatch, cell, P):
     _check_backward(b_ins, b_outs, True)
 
 
-def test_grid_formulas():
+def test_grid_formulas(monkeypatch):
     assert pg.grid_programs(33, 33, 0, 5, 16, 16) == 3
     assert pg.grid_programs(1024, 1024, 0, 64, 16, 16) == 64 * 4
     assert pg.grid_programs(1024, 256, 256, 16, 16, 16) == 64
@@ -1144,7 +1138,9 @@ def test_grid_formulas():
     # forward stages both chunks of its reduction at once on tiles up to 32 columns,
     # `_paired_chunks`, the backward one at a time) and
     # the split-K scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the
-    # forward's 4 gates joined in S = 4, its cap with the slices added by halves).
+    # forward's 4 gates joined in S = 4, its cap with the slices added by halves). First
+    # with the backward's gates apart (TRITONRNN_BWD_PAIRED_GATES=off), then paired.
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
     # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(the forward's stage of both 512
     # chunks 2*16*1024, scratch 4*4*4*16*16); the backward stages 2*16*512.
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
@@ -1172,6 +1168,17 @@ def test_grid_formulas():
                                 fwd_warps=4) == 98304 + 24576
     assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 32768
     assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 196608
+    # Paired (the default), 16-wide tiles: the backward stages two gates' operands at once,
+    # 2*16*2*K, past the forward's stage (as compiled at the anchor, tests/test_aot.py).
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", True)
+    for cell, H, P, paired in (("lstm", 1024, 0, 2 * 4 * 16 * 1024 + 2 * 16 * 2 * 1024),
+                               ("lstm", 768, 0, 98304 + 2 * 16 * 2 * 768),
+                               ("gru", 1536, 0, 2 * 3 * 16 * 1536 + 2 * 16 * 2 * 1536),
+                               ("lstm", 1024, 256, 155648 - 2 * 16 * 512 + 2 * 16 * 2 * 1024)):
+        assert pg.grid_onchip_bytes(cell, H, P or H, P, torch.bfloat16, 16,
+                                    16) == paired, (cell, H, P)
+    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
     # 16 x 32 tiles, 8 warps: the forward's scratch [8, 4*16, 32] fp32 (its 4 joined gates in
     # 8 slices, one per warp) is the largest, 98304 as compiled (Triton 3.6); the backward's
     # [8, 16, 32] is as large as the staged operand (2*32*256). With 4 forward warps (the
@@ -1274,6 +1281,21 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
     _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=torch.bfloat16,
                  persistent=persistent, block_h=16, num_warps=warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
+@pytest.mark.parametrize("H", [40, 640])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired):
+    """bf16 on 16 x 16 tiles with the backward's gate operands loaded ahead (PAIRG, the
+    default) and apart: two resident chunks per gate (H = 40: 32 + 16, H = 640: 512 + 128),
+    20 rows in two batch tiles, varlen."""
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", paired)
+    assert pg._paired_gates(0, 16) is paired
+    lengths, T = [9] * 16 + [7, 0, 5, 2], 9
+    _check_layer(cell, H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
+                 block_h=16, block_b=16)
 
 
 @pytest.mark.gpu

@@ -61,9 +61,10 @@ def test_explain_names_no_tiles_for_the_reference_family():
     assert "block_b" not in line and "warps" not in line and "weights" not in line
 
 
-# The backward's gate operands loaded ahead (PAIRG, `grid_pairs_gates`, an opt-in experiment)
-# where their larger footprint fits the device's budget, the gates apart where it does not:
-# switched on, it changes no plan's family, tiles or warps, only pair_gates and onchip_bytes.
+# The backward's gate operands loaded ahead (PAIRG, `grid_pairs_gates`, the default) where
+# their larger footprint fits the device's budget, the gates apart where it does not: against
+# the gates always apart (TRITONRNN_BWD_PAIRED_GATES=off), it changes no plan's family, tiles
+# or warps, only pair_gates and onchip_bytes.
 @pytest.mark.parametrize("device, paired, apart", [
     ("h100", [("lstm", 768, 147456), ("lstm", 1024, 196608), ("gru", 1024, 163840)],
      [("gru", 1536, 196608)]),  # paired it would need 245760 B
@@ -77,11 +78,13 @@ def test_paired_gates_only_within_the_budget(request, device, paired, apart):
 
     shapes = [(mode, H, B) for mode in ("lstm", "gru", "rnn_tanh")
               for H in (256, 512, 768, 1024, 1536) for B in (1, 16, 64)]
-    off = {s: _plan(mode=s[0], H=s[1], B=s[2], device=device).layer(0) for s in shapes}
-    assert not any(lp.pair_gates for lp in off.values())  # off by default
-    request.getfixturevalue("paired_gates")
-    budget = planner._smem_budget(PRESETS[device])
     on = {s: _plan(mode=s[0], H=s[1], B=s[2], device=device).layer(0) for s in shapes}
+    assert "backward gates paired" in _plan(H=768, device=device).explain()
+    request.getfixturevalue("gates_apart")
+    budget = planner._smem_budget(PRESETS[device])
+    off = {s: _plan(mode=s[0], H=s[1], B=s[2], device=device).layer(0) for s in shapes}
+    assert not any(lp.pair_gates for lp in off.values())
+    assert "backward gates paired" not in _plan(H=768, device=device).explain()
     for s in shapes:
         assert tiles(on[s]) == tiles(off[s]), s
         if on[s].pair_gates:
@@ -92,7 +95,6 @@ def test_paired_gates_only_within_the_budget(request, device, paired, apart):
         lp = on[(mode, H, 16)]
         assert (lp.family, lp.block_k, lp.onchip_bytes) == ("persistent_grid", 0, onchip), lp
         assert lp.pair_gates == ((mode, H, onchip) in paired), lp
-    assert "backward gates paired" in _plan(H=768, device=device).explain()
 
 
 @pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("lstm", 512, 16), ("gru", 768, 16),
