@@ -2283,9 +2283,16 @@ def tagged_exchange(pass_name: str, block_k: int, block_b: int, persistent: bool
     TRITONRNN_TAGGED_EXCHANGE ("auto" = "off" until measured, or "fwd") asks for it and it
     applies (resident MMA tiles, or one-column vector tiles: B = 1)."""
     asked = _env_passes("TRITONRNN_TAGGED_EXCHANGE", _TAGGED_PASSES)
-    if asked in ("auto", "off") or block_k or not persistent or proj:
+    if asked in ("auto", "off"):
         return False
-    return pass_name in asked and (block_b == 1 or not vector_tiles(block_b))
+    return pass_name in asked and tagged_tiles(block_k, block_b, persistent, proj)
+
+
+def tagged_tiles(block_k: int, block_b: int, persistent: bool, proj: int = 0) -> bool:
+    """Whether the tagged exchange applies to a launch: resident weights, a persistent launch
+    without a projection, on MMA tiles or one-column vector tiles (B = 1)."""
+    return (not block_k and persistent and not proj
+            and (block_b == 1 or not vector_tiles(block_b)))
 
 
 def exchange_tag(i: int) -> int:

@@ -211,8 +211,8 @@ SETS = {
 # two shapes; the 1024-wide backward chunk (chunk1024 0.98x at LSTM H=1024 B=16, before
 # pairg). Next, at the shapes the grid sweep runs on 16-row tiles: the default against the
 # gates apart (nopairg), the forward alone on 8 warps with its weights in registers
-# (fw8,hoistf; the backward keeps the plan's 4 warps), the backward alone on 8 (bw8); then
-# the rules no GPU has timed.
+# (fw8,hoistf; the backward keeps the plan's 4 warps), the backward alone on 8 (bw8); the
+# tagged exchange again; then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
         # (A 240 s box holds about 20 rows.)
@@ -220,6 +220,10 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         ("lstm,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer;chunk1024,layer"),
         ("gru,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
         ("lstm,512,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
+        # The forward's tagged exchange (no grid barrier) with the current kernels: it lost
+        # at the anchor with the gate-batched forward (1.07x); B = 1, where the fixed cost
+        # of a step is most of it.
+        ("lstm,768,16;lstm,512,1", "layer;tagged,layer"),
         # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
         # persistent_grid.resident_operands_fit, so the planner would stream the weights).
         ("gru,1024,64", "layer;reducesum,layer;batch,layer"),  # S = 8 in the backward
@@ -303,11 +307,11 @@ def _hoisted(passes: tuple[str, ...]):
 
 
 def _tagged(pass_name, block_k, block_b, persistent, proj=0):
-    """`persistent_grid.tagged_exchange` as with TRITONRNN_TAGGED_EXCHANGE=fwd."""
+    """`persistent_grid.tagged_exchange` as with TRITONRNN_TAGGED_EXCHANGE=fwd (B = 1's
+    one-column vector tiles too)."""
     from tritonrnn.kernels import persistent_grid as pg
 
-    return (pass_name == "fwd" and not block_k and not pg.vector_tiles(block_b) and persistent
-            and not proj)
+    return pass_name == "fwd" and pg.tagged_tiles(block_k, block_b, persistent, proj)
 
 
 def _forced_split(n: int):

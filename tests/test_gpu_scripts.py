@@ -359,6 +359,30 @@ def test_ablation_swaps_keep_the_replaced_signatures(part):
             inspect.signature(value).bind(*[None] * len(_positional(original)))
 
 
+# The variants that stand for an environment switch decide every launch as the switch does
+# (`tagged` once skipped B = 1's one-column vector tiles, which TRITONRNN_TAGGED_EXCHANGE=fwd
+# runs tagged, so the tagged-b1 set timed the barrier twice).
+@pytest.mark.parametrize("part, env, value, fn", [
+    ("tagged", "TRITONRNN_TAGGED_EXCHANGE", "fwd", "tagged_exchange"),
+    ("hoist", "TRITONRNN_HOIST_WEIGHTS", "fwd,bwd", "_hoist_weights"),
+    ("hoistf", "TRITONRNN_HOIST_WEIGHTS", "fwd", "_hoist_weights"),
+    ("nohoist", "TRITONRNN_HOIST_WEIGHTS", "off", "_hoist_weights"),
+])
+def test_switch_variants_decide_as_their_environment(monkeypatch, part, env, value, fn):
+    from tritonrnn.kernels import persistent_grid as pg
+
+    ((module, name, swapped),) = ABL.swaps()[part]
+    assert (module, name) == (pg, fn)
+    monkeypatch.setenv(env, value)
+    real = getattr(pg, fn)
+    cases = [(p, bk, bb, persistent, proj) for p in ("fwd", "bwd") for bk in (0, 64)
+             for bb in (1, 2, 4, 16, 32, 64) for persistent in (True, False) for proj in (0, 48)]
+    for case in cases:
+        assert swapped(*case) == real(*case), (part, case)
+    assert any(swapped(*case) for case in cases) is (value != "off")
+    assert swapped("fwd", 0, 1, True, 0) is (part == "tagged")  # B = 1: tagged, not hoisted
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="swapped helpers run in the interpreter (a GPU process would reuse "
                            "kernels compiled before the swap)")
