@@ -25,6 +25,8 @@ Variants (comma-joined in one process):
     nowait    grid_wait returns at once (arrivals still counted)
     noarrive  grid_arrive does nothing (with nowait: no barrier at all)
     nodot     the recurrent matmul (h load + dots + split-K reduction) returns zeros
+    nobdot    the backward's carry product (dph load + dots + split-K reduction,
+              `_bwd_carry`) leaves the carry as it is (seen in `layer` times)
     noload    the exchange operand (`_kpart`, `_vx`: h, or dph in the backward) is its own
               mask as 1.0 / 0.0 instead of a load: the staging and the dots stay, the L2
               round trips go (full - noload: what they cost). It replaces `l1load` (the loads
@@ -139,12 +141,16 @@ SETS = {
     # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
     "tagged-b1": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "full;tagged;layer;tagged,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
-    # Where a step's time goes with the current kernels (the H100 ablation of 2026-11-22
-    # timed the 8-warp split-K kernels since replaced): the exchange operand's L2 round
-    # trip (noload), the whole product (nodot), the barrier (nowait,noarrive), at the steps
-    # that miss the 2x-barrier target most (H200, 2026-11-26: 16-wide tiles 4.5 to 6.4x;
-    # H=1024 B=16's forward about 7.7 us) and at a vector tile's (2.4x).
-    "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1", "full;noload;nodot;nowait,noarrive"),
+    # Where a step's time goes with the current kernels, forward (the step time) and
+    # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
+    # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
+    # 16-wide tiles (H200, commit 392b4f0: forward steps 2.8 to 3.8x the barrier, backward
+    # 3.9 to 6.5x; the backward 63% of the anchor's layer) and at a vector tile's (2.2x).
+    # (sm_90, Triton 3.6: noload's constant operand also lets the anchor's backward stage
+    # less, 96 -> 60 ldmatrix and 147456 -> 122880 B per program, so its saving is an upper
+    # bound of the dph loads' cost; nodot,nobdot leave 383 / 479 of 696 / 1043 instructions.)
+    "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1",
+               "layer;noload,layer;nodot,nobdot,layer;nowait,noarrive,layer"),
     # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
     # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
     # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
@@ -265,6 +271,16 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
 
 
 @triton.jit
+def _no_bdot(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, src, jb64, act1,
+             G: tl.constexpr, H: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
+             RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
+             FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
+             SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False,
+             HALVES: tl.constexpr = False):
+    return carry
+
+
+@triton.jit
 def _kpart_noload(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr,
                   S: tl.constexpr, DT: tl.constexpr):
     _, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
@@ -335,6 +351,7 @@ def swaps() -> dict:
         "nowait": [(pg, "grid_wait", _no_wait)],
         "noarrive": [(pg, "grid_arrive", _no_arrive)],
         "nodot": [(pg, "_fwd_pre", _no_dot)],
+        "nobdot": [(pg, "_bwd_carry", _no_bdot)],
         "noload": [(pg, "_kpart", _kpart_noload), (pg, "_vx", _vx_noload)],
         "nocell": [(cells, "cell_forward", _no_cell)],
         "noxg": [(pg, "_load_gate", _no_load)],
