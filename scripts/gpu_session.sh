@@ -33,10 +33,11 @@
 #                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
 #                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
-#   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels:
-#                                         the exchange operand's L2 trip (noload), the product
-#                                         (nodot), the barrier (nowait,noarrive); anchor,
-#                                         LSTM H=1024 B=16, a vector tile (B = 1)
+#   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels,
+#                                         forward step and whole layer (fwd, bwd): the
+#                                         exchange operand's L2 trip (noload), the product
+#                                         (nodot,nobdot), the barrier (nowait,noarrive);
+#                                         anchor, LSTM H=1024 B=16, a vector tile (B = 1)
 #   bash scripts/gpu_session.sh bench     presets anchor, small-batch, gru, fp16 vs cuDNN + barrier
 #   bash scripts/gpu_session.sh bench2    presets large-batch, varlen vs cuDNN
 #   bash scripts/gpu_session.sh grid      preset grid (issue 5's B x H sweep), pipeline, stack
