@@ -2041,6 +2041,9 @@ def _paired_chunks(block_b: int) -> bool:
 # PAIRG): on by default since the H200 runs of 2026-11-26 (third session); off with
 # TRITONRNN_BWD_PAIRED_GATES=off (read at import) or the ablation variant `nopairg`.
 _BWD_PAIRED_GATES = _env_on_off("TRITONRNN_BWD_PAIRED_GATES", default=True)
+# PAIRG on 16 x 32 tiles too (the B = 32 and 64 plans): an experiment, off unless
+# TRITONRNN_BWD_PAIRED_GATES_WIDE=on (read at import) or the ablation variant `pairg32`.
+_BWD_PAIRED_GATES_WIDE = _env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE")
 
 
 def _paired_gates(block_k: int, block_b: int) -> bool:
@@ -2061,7 +2064,8 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
     7.07. The default since. Where the larger footprint does not fit the device, the launch
     keeps the gates apart (`grid_pairs_gates`): GRU H=1536 B=16's paired backward would need
     245760 B, past an H100's 225280."""
-    return _BWD_PAIRED_GATES and not block_k and block_b == 16
+    return _BWD_PAIRED_GATES and not block_k and (
+        block_b == 16 or (block_b == 32 and _BWD_PAIRED_GATES_WIDE))
 
 
 def grid_pairs_gates(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,

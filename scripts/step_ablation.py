@@ -49,6 +49,9 @@ Variants (comma-joined in one process):
               (kernels' _BWD_PAIRED_GATES, on by default since the third H200 session of
               2026-11-26: apart the anchor waits for 8 L2 round trips of dph per step, 2
               paired; 32 KiB more shared memory) / where its products use them
+    pairg32   the same on 16 x 32 tiles (the B = 32 / 64 plans; kernels'
+              _BWD_PAIRED_GATES_WIDE, off by default; where the footprint fits: LSTM / GRU
+              H=768 B=64 on an H100, 30 / 26 -> 18 BAR.SYNC per backward step)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -218,7 +221,8 @@ SETS = {
 # pairg). Next, at the shapes the grid sweep runs on 16-row tiles: the default against the
 # gates apart (nopairg), the forward alone on 8 warps with its weights in registers
 # (fw8,hoistf; the backward keeps the plan's 4 warps), the backward alone on 8 (bw8); the
-# tagged exchange again; then the rules no GPU has timed.
+# paired gates on 16 x 32 tiles (pairg32, opt-in); the tagged exchange again; then the rules
+# no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
         # (A 240 s box holds about 20 rows.)
@@ -226,6 +230,9 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         ("lstm,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer;chunk1024,layer"),
         ("gru,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
         ("lstm,512,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
+        # The paired gates on 16 x 32 tiles, where the backward step is furthest from the
+        # barrier (LSTM H=768 B=64: 6.87 us, 7.4x).
+        ("lstm,768,64;gru,768,64", "layer;pairg32,layer"),
         # The forward's tagged exchange (no grid barrier) with the current kernels: it lost
         # at the anchor with the gate-batched forward (1.07x); B = 1, where the fixed cost
         # of a step is most of it.
@@ -364,6 +371,7 @@ def swaps() -> dict:
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
+        "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],
         "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates

@@ -131,6 +131,14 @@ def gate_batched(monkeypatch):
 
 
 @pytest.fixture
+def paired_gates_wide(monkeypatch):
+    """The grid backward's gate operands loaded ahead on 16 x 32 tiles too
+    (`kernels.persistent_grid._BWD_PAIRED_GATES_WIDE`, off by default)."""
+    yield from _switched(monkeypatch, "_BWD_PAIRED_GATES_WIDE",
+                         "TRITONRNN_BWD_PAIRED_GATES_WIDE")
+
+
+@pytest.fixture
 def gates_apart(monkeypatch):
     """The grid backward's gate operands each loaded where its products use them
     (`kernels.persistent_grid._BWD_PAIRED_GATES` off; PAIRG is the default)."""

@@ -909,6 +909,25 @@ def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
     _check_layer(cell, 40, 0, *VARLEN, reverse=True, persistent=True, block_h=16, block_b=16)
 
 
+# PAIRG on 16 x 32 tiles (the B = 32 / 64 plans; `_BWD_PAIRED_GATES_WIDE`, an opt-in
+# experiment): two gates' 32-column operands staged at once, every gate count, two chunks
+# (H = 40: 32 + 16), 35 rows (two batch tiles, the second partial), against the reference.
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
+def test_wide_tiles_backward_gates_loaded_ahead_match_reference(monkeypatch, cell):
+    assert not pg._paired_gates(0, 32)  # off by default
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES_WIDE", True)
+    assert pg._paired_gates(0, 32) and pg._paired_gates(0, 16)
+    assert not pg._paired_gates(64, 32) and not pg._paired_gates(0, 64)
+    # The count at H = 768: the weights 2*G*16*768 B and two gates' 32-column operands
+    # 2*32*2*768 B (tanh: one gate's).
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    on = 2 * G * 16 * 768 + 2 * 32 * min(G, 2) * 768
+    assert pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 32) == on
+    lengths = [9] * 20 + [7, 0, 5, 2] * 3 + [3, 8, 1]
+    _check_layer(cell, 40, 0, lengths, 9, reverse=True, persistent=True, block_h=16,
+                 block_b=32)
+
+
 def test_gate_batched_onchip_bytes(monkeypatch):
     """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
     too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
@@ -1284,18 +1303,21 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
+@pytest.mark.parametrize("paired, block_b", [(True, 16), (False, 16), (True, 32)],
+                         ids=["paired", "apart", "paired-wide"])
 @pytest.mark.parametrize("H", [40, 640])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
-def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired):
+def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired, block_b):
     """bf16 on 16 x 16 tiles with the backward's gate operands loaded ahead (PAIRG, the
-    default) and apart: two resident chunks per gate (H = 40: 32 + 16, H = 640: 512 + 128),
-    20 rows in two batch tiles, varlen."""
+    default) and apart, and on 16 x 32 tiles paired (`_BWD_PAIRED_GATES_WIDE`, opt-in): two
+    resident chunks per gate (H = 40: 32 + 16, H = 640: 512 + 128), two batch tiles (the
+    second partial), varlen."""
     monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", paired)
-    assert pg._paired_gates(0, 16) is paired
-    lengths, T = [9] * 16 + [7, 0, 5, 2], 9
+    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES_WIDE", block_b == 32)
+    assert pg._paired_gates(0, block_b) is paired
+    lengths, T = [9] * (block_b + 3) + [7, 0, 5, 2], 9
     _check_layer(cell, H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
-                 block_h=16, block_b=16)
+                 block_h=16, block_b=block_b)
 
 
 @pytest.mark.gpu

@@ -97,6 +97,27 @@ def test_paired_gates_only_within_the_budget(request, device, paired, apart):
         assert lp.pair_gates == ((mode, H, onchip) in paired), lp
 
 
+# PAIRG on 16 x 32 tiles (TRITONRNN_BWD_PAIRED_GATES_WIDE, opt-in) within the budget too:
+# LSTM / GRU H=768 B=64 pair their gates on an H100 (sm_90 compiles, Triton 3.6: 30 / 26 ->
+# 18 BAR.SYNC per backward step, no spills), H=1024 B=64 would need 262144 / 229376 B and
+# keeps them apart; no plan's tiles or warps change.
+def test_wide_paired_gates_only_within_the_budget(request):
+    shapes = [(mode, H, B) for mode in ("lstm", "gru") for H in (512, 768, 1024)
+              for B in (32, 64)]
+    off = {s: _plan(mode=s[0], H=s[1], B=s[2]).layer(0) for s in shapes}
+    request.getfixturevalue("paired_gates_wide")
+    on = {s: _plan(mode=s[0], H=s[1], B=s[2]).layer(0) for s in shapes}
+    for s in shapes:
+        a, b = off[s], on[s]
+        assert (a.family, a.block_h, a.block_b, a.block_k, a.num_warps, a.backward_warps) == (
+            b.family, b.block_h, b.block_b, b.block_k, b.num_warps, b.backward_warps), s
+        if b.block_b == 32 and not a.pair_gates:
+            assert b.pair_gates == (s in (("lstm", 768, 64), ("gru", 768, 64))), (s, b)
+    assert (on[("lstm", 768, 64)].onchip_bytes, on[("gru", 768, 64)].onchip_bytes) == (
+        196608, 172032)
+    assert not on[("lstm", 1024, 64)].pair_gates and not on[("gru", 1024, 64)].pair_gates
+
+
 @pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("lstm", 512, 16), ("gru", 768, 16),
                                       ("rnn_tanh", 512, 64), ("lstm", 512, 1)])
 def test_float32_streams_its_mma_tile_weights(mode, H, B):
