@@ -2068,6 +2068,17 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
         block_b == 16 or (block_b == 32 and _BWD_PAIRED_GATES_WIDE))
 
 
+# Shared memory the compiler needs beside what `grid_onchip_bytes` counts (barrier scratch,
+# staging): a grid program may count on the device's per-block opt-in limit less this.
+SMEM_SLACK = 7 * 1024
+
+
+def grid_smem_budget(smem_per_program: int) -> int:
+    """Bytes of shared memory a grid-family program's counted footprint may take on a device
+    that allows smem_per_program per block (opt-in): that less SMEM_SLACK."""
+    return smem_per_program - SMEM_SLACK
+
+
 def grid_pairs_gates(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
                      block_b: int, block_k: int = 0, smem_limit: int | None = None,
                      num_warps: int = 8) -> bool:
@@ -2080,6 +2091,20 @@ def grid_pairs_gates(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, b
         return False
     return smem_limit is None or _grid_bwd_bytes(
         cell, H, Hout, P, dtype, block_h, block_b, num_warps, True) <= smem_limit
+
+
+def launch_pairs_gates(pair_gates: bool | None, cell: str, H: int, Hout: int, P: int,
+                       dtype: torch.dtype, block_h: int, block_b: int, block_k: int,
+                       num_warps: int, smem_per_block: int | None) -> bool:
+    """PAIRG of a backward launch: as asked (`pair_gates`, a plan's), where `_paired_gates`
+    applies; None (a direct call, no plan): `grid_pairs_gates` within the device's
+    `grid_smem_budget` (smem_per_block: its opt-in limit per block; None, the interpreter:
+    no limit), so that a direct call never asks for more shared memory than a plan would."""
+    if pair_gates is None:
+        limit = None if smem_per_block is None else grid_smem_budget(smem_per_block)
+        return grid_pairs_gates(cell, H, Hout, P, dtype, block_h, block_b, block_k, limit,
+                                num_warps)
+    return bool(pair_gates) and _paired_gates(block_k, block_b)
 
 
 # The split-K products' slices added by halving (`_halved_sums`, HALVES); the ablation
@@ -2206,16 +2231,32 @@ def _batch_ksplit(ka: int, kb: int) -> int:
 # What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. So the
 # planner's launches hoist with 16-wide batch tiles where a pass's weights take at most
 # _HOIST_THREAD_BYTES per thread (every such compile above fits with the same warps, and
-# does less); whether 8 warps with register weights beat the planner's 4 without at the
-# anchor is a timing question (`scripts/step_ablation.py` variants `hoist`, `hoistf`,
-# `nohoist`; `bash scripts/gpu_session.sh hoist`). A projection's two
+# does less), and a forward on 8 warps up to _HOIST_FWD8_THREAD_BYTES (the 8-warp forwards
+# above, 256 to 512 B, keep no local memory in the loop). The planner runs a 16 x 16
+# forward on 8 warps, hoisted, where its weights fit that and not the 4-warp budget
+# (`rnn.planner._persistent_grid_warps`): the H200 timed it faster than 4 warps unhoisted
+# at all four shapes it tried (2026-11-26, `scripts/step_ablation.py` variant
+# `fw8,hoistf`, layer forward in ms, T = 1024: LSTM H=512 B=16 2.88 -> 2.80, H=768 3.24 ->
+# 3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15; the backward, unhoisted on 4
+# warps, unchanged). Both passes hoisted on 8 warps are untimed with the backward's paired
+# gates (variant `hoist,bw8`). A projection's two
 # phases alternate in a runtime branch of the step loop, so HOIST changes nothing there and
 # is not used. Stepwise launches (one step each, and more programs than SMs, where a
 # skipped tile does shorten the launch) keep the branches.
 # TRITONRNN_HOIST_WEIGHTS: "auto" (default, the rule), "off", or the passes to hoist
 # whatever their size ("fwd", "bwd", "fwd,bwd").
 _HOIST_THREAD_BYTES = 256
+_HOIST_FWD8_THREAD_BYTES = 512
 _HOIST_PASSES = ("fwd", "bwd")
+
+
+def hoist_budget(pass_name: str, num_warps: int) -> int:
+    """Bytes of weights per thread that a launch of `pass_name` on num_warps warps holds in
+    registers by default (HOIST): _HOIST_FWD8_THREAD_BYTES for a forward on 8 warps, else
+    _HOIST_THREAD_BYTES."""
+    if pass_name == "fwd" and num_warps == 8:
+        return _HOIST_FWD8_THREAD_BYTES
+    return _HOIST_THREAD_BYTES
 
 
 def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,
@@ -2236,19 +2277,31 @@ def _env_passes(var: str, passes: tuple[str, ...] = _HOIST_PASSES) -> str | set[
     return raw if raw in ("auto", "off") else asked
 
 
+def hoist_tiles(block_k: int, block_b: int, persistent: bool, proj: int = 0) -> bool:
+    """Whether HOIST applies to a launch at all: resident MMA tiles (vector tiles hold their
+    weights in registers already; streamed ones read them every step) of a persistent launch
+    without a projection."""
+    return not block_k and not vector_tiles(block_b) and persistent and not proj
+
+
 def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool = True,
-                   proj: int = 0, thread_bytes: int = 0) -> bool:
-    """HOIST for a launch of `pass_name` ("fwd" / "bwd"): resident MMA tiles (vector tiles
-    hold their weights in registers already; streamed ones read them every step) of a
-    persistent launch without a projection; by default 16-wide batch tiles whose weights take
-    at most _HOIST_THREAD_BYTES per thread (`weight_thread_bytes`), else as
-    TRITONRNN_HOIST_WEIGHTS says."""
+                   proj: int = 0, thread_bytes: int = 0, num_warps: int = 4) -> bool:
+    """HOIST for a launch of `pass_name` ("fwd" / "bwd") where it applies (`hoist_tiles`):
+    by default 16-wide batch tiles whose weights take at most `hoist_budget` bytes per
+    thread (`weight_thread_bytes` on num_warps warps), else as TRITONRNN_HOIST_WEIGHTS
+    says."""
     asked = _env_passes("TRITONRNN_HOIST_WEIGHTS")
-    if asked == "off" or block_k or vector_tiles(block_b) or not persistent or proj:
+    if asked == "off" or not hoist_tiles(block_k, block_b, persistent, proj):
         return False
     if asked == "auto":
-        return block_b == 16 and thread_bytes <= _HOIST_THREAD_BYTES
+        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps)
     return pass_name in asked
+
+
+def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps: int) -> bool:
+    """HOIST's default rule where it applies: 16-wide batch tiles whose weights take at most
+    `hoist_budget` bytes per thread."""
+    return block_b == 16 and thread_bytes <= hoist_budget(pass_name, num_warps)
 
 
 # Tagged exchange (TRITONRNN_TAGGED_EXCHANGE=fwd). Behind a grid barrier a forward step
@@ -2313,10 +2366,11 @@ def _tagged_words(v: torch.Tensor, dtype: torch.dtype, i: int) -> torch.Tensor:
 
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
                block_h: int, block_b: int, block_k: int, num_warps: int, persistent: bool,
-               fma_dots: bool = False) -> bool:
+               fma_dots: bool = False, by_default: bool = False) -> bool:
     """Whether a launch of `pass_name` ("fwd" / "bwd") of this shape and plan runs HOIST
-    (`_hoist_weights`): the resident slice is the forward's R rows (all gate slots of a joint
-    or gate-batched product, `_fwd_gates`) over Hout, or the backward's R columns over H."""
+    (`_hoist_weights`; by_default: by the default rule, whatever TRITONRNN_HOIST_WEIGHTS
+    says): the resident slice is the forward's R rows (all gate slots of a joint or
+    gate-batched product, `_fwd_gates`) over Hout, or the backward's R columns over H."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     if pass_name == "fwd":
         joint = _fwd_gates(cell, block_k, block_h, block_b, num_warps, fma_dots) > 0
@@ -2324,8 +2378,11 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
         ka, kb = _ksplit(Hout, block_k, block_b)
     else:
         rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k, block_b)
-    return _hoist_weights(pass_name, block_k, block_b, persistent, P,
-                          weight_thread_bytes(rows, ka, kb, dtype, num_warps))
+    thread_bytes = weight_thread_bytes(rows, ka, kb, dtype, num_warps)
+    if by_default:
+        return (hoist_tiles(block_k, block_b, persistent, P)
+                and _hoist_by_default(pass_name, block_b, thread_bytes, num_warps))
+    return _hoist_weights(pass_name, block_k, block_b, persistent, P, thread_bytes, num_warps)
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
@@ -2905,7 +2962,8 @@ def grid_backward(
     dh0 [B, Hout], dc0 [B, H] (LSTM), dh_total [N, P] and m_seq [N, H] (projection) in place).
     No atomics on results: bit-identical run to run.
     pair_gates: the plan's `grid_pairs_gates` (False keeps the gates apart where
-    `_paired_gates` would pair them; None: `_paired_gates` alone)."""
+    `_paired_gates` would pair them; None: `launch_pairs_gates` decides within this
+    device's shared memory)."""
     t = dict(pre_x=pre_x, pre_h=pre_h, R=R, Pw=Pw, y=y, h_prev=h_prev, c_seq=c_seq,
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
@@ -2974,6 +3032,11 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
         _check_shape("Pw", Pw, (P, H))
         _check_shape("dh_total", dh_total, (N, P))
         _check_shape("m_seq", m_seq, (N, H))
+    direct = pair_gates is None and on_gpu  # no plan: the device's memory decides
+    pair_gates = launch_pairs_gates(
+        pair_gates, cell, H, Hout, P, dtype, block_h, block_b, block_k, num_warps,
+        torch.cuda.get_device_properties(dev).shared_memory_per_block_optin if direct
+        else None)
     if S == 0:
         dh0.copy_(dhT)
         if lstm:
@@ -3046,7 +3109,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
-                PAIRG=_paired_gates(block_k, block_b) and pair_gates is not False,
+                PAIRG=pair_gates,
                 HALVES=_halved_sums(),
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),

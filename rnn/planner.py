@@ -408,14 +408,14 @@ def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, 
 # Reduction chunk of streamed weights: 64 columns keep a chunk's weight and operand tiles a
 # few KiB (with the compiler's multi-buffering) while each dot still has K = 64.
 _STREAM_K = 64
-# Shared memory the compiler needs beside the resident weights (barrier scratch, staging).
-_SMEM_SLACK = 7 * 1024
 
 
 def _smem_budget(props: DeviceProperties) -> int:
     """Shared memory a grid-family plan may count on per program on the device (the
-    interpreter preset's is an H100's)."""
-    return props.smem_per_program - _SMEM_SLACK
+    interpreter preset's is an H100's): `kernels.persistent_grid.grid_smem_budget`."""
+    from tritonrnn.kernels.persistent_grid import grid_smem_budget
+
+    return grid_smem_budget(props.smem_per_program)
 
 
 def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, ...]:
@@ -505,7 +505,7 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
         for block_b in _grid_batch_tiles(block_h, block_k, _fma_dots(dtype, props)):
             if block_b > max(16, _pow2(batch)):
                 break
-            fwd = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
+            fwd = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H, Hout, P)
             lp = _grid("persistent_grid", cell, H, Hout, P, dtype, block_b, block_h, batch, fwd,
                        block_k, num_dirs, _smem_budget(props))
             if lp.num_programs <= props.sm_count and (
@@ -563,12 +563,26 @@ def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan 
 
 
 def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
-                           block_k: int = 0, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; and,
-    where the gate-batched forward is switched on (`kernels.persistent_grid._FWD_GATE_BATCH`,
-    off by default), 8 where that makes it gate-batched (`_fwd_gates`: gated cells, resident
-    weights, the 16 x 32 and 32 x 16 tiles, whose 4 MMA tiles per gate keep 4 warps on
-    split-K-free per-gate dots).
+                           block_k: int = 0, dtype: torch.dtype = torch.bfloat16,
+                           H: int = 0, Hout: int = 0, P: int = 0) -> int:
+    """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; 8 on a
+    16 x 16 tile of shape H (Hout, P; 0: unknown, not checked) whose resident weights
+    `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8 warps but not on
+    4; and, where the gate-batched forward is switched on
+    (`kernels.persistent_grid._FWD_GATE_BATCH`, off by default), 8 where that makes it
+    gate-batched (`_fwd_gates`: gated cells, resident weights, the 16 x 32 and 32 x 16
+    tiles, whose 4 MMA tiles per gate keep 4 warps on split-K-free per-gate dots).
+
+    The 16 x 16 rule: on 8 warps each thread holds half the weights, so slices of 257 to
+    512 B per thread on 4 warps stay in registers (`persistent_grid.hoist_budget`); the
+    step then reads only h's operand from shared memory. The rule is HOIST's default one
+    whatever TRITONRNN_HOIST_WEIGHTS says (the switch decides the launches' HOIST, not the
+    plan's warps: `off` runs those forwards on 8 warps unhoisted). An H200 timed it
+    against 4 warps unhoisted (2026-11-26, `scripts/step_ablation.py` variant `fw8,hoistf`,
+    layer forward in ms at T = 1024, bf16): LSTM H=512 B=16 2.88 -> 2.80, H=768 3.24 ->
+    3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15. Slices that fit on 4 warps stay there (LSTM
+    H=256 B=16: hoisted on 4 warps; 8 untimed), and so do those too large for 8 (GRU
+    H=1536 B=16: 576 B per thread on 8 warps).
 
     A step's work per program is small (a [G*16, H] @ [H, <=32] product); more warps only
     lengthen its cross-warp reductions and shared-memory traffic. Measured on an H100
@@ -584,11 +598,18 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     LSTM H=768 1535 / 384). An H200 timed LSTM H=1024 B=64 the other way: the layer
     forward 8.93 ms gate-batched on 8 warps, 6.94 per gate on 4 (2026-11-26, step_ablation
     `nobatch`), hence the per-gate default."""
-    from tritonrnn.kernels.persistent_grid import _fwd_gates
+    from tritonrnn.kernels.persistent_grid import _fwd_gates, hoist_pass
 
     if block_h * block_b > 512:
         return 8
     fma = dtype == torch.float32  # as a GPU runs it
+    if H and block_h == block_b == 16:
+        def hoisted(w):
+            return hoist_pass("fwd", cell, H, Hout or H, P, dtype, block_h, block_b, block_k, w,
+                              True, fma, by_default=True)
+
+        if hoisted(8) and not hoisted(4):
+            return 8
     batched = _fwd_gates(cell, block_k, block_h, block_b, 8, fma) == 2
     return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
 
@@ -781,9 +802,14 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
         )
     block_k = choice.get("block_k", base.block_k)
-    if "num_warps" not in choice and vector and not vector_tiles(block_b):
-        # MMA tiles forced on a vector-tile heuristic: the MMA tiles' warps rule.
-        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype)
+    retiled = any(k in choice for k in ("block_h", "block_b", "block_k"))
+    if "num_warps" not in choice and not vector_tiles(block_b) and (
+        vector or (retiled and family == "persistent_grid" == base.family)
+    ):
+        # MMA tiles forced on a vector-tile heuristic, or other tiles forced on a grid
+        # heuristic: the rule's warps for the tiles that run, not the heuristic tiles'.
+        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H, Hout,
+                                           P)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs, _smem_budget(props))

@@ -198,7 +198,8 @@ def test_plan_prints_explain(capsys):
     assert out.startswith("Plan ")
     assert "H=768" in out and "B=16" in out and "T=1024" in out
     assert "reserve:" in out and "NVIDIA H100" in out
-    assert "weights=resident warps=4 " in out  # per-gate forward dots, nothing in registers
+    # The forward's weights in registers on 8 warps (planner._persistent_grid_warps).
+    assert "weights=resident (in registers: fwd) warps=8 (backward 4) " in out
 
 
 def test_plan_on_the_a100_preset(capsys):

@@ -379,8 +379,8 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
 
 def test_hoist_weights_choice(monkeypatch):
     """By default: persistent launches of resident 16-wide MMA tiles without a projection,
-    at most 256 B of weights per thread; off; per pass whatever the size; a bad value names
-    the variable."""
+    at most 256 B of weights per thread (512 B for a forward on 8 warps); off; per pass
+    whatever the size; a bad value names the variable."""
     hoist = pg._hoist_weights
     bf16 = torch.bfloat16
     lstm256 = pg.weight_thread_bytes(4 * 16, 256, 0, bf16, 4)
@@ -395,6 +395,16 @@ def test_hoist_weights_choice(monkeypatch):
     assert not hoist("fwd", 0, 16, True, 12, lstm256)  # projection: no effect
     assert not hoist("fwd", 64, 16, True, 0, 0)  # streamed: nothing resident to hoist
     assert not hoist("fwd", 0, 1, True, 0, 0)  # vector tiles: weights in registers already
+    # A forward on 8 warps up to 512 B per thread (`hoist_budget`): the anchor's 384 B, LSTM
+    # H=1024's 512, not GRU H=1536's 576; the backward on 8 keeps 256.
+    assert [pg.hoist_budget(p, w) for p in ("fwd", "bwd") for w in (4, 8)] == [256, 512,
+                                                                              256, 256]
+    anchor8 = pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)
+    assert hoist("fwd", 0, 16, True, 0, anchor8, 8) and not hoist("bwd", 0, 16, True, 0,
+                                                                  anchor8, 8)
+    assert hoist("fwd", 0, 16, True, 0, 512, 8) and not hoist("fwd", 0, 16, True, 0, 576, 8)
+    assert not hoist("fwd", 0, 16, True, 0, anchor8, 4)  # the budget of the launch's warps
+    assert not hoist("fwd", 0, 16, True, 12, anchor8, 8)  # projection
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
     assert not hoist("fwd", 0, 16, True, 0, lstm256)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", " fwd ")
@@ -1300,6 +1310,37 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
     _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=torch.bfloat16,
                  persistent=persistent, block_h=16, num_warps=warps)
+
+
+def test_direct_backward_pairs_gates_within_the_device_memory():
+    """A grid_backward called without a plan (pair_gates None) pairs its gates only where the
+    paired footprint fits the device's budget (`launch_pairs_gates`): GRU H=1536 B=16's
+    paired backward needs 245760 B, more than an H100's or H200's 227 KiB opt-in less the
+    slack, so it keeps the gates apart there; the interpreter (no limit) pairs; a plan's
+    answer stands where pairing applies at all."""
+    bf16, optin = torch.bfloat16, 232448  # H100 / H200 shared memory per block (opt-in)
+    budget = pg.grid_smem_budget(optin)
+    assert budget == optin - pg.SMEM_SLACK == 225280
+
+    def pairs(ask, cell, H, smem, block_k=0, block_b=16, warps=4):
+        return pg.launch_pairs_gates(ask, cell, H, H, 0, bf16, 16, block_b, block_k, warps,
+                                     smem)
+
+    assert pg._grid_bwd_bytes("gru", 1536, 1536, 0, bf16, 16, 16, 4, True) > budget
+    assert not pairs(None, "gru", 1536, optin) and pairs(None, "gru", 1536, None)
+    assert pairs(None, "lstm", 768, optin) and pairs(True, "gru", 1536, optin)
+    assert not pairs(False, "lstm", 768, optin) and not pairs(False, "lstm", 768, None)
+    assert not pairs(True, "lstm", 768, optin, block_k=64)  # streamed: never paired
+    assert not pairs(None, "lstm", 768, None, block_b=32)  # 16 x 32: opt-in only
+
+
+@pytest.mark.gpu
+def test_gpu_direct_backward_fits_where_paired_gates_do_not():
+    """GRU H=1536 on 16 x 16 tiles launched directly (no plan): the gates stay apart and the
+    launch fits (paired it asked for 245760 B of shared memory and failed to launch)."""
+    lengths, T = [3] * 16, 3
+    _check_layer("gru", 1536, 0, lengths, T, reverse=False, dtype=torch.bfloat16,
+                 persistent=True, block_h=16)
 
 
 @pytest.mark.gpu
