@@ -4,16 +4,16 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session: `tests` (timeout_s 230) first: the backward's gates loaded ahead
-# (kernels' _paired_gates) are the default since the third H200 session of 2026-11-26, timed
-# there but never yet run against the reference on a GPU (its own GPU test,
-# test_gpu_backward_gates_loaded_ahead, is new); then at once `all` (timeout_s 490): the
-# committed `all` results (README's Results table) predate the per-gate forward, the halves
-# and the paired backward gates. The session after: `DECIDE_SECONDS=240 bash
-# scripts/gpu_session.sh decide` (timeout_s 270): step_ablation.DECISIONS, at four 16-row
-# shapes the paired gates against apart, the forward on 8 warps with its weights in
-# registers, the backward on 8 warps; then `phases` (timeout_s 330): where a step's time
-# goes with the current kernels; a session after that, `tests` (timeout_s 230) and
+# Next session: `tests` (timeout_s 230) first: the planner runs a 16 x 16 forward on 8 warps
+# with its weights in registers since the fourth H200 session of 2026-11-26 (timed there as
+# the variant fw8,hoistf, never yet run by the planner on a GPU), and a direct backward
+# launch keeps its gates apart where pairing them would not fit (its GPU test is new); then
+# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270): the new forward
+# against the old (fw4), both passes hoisted on 8 warps, the rule at GRU H=512 / 768 B=16,
+# the backward on 8 warps; then `barrier` (timeout_s 230): the per-step latency
+# with the new forward. (In the fourth session `tests` took 188 s, `all` 286, `decide` 252.)
+# The session after: `all` (timeout_s 490) for README's Results table with the new forward,
+# and `phases` (timeout_s 330): where a step's time goes; later `tests` (timeout_s 230) and
 # `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).

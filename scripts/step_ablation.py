@@ -37,6 +37,8 @@ Variants (comma-joined in one process):
     nostore   the y / c_seq output stores are dropped
     w2/w4/w8  2 / 4 / 8 warps instead of the planner's (both passes); bh32: block_h 32
     bw2/bw4/bw8  the backward's warps only (seen in `layer` times); fw4/fw8 the forward's
+              (fw4 at 16 x 16 tiles: the forward as before 2026-11-26's fourth H200 session,
+              4 warps, weights in shared memory)
     batch     the forward gate-batched (kernels' _FWD_GATE_BATCH, off by default since the
               2026-11-26 H200 runs; the planner then gives 16 x 32 tiles' forward 8 warps)
     nobatch   the forward's gate dots per gate, split K (the default since those runs)
@@ -77,7 +79,8 @@ Variants (comma-joined in one process):
     hoist / hoistf / nohoist  resident MMA weights held in registers (no runtime branch
               around the dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both
               passes / the forward only / neither (the planner's rule: 16-wide batch tiles,
-              <= 256 B of weights per thread)
+              <= 256 B of weights per thread, a forward on 8 warps <= 512 B; the planner
+              gives 16 x 16 forwards 8 warps where that hoists them and 4 would not)
     tagged    the forward's tagged exchange (kernels' tagged_exchange, as with
               TRITONRNN_TAGGED_EXCHANGE=fwd): h published as tagged words, no grid barrier,
               each step rereads its operand until the tags match
@@ -218,28 +221,32 @@ SETS = {
 # backward -4%, -5%, the anchor's forward +5%) and the weights in registers on 8 warps
 # (hoist,w8: the anchor's forward 3.28 -> 3.15 ms, the best of the set), timed at one or
 # two shapes; the 1024-wide backward chunk (chunk1024 0.98x at LSTM H=1024 B=16, before
-# pairg). Next, at the shapes the grid sweep runs on 16-row tiles: the default against the
-# gates apart (nopairg), the forward alone on 8 warps with its weights in registers
-# (fw8,hoistf; the backward keeps the plan's 4 warps), the backward alone on 8 (bw8); the
-# paired gates on 16 x 32 tiles (pairg32, opt-in); the tagged exchange again; then the rules
-# no GPU has timed.
+# pairg).
+# Decided on an H200 (the fourth session of 2026-11-26, bench/results/step-ablation-nvidia-
+# h200-2026-11-26-decide-pairg.json, layer forward ; backward): the paired gates stay
+# (nopairg 1.03 to 1.09x at four 16-row shapes); the 16 x 16 forward on 8 warps with its
+# weights in registers (fw8,hoistf: forward -3% to -13% at all four) is the default since;
+# the backward on 8 warps alone (bw8) won at LSTM H=512 B=16 only (-10%; +5% at the
+# anchor); pairg32 stays opt-in (1.01x, 0.98x at H=768 B=64); the tagged exchange lost
+# again (1.08x, 1.26x at B = 1); reducesum and the gate-batched forward lost at GRU H=1024
+# B=64 (1.15x, 1.17x). Next: the new default against the old forward (fw4), both passes
+# hoisted on 8 warps, the untimed GRU shapes of the rule; then the rules no GPU has timed.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 20 rows.)
-        ("lstm,768,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
-        ("lstm,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer;chunk1024,layer"),
-        ("gru,1024,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
-        ("lstm,512,16", "layer;nopairg,layer;fw8,hoistf,layer;bw8,layer"),
-        # The paired gates on 16 x 32 tiles, where the backward step is furthest from the
-        # barrier (LSTM H=768 B=64: 6.87 us, 7.4x).
-        ("lstm,768,64;gru,768,64", "layer;pairg32,layer"),
-        # The forward's tagged exchange (no grid barrier) with the current kernels: it lost
-        # at the anchor with the gate-batched forward (1.07x); B = 1, where the fixed cost
-        # of a step is most of it.
-        ("lstm,768,16;lstm,512,1", "layer;tagged,layer"),
-        # 16 x 32 tiles, one gate less (no chunk1024 here: a 1024 x 32 resident operand fails
-        # persistent_grid.resident_operands_fit, so the planner would stream the weights).
-        ("gru,1024,64", "layer;reducesum,layer;batch,layer"),  # S = 8 in the backward
+        # (A 240 s box holds about 25 rows.) The 16 x 16 forward on 8 warps with its weights
+        # in registers is the default since the 2026-11-26 H200 runs (`fw8,hoistf` won at the
+        # four shapes it was timed at); `fw4` restores 4 warps unhoisted. Both passes hoisted
+        # on 8 warps, with the backward's paired gates (the backward on 8 alone: 1.05x at
+        # the anchor, 0.90x at LSTM H=512 B=16).
+        # The sm_90 compiles (Triton 3.6) of `hoist,bw8` spill nothing in the step loops
+        # (the anchor's backward 1043 -> 617 instructions, 96 -> 48 mma.sync per warp).
+        ("lstm,768,16;lstm,1024,16", "layer;fw4,layer;hoist,bw8,layer"),
+        ("gru,512,16;gru,768,16", "layer;fw4,layer"),  # the rule where it was not timed
+        ("lstm,512,16;gru,1024,16", "layer;bw8,layer;hoist,bw8,layer"),
+        # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
+        # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
+        # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
+        # H=768 / 1024 B=64: 10 / 13).
         ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
         # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
@@ -322,9 +329,9 @@ def _hoisted(passes: tuple[str, ...]):
     (none: off)."""
     from tritonrnn.kernels import persistent_grid as pg
 
-    def hoist(pass_name, block_k, block_b, persistent=True, proj=0, thread_bytes=0):
-        return (pass_name in passes and not block_k and not pg.vector_tiles(block_b)
-                and persistent and not proj)
+    def hoist(pass_name, block_k, block_b, persistent=True, proj=0, thread_bytes=0,
+              num_warps=4):
+        return pass_name in passes and pg.hoist_tiles(block_k, block_b, persistent, proj)
 
     return hoist
 
