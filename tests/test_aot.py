@@ -474,9 +474,10 @@ def test_anchor_mma_chains(request, batched):
     in 4 accumulators (K = 768 split in 4: chains of 12, not 4 * 12 = 48); the forward's two
     chunks (512 + 256) in 8 K slices each, one per warp, with the per-gate split-K dots
     (chains of 4; `_gate_split`, the slices added by halves; on 4 warps 4 slices, chains of
-    8) or 2 gate-batched (chains of 16, `_fwd_gates`), none spilling. 4 gates x 2 MMA tiles x 768 / 16 is 384 MMAs, 96 per warp on 4 warps and
-    48 on 8: no warp forms a copy. (With 2 slices, as while tl.sum added them, Triton 3.6
-    laid the slices over the 4 warps and ran each per-gate MMA twice: 192.)"""
+    8) or 2 gate-batched (chains of 16, `_fwd_gates`), none spilling. 4 gates x 2 MMA tiles
+    x 768 / 16 is 384 MMAs, 96 per warp on 4 warps and 48 on 8: no warp forms a copy. (With
+    2 slices, as while tl.sum added them, Triton 3.6 laid the slices over the 4 warps and
+    ran each per-gate MMA twice: 192.)"""
     if batched:
         request.getfixturevalue("gate_batched")
     r = _compile_named([("anchor", aot.AotShape("lstm", hidden=768, batch=16,
@@ -563,8 +564,9 @@ def anchor_report():
 
 # Forward step-loop rules that each take 2 BAR.SYNC off the 4-warp anchor's loop, against
 # their switch off (on the planner's 8-warp forward with its weights in registers Triton 3.6
-# compiles PAIR to the same 16 BAR.SYNC and shared memory as without): MASK_IN_LOOP (`persistent_grid._mask_in_loop`: the active-row mask formed in
-# the loop, not the loop-carried 1-D tensor Triton 3.6 converts to the tiles' layout
+# compiles PAIR to the same 16 BAR.SYNC and shared memory as without): MASK_IN_LOOP
+# (`persistent_grid._mask_in_loop`: the active-row mask formed in the loop, not the
+# loop-carried 1-D tensor Triton 3.6 converts to the tiles' layout
 # through shared memory every step; 3.9 has no such conversion) and PAIR
 # (`_paired_chunks`: both chunks of h, 512 + 256, loaded before either product and staged
 # together; the per-gate forward's shared memory grows by the second chunk, 2*16*256 B, as
