@@ -152,10 +152,9 @@ def test_each_stage_fits_one_device_command(stage):
 def test_a_session_fits_the_device_budget(stages, spare):
     """The stages the script's header runs in a 15-minute session (tests, decide with the
     shorter box the header names, then barrier; all, then phases; tests, then profile) are
-    each cut
-    below the timeout_s the header gives them, and together leave the machine's start, the
-    transfers and the idle wait between the calls `spare` seconds of the 900 s (a start took
-    about 30 s on 2026-11-26, a dead machine's 86 s)."""
+    each cut below the timeout_s the header gives them, and together leave the machine's
+    start, the transfers and the idle wait between the calls `spare` seconds of the 900 s (a
+    start took about 30 s on 2026-11-26, a dead machine's 86 s)."""
     import re
 
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()

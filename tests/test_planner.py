@@ -401,8 +401,7 @@ def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
 def test_forward_warps_follow_the_register_weights(cell, H, P):
     """`_persistent_grid_warps` gives a 16 x 16 forward 8 warps exactly where
     `hoist_pass` holds its weights in registers on 8 and not on 4: never with a projection
-    (HOIST does not apply), nor with streamed weights, nor without the shape (H = 0);
-    TRITONRNN_HOIST_WEIGHTS=off keeps 4."""
+    (HOIST does not apply), nor with streamed weights, nor without the shape (H = 0)."""
     from tritonrnn.rnn.planner import _persistent_grid_warps
 
     bf16 = torch.bfloat16
