@@ -157,10 +157,24 @@ def _is_triton_kernel(obj) -> bool:
     return kind in ("JITFunction", "InterpretedFunction") and callable(getattr(obj, "fn", None))
 
 
+class _Sink(dict):
+    """The recorded launches, keyed (module, attribute name), in launch order. With `stop`
+    set, the next new launch recorded raises `_Recorded` once it is in."""
+
+    stop = False
+
+
+class _Recorded(Exception):
+    """Raised by a recorded launch into a `_Sink` whose `stop` is set: the caller has what it
+    came for and skips the rest of the host code (`capture`: the backward's weight-gradient
+    GEMMs, minutes on a CPU at large batch)."""
+
+
 class _Recorder:
     """Stands in for a @triton.jit object: `rec[grid](*args, **kwargs)` keeps the first call in
-    `sink[(module, name)]` and runs nothing; calling it directly (a device-side helper called
-    from the host) is an error."""
+    `sink[(module, name)]` and runs nothing (raises `_Recorded` after keeping a new one where
+    the sink's `stop` is set); calling it directly (a device-side helper called from the
+    host) is an error."""
 
     def __init__(self, module: str, name: str, kernel, sink: dict):
         self.module, self.name, self.kernel, self.sink = module, name, kernel, sink
@@ -176,6 +190,8 @@ class _Recorder:
                     _names(self.kernel, self.fn, "do_not_specialize"),
                     _names(self.kernel, self.fn, "do_not_specialize_on_alignment"),
                 )
+                if getattr(self.sink, "stop", False):
+                    raise _Recorded(key)
 
         return launch
 
@@ -187,9 +203,9 @@ class _Recorder:
 @contextlib.contextmanager
 def recording(modules: tuple[str, ...] = KERNEL_MODULES):
     """Inside the block every @triton.jit object of `modules` is a `_Recorder` and
-    TRITON_INTERPRET=1 (the launchers take CPU tensors only then). Yields the dict of recorded
-    launches, keyed (module, attribute name), in launch order. Process-wide: no other thread
-    should launch these kernels meanwhile.
+    TRITON_INTERPRET=1 (the launchers take CPU tensors only then). Yields the `_Sink` (a
+    dict) of recorded launches, keyed (module, attribute name), in launch order.
+    Process-wide: no other thread should launch these kernels meanwhile.
 
     The modules are imported before the environment changes, so a process that was not
     interpreting keeps compiled-mode kernel objects. Nothing runs in the interpreter: the
@@ -200,7 +216,7 @@ def recording(modules: tuple[str, ...] = KERNEL_MODULES):
     from tritonrnn.kernels import persistent_cta
 
     mods = [importlib.import_module(m) for m in modules]
-    sink: dict = {}
+    sink = _Sink()
     swaps = []
     for mod in mods:
         for name, obj in list(vars(mod).items()):
@@ -287,7 +303,9 @@ def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
     """{"forward": Launch, "backward": Launch}: the first kernel launch of one training step's
     forward and backward recurrence of layer 0, as the Triton backend issues them for
     `layer_plan` (LayerPlan). Runs the real engine and launchers on dummy CPU tensors of the
-    shape's sizes (T = 2); the kernels themselves do not run."""
+    shape's sizes (T = 2); the kernels themselves do not run, and the backward stops at its
+    first launch (a one-layer backward launches the recurrence alone; the weight-gradient
+    GEMMs after it took minutes on a CPU at B = 4096)."""
     from tritonrnn.rnn import engine
     from tritonrnn.rnn.config import make_config
     from tritonrnn.rnn.packing import make_pack_info
@@ -321,9 +339,11 @@ def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
         fwd = engine.forward(cfg, rec, x, h0, c0, params, info, training=True)
         out["forward"] = _only_new(sink, set())
         seen = set(sink)
-        engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
-                        torch.zeros_like(h0), torch.zeros_like(c0) if c0 is not None else None,
-                        fwd.reserve)
+        sink.stop = True
+        with contextlib.suppress(_Recorded):
+            engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
+                            torch.zeros_like(h0),
+                            torch.zeros_like(c0) if c0 is not None else None, fwd.reserve)
         out["backward"] = _only_new(sink, seen)
     return out
 

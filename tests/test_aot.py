@@ -100,6 +100,54 @@ def test_capture_records_one_launch_per_pass_and_restores_everything():
     assert os.environ.get("TRITON_INTERPRET") == before[2]
 
 
+@pytest.mark.parametrize("constraints", [
+    dict(family="persistent_cta"), dict(family="persistent_grid", block_k=0),
+    dict(family="stepwise"),
+], ids=["cta", "grid", "stepwise"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bidir"])
+def test_a_whole_one_layer_backward_launches_one_recurrent_kernel(constraints, bidirectional):
+    """The premise of `capture` stopping the backward at its first launch: run to the end
+    (weight gradients included), a one-layer backward launches one kernel, the recurrence."""
+    from tritonrnn.rnn import engine
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.packing import make_pack_info
+    from tritonrnn.rnn.params import config_params_size
+    from tritonrnn.rnn.triton_backend import TritonRecurrence
+
+    shape = aot.AotShape("lstm", hidden=32, batch=5, proj=16, bidirectional=bidirectional)
+    lp, launches = _capture(shape, **constraints)
+    cfg = make_config(rnn_mode="lstm", num_layers=1, num_units=32, input_size=32,
+                      direction="bidirectional" if bidirectional else "unidirectional",
+                      num_proj=16)
+    info = make_pack_info([2] * 5, 2, torch.device("cpu"))
+    D, z = cfg.num_dirs, dict(dtype=torch.bfloat16)
+    x, params = torch.zeros(info.N, 32, **z), torch.zeros(config_params_size(cfg), **z)
+    h0, c0 = torch.zeros(D, 5, 16, **z), torch.zeros(D, 5, 32, **z)
+
+    class Planned(TritonRecurrence):
+        def plan_choice(self, shape):
+            return lp, "constrained"
+
+    rec = Planned()
+    with aot.recording() as sink:
+        fwd = engine.forward(cfg, rec, x, h0, c0, params, info, training=True)
+        seen = set(sink)
+        engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
+                        torch.zeros_like(h0), torch.zeros_like(c0), fwd.reserve)
+    new = [launch.name for key, launch in sink.items() if key not in seen]
+    assert new == [launches["backward"].name]
+
+
+def test_capture_skips_the_backward_after_its_launch(monkeypatch):
+    """The weight-gradient GEMMs (torch.mm, after the recurrence) do not run in a capture."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weight-gradient GEMM ran during a capture")
+
+    monkeypatch.setattr(torch, "mm", refuse)
+    lp, launches = _capture(BF16_LSTM, family="persistent_grid", block_h=16)
+    assert launches["backward"].name == "_grid_bwd_kernel"
+
+
 def test_compile_error_names_the_innermost_cause(monkeypatch):
     # Nested @triton.jit helpers chain one CompilationError per call level, each ending in a
     # caret line; the report keeps the outermost location and the innermost message.
