@@ -176,7 +176,7 @@ class _Recorder:
     the sink's `stop` is set); calling it directly (a device-side helper called from the
     host) is an error."""
 
-    def __init__(self, module: str, name: str, kernel, sink: dict):
+    def __init__(self, module: str, name: str, kernel, sink: _Sink):
         self.module, self.name, self.kernel, self.sink = module, name, kernel, sink
         self.fn = _raw_fn(kernel)
 
@@ -190,7 +190,7 @@ class _Recorder:
                     _names(self.kernel, self.fn, "do_not_specialize"),
                     _names(self.kernel, self.fn, "do_not_specialize_on_alignment"),
                 )
-                if getattr(self.sink, "stop", False):
+                if self.sink.stop:
                     raise _Recorded(key)
 
         return launch
@@ -299,13 +299,14 @@ def device_preset(preset: str):
     return PRESETS[preset]
 
 
-def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
+def capture(shape: AotShape, layer_plan, whole_backward: bool = False) -> dict[str, Launch]:
     """{"forward": Launch, "backward": Launch}: the first kernel launch of one training step's
     forward and backward recurrence of layer 0, as the Triton backend issues them for
     `layer_plan` (LayerPlan). Runs the real engine and launchers on dummy CPU tensors of the
     shape's sizes (T = 2); the kernels themselves do not run, and the backward stops at its
     first launch (a one-layer backward launches the recurrence alone; the weight-gradient
-    GEMMs after it took minutes on a CPU at B = 4096)."""
+    GEMMs after it took minutes on a CPU at B = 4096). whole_backward: the backward runs to
+    its end instead, and each pass must have launched exactly one kernel (the premise)."""
     from tritonrnn.rnn import engine
     from tritonrnn.rnn.config import make_config
     from tritonrnn.rnn.packing import make_pack_info
@@ -339,7 +340,7 @@ def capture(shape: AotShape, layer_plan) -> dict[str, Launch]:
         fwd = engine.forward(cfg, rec, x, h0, c0, params, info, training=True)
         out["forward"] = _only_new(sink, set())
         seen = set(sink)
-        sink.stop = True
+        sink.stop = not whole_backward
         with contextlib.suppress(_Recorded):
             engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
                             torch.zeros_like(h0),

@@ -107,35 +107,12 @@ def test_capture_records_one_launch_per_pass_and_restores_everything():
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bidir"])
 def test_a_whole_one_layer_backward_launches_one_recurrent_kernel(constraints, bidirectional):
     """The premise of `capture` stopping the backward at its first launch: run to the end
-    (weight gradients included), a one-layer backward launches one kernel, the recurrence."""
-    from tritonrnn.rnn import engine
-    from tritonrnn.rnn.config import make_config
-    from tritonrnn.rnn.packing import make_pack_info
-    from tritonrnn.rnn.params import config_params_size
-    from tritonrnn.rnn.triton_backend import TritonRecurrence
-
+    (weight gradients included), a one-layer backward launches one kernel (`_only_new`
+    raises otherwise), the one the stopped capture records."""
     shape = aot.AotShape("lstm", hidden=32, batch=5, proj=16, bidirectional=bidirectional)
     lp, launches = _capture(shape, **constraints)
-    cfg = make_config(rnn_mode="lstm", num_layers=1, num_units=32, input_size=32,
-                      direction="bidirectional" if bidirectional else "unidirectional",
-                      num_proj=16)
-    info = make_pack_info([2] * 5, 2, torch.device("cpu"))
-    D, z = cfg.num_dirs, dict(dtype=torch.bfloat16)
-    x, params = torch.zeros(info.N, 32, **z), torch.zeros(config_params_size(cfg), **z)
-    h0, c0 = torch.zeros(D, 5, 16, **z), torch.zeros(D, 5, 32, **z)
-
-    class Planned(TritonRecurrence):
-        def plan_choice(self, shape):
-            return lp, "constrained"
-
-    rec = Planned()
-    with aot.recording() as sink:
-        fwd = engine.forward(cfg, rec, x, h0, c0, params, info, training=True)
-        seen = set(sink)
-        engine.backward(cfg, rec, x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
-                        torch.zeros_like(h0), torch.zeros_like(c0), fwd.reserve)
-    new = [launch.name for key, launch in sink.items() if key not in seen]
-    assert new == [launches["backward"].name]
+    whole = aot.capture(shape, lp, whole_backward=True)
+    assert [whole[p].name for p in whole] == [launches[p].name for p in launches]
 
 
 def test_capture_skips_the_backward_after_its_launch(monkeypatch):
