@@ -2231,32 +2231,35 @@ def _batch_ksplit(ka: int, kb: int) -> int:
 # What is left in ldmatrix is h's (dph's) operand, which every gate's warp reads. So the
 # planner's launches hoist with 16-wide batch tiles where a pass's weights take at most
 # _HOIST_THREAD_BYTES per thread (every such compile above fits with the same warps, and
-# does less), and a forward on 8 warps up to _HOIST_FWD8_THREAD_BYTES (the 8-warp forwards
-# above, 256 to 512 B, keep no local memory in the loop). The planner runs a 16 x 16
-# forward on 8 warps, hoisted, where its weights fit that and not the 4-warp budget
-# (`rnn.planner._persistent_grid_warps`): the H200 timed it faster than 4 warps unhoisted
-# at all four shapes it tried (2026-11-26, `scripts/step_ablation.py` variant
-# `fw8,hoistf`, layer forward in ms, T = 1024: LSTM H=512 B=16 2.88 -> 2.80, H=768 3.24 ->
-# 3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15; the backward, unhoisted on 4
-# warps, unchanged). Both passes hoisted on 8 warps are untimed with the backward's paired
-# gates (variant `hoist,bw8`). A projection's two
+# does less), and on 8 warps up to _HOIST_8WARP_THREAD_BYTES (the 8-warp compiles above,
+# 256 to 512 B, keep no local memory in the loop). The planner runs a 16 x 16 pass on 8
+# warps, hoisted, where its weights fit that and not the 4-warp budget
+# (`rnn.planner._persistent_grid_warps`, `_persistent_grid_bwd_warps`): an H200 timed both
+# faster than 4 warps unhoisted at every shape it tried (T = 1024, layer times in ms): the
+# forward (2026-11-26, `scripts/step_ablation.py` variant `fw8,hoistf`) LSTM H=512 B=16
+# 2.88 -> 2.80, H=768 3.24 -> 3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15; the
+# backward with its paired gates (2026-11-27, `hoist,bw8` against the 4-warp plan) LSTM
+# H=512 4.62 -> 4.14, H=768 5.55 -> 5.13, H=1024 7.08 -> 6.07, GRU H=1024 5.59 -> 5.05
+# (on 8 warps unhoisted, `bw8`: 4.15 and 5.53; the session before 5.56 -> 5.85 at the
+# anchor). A projection's two
 # phases alternate in a runtime branch of the step loop, so HOIST changes nothing there and
 # is not used. Stepwise launches (one step each, and more programs than SMs, where a
 # skipped tile does shorten the launch) keep the branches.
 # TRITONRNN_HOIST_WEIGHTS: "auto" (default, the rule), "off", or the passes to hoist
 # whatever their size ("fwd", "bwd", "fwd,bwd").
 _HOIST_THREAD_BYTES = 256
-_HOIST_FWD8_THREAD_BYTES = 512
+_HOIST_8WARP_THREAD_BYTES = 512
 _HOIST_PASSES = ("fwd", "bwd")
 
 
 def hoist_budget(pass_name: str, num_warps: int) -> int:
-    """Bytes of weights per thread that a launch of `pass_name` on num_warps warps holds in
-    registers by default (HOIST): _HOIST_FWD8_THREAD_BYTES for a forward on 8 warps, else
-    _HOIST_THREAD_BYTES."""
-    if pass_name == "fwd" and num_warps == 8:
-        return _HOIST_FWD8_THREAD_BYTES
-    return _HOIST_THREAD_BYTES
+    """Bytes of weights per thread that a launch of `pass_name` ("fwd" / "bwd") on num_warps
+    warps holds in registers by default (HOIST): _HOIST_8WARP_THREAD_BYTES on 8 warps, else
+    _HOIST_THREAD_BYTES (the same for both passes since the 2026-11-27 H200 timings)."""
+    if pass_name not in _HOIST_PASSES:
+        raise ValueError(f"hoist_budget: pass_name expected one of {_HOIST_PASSES}, "
+                         f"got {pass_name!r}")
+    return _HOIST_8WARP_THREAD_BYTES if num_warps == 8 else _HOIST_THREAD_BYTES
 
 
 def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,

@@ -513,7 +513,8 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             ):
                 if not block_k and not resident_operands_fit(H, Hout, block_b):
                     return None  # streamed on these tiles rather than resident on others
-                return lp.with_backward_warps(_persistent_grid_bwd_warps(block_h, block_b))
+                return lp.with_backward_warps(_persistent_grid_bwd_warps(
+                    block_h, block_b, cell, block_k, dtype, H, Hout, P))
     return None
 
 
@@ -614,18 +615,46 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
 
 
-def _persistent_grid_bwd_warps(block_h: int, block_b: int) -> int:
-    """Warps of a persistent-grid backward program: 4 below a 16 x 32 tile, else 8.
+def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
+                               block_k: int = 0, dtype: torch.dtype = torch.bfloat16,
+                               H: int = 0, Hout: int = 0, P: int = 0) -> int:
+    """Warps of a persistent-grid backward program: 4 below a 16 x 32 tile, else 8; and 8 on
+    a 16 x 16 tile of shape H (Hout, P; 0: unknown, not checked) whose resident weights
+    (R^T's columns) `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8
+    warps but not on 4, as the forward's rule (`_persistent_grid_warps`).
+
+    The 16 x 16 rule: an H200 timed the backward hoisted on 8 warps against 4 unhoisted
+    (2026-11-27, `scripts/step_ablation.py` variant `hoist,bw8`, layer backward in ms at
+    T = 1024, bf16, the paired gates on): LSTM H=512 B=16 4.62 -> 4.14, H=768 5.55 -> 5.13,
+    H=1024 7.08 -> 6.07, GRU H=1024 5.59 -> 5.05. Unhoisted, 8 warps gained less or lost
+    (`bw8`: LSTM H=512 4.14, GRU H=1024 5.53; the anchor 5.56 -> 5.85 the session before),
+    as they had on an H100 before the weights were hoisted (2026-11-22, 8 -> 4 warps: LSTM
+    H=768 B=16 7.2 -> 6.5 ms, GRU H=1024 B=16 6.6 -> 5.9).
+    The sm_90 compiles (Triton 3.6, `tritonrnn aot`) keep the hoisted 8-warp backwards free
+    of local memory in the step loop (the anchor's 1043 -> 617 instructions, 96 -> 48
+    mma.sync per warp). Weights that fit 4 warps' budget stay there (LSTM H=256 B=16), and
+    so do those too large for 8 (GRU H=1536 B=16: 576 B per thread), and plans with a
+    projection (not hoisted).
 
     At 16 x 32 the backward's [block_h, block_b] output has 4 MMA tiles, so 4 warps run a
     plain dot, each warp the whole K = G*H chain, where 8 split K in 8 (`_nsplit`).
     Measured on an H100 (bf16, T = 1024, `scripts/step_ablation.py` layer times), LSTM H=768
     B=64 backward: 12.8 ms with 8 warps, 14.3 with 4 (the forward: 4 warps 5.8 ms, 8 warps
-    12.2); at 16 x 16 tiles 4 warps win (LSTM H=768 B=16 6.5 vs 7.2 ms, GRU H=1024 B=16 5.9 vs
-    6.6). The sm_90 compiles agree (Triton 3.6, `tritonrnn aot`): with 4 warps the 16 x 32
+    12.2). The sm_90 compiles agree (Triton 3.6, `tritonrnn aot`): with 4 warps the 16 x 32
     backward spills (LSTM H=768 248 B per thread, 69 local loads per step), with 8 it does
     not."""
-    return 4 if block_h * block_b < 512 else 8
+    from tritonrnn.kernels.persistent_grid import hoist_pass
+
+    if block_h * block_b >= 512:
+        return 8
+    if H and block_h == block_b == 16:
+        def hoisted(w):
+            return hoist_pass("bwd", cell, H, Hout or H, P, dtype, block_h, block_b, block_k,
+                              w, True, dtype == torch.float32, by_default=True)
+
+        if hoisted(8) and not hoisted(4):
+            return 8
+    return 4
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
@@ -810,7 +839,8 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         # heuristic: the rule's warps for the tiles that run, not the heuristic tiles'.
         num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H, Hout,
                                            P)
-        bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(block_h, block_b))
+        bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(
+            block_h, block_b, cell, block_k, dtype, H, Hout, P))
     plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
                  num_dirs, _smem_budget(props))
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:

@@ -4,16 +4,17 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session: `tests` (timeout_s 230) first: the planner runs a 16 x 16 forward on 8 warps
-# with its weights in registers since the fourth H200 session of 2026-11-26 (timed there as
-# the variant fw8,hoistf, never yet run by the planner on a GPU), and a direct backward
-# launch keeps its gates apart where pairing them would not fit (its GPU test is new); then
-# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270): the new forward
-# against the old (fw4), both passes hoisted on 8 warps, the rule at GRU H=512 / 768 B=16,
-# the backward on 8 warps; then `barrier` (timeout_s 230): the per-step latency
-# with the new forward. (In the fourth session `tests` took 188 s, `all` 286, `decide` 252.)
-# The session after: `all` (timeout_s 490) for README's Results table with the new forward,
-# and `phases` (timeout_s 330): where a step's time goes; later `tests` (timeout_s 230) and
+# Next session: `tests` (timeout_s 230) first: since 2026-11-27 a 16 x 16 backward whose
+# weights fit registers on 8 warps and not on 4 runs on 8, hoisted, as the forward does
+# (timed there as the variant hoist,bw8; the planner's own launches have not yet run on a
+# GPU); then `all` (timeout_s 490): README's Results table with both passes on 8 warps (the
+# table is of commit f9200a7, both passes on 4). (On 2026-11-27 `tests` took 209 s,
+# `decide` 248, `barrier` 92 with its kernels compiled ahead, `phases` 68.)
+# The session after: `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s
+# 270): the rule where it was not timed (GRU H=512 / 768, LSTM H=384 B=16, rnn_tanh
+# H=1536), then the untimed rules; `barrier` (timeout_s 230) with the new backward; later
+# `phases` (timeout_s 330), after `all` in one session: where a step's time goes (on
+# 2026-11-27 the exchange operand's L2 read was half a forward step), and
 # `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).

@@ -229,25 +229,26 @@ SETS = {
 # the backward on 8 warps alone (bw8) won at LSTM H=512 B=16 only (-10%; +5% at the
 # anchor); pairg32 stays opt-in (1.01x, 0.98x at H=768 B=64); the tagged exchange lost
 # again (1.08x, 1.26x at B = 1); reducesum and the gate-batched forward lost at GRU H=1024
-# B=64 (1.15x, 1.17x). Next: the new default against the old forward (fw4), both passes
-# hoisted on 8 warps, the untimed GRU shapes of the rule; then the rules no GPU has timed.
+# B=64 (1.15x, 1.17x).
+# Decided on an H200 (2026-11-27, bench/results/step-ablation-nvidia-h200-2026-11-27-
+# decide.json, layer fwd + bwd against the plan): the 8-warp hoisted forward stays (fw4
+# 1.00 to 1.05x at four 16-row shapes); the backward hoisted on 8 warps (hoist,bw8: 0.90 to
+# 0.95x at LSTM H=512 / 768 / 1024 and GRU H=1024 B=16) is the default since; the late
+# loads of the B = 1024 backward stay (nolate 1.18x). The box cut the set there.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) The 16 x 16 forward on 8 warps with its weights
-        # in registers is the default since the 2026-11-26 H200 runs (`fw8,hoistf` won at the
-        # four shapes it was timed at); `fw4` restores 4 warps unhoisted. Both passes hoisted
-        # on 8 warps, with the backward's paired gates (the backward on 8 alone: 1.05x at
-        # the anchor, 0.90x at LSTM H=512 B=16).
-        # The sm_90 compiles (Triton 3.6) of `hoist,bw8` spill nothing in the step loops
-        # (the anchor's backward 1043 -> 617 instructions, 96 -> 48 mma.sync per warp).
-        ("lstm,768,16;lstm,1024,16", "layer;fw4,layer;hoist,bw8,layer"),
-        ("gru,512,16;gru,768,16", "layer;fw4,layer"),  # the rule where it was not timed
-        ("lstm,512,16;gru,1024,16", "layer;bw8,layer;hoist,bw8,layer"),
+        # (A 240 s box holds about 25 rows.) Since the 2026-11-27 H200 run a 16 x 16 backward
+        # whose weights fit registers on 8 warps and not on 4 runs on 8, hoisted, as the
+        # forward does (`hoist,bw8` won at LSTM H=512 / 768 / 1024 and GRU H=1024 B=16:
+        # 0.90 to 0.95x the plan's layer); `bw4` restores 4 warps unhoisted. First the rule
+        # where it was not timed.
+        ("gru,512,16;gru,768,16;lstm,384,16", "layer;bw4,layer"),
+        ("rnn_tanh,1536,16", "layer;w4,layer"),  # a one-gate cell: both passes 8 since
+        ("lstm,1024,1024", "layer;bh128,layer;sw64,layer"),  # B = 1024 tiles (cut before)
         # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
         # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
         # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
         # H=768 / 1024 B=64: 10 / 13).
-        ("lstm,1024,1024", "layer;nolate,layer;bh128,layer;sw64,layer"),  # B = 1024 tiles
         # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
         ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),

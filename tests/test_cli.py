@@ -198,8 +198,9 @@ def test_plan_prints_explain(capsys):
     assert out.startswith("Plan ")
     assert "H=768" in out and "B=16" in out and "T=1024" in out
     assert "reserve:" in out and "NVIDIA H100" in out
-    # The forward's weights in registers on 8 warps (planner._persistent_grid_warps).
-    assert "weights=resident (in registers: fwd) warps=8 (backward 4) " in out
+    # The weights in registers on 8 warps in both passes (planner._persistent_grid_warps,
+    # _persistent_grid_bwd_warps).
+    assert "weights=resident (in registers: fwd, bwd) warps=8 " in out
 
 
 def test_plan_on_the_a100_preset(capsys):

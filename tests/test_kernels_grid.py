@@ -379,7 +379,7 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
 
 def test_hoist_weights_choice(monkeypatch):
     """By default: persistent launches of resident 16-wide MMA tiles without a projection,
-    at most 256 B of weights per thread (512 B for a forward on 8 warps); off; per pass
+    at most 256 B of weights per thread (512 B on 8 warps); off; per pass
     whatever the size; a bad value names the variable."""
     hoist = pg._hoist_weights
     bf16 = torch.bfloat16
@@ -395,14 +395,17 @@ def test_hoist_weights_choice(monkeypatch):
     assert not hoist("fwd", 0, 16, True, 12, lstm256)  # projection: no effect
     assert not hoist("fwd", 64, 16, True, 0, 0)  # streamed: nothing resident to hoist
     assert not hoist("fwd", 0, 1, True, 0, 0)  # vector tiles: weights in registers already
-    # A forward on 8 warps up to 512 B per thread (`hoist_budget`): the anchor's 384 B, LSTM
-    # H=1024's 512, not GRU H=1536's 576; the backward on 8 keeps 256.
+    # Either pass on 8 warps up to 512 B per thread (`hoist_budget`): the anchor's 384 B,
+    # LSTM H=1024's 512, not GRU H=1536's 576.
     assert [pg.hoist_budget(p, w) for p in ("fwd", "bwd") for w in (4, 8)] == [256, 512,
-                                                                              256, 256]
+                                                                              256, 512]
+    with pytest.raises(ValueError, match="hoist_budget: pass_name expected .* got 'fw'"):
+        pg.hoist_budget("fw", 8)
     anchor8 = pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)
-    assert hoist("fwd", 0, 16, True, 0, anchor8, 8) and not hoist("bwd", 0, 16, True, 0,
-                                                                  anchor8, 8)
-    assert hoist("fwd", 0, 16, True, 0, 512, 8) and not hoist("fwd", 0, 16, True, 0, 576, 8)
+    assert hoist("fwd", 0, 16, True, 0, anchor8, 8) and hoist("bwd", 0, 16, True, 0,
+                                                              anchor8, 8)
+    for p in ("fwd", "bwd"):
+        assert hoist(p, 0, 16, True, 0, 512, 8) and not hoist(p, 0, 16, True, 0, 576, 8)
     assert not hoist("fwd", 0, 16, True, 0, anchor8, 4)  # the budget of the launch's warps
     assert not hoist("fwd", 0, 16, True, 12, anchor8, 8)  # projection
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")

@@ -367,19 +367,20 @@ def test_constraints_force_each_family():
 
 
 @pytest.mark.parametrize("batched,mode,H,B,fwd,bwd", [
-    # 16 x 16 tiles: the backward 4 warps; the forward 8 where its weights stay in registers
-    # on 8 warps (<= 512 B per thread) and not on 4 (<= 256 B), else 4
-    (False, "lstm", 768, 16, 8, 4), (False, "gru", 1024, 16, 8, 4),
-    (False, "lstm", 512, 16, 8, 4), (False, "lstm", 1024, 16, 8, 4),
-    (False, "gru", 512, 16, 8, 4), (False, "lstm", 768, 8, 8, 4),
+    # 16 x 16 tiles: each pass 8 warps where its weights stay in registers on 8 warps
+    # (<= 512 B per thread) and not on 4 (<= 256 B), else 4
+    (False, "lstm", 768, 16, 8, 8), (False, "gru", 1024, 16, 8, 8),
+    (False, "lstm", 512, 16, 8, 8), (False, "lstm", 1024, 16, 8, 8),
+    (False, "gru", 512, 16, 8, 8), (False, "lstm", 768, 8, 8, 8),
     (False, "lstm", 256, 16, 4, 4), (False, "rnn_tanh", 1024, 16, 4, 4),  # 256 B on 4
     (False, "gru", 1536, 16, 4, 4),  # 576 B per thread on 8 warps
     # 16 x 32: the backward 8 warps, the forward's per-gate dots 4
     (False, "lstm", 768, 64, 4, 8), (False, "lstm", 1024, 64, 4, 8),
     (False, "gru", 1024, 64, 4, 8), (False, "rnn_tanh", 1024, 64, 4, 8),
     # with the gate-batched forward (pg._FWD_GATE_BATCH): its 16 x 32 tiles on 8 warps (one
-    # (K slice, gate) entry per warp), 16 x 16 still 4, a one-gate cell has nothing to batch
-    (True, "lstm", 768, 16, 8, 4), (True, "lstm", 768, 64, 8, 8),
+    # (K slice, gate) entry per warp), 16 x 16 as without, a one-gate cell has nothing to
+    # batch
+    (True, "lstm", 768, 16, 8, 8), (True, "lstm", 768, 64, 8, 8),
     (True, "gru", 1024, 64, 8, 8), (True, "rnn_tanh", 1024, 64, 4, 8),
 ])
 def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
@@ -390,10 +391,11 @@ def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
     assert (lp.num_warps, lp.backward_warps) == (fwd, bwd)
     assert lp.num_warps_bwd == (0 if bwd == fwd else bwd)  # 0: the forward's
     assert ("(backward 8)" in _plan(mode=mode, H=H, B=B).explain()) == (bwd == 8 != fwd)
-    hoisted = pg.hoist_pass("fwd", mode, H, H, 0, torch.bfloat16, lp.block_h, lp.block_b,
-                            lp.block_k, lp.num_warps, True)
-    # 16 x 16 tiles' forward weights in registers: on 4 warps up to 256 B, else on 8.
-    assert hoisted == (lp.block_h == lp.block_b == 16 and (mode, H) != ("gru", 1536))
+    # 16 x 16 tiles' weights in registers in both passes: on 4 warps up to 256 B, else on 8.
+    for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps)):
+        hoisted = pg.hoist_pass(p, mode, H, H, 0, torch.bfloat16, lp.block_h, lp.block_b,
+                                lp.block_k, w, True)
+        assert hoisted == (lp.block_h == lp.block_b == 16 and (mode, H) != ("gru", 1536)), p
 
 
 @pytest.mark.parametrize("cell, H, P", [("lstm", 768, 0), ("lstm", 768, 384),
@@ -418,24 +420,25 @@ def test_forward_warps_follow_the_register_weights(cell, H, P):
 
 
 @pytest.mark.parametrize("env", ["off", "fwd,bwd", "bwd"])
-def test_forward_warps_do_not_follow_the_hoist_switch(monkeypatch, env):
+def test_warps_do_not_follow_the_hoist_switch(monkeypatch, env):
     """TRITONRNN_HOIST_WEIGHTS decides the launches' HOIST, not the plan: the anchor's
-    forward keeps 8 warps (`off`: unhoisted; forcing the passes hoisted does not move it
-    back to 4 warps, where its weights spill), and the launch hoists as the switch says."""
+    passes keep 8 warps (`off`: unhoisted; forcing the passes hoisted does not move them
+    back to 4 warps, where their weights spill), and each launch hoists as the switch says."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", env)
     lp = _plan(H=768, B=16).layer(0)
-    assert (lp.num_warps, lp.backward_warps) == (8, 4)
-    assert pg.hoist_pass("fwd", "lstm", 768, 768, 0, torch.bfloat16, 16, 16, 0, 8,
-                         True) == ("fwd" in env)
+    assert (lp.num_warps, lp.backward_warps) == (8, 8)
+    for p in ("fwd", "bwd"):
+        assert pg.hoist_pass(p, "lstm", 768, 768, 0, torch.bfloat16, 16, 16, 0, 8,
+                             True) == (p in env)
 
 
 def test_forced_tiles_take_their_own_warps():
     """plan_constraints forcing other tiles on a persistent-grid heuristic: the warps rule of
-    the tiles that run (the anchor's 16 x 16 forward on 8 warps, streamed on 4; 16 x 64
+    the tiles that run (the anchor's 16 x 16 tiles on 8 warps, streamed on 4; 16 x 64
     tiles 8 both passes), unless the warps are forced too."""
     assert _plan(H=768, B=16).layer(0).num_warps == 8
     for cons, warps in (({"block_k": 64}, (4, 4)), ({"block_b": 64}, (8, 8)),
-                        ({"block_h": 16}, (8, 4)), ({"block_k": 64, "num_warps": 8}, (8, 8))):
+                        ({"block_h": 16}, (8, 8)), ({"block_k": 64, "num_warps": 8}, (8, 8))):
         with plan_constraints(**cons):
             lp = _plan(H=768, B=16).layer(0)
         assert (lp.num_warps, lp.backward_warps) == warps, cons
@@ -455,14 +458,16 @@ def test_warps_constraints_per_pass():
     with plan_constraints(family="persistent_cta"):  # from that grid base (no smem check)
         lp = _plan(H=768, B=64, device="interpreter").layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 8, 8)
-    # The CTA's own 8 warps, also on a grid base of 16 x 16 tiles (forward 8, backward 4);
-    # asked, the asked ones.
-    assert _plan(H=768, B=16, device="interpreter").layer(0).backward_warps == 4
+    # The CTA's own 8 warps, also on a grid base of 16 x 16 tiles (rnn_tanh H=768: forward
+    # and backward 4, their weights in registers on 4); asked, the asked ones.
+    tanh = {"mode": "rnn_tanh", "H": 768, "B": 16, "device": "interpreter"}
+    lp = _plan(**tanh).layer(0)
+    assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_grid", 4, 4)
     with plan_constraints(family="persistent_cta"):
-        lp = _plan(H=768, B=16, device="interpreter").layer(0)
+        lp = _plan(**tanh).layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 8, 8)
     with plan_constraints(family="persistent_cta", num_warps=4):
-        lp = _plan(H=768, B=16, device="interpreter").layer(0)
+        lp = _plan(**tanh).layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("persistent_cta", 4, 4)
     for key, bad in (("num_warps", 3), ("num_warps_bwd", 64), ("num_warps_bwd", 0)):
         with pytest.raises(ValueError, match=rf"plan_constraints: {key} expected"), \
@@ -526,11 +531,11 @@ def test_vector_tiles_fall_back_to_mma_tiles():
 
 def test_vector_tile_constraints():
     # Forcing MMA tiles, streamed weights or the CTA family on a vector-tile heuristic leaves
-    # vector tiles (block_b 16, block_h >= 16, the MMA tiles' warps: at H=768 the forward's
-    # weights in registers on 8, the backward 4); contradictions raise.
+    # vector tiles (block_b 16, block_h >= 16, the MMA tiles' warps: at H=768 the weights in
+    # registers on 8 in both passes); contradictions raise.
     with plan_constraints(block_b=16):
         lp = _plan(H=768, B=1).layer(0)
-    assert (lp.block_b, lp.block_h, lp.num_warps, lp.backward_warps) == (16, 16, 8, 4)
+    assert (lp.block_b, lp.block_h, lp.num_warps, lp.backward_warps) == (16, 16, 8, 8)
     with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 LSTM 4 and 8
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 4, 8)
