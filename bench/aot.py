@@ -491,10 +491,8 @@ def _gpu_vector_width(recorded, ctx: GpuContext, gpu: dict):
 
 
 def _gpu_barrier(recorded, ctx: GpuContext, gpu: dict):
-    # 2 (count arrivals only) is a test hook, never planned. A tagged exchange (int words,
-    # `kernels.persistent_grid.tagged_exchange`) runs its persistent launch without one.
-    tagged = any(gpu["_types"].get(x) in ("*i32", "*i64") for x in ("XWS", "DPHWS"))
-    return 1 if ctx.persistent and not tagged else 0
+    # 2 (count arrivals only) is a test hook, never planned.
+    return 1 if ctx.persistent else 0
 
 
 def _gpu_upcast(recorded, ctx: GpuContext, gpu: dict):
@@ -560,7 +558,7 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
             changed[name] = (cons[key], value)
         cons[key] = value
     options = dict(sig.options)
-    if ctx.persistent and "BARRIER" in gpu:  # as the launchers: a barrier, or tagged waits
+    if ctx.persistent and "BARRIER" in gpu:  # as the launchers: a barrier
         from tritonrnn.kernels.grid_barrier import cooperative_launch_options
 
         options.update(cooperative_launch_options())

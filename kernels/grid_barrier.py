@@ -169,7 +169,7 @@ class BarrierTimeoutError(RuntimeError):
 
 
 _TIMEOUT_MESSAGE = (
-    "persistent-grid kernel: a grid barrier (or a tagged exchange's wait) timed out (programs "
+    "persistent-grid kernel: a grid barrier timed out (programs "
     "not co-resident, or the GPU is shared with a kernel that holds SMs); the outputs are "
     "invalid. Retry with "
     "persistent=False (stepwise)."

@@ -114,9 +114,6 @@ sub-step reads that no program writes (`_fwd_loads` / `_bwd_loads`: packed rows,
 input-side gate tiles, the reserve tiles, dy); only then it waits. Those loads and stores
 are off the per-step chain (barrier -> exchange read -> dots -> cell -> publish), and the
 release fence no longer waits for them.
-Tagged exchange (forward, opt-in: TRITONRNN_TAGGED_EXCHANGE=fwd, `tagged_exchange`): h is
-published as words that carry the step's tag and read until the tags match, with no barrier
-in the launch (`_xpair`, `_publish`).
 
 Workspaces (allocated per call; states fp32, exchanges in the tensors' dtype, e bytes; bytes
 per direction, times D for a pair launch):
@@ -166,7 +163,6 @@ from . import cells
 from .compile_options import FP_FUSION
 from .grid_barrier import (
     DEFAULT_MAX_SPIN,
-    ERR_POLL_MASK,
     check_flags,
     cooperative_launch_options,
     grid_arrive,
@@ -299,100 +295,6 @@ def _kpart(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr, S: tl.co
 
 
 @triton.jit
-def _tag(i):
-    """The tag of the tagged exchange words published at loop index i >= -1 (`_xword`; the
-    host's `exchange_tag`): 1 .. 32767, never 0 (a zeroed word), and different for i and
-    i + 2 (the next write of the same ping-pong slot)."""
-    return (i + 1) % 32767 + 1
-
-
-@triton.jit
-def _xword(v, XDT: tl.constexpr, tag):
-    """Tagged exchange word of v: v in the exchange dtype XDT in the low bits, the tag above,
-    so one aligned store carries both (int32 words for 16-bit XDT, int64 for fp32)."""
-    if XDT == tl.float32:  # noqa: SIM300 (XDT is a constexpr argument)
-        return v.to(tl.float32).to(tl.uint32, bitcast=True).to(tl.int64) | (
-            tag.to(tl.int64) << 32)
-    else:
-        return v.to(XDT).to(tl.uint16, bitcast=True).to(tl.int32) | (tag << 16)
-
-
-@triton.jit
-def _xvalue(w, XDT: tl.constexpr, DT: tl.constexpr):
-    """The value of tagged exchange words w (`_xword`), cast to the dot dtype DT."""
-    if XDT == tl.float32:  # noqa: SIM300 (XDT is a constexpr argument)
-        return w.to(tl.uint32).to(tl.float32, bitcast=True).to(DT)
-    else:
-        return w.to(tl.uint16).to(XDT, bitcast=True).to(DT)
-
-
-@triton.jit
-def _xstale(w, ok, xtag):
-    """Non-zero where some masked-in word of w does not carry the tag xtag (tags and values
-    are non-negative: a word's bits above the value, xor the expected tag's, are zero)."""
-    SH: tl.constexpr = 32 if w.dtype == tl.int64 else 16
-    xt = xtag.to(w.dtype) << SH
-    return tl.max(tl.where(ok, w, xt) ^ xt) >> SH
-
-
-@triton.jit
-def _xwait(pa, oa, pb, ob, TWO: tl.constexpr, xtag, xsync, max_spin):
-    """The words at pa (mask oa) and, if TWO, at pb (ob) of a tagged exchange, loaded and
-    reloaded together, as volatile loads, until every masked-in word carries xtag: one wait
-    per step (a wait per chunk would serialise their L2 round trips). A wait that reaches
-    max_spin reloads, or sees the error flag xsync[1] set, sets that flag and returns what
-    it has (the host then reports the launch failed). Returns (words a, words b; b a
-    placeholder unless TWO)."""
-    wa = tl.zeros(pa.shape, pa.dtype.element_ty)
-    wb = tl.zeros(pb.shape, pb.dtype.element_ty)
-    # One copy of the loads (a do-while): the first pass always runs.
-    bad = xtag * 0 + 1
-    spins = xtag * 0 - 1
-    err = xtag * 0
-    while (bad != 0) & (err == 0) & (spins < max_spin):
-        wa = tl.load(pa, mask=oa, other=0, volatile=True)
-        bad = _xstale(wa, oa, xtag)
-        if TWO:
-            wb = tl.load(pb, mask=ob, other=0, volatile=True)
-            bad = bad | _xstale(wb, ob, xtag)
-        spins += 1
-        if (spins & ERR_POLL_MASK) == ERR_POLL_MASK:
-            err = tl.load(xsync + 1, volatile=True)
-    if bad != 0:
-        tl.atomic_xchg(xsync + 1, 1, sem="relaxed", scope="gpu")
-    return wa, wb
-
-
-@triton.jit
-def _xpair(X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr, K: tl.constexpr,
-           S: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
-    """A resident reduction's two operand chunks (`_kpart`: columns 0 .. KA and KA .. KA +
-    KB; the second a copy of the first, never read, when KB == 0) from a tagged exchange (X
-    of int words, `tagged_exchange`), both waited for together (`_xwait`). A plain
-    exchange's two chunks are loaded together too (`_fwd_pre_split`)."""
-    pa, oa = _kptrs(X, x_row, jb64, x_ok, 0, KA, K, S)
-    pb, ob = pa, oa  # placeholders when KB == 0
-    if KB > 0:
-        pb, ob = _kptrs(X, x_row, jb64, x_ok, KA, KB, K, S)
-    wa, wb = _xwait(pa, oa, pb, ob, KB > 0, xtag, xsync, max_spin)
-    xa = _xvalue(wa, XDT, DT)
-    xb = xa
-    if KB > 0:
-        xb = _xvalue(wb, XDT, DT)
-    return xa, xb
-
-
-@triton.jit
-def _publish(ptr, v, mask, XDT: tl.constexpr, u):
-    """Stores v into an exchange: in its dtype, or as the tagged words `_xword(v, XDT,
-    _tag(u))` where ptr points at int words (a tagged exchange, written at loop index u)."""
-    if ptr.dtype.element_ty == tl.int32 or ptr.dtype.element_ty == tl.int64:
-        tl.store(ptr, _xword(v, XDT, _tag(u)), mask=mask)
-    else:
-        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _tile_t(W, a_idx, a_ok, a_stride, b_stride, k0, KC: tl.constexpr, K: tl.constexpr,
             DT: tl.constexpr):
     """`_tile` transposed ([KC, BM], S = 1): tile[c, i] = W[a_idx[i] * a_stride + (k0 + c) *
@@ -445,28 +347,6 @@ def _vxptrs(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.cons
           + tl.zeros([1, BM, 1], tl.int32))
     # As a tensor: the interpreter mis-types a scalar bool & a mask.
     return X + jb * x_row + kk, (kk < K) & ((kk * 0 + ok) > 0)
-
-
-@triton.jit
-def _vxpair(wa, wb, X, x_row, jb64, x_ok, KA: tl.constexpr, KB: tl.constexpr,
-            K: tl.constexpr, DT: tl.constexpr, XDT: tl.constexpr, xtag, xsync, max_spin):
-    """A one-column vector tile's operands of its two resident chunks (weights wa, wb: their
-    slice shapes; `_vx`) from a tagged exchange, loaded, checked and reloaded together as
-    `_xpair` does for MMA tiles; fp32 values of DT. The second is a copy of the first, never
-    read, when KB == 0."""
-    jb, ok = _vcol(jb64, x_ok, 0, 1)
-    va = _v3(wa)
-    pa, oa = _vxptrs(X, x_row, jb, ok, 0, va.shape[0], va.shape[1], va.shape[2], K)
-    pb, ob = pa, oa  # placeholders when KB == 0
-    if KB > 0:
-        vb = _v3(wb)
-        pb, ob = _vxptrs(X, x_row, jb, ok, KA, vb.shape[0], vb.shape[1], vb.shape[2], K)
-    wa_, wb_ = _xwait(pa, oa, pb, ob, KB > 0, xtag, xsync, max_spin)
-    xa = _xvalue(wa_, XDT, DT).to(tl.float32)
-    xb = xa
-    if KB > 0:
-        xb = _xvalue(wb_, XDT, DT).to(tl.float32)
-    return xa, xb
 
 
 @triton.jit
@@ -784,7 +664,6 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
              GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-             XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
              PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
@@ -795,20 +674,14 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     it: no cross-warp reduction; 2 (gate-batched, resident, GP = 4) one 3-D dot per chunk
     whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
     `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
-    (`_dot_w3`). XDT, xtag, xsync, max_spin: a tagged exchange src (`_xpair`; resident).
+    (`_dot_w3`).
     PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
     HALVES (`_halved_sums`): how the split-K dots' slices are added."""
-    tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
     if GATES == 2:
-        if tagged:
-            xa, xb = _xpair(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT, XDT, xtag, xsync,
-                            max_spin)
-        else:
-            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
         acc = _batched_dot(wa0, xa, KA, S, GP, BB, FP32_DOT)
         if KB > 0:
-            if not tagged:
-                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
+            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
             acc = _sum2(acc, _batched_dot(wb0, xb, KB, S, GP, BB, FP32_DOT))
         p0, p1, p2, p3 = _split_gates(tl.reshape(acc, [GP * BH, BB]), GP, BH, BB)
     elif GATES == 1:
@@ -819,8 +692,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
-                                        DOT_DT, FP32_DOT, BH, BB, XDT, xtag, xsync, max_spin,
-                                        PAIR, HALVES)
+                                        DOT_DT, FP32_DOT, BH, BB, PAIR, HALVES)
     return p0, p1, p2, p3
 
 
@@ -829,8 +701,8 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
-                   BB: tl.constexpr, XDT: tl.constexpr = tl.float32, xtag=0, xsync=0,
-                   max_spin=0, PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
+                   BB: tl.constexpr, PAIR: tl.constexpr = False,
+                   HALVES: tl.constexpr = False):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
@@ -848,16 +720,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
     a1 = a0
     a2 = a0
     a3 = a0
-    tagged: tl.constexpr = src.dtype.element_ty == tl.int32 or src.dtype.element_ty == tl.int64
-    if RESIDENT and BB < 16 and tagged:  # one column (`tagged_exchange`): both chunks' words
-        # waited for together, then the products of `_vgates`
-        xa, xb = _vxpair(wa0, wb0, src, HOUT, jb64, b_ok, KA, KB, HOUT, DOT_DT, XDT, xtag,
-                         xsync, max_spin)
-        q = _vq(wa0, wa1, wa2, wa3, xa, G, HALVES)
-        if KB > 0:
-            q += _vq(wb0, wb1, wb2, wb3, xb, G, HALVES)
-        a0, a1, a2, a3 = _vsplit(q[:, None, :, :])
-    elif RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
+    if RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
         # the gates' sums joined (one reduction and one layout conversion for all gates)
         if G == 1:
             a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB, HALVES)
@@ -871,16 +734,12 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                              BB, HALVES)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
-        if tagged:
-            xa, xb = _xpair(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT, XDT, xtag, xsync,
-                            max_spin)
-        else:
-            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
-            if PAIR and KB > 0:
-                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        if PAIR and KB > 0:
+            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
-            if not (tagged or PAIR):
+            if not PAIR:
                 xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
             z = _zacc(S, BH, BB)
             b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
@@ -1027,19 +886,14 @@ def _fwd_cell_phase(
     HAS_CSEQ: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
-    SWAP: tl.constexpr = False, XDT: tl.constexpr = tl.float32, max_spin=0,
-    XJOIN: tl.constexpr = False, BR=0, SUMS: tl.constexpr = False, PAIR: tl.constexpr = False,
-    HALVES: tl.constexpr = False,
+    SWAP: tl.constexpr = False, XJOIN: tl.constexpr = False, BR=0,
+    SUMS: tl.constexpr = False, PAIR: tl.constexpr = False, HALVES: tl.constexpr = False,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
     nobody in the launch reads. Returns the carried (c, h_own).
     XJOIN (streamed joint product formed transposed, `_xjoin`): x0 (`_fwd_loads`) plus the
-    recurrent biases BR of the joint tile's rows is the product's starting value.
-    Tagged exchange (src / dst of int words; no projection, so sub-step u is step u): reads
-    the active rows' words of h_{u-1}, tagged `_tag(u - 1)`, and publishes h_u tagged
-    `_tag(u)` (the launch has no barrier then)."""
-    tagged: tl.constexpr = dst.dtype.element_ty == tl.int32 or dst.dtype.element_ty == tl.int64
+    recurrent biases BR of the joint tile's rows is the product's starting value."""
     # A batch tile whose rows have all finished skips the matmuls (it only carries its state
     # over). The runtime branch also keeps the compiler from hoisting the weights' shared ->
     # register load out of the step loop, which spills once the slice outgrows registers
@@ -1055,13 +909,9 @@ def _fwd_cell_phase(
         p0, p1, p2, p3 = _split_gates(tl.trans(acc_t), GP, BLOCK_H, BLOCK_B)
         x0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)  # now in p0 .. p3 (GRU's x2 is not)
     elif tile_on:
-        # A tagged exchange holds the words of the rows active at u - 1 only: read (and wait
-        # for) the active rows'.
-        x_ok = act if tagged else b_ok
-        p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, x_ok, wa0, wa1, wa2, wa3, wb0,
+        p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, XDT,
-                                  _tag(u - 1), SYNC, max_spin, PAIR, HALVES)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, PAIR, HALVES)
         p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
                                                     b2, b3, G, SUMS)
     else:
@@ -1082,11 +932,7 @@ def _fwd_cell_phase(
         h_own = tl.where(act[None, :], m, h_own)
         # Only active rows are published: a finished row's column of the next step's dot is
         # never used (the column is masked out of every result), so stale data there is safe.
-        _publish(dst + at, m, m2, XDT, u)
-        if tagged:
-            # No fence needed, but the stores must not be scheduled behind the next step's
-            # wait (the others wait for them): bar.sync keeps them in front.
-            tl.debug_barrier()
+        tl.store(dst + at, m.to(dst.dtype.element_ty), mask=m2)
     else:
         tl.store(MX + jb64[None, :] * H + hs[:, None], m.to(MX.dtype.element_ty), mask=m2)
     _arrive(SYNC, u, u_end, BARRIER)
@@ -1138,8 +984,8 @@ def _grid_fwd_kernel(
     PKB: tl.constexpr, RS: tl.constexpr, PS: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr = 0,
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
-    HOIST: tl.constexpr = False, XDT: tl.constexpr = tl.float32, XJOIN: tl.constexpr = False,
-    SUMS: tl.constexpr = False, MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
+    HOIST: tl.constexpr = False, XJOIN: tl.constexpr = False, SUMS: tl.constexpr = False,
+    MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
     HALVES: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
@@ -1148,9 +994,6 @@ def _grid_fwd_kernel(
     own slice in registers in between); XWS: [2, B, HOUT] ping-pong h exchange in the
     tensors' dtype (h_{s-1} in slot s % 2); CWS: fp32 [B, H] c state (LSTM); MWS: [B, H] m
     exchange in the tensors' dtype (projection); SYNC: int32 [2] barrier counter, error flag.
-    Tagged exchange (`tagged_exchange`): XWS holds int words (`_xword` of XDT values, h0 in
-    slot 0 tagged `_tag(-1)`) and the launch has no barrier (BARRIER = 0): a step waits for
-    its operand's words instead (`_xpair`).
     Weights: RESIDENT: R's reduction (HOUT) in on-chip chunks of RKA + RKB columns, Pw's (H)
     in PKA + PKB; streamed: read in chunks of RKA (PKA) columns every step.
     NUM_DIRS = 2: grid axis 1 is the direction; direction 1 (reversed in time) reads its
@@ -1263,7 +1106,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XDT, max_spin, XJOIN, BR, SUMS, PAIR, HALVES)
+                XJOIN, BR, SUMS, PAIR, HALVES)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1987,7 +1830,7 @@ _FWD_JOINED_SUMS = _env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True)
 _FWD_MASK_IN_LOOP = _env_on_off("TRITONRNN_FWD_MASK_IN_LOOP", default=True)
 
 
-def _mask_in_loop(block_h: int, block_b: int, tagged: bool = False) -> bool:
+def _mask_in_loop(block_h: int, block_b: int) -> bool:
     """MASK_IN_LOOP: the forward step loop forms its active-row mask at the top of each
     iteration (lens > s: lens is 0 past B) instead of using the copy that the previous
     iteration's prefetch (`_fwd_loads`) carried over. Triton 3.6 keeps that loop-carried
@@ -2001,15 +1844,13 @@ def _mask_in_loop(block_h: int, block_b: int, tagged: bool = False) -> bool:
     H=1024 B=16 the exception (946 -> 952), no new spill. Triton 3.9's compiles had no such
     conversion there. Not on vector tiles (none to remove; 6-8 instructions more per step)
     nor on tiles of _XJOIN_TILE elements and more (Triton 3.6's sm_80 forward of LSTM
-    H=1024 B=256, 64 x 64, then spilled), nor with the tagged exchange (`tagged_exchange`),
-    whose product waits for the active rows' words: the floor's Triton 3.4 then spilled 27
-    local loads and stores per step (LSTM H=256 B=16).
+    H=1024 B=256, 64 x 64, then spilled).
     The backward keeps its carried mask: formed in its loop it saved 2 BAR.SYNC per Triton
     3.6 step loop too, but spilled where nothing did (Triton 3.9: GRU H=1024 B=64 at 16 x
     32, 1 local load per step; 3.6: the 128 x 64 and huge-batch stepwise tiles) and GRU
     H=1536 B=16 reloaded 10-19 spilled values per step instead of 9, wherever in the
     iteration the mask was formed. Not yet timed on a GPU."""
-    return (_FWD_MASK_IN_LOOP and not tagged and not vector_tiles(block_b)
+    return (_FWD_MASK_IN_LOOP and not vector_tiles(block_b)
             and block_h * block_b < _XJOIN_TILE)
 
 
@@ -2305,66 +2146,6 @@ def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps
     """HOIST's default rule where it applies: 16-wide batch tiles whose weights take at most
     `hoist_budget` bytes per thread."""
     return block_b == 16 and thread_bytes <= hoist_budget(pass_name, num_warps)
-
-
-# Tagged exchange (TRITONRNN_TAGGED_EXCHANGE=fwd). Behind a grid barrier a forward step
-# pays, besides its work: the release fence before the arrival (it waits until the step's
-# stores are acknowledged), the arrival, the poll that sees the last one, and only then the
-# L2 round trip of the exchange read. A tagged exchange stores each value of h together with
-# the index of the step that wrote it, in one aligned word (int32: the 16-bit value and a
-# 15-bit tag; int64 for fp32), so a word read is either an old one or wholly the new one:
-# programs publish with plain stores (no fence, no arrival) and a step reads its operand
-# with volatile loads, again until every word it uses carries the expected tag (`_xpair`).
-# The fence and the counter leave the step's chain, and the read is the wait; the cost is
-# twice the exchange bytes, and rereading the operand while waiting. (NCCL's LL protocol
-# makes the same trade: data and flag in one store.) The ping-pong slots stay: a program
-# overwrites a slot only after reading the step that every other program published after
-# its last read of that slot.
-# The sm_90 compiles (Triton 3.6, forward step loop instructions per warp, barrier ->
-# tagged): B = 1 (vector tiles, 8 warps) LSTM H=512 480 -> 467, H=768 559 -> 597, GRU
-# H=1024 552 -> 578; LSTM H=256 B=16 461 -> 677; 8 warps: anchor 547 -> 935, LSTM H=1024
-# B=16 -> 1052; the planner's 4 warps spill with the words of both chunks live (anchor
-# 736 -> 1412, 8 B; GRU H=1024 726 -> 1483, 40 B). The tag checks (a select, an xor and a
-# max per word) and the unpacking are the extra instructions; an MMA tile's h operand
-# reaches the dots through LDS instead of ldmatrix.
-# Forward only: the backward's operand is G times larger (dph of all gates: at the anchor
-# 192 KB of words per program and step, reread while waiting) and its per-gate chunks would
-# each need the wait, or all be held at once. Not on by default until timed on a GPU
-# (`scripts/step_ablation.py` variant `tagged`; `bash scripts/gpu_session.sh tagged`); where
-# "fwd" asks for it, it applies to persistent launches of resident MMA tiles, or of
-# one-column vector tiles (B = 1: a few words per thread to check, `_vxpair`), without a
-# projection (whose second exchange keeps the barrier).
-_TAGGED_PASSES = ("fwd",)
-
-
-def tagged_exchange(pass_name: str, block_k: int, block_b: int, persistent: bool,
-                    proj: int = 0) -> bool:
-    """Whether a launch of `pass_name` ("fwd" / "bwd") runs the tagged exchange: where
-    TRITONRNN_TAGGED_EXCHANGE ("auto" = "off" until measured, or "fwd") asks for it and it
-    applies (resident MMA tiles, or one-column vector tiles: B = 1)."""
-    asked = _env_passes("TRITONRNN_TAGGED_EXCHANGE", _TAGGED_PASSES)
-    if asked in ("auto", "off"):
-        return False
-    return pass_name in asked and tagged_tiles(block_k, block_b, persistent, proj)
-
-
-def tagged_tiles(block_k: int, block_b: int, persistent: bool, proj: int = 0) -> bool:
-    """Whether the tagged exchange applies to a launch: resident weights, a persistent launch
-    without a projection, on MMA tiles or one-column vector tiles (B = 1)."""
-    return (not block_k and persistent and not proj
-            and (block_b == 1 or not vector_tiles(block_b)))
-
-
-def exchange_tag(i: int) -> int:
-    """The tag of the words a step at loop index i >= -1 publishes (the kernels' `_tag`)."""
-    return (i + 1) % 32767 + 1
-
-
-def _tagged_words(v: torch.Tensor, dtype: torch.dtype, i: int) -> torch.Tensor:
-    """v (fp32) as the tagged exchange words of loop index i (the kernels' `_xword`)."""
-    if dtype == torch.float32:
-        return (v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (exchange_tag(i) << 32)
-    return (v.to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF) | (exchange_tag(i) << 16)
 
 
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
@@ -2866,19 +2647,11 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     programs = grid_programs(H, Hout, P, B, block_h, block_b)
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
-    tagged = tagged_exchange("fwd", block_k, block_b, persistent, P) and not count_arrivals
-    if tagged and not on_gpu:  # one launch per step: a step's words are all there already
-        max_spin = 1
     f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
     h_st = torch.empty(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
-    if tagged:  # zeroed words: tag 0 is never expected; h0 as step -1's
-        x_ws = torch.zeros(nd, 2, B, Hout, device=dev,
-                           dtype=torch.int64 if dtype == torch.float32 else torch.int32)
-        x_ws[:, 0].copy_(_tagged_words(h_st, dtype, -1))
-    else:
-        x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
-        x_ws[:, 0].copy_(h_st)
+    x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
+    x_ws[:, 0].copy_(h_st)
     c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
     if lstm:
         c_ws.copy_(_both(c0, off.get("c0")))
@@ -2913,16 +2686,16 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RESIDENT=block_k == 0, RKA=rka, RKB=rkb, PKA=pka, PKB=pkb,
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
-                FP32_DOT=dot_dt == tl.float32, BARRIER=0 if tagged else barrier, GATES=gates,
+                FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
                 GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
-                MASK_IN_LOOP=_mask_in_loop(block_h, block_b, tagged),
+                MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
                 PAIR=_paired_chunks(block_b), HALVES=_halved_sums(),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
-                XDT=_DOT_DTYPES[dtype], num_warps=num_warps, **FP_FUSION,
+                num_warps=num_warps, **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
-    if barrier == 1 or tagged:
+    if barrier == 1:
         check_flags(sync, "grid_forward")
     outs.finish()
     return sync if count_arrivals else None

@@ -447,15 +447,13 @@ def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
     forward's gate-batched product where it has one, and the passes that keep them in
-    registers, `kernels.persistent_grid.hoist_pass`, and those whose exchange is tagged,
-    `tagged_exchange`), or streamed in chunks of block_k with
+    registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks of block_k with
     the loops' shape (joint gate tile, transposed products)."""
     from tritonrnn.kernels.persistent_grid import (
         _fwd_gates,
         _joint_gates,
         _swap_dots,
         hoist_pass,
-        tagged_exchange,
         vector_tiles,
     )
 
@@ -469,12 +467,8 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
                    if grid and hoist_pass(p, cell, H, P or H, P, dtype, lp.block_h,
                                           lp.block_b, 0, w, lp.family == "persistent_grid",
                                           fma)]
-        tagged = [p for p in ("fwd", "bwd")
-                  if grid and tagged_exchange(p, 0, lp.block_b,
-                                              lp.family == "persistent_grid", P)]
         notes = (["gate-batched forward"] if batched else []) + (
-            [f"in registers: {', '.join(hoisted)}"] if hoisted else []) + (
-            [f"tagged exchange: {', '.join(tagged)}"] if tagged else [])
+            [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
         return "resident" + (f" ({'; '.join(notes)})" if notes else "")
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),

@@ -3,8 +3,8 @@ development tool: the test suite's shapes are chosen; these are drawn).
 
 Each case draws a cell, layers, direction, batch-major or time-major, a projection, input and
 hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family and its tiles
-(plan_constraints: block_h, block_b, block_k, warps), the experiment switches
-(TRITONRNN_HOIST_WEIGHTS, TRITONRNN_TAGGED_EXCHANGE) and the widest single resident chunk
+(plan_constraints: block_h, block_b, block_k, warps), the experiment switch
+(TRITONRNN_HOIST_WEIGHTS) and the widest single resident chunk
 (`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
 their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU;
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
@@ -42,7 +42,7 @@ if __name__ == "__main__":  # the interpreter unless a GPU is present (as the te
 
 import torch  # noqa: E402
 
-SWITCHES = ("TRITONRNN_HOIST_WEIGHTS", "TRITONRNN_TAGGED_EXCHANGE")
+SWITCHES = ("TRITONRNN_HOIST_WEIGHTS",)
 
 
 def draw(i: int) -> dict:
@@ -74,8 +74,6 @@ def draw(i: int) -> dict:
     env = {}
     if rng.random() < 0.3:
         env["TRITONRNN_HOIST_WEIGHTS"] = rng.choice(["off", "fwd", "bwd", "fwd,bwd"])
-    if rng.random() < 0.3:
-        env["TRITONRNN_TAGGED_EXCHANGE"] = "fwd"
     kernel = {"_MAX_CHUNK": rng.choice([16, 32])} if rng.random() < 0.3 else {}
     if rng.random() < 0.3:  # streamed 64-column tiles start the product from x (`_xjoin`)
         kernel["_XJOIN_TILE"] = 16 * 64

@@ -61,10 +61,6 @@
 #                                         planner's warps and at 8: anchor 8 warps ldmatrix
 #                                         per warp and step 48 -> 24 in both passes; LSTM
 #                                         H=256 (the planner's rule hoists it) 32 -> 16
-#   bash scripts/gpu_session.sh tagged    the forward's tagged exchange (variant tagged: no
-#                                         grid barrier, h as tagged words) against the barrier,
-#                                         at the planner's warps and at 8 (where the larger
-#                                         slices' tagged compiles do not spill), and at B = 1
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
 #   bash scripts/gpu_session.sh spills    the planner's plans whose sm_90 compile spills in the
@@ -199,10 +195,6 @@ case "$stage" in
     ablate 560 warps ;;
   hoist)
     ablate 560 hoist ;;
-  tagged)
-    ablate 330 tagged
-    # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
-    ablate 220 tagged-b1 ;;
   vector)
     ablate 400 vector
     for shape in "lstm 768" "gru 1024"; do set -- $shape
@@ -263,6 +255,6 @@ case "$stage" in
     cached "after the sweeps"
     box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 all|tests|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|tagged|vector|spills|spills2|huge|late|decide|profile" >&2
+  *) echo "usage: $0 all|tests|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac

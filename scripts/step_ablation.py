@@ -79,11 +79,8 @@ Variants (comma-joined in one process):
     hoist / hoistf / nohoist  resident MMA weights held in registers (no runtime branch
               around the dots, kernels' _hoist_weights / TRITONRNN_HOIST_WEIGHTS) in both
               passes / the forward only / neither (the planner's rule: 16-wide batch tiles,
-              <= 256 B of weights per thread, a forward on 8 warps <= 512 B; the planner
-              gives 16 x 16 forwards 8 warps where that hoists them and 4 would not)
-    tagged    the forward's tagged exchange (kernels' tagged_exchange, as with
-              TRITONRNN_TAGGED_EXCHANGE=fwd): h published as tagged words, no grid barrier,
-              each step rereads its operand until the tags match
+              <= 256 B of weights per thread, on 8 warps <= 512 B; the planner gives 16 x
+              16 tiles 8 warps in a pass where that hoists them and 4 would not)
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
@@ -142,10 +139,6 @@ SETS = {
     "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w8,layer;fw8,layer"),
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
-    "tagged": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
-               "full;tagged;layer;tagged,layer;w8,layer;w8,tagged,layer"),
-    # B = 1 (vector tiles, 8 warps already): where the tag checks cost least.
-    "tagged-b1": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "full;tagged;layer;tagged,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
@@ -229,7 +222,8 @@ SETS = {
 # the backward on 8 warps alone (bw8) won at LSTM H=512 B=16 only (-10%; +5% at the
 # anchor); pairg32 stays opt-in (1.01x, 0.98x at H=768 B=64); the tagged exchange lost
 # again (1.08x, 1.26x at B = 1); reducesum and the gate-batched forward lost at GRU H=1024
-# B=64 (1.15x, 1.17x).
+# B=64 (1.15x, 1.17x). (The tagged exchange and its variant were removed since: kernels/
+# NOTES.md, "Tagged exchange".)
 # Decided on an H200 (2026-11-27, bench/results/step-ablation-nvidia-h200-2026-11-27-
 # decide.json, layer fwd + bwd against the plan): the 8-warp hoisted forward stays (fw4
 # 1.00 to 1.05x at four 16-row shapes); the backward hoisted on 8 warps (hoist,bw8: 0.90 to
@@ -279,7 +273,6 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-            XDT: tl.constexpr = tl.float32, xtag=0, xsync=0, max_spin=0,
             PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
@@ -337,14 +330,6 @@ def _hoisted(passes: tuple[str, ...]):
     return hoist
 
 
-def _tagged(pass_name, block_k, block_b, persistent, proj=0):
-    """`persistent_grid.tagged_exchange` as with TRITONRNN_TAGGED_EXCHANGE=fwd (B = 1's
-    one-column vector tiles too)."""
-    from tritonrnn.kernels import persistent_grid as pg
-
-    return pass_name == "fwd" and pg.tagged_tiles(block_k, block_b, persistent, proj)
-
-
 def _forced_split(n: int):
     """An `_nsplit` that always splits K n ways (capped by the chunk), both passes."""
     def nsplit(ka, kb, num_warps, bm, bb, max_split=32):
@@ -400,7 +385,6 @@ def swaps() -> dict:
         "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
         "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
         "nohoist": [(pg, "_hoist_weights", _hoisted(()))],
-        "tagged": [(pg, "tagged_exchange", _tagged)],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},

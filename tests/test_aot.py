@@ -662,46 +662,6 @@ def test_paired_gates_compile_where_they_fit():
         assert _local_ops(bwd)[0] == 0, bwd["profile"]
 
 
-def test_tagged_exchange_compiles_without_the_barrier(reports, monkeypatch):
-    """TRITONRNN_TAGGED_EXCHANGE=fwd (`kernels.persistent_grid.tagged_exchange`) on the
-    planner's LSTM H=256 B=16 forward: the h exchange is int32 words, the GPU launch keeps
-    BARRIER = 0 (and the cooperative launch), and the step loop has no fence and no arrival
-    (the barrier's MEMBAR + REDG: one atomic left, the failed wait's flag); the same MMAs,
-    no local memory. The words' tag checks and unpacking cost instructions (Triton 3.6: 461
-    -> 677 per warp and step), which the GPU has to weigh against the fence and the counter
-    (`scripts/step_ablation.py` variant `tagged`)."""
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
-    try:
-        (r,) = aot.aot_reports([(COMPILES[1][1], COMPILES[1][2])], "h100")
-    except aot.ToolMissing as e:
-        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
-    base, tagged = _kernels(reports["lstm256-grid-bf16"])[0], _kernels(r)[0]
-    assert base["kernel"] == tagged["kernel"] == "_grid_fwd_kernel"
-    assert base["constexprs"]["BARRIER"] == "1" and tagged["constexprs"]["BARRIER"] == "0"
-    assert base["profile"]["MEMBAR"] >= 1 and tagged["profile"]["MEMBAR"] == 0, (
-        base["profile"], tagged["profile"])
-    assert base["profile"]["ATOM"] == 2 and tagged["profile"]["ATOM"] == 1
-    assert tagged["profile"]["MMA"] == base["profile"]["MMA"]
-    assert _local_ops(tagged) == (0, 0) and not tagged["spills"], tagged["profile"]
-
-
-def test_tagged_exchange_compiles_for_vector_tiles(monkeypatch):
-    """The tagged exchange at B = 1 (LSTM H=512: the planner's one-column vector tiles, 8
-    warps): no barrier and no fence in the step loop, no spills; the tag checks cost little
-    there (Triton 3.6: 480 -> 467 forward step-loop instructions; LSTM H=768 559 -> 597)."""
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
-    shape = aot.AotShape("lstm", hidden=512, batch=1, dtype=torch.bfloat16)
-    try:
-        (r,) = aot.aot_reports([(shape, None)], "h100")
-    except aot.ToolMissing as e:
-        pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
-    fwd = _kernels(r)[0]
-    assert r["plan"]["block_b"] == 1 and fwd["mma"] == "fma"
-    assert fwd["constexprs"]["BARRIER"] == "0"
-    assert fwd["profile"]["MEMBAR"] == 0 and fwd["profile"]["ATOM"] == 1, fwd["profile"]
-    assert _local_ops(fwd) == (0, 0) and not fwd["spills"], fwd["profile"]
-
-
 def _local_ops(k) -> tuple[int, int]:
     """(LDL + STL in the step loop, LDL + STL outside it) of a compiled kernel's report."""
     p = k["profile"]

@@ -215,15 +215,14 @@ def test_plan_on_the_a100_preset(capsys):
     assert "programs=64" in out and "block_b=64" in out and "weights=streamed/64" in out, out
 
 
-@pytest.mark.parametrize("tagged", ["off", "fwd"])
-def test_plan_names_register_weights_and_the_tagged_exchange(capsys, monkeypatch, tagged):
-    # LSTM H=256 B=16: HOIST by the planner's rule; the tagged exchange only when asked for.
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
+@pytest.mark.parametrize("hoist", ["auto", "off"])
+def test_plan_names_register_weights(capsys, monkeypatch, hoist):
+    # LSTM H=256 B=16: HOIST by the planner's rule, none where the switch turns it off.
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
     assert main(["plan", "--mode", "lstm", "--hidden", "256", "--batch", "16",
                  "--device-preset", "h100"]) == 0
-    notes = "in registers: fwd, bwd" + (
-        "; tagged exchange: fwd" if tagged == "fwd" else "")
-    assert f"weights=resident ({notes}) " in capsys.readouterr().out
+    label = "resident (in registers: fwd, bwd)" if hoist == "auto" else "resident"
+    assert f"weights={label} " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mode, batch, label", [

@@ -26,7 +26,7 @@ from tritonrnn.bench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
-          "batch", "warps", "hoist", "tagged", "vector", "spills", "spills2", "huge", "late",
+          "batch", "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
           "decide", "barrier", "phases", "profile"]
 
 
@@ -274,15 +274,15 @@ def test_a_decisions_rule_variants_keep_the_weights_where_the_plan_has_them(monk
 def test_decisions_run_in_order_and_time_a_baseline_once():
     a, b = ("lstm", 768, 16), ("gru", 1024, 64)
     todo = [([a], ["layer", "fw8,layer"]), ([b], ["layer", "nobatch,layer"]),
-            ([a, b], ["layer", "tagged,layer"])]
+            ([a, b], ["layer", "hoist,layer"])]
     # Timed: job by job, so a run cut short keeps whole decisions; a (variant, shape) pair
     # already run is not run again.
     assert ABL.runs(todo, merge=False) == [
         ("layer", [a]), ("fw8,layer", [a]), ("layer", [b]), ("nobatch,layer", [b]),
-        ("tagged,layer", [a, b])]
+        ("hoist,layer", [a, b])]
     # --aot: one process per variant over all its shapes.
     assert ABL.runs(todo, merge=True) == [
-        ("layer", [a, b]), ("fw8,layer", [a]), ("nobatch,layer", [b]), ("tagged,layer", [a, b])]
+        ("layer", [a, b]), ("fw8,layer", [a]), ("nobatch,layer", [b]), ("hoist,layer", [a, b])]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -361,11 +361,8 @@ def test_ablation_swaps_keep_the_replaced_signatures(part):
             inspect.signature(value).bind(*[None] * len(_positional(original)))
 
 
-# The variants that stand for an environment switch decide every launch as the switch does
-# (`tagged` once skipped B = 1's one-column vector tiles, which TRITONRNN_TAGGED_EXCHANGE=fwd
-# runs tagged, so the tagged-b1 set timed the barrier twice).
+# The variants that stand for an environment switch decide every launch as the switch does.
 @pytest.mark.parametrize("part, env, value, fn", [
-    ("tagged", "TRITONRNN_TAGGED_EXCHANGE", "fwd", "tagged_exchange"),
     ("hoist", "TRITONRNN_HOIST_WEIGHTS", "fwd,bwd", "_hoist_weights"),
     ("hoistf", "TRITONRNN_HOIST_WEIGHTS", "fwd", "_hoist_weights"),
     ("nohoist", "TRITONRNN_HOIST_WEIGHTS", "off", "_hoist_weights"),
@@ -382,7 +379,7 @@ def test_switch_variants_decide_as_their_environment(monkeypatch, part, env, val
     for case in cases:
         assert swapped(*case) == real(*case), (part, case)
     assert any(swapped(*case) for case in cases) is (value != "off")
-    assert swapped("fwd", 0, 1, True, 0) is (part == "tagged")  # B = 1: tagged, not hoisted
+    assert swapped("fwd", 0, 1, True, 0) is False  # B = 1: vector tiles, not hoisted
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -445,7 +442,7 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
         timeout = kw["timeout"]
         v = cmd[cmd.index("--variant") + 1]
         started.append(v)
-        if v == "tagged,layer":
+        if v == "hoist,layer":
             raise sp.TimeoutExpired(cmd, timeout)
         ms = {"layer": 2.0, "fw8,layer": 3.0}.get(v, 1.0)
         rows = [{"variant": v, "mode": m, "H": int(h), "B": int(b), "programs": 48,
@@ -455,16 +452,16 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
         return sp.CompletedProcess(cmd, 0, "\n".join(json.dumps(r) for r in rows), "")
 
     monkeypatch.setitem(ABL.DECISIONS, "decide", [
-        ("lstm,768,16", "layer;fw8,layer;tagged,layer"), ("gru,1024,64", "layer;nobatch,layer")])
+        ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nobatch,layer")])
     monkeypatch.setattr(ABL.subprocess, "run", fake_run)
     monkeypatch.setattr(sys, "argv", ["step_ablation.py", "--set", "decide",
                                       "--out", str(tmp_path)])
     assert ABL.main() == 0
     out = capsys.readouterr().out
-    assert started == ["layer", "fw8,layer", "tagged,layer", "layer", "nobatch,layer"]
+    assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nobatch,layer"]
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
     assert "= 0.50x the plan's fwd+bwd" in out  # nobatch against gru's plan
-    assert "tagged,layer: killed after 240 s" in out
+    assert "hoist,layer: killed after 240 s" in out
     report = json.loads((tmp_path / "step_ablation.json").read_text())
     assert {"device", "commit", "torch", "triton"} <= set(report["environment"])
     assert report["command"] == ["step_ablation.py", "--set", "decide", "--out", str(tmp_path)]

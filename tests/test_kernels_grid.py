@@ -422,114 +422,6 @@ def test_hoist_weights_choice(monkeypatch):
             hoist("fwd", 0, 16, True, 0, lstm256)
 
 
-def _tagged_spy(monkeypatch) -> list:
-    """Records, per forward launch, whether its h exchange held tagged words."""
-    seen = []
-    real = pg.tagged_exchange
-
-    def spy(*a, **k):
-        on = real(*a, **k)
-        if a[0] == "fwd":
-            seen.append(on)
-        return on
-
-    monkeypatch.setattr(pg, "tagged_exchange", spy)
-    return seen
-
-
-def _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, lengths, T, **launch):
-    """The forward with the barrier exchange, then the tagged one (H = 33, persistent,
-    `launch` tiles): the second really tagged, every output bit-identical to the first, and
-    (fp32) the reference's."""
-    seen = _tagged_spy(monkeypatch)
-    results = []
-    for mode in ("off", "fwd"):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
-        ins, outs = _forward_problem(cell, 33, 0, lengths, T, dtype)
-        _run_forward(ins, outs, reverse, persistent=True, **launch)
-        results.append(outs)
-    assert seen == [False, True]
-    for k, v in results[1].items():
-        if v is not None:
-            assert torch.equal(v, results[0][k]), k
-    if dtype == torch.float32:
-        _check_forward(ins, results[1], reverse)
-
-
-@REVERSE
-@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("hoist", ["off", "fwd"])
-def test_tagged_exchange_matches_the_barrier_exchange(monkeypatch, cell, dtype, hoist,
-                                                      reverse):
-    """TRITONRNN_TAGGED_EXCHANGE=fwd (`pg.tagged_exchange`): the forward's h exchange holds
-    tagged words (int64 for fp32, int32 for bf16) and a step waits for its operand's tags
-    instead of a barrier. The same math: every output bit-identical to the plain exchange's,
-    and (fp32) the reference's. Lengths 5 x 16, 2, 1, 0: a second batch tile that finishes
-    early (HOIST: it keeps forming products, its columns' words stale and masked out of the
-    wait), and an empty row whose word is never published."""
-    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
-    _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, [5] * 16 + [2, 1, 0], 5,
-                                  block_h=16)
-
-
-@REVERSE
-@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_tagged_exchange_vector_tiles(monkeypatch, cell, dtype, reverse):
-    """The tagged exchange at batch 1 (one-column vector tiles, `_vxpair`: both chunks'
-    words in the weights' register layout, waited for together): bit-identical to the
-    barrier exchange, and (fp32) the reference. H = 33 in five hidden slices of 8, the
-    reduction in two chunks (32 + 16, `_ksplit`)."""
-    _check_tagged_matches_barrier(monkeypatch, cell, dtype, reverse, [6], 6, block_h=8,
-                                  block_b=1, num_warps=2)
-
-
-def test_tagged_exchange_choice(monkeypatch):
-    """Off by default (and "auto": off until timed on a GPU); "fwd" turns it on for
-    persistent launches of resident MMA tiles without a projection, never the backward; a
-    bad value names the variable. The tags: 1 .. 32767, h0's 1, two steps apart always
-    different (a ping-pong slot's old words never pass), across the wrap."""
-    te = pg.tagged_exchange
-    monkeypatch.delenv("TRITONRNN_TAGGED_EXCHANGE", raising=False)
-    assert not te("fwd", 0, 16, True)
-    for off in ("auto", "off", ""):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", off)
-        assert not te("fwd", 0, 16, True)
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
-    assert te("fwd", 0, 16, True) and te("fwd", 0, 32, True)
-    assert not te("bwd", 0, 16, True)
-    assert not te("fwd", 64, 16, True)  # streamed weights
-    assert te("fwd", 0, 1, True) and not te("fwd", 0, 2, True)  # vector tiles: one column
-    assert not te("fwd", 0, 16, False)  # stepwise: the launch boundary is the barrier
-    assert not te("fwd", 0, 16, True, 12)  # a projection
-    for bad in ("bwd", "fwd,bwd", "on"):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", bad)
-        with pytest.raises(ValueError, match=r"TRITONRNN_TAGGED_EXCHANGE: expected auto, off "
-                                             r"or a comma list of fwd, got "):
-            te("fwd", 0, 16, True)
-    tags = [pg.exchange_tag(i) for i in range(-1, 70000)]
-    assert tags[0] == 1 and min(tags) == 1 and max(tags) == 32767
-    assert all(a != b for a, b in zip(tags, tags[2:], strict=False))
-
-
-@pytest.mark.parametrize("block_b, block_h", [(16, 16), (1, 8)], ids=["mma", "vector"])
-def test_tagged_exchange_wait_times_out(monkeypatch, block_b, block_h):
-    """A step whose operand never carries the expected tag (h0's words written with another
-    step's) stops rereading after max_spin, sets the error flag, and the launch raises
-    BarrierTimeoutError: no hang."""
-    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError, check_barriers
-
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
-    real = pg._tagged_words
-    monkeypatch.setattr(pg, "_tagged_words", lambda v, dtype, i: real(v, dtype, i + 2))
-    ins, outs = _forward_problem("lstm", 33, 0, [3] * min(block_b, 2), 3)
-    with pytest.raises(BarrierTimeoutError, match="tagged exchange's wait"):
-        _run_forward(ins, outs, False, persistent=True, block_h=block_h, block_b=block_b,
-                     _max_spin=4)
-        check_barriers()  # a GPU reports it here (deferred check)
-
-
 @PERSIST
 def test_lstm_without_c_seq(persistent):
     # Inference: c_seq=None (no reserve); everything else still written.
@@ -882,7 +774,6 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
     monkeypatch.setattr(pg, "_FWD_MASK_IN_LOOP", in_loop)
     assert pg._mask_in_loop(16, 16) is in_loop
     assert not pg._mask_in_loop(16, 2) and not pg._mask_in_loop(64, 64)
-    assert not pg._mask_in_loop(16, 16, tagged=True)
     ins, outs = _forward_problem(cell, 33, P, *VARLEN)
     _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
     _check_forward(ins, outs, reverse)
@@ -1245,45 +1136,14 @@ def test_grid_formulas(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell, warps, hoist", [("lstm", 4, "off"), ("lstm", 8, "fwd"),
-                                                ("gru", 8, "off"), ("rnn_tanh", 8, "off")])
-def test_gpu_tagged_exchange_stress(monkeypatch, cell, warps, hoist):
-    """The tagged exchange on a GPU (bf16, 16 x 16 tiles, 16 hidden slices x 3 batch tiles =
-    48 programs that never meet at a barrier; T = 400, varied lengths): repeated runs
-    bit-identical, and bit-identical to the barrier exchange (the same operands reach the
-    same dots), within bf16 of the reference."""
-    from tritonrnn.kernels.grid_barrier import check_barriers
-
-    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", hoist)
-    seen = _tagged_spy(monkeypatch)
-    g = torch.Generator().manual_seed(7)
-    lengths = torch.randint(0, 401, (40,), generator=g).tolist()
-    lengths[0] = 400
-    runs = []
-    for mode in ("off", "fwd", "fwd", "fwd"):
-        monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", mode)
-        ins, outs = _forward_problem(cell, 256, 0, lengths, 400, dtype=torch.bfloat16)
-        _run_forward(ins, outs, False, persistent=True, block_h=16, num_warps=warps)
-        runs.append({k: v.clone() for k, v in outs.items() if v is not None})
-    check_barriers()
-    assert seen == [False, True, True, True]
-    for r in runs[1:]:
-        for k in r:
-            assert torch.equal(r[k], runs[0][k]), k
-    _check_forward(ins, outs, False, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tagged", ["off", "fwd"])
 @pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0)])
-def test_gpu_split_persistent_launches(monkeypatch, cell, P, tagged):
+def test_gpu_split_persistent_launches(monkeypatch, cell, P):
     """A persistent run split into launches where the barrier counter would overflow
     (`_launch_ranges`; forced with a small limit: launches of 9 sub-steps at 48 programs, bf16,
     T = 120): each launch's barrier counts from a zeroed counter (a stale count would let the
     waits pass early), and every output is bit-identical to the one-launch run."""
     from tritonrnn.kernels.grid_barrier import check_barriers
 
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
     g = torch.Generator().manual_seed(3)
     lengths = torch.randint(0, 121, (40,), generator=g).tolist()
     lengths[0] = 120
@@ -1491,8 +1351,7 @@ def test_gpu_barrier_timeout_raises_instead_of_hanging(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tagged", ["off", "fwd"])
-def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch, tagged):
+def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch):
     """Persistent forward and backward launches captured into one CUDA graph (after a warm-up
     on the capturing stream's side, as torch asks): replays on new inputs give the eager
     results bit for bit; a replay whose barrier times out is reported by check_barriers()."""
@@ -1502,7 +1361,6 @@ def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch, tagged):
     from tritonrnn.kernels.grid_barrier import BarrierTimeoutError, check_barriers
 
     monkeypatch.setattr(gb, "_captured", deque(maxlen=gb._CAPTURED_KEPT))  # this test's only
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", tagged)
     lengths, T = [40, 33, 0, 12, 40], 40
     f_ins, f_outs = _forward_problem("lstm", 96, 0, lengths, T, dtype=torch.bfloat16)
     b_ins, b_outs = _backward_problem("lstm", 96, 0, lengths, T, dtype=torch.bfloat16)
@@ -1540,7 +1398,6 @@ def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch, tagged):
             assert torch.equal(replayed[k], v), k
     _check_forward(f_ins, f_outs, False, torch.bfloat16)
     _check_backward(b_ins, b_outs, False, torch.bfloat16)
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "off")  # a barrier that cannot be met
     failing = torch.cuda.CUDAGraph()
     with torch.cuda.graph(failing):
         _run_forward(f_ins, f_outs, False, persistent=True, block_h=16, _max_spin=2000,

@@ -52,27 +52,6 @@ def test_lstm_projection(family, lengths):
                            T=5, backend="triton", **FP32)
 
 
-@pytest.mark.parametrize("tiles, lengths", [({"block_h": 16}, "varlen"),
-                                            ({"block_b": 1, "block_h": 8}, "batch1")],
-                         ids=["mma", "vector"])
-@pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_tagged_exchange_end_to_end(mode, tiles, lengths, monkeypatch):
-    # TRITONRNN_TAGGED_EXCHANGE=fwd through cudnn_rnn: two bidirectional layers (both
-    # directions in one launch, each with its own tagged exchange), H = 33 in three slices
-    # of 16 (MMA tiles) or five of 8 (one-column vector tiles).
-    from tritonrnn.kernels import persistent_grid as pg
-
-    monkeypatch.setenv("TRITONRNN_TAGGED_EXCHANGE", "fwd")
-    seen = []
-    real = pg.tagged_exchange
-    monkeypatch.setattr(pg, "tagged_exchange",
-                        lambda *a, **k: seen.append((a[0], real(*a, **k))) or seen[-1][1])
-    with plan_constraints(family="persistent_grid", **tiles):
-        compare_with_torch(mode, L=2, bidirectional=True, lengths=lengths, I=4, H=33, T=5,
-                           backend="triton", **FP32)
-    assert [on for p, on in seen if p == "fwd"] == [True, True]  # one pair launch per layer
-
-
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_vector_tiles_end_to_end(mode):
     # Vector tiles (the planner's choice at B = 1 on a GPU) through cudnn_rnn: two
