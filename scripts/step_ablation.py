@@ -28,8 +28,10 @@ Variants (comma-joined in one process):
     nobdot    the backward's carry product (dph load + dots + split-K reduction,
               `_bwd_carry`) leaves the carry as it is (seen in `layer` times)
     noload    the exchange operand (`_kpart`, `_vx`: h, or dph in the backward) is its own
-              mask as 1.0 / 0.0 instead of a load: the staging and the dots stay, the L2
-              round trips go (full - noload: what they cost). It replaces `l1load` (the loads
+              mask as 1.0 / 0.0 instead of a load, loop-variant (`_slot_one`: before
+              2026-11-27 it was not, and the 16 x 16 forward's whole product left the step
+              loop): the staging and the dots stay, the L2 round trips go (full - noload:
+              what they cost). It replaces `l1load` (the loads
               cached in L1), which could not show that: the barrier's acquire invalidates L1
               every step (CCTL.IVALL in the sm_90 compiles), so its loads went to L2 too
     nocell    the cell nonlinearity is replaced by additions
@@ -145,9 +147,10 @@ SETS = {
     # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
     # 16-wide tiles (H200, commit 392b4f0: forward steps 2.8 to 3.8x the barrier, backward
     # 3.9 to 6.5x; the backward 63% of the anchor's layer) and at a vector tile's (2.2x).
-    # (sm_90, Triton 3.6: noload's constant operand also lets the anchor's backward stage
-    # less, 96 -> 60 ldmatrix and 147456 -> 122880 B per program, so its saving is an upper
-    # bound of the dph loads' cost; nodot,nobdot leave 383 / 479 of 696 / 1043 instructions.)
+    # (sm_90, Triton 3.6, the anchor since 2026-11-27's `_slot_one`: noload keeps the 48
+    # mma.sync and the ldmatrix of full's step loops, forward 444 -> 442 instructions and
+    # 16 -> 14 BAR.SYNC, backward 617 -> 693 (the operand's selects); before, its forward
+    # had no product left in the loop, and its rows of 2026-11-27 equal nodot's.)
     "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1",
                "layer;noload,layer;nodot,nobdot,layer;nowait,noarrive,layer"),
     # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
@@ -289,17 +292,27 @@ def _no_bdot(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, s
 
 
 @triton.jit
+def _slot_one(X):
+    """1.0 from the exchange slot's address X, not its data (an element pointer's address is
+    even at runtime, which the compiler cannot know): the slot alternates every step, so a
+    `noload` operand built on it stays loop-variant. Built on the mask alone it was
+    loop-invariant, and the sm_90 compiles hoisted the whole 16 x 16 forward product (its
+    weights in registers) out of the step loop."""
+    return 1.0 - (X.to(tl.int64, bitcast=True) & 1).to(tl.float32)
+
+
+@triton.jit
 def _kpart_noload(X, x_row, jb64, x_ok, k0, KC: tl.constexpr, K: tl.constexpr,
                   S: tl.constexpr, DT: tl.constexpr):
     _, ok = _kptrs(X, x_row, jb64, x_ok, k0, KC, K, S)
-    return tl.where(ok, 1.0, 0.0).to(DT)
+    return tl.where(ok, _slot_one(X), 0.0).to(DT)
 
 
 @triton.jit
 def _vx_noload(X, x_row, jb, ok, k0, S: tl.constexpr, BM: tl.constexpr, KW: tl.constexpr,
                K: tl.constexpr, DT: tl.constexpr):
     _, m = _vxptrs(X, x_row, jb, ok, k0, S, BM, KW, K)
-    return tl.where(m, 1.0, 0.0).to(DT).to(tl.float32)
+    return tl.where(m, _slot_one(X), 0.0).to(DT).to(tl.float32)
 
 
 @triton.jit

@@ -309,7 +309,10 @@ def test_aot_compiles_each_variant_with_its_swaps(tmp_path):
     """`--aot` compiles each variant in a process of its own with the variant applied: the
     planner's swaps (w8: 8 warps) and the kernels' (nohoist: the resident weights read from
     shared memory every step instead of held in registers, so more ldmatrix in the step loop
-    than the planner's hoisted LSTM H=256 B=16) both reach the compiled kernels."""
+    than the planner's hoisted LSTM H=256 B=16) both reach the compiled kernels. noload takes
+    the exchange operand's global loads out of the step loops and nothing else of the
+    product: its operand stays loop-variant (`_slot_one`; a loop-invariant one let the
+    compiler hoist the whole hoisted-weight forward product out of the loop)."""
     from tritonrnn.bench import aot
 
     try:
@@ -319,15 +322,16 @@ def test_aot_compiles_each_variant_with_its_swaps(tmp_path):
         pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "scripts/step_ablation.py", "--aot", "--shapes",
-                        "lstm,256,16", "--variants", "full;nohoist;w8", "--out", str(tmp_path)],
+                        "lstm,256,16", "--variants", "full;nohoist;w8;noload", "--out",
+                        str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "6 kernels compiled for sm_90" in r.stdout.splitlines()[-1]
+    assert "8 kernels compiled for sm_90" in r.stdout.splitlines()[-1]
     report = json.loads((tmp_path / "step_ablation_aot.json").read_text())
     assert report["environment"]["commit"] and report["command"][0] == "step_ablation.py"
     rows = report["rows"]
     by = {(row["variant"], row["phase"]): row for row in rows}
-    assert sorted(by) == [(v, p) for v in ("full", "nohoist", "w8")
+    assert sorted(by) == [(v, p) for v in ("full", "nohoist", "noload", "w8")
                           for p in ("backward", "forward")]
     assert all(row["error"] is None and row["mode"] == "lstm" and row["H"] == 256
                for row in rows)
@@ -335,6 +339,9 @@ def test_aot_compiles_each_variant_with_its_swaps(tmp_path):
     assert by["w8", "backward"]["num_warps"] == 8
     for phase in ("forward", "backward"):
         assert by["nohoist", phase]["LDSM"] > by["full", phase]["LDSM"], phase
+        full, noload = by["full", phase], by["noload", phase]
+        assert noload["MMA"] == full["MMA"] > 0 and noload["LDSM"] == full["LDSM"], phase
+        assert noload["LDG"] < full["LDG"], phase
 
 
 def _positional(fn) -> list[inspect.Parameter]:
