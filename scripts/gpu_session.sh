@@ -14,7 +14,8 @@
 # 270): the rule where it was not timed (GRU H=512 / 768, LSTM H=384 B=16, rnn_tanh
 # H=1536), then the untimed rules; `barrier` (timeout_s 230) with the new backward; later
 # `phases` (timeout_s 330), after `all` in one session: where a step's time goes (on
-# 2026-11-27 the exchange operand's L2 read was half a forward step), and
+# 2026-11-27 the recurrent product was half a forward step; `noload` prices h's read
+# alone since, its operand kept loop-variant), and
 # `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
