@@ -48,7 +48,11 @@ Variants (comma-joined in one process):
               by default joined on MMA tiles: one layout conversion for the four gates)
     nopair    the forward loads the second chunk of h where its dots use it (kernels'
               _FWD_PAIRED_CHUNKS; by default both chunks before either product, one L2
-              round trip per step instead of two in a row)
+              round trip per step instead of two in a row, where the compiler keeps that
+              order: on 8 warps hoisted it does not)
+    pairx     both chunks' loads before the first one's staging on 8 warps too (kernels'
+              _FWD_PAIRED_ORDER, PAIR = 2: the anchor's 6 LDG.128 ahead of the first
+              BAR.SYNC, 32 selects more per step)
     pairg / nopairg  the backward loads its gates' dph operands ahead of their products
               (kernels' _BWD_PAIRED_GATES, on by default since the third H200 session of
               2026-11-26: apart the anchor waits for 8 L2 round trips of dph per step, 2
@@ -240,6 +244,9 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # 0.90 to 0.95x the plan's layer); `bw4` restores 4 warps unhoisted. First the rule
         # where it was not timed.
         ("gru,512,16;gru,768,16;lstm,384,16", "layer;bw4,layer"),
+        # The paired chunks ordered (PAIR = 2), which on 8 warps the compiler otherwise
+        # splits by the first chunk's staging: the forward at the anchor and H=1024.
+        ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;pairx,layer"),
         ("rnn_tanh,1536,16", "layer;w4,layer"),  # a one-gate cell: both passes 8 since
         ("lstm,1024,1024", "layer;bh128,layer;sw64,layer"),  # B = 1024 tiles (cut before)
         # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
@@ -375,6 +382,7 @@ def swaps() -> dict:
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
+        "pairx": [(pg, "_FWD_PAIRED_ORDER", True)],
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],

@@ -780,8 +780,25 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
 
 
 # The per-gate forward's two resident chunks (H = 40: 32 + 16, the second padded past H)
-# loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles)
-# or each where its dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles).
+# loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles),
+# the second first and through a select (PAIR = 2, `_FWD_PAIRED_ORDER`), or each where its
+# dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles); forward and reversed, every
+# gate count, 35 rows in 16-wide tiles (the third partial), lengths 0 to T.
+@pytest.mark.parametrize("mode", [1, 2, 0], ids=["paired", "ordered", "apart"])
+@pytest.mark.parametrize("cell, reverse", [("lstm", False), ("gru", True), ("rnn_tanh", False)])
+def test_forward_chunks_paired_ordered_or_apart_match_reference(monkeypatch, cell, reverse,
+                                                                 mode):
+    assert pg._paired_chunks(16) == 1 and pg._paired_chunks(32) == 1  # the defaults
+    assert pg._paired_chunks(64) == 0 and pg._paired_chunks(2) == 0
+    monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", mode > 0)
+    monkeypatch.setattr(pg, "_FWD_PAIRED_ORDER", mode == 2)
+    assert pg._paired_chunks(16) == mode and pg._paired_chunks(64) == 0
+    lengths = [5] * 20 + [3, 0, 1, 5, 2] * 3
+    ins, outs = _forward_problem(cell, 40, 0, lengths, 5)
+    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
+    _check_forward(ins, outs, reverse)
+
+
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
