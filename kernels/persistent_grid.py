@@ -2135,13 +2135,15 @@ def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,
     return rows * (ka + kb) * torch.empty(0, dtype=dtype).element_size() // (32 * num_warps)
 
 
-def _env_passes(var: str, passes: tuple[str, ...] = _HOIST_PASSES) -> str | set[str]:
+def _env_passes(var: str) -> str | set[str]:
     """A per-pass switch from the environment: "auto" (unset or empty), "off", or the set of
-    `passes` that a comma list names; anything else raises, naming the variable."""
+    passes (_HOIST_PASSES) that a comma list names; anything else raises, naming the
+    variable."""
     raw = os.environ.get(var, "").strip() or "auto"
     asked = {p.strip() for p in raw.split(",") if p.strip()}
-    if raw not in ("auto", "off") and not (asked and asked <= set(passes)):
-        raise ValueError(f"{var}: expected auto, off or a comma list of {', '.join(passes)}, "
+    if raw not in ("auto", "off") and not (asked and asked <= set(_HOIST_PASSES)):
+        raise ValueError(f"{var}: expected auto, off or a comma list of "
+                         f"{', '.join(_HOIST_PASSES)}, "
                          f"got {raw!r}")
     return raw if raw in ("auto", "off") else asked
 

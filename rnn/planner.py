@@ -593,18 +593,14 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     LSTM H=768 1535 / 384). An H200 timed LSTM H=1024 B=64 the other way: the layer
     forward 8.93 ms gate-batched on 8 warps, 6.94 per gate on 4 (2026-11-26, step_ablation
     `nobatch`), hence the per-gate default."""
-    from tritonrnn.kernels.persistent_grid import _fwd_gates, hoist_pass
+    from tritonrnn.kernels.persistent_grid import _fwd_gates
 
     if block_h * block_b > 512:
         return 8
     fma = dtype == torch.float32  # as a GPU runs it
-    if H and block_h == block_b == 16:
-        def hoisted(w):
-            return hoist_pass("fwd", cell, H, Hout or H, P, dtype, block_h, block_b, block_k, w,
-                              True, fma, by_default=True)
-
-        if hoisted(8) and not hoisted(4):
-            return 8
+    if H and block_h == block_b == 16 and _hoists_on_8_only("fwd", cell, block_k, dtype, H,
+                                                             Hout, P):
+        return 8
     batched = _fwd_gates(cell, block_k, block_h, block_b, 8, fma) == 2
     return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
 
@@ -637,18 +633,26 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
     12.2). The sm_90 compiles agree (Triton 3.6, `tritonrnn aot`): with 4 warps the 16 x 32
     backward spills (LSTM H=768 248 B per thread, 69 local loads per step), with 8 it does
     not."""
-    from tritonrnn.kernels.persistent_grid import hoist_pass
-
     if block_h * block_b >= 512:
         return 8
-    if H and block_h == block_b == 16:
-        def hoisted(w):
-            return hoist_pass("bwd", cell, H, Hout or H, P, dtype, block_h, block_b, block_k,
-                              w, True, dtype == torch.float32, by_default=True)
-
-        if hoisted(8) and not hoisted(4):
-            return 8
+    if H and block_h == block_b == 16 and _hoists_on_8_only("bwd", cell, block_k, dtype, H,
+                                                             Hout, P):
+        return 8
     return 4
+
+
+def _hoists_on_8_only(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H: int,
+                      Hout: int, P: int) -> bool:
+    """Whether a persistent 16 x 16 launch of `pass_name` of shape H (Hout: 0 for H) holds
+    its resident weights in registers by HOIST's default rule (`hoist_pass`) on 8 warps and
+    not on 4: the 16 x 16 warps rule of both passes."""
+    from tritonrnn.kernels.persistent_grid import hoist_pass
+
+    def hoisted(w):
+        return hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, w, True,
+                          dtype == torch.float32, by_default=True)
+
+    return hoisted(8) and not hoisted(4)
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
