@@ -5,11 +5,13 @@
 # in their LSTM cases (the other cells share the kernels' code) in forward time order (the
 # pair launches run direction 1 reversed), and the op end to end through each family once
 # (varlen with zero lengths); the end-to-end matrix over cells, layers and directions is the
-# main suite's.
+# main suite's. tests/test_harness.py checks the premise of the tests' own settings of the
+# interpreter (tests/conftest.py) on that release.
 # shellcheck shell=bash
 VERSION_TEST_FILES=(
   tests/test_aot.py tests/test_kernels_cta.py tests/test_cells.py tests/test_kernels_dropout.py
   tests/test_kernels_grid.py tests/test_bidir_launch.py tests/test_triton_backend.py
+  tests/test_harness.py
 )
 VERSION_TEST_K="not (test_kernels_grid or test_bidir_launch or test_triton_backend) or (lstm and \
 not rev_dir and (test_kernels_grid or pair_launch or engine_pair or \

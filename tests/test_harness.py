@@ -1,0 +1,50 @@
+"""The test harness's own settings of Triton's interpreter (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="settings of Triton's interpreter")
+
+
+@triton.jit
+def _scale_kernel(x_ptr, out_ptr, k):
+    tl.store(out_ptr, tl.load(x_ptr) * k)
+
+
+def _builder():
+    from triton.runtime import interpreter
+
+    return interpreter.interpreter_builder
+
+
+def test_overflow_checks_are_not_built_without_debug():
+    options = _builder().options
+    assert not options.debug
+    assert not options.sanitize_overflow
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_int32_overflow_is_checked_only_in_debug(monkeypatch, debug):
+    """The premise of conftest._drop_discarded_overflow_checks: with the overflow checks
+    built, an int32 overflow raises in debug mode only."""
+    builder = _builder()
+    monkeypatch.setattr(builder, "options", dataclasses.replace(
+        builder.options, sanitize_overflow=True, debug=debug))
+    x = torch.tensor([1 << 16], dtype=torch.int32)
+    out = torch.zeros_like(x)
+    if debug:
+        with pytest.raises(Exception, match="int32 overflow"):
+            _scale_kernel[(1,)](x, out, 1 << 16)
+    else:
+        _scale_kernel[(1,)](x, out, 1 << 16)
+        assert out.item() == 0  # 2**32, wrapped to 32 bits
+    _scale_kernel[(1,)](x, out, 3)  # a product that fits passes either way
+    assert out.item() == 3 << 16
