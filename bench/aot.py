@@ -50,10 +50,12 @@ driver answering for the device), so the compile and its Triton cache entry are 
 run of the same launch; ptxas and cuobjdump are the backend's own (shipped in Triton's wheel).
 Per kernel: `metadata.shared` (bytes of shared memory per program), `cuobjdump -res-usage`
 (REG registers per thread; STACK and LOCAL bytes per thread: ptxas puts spills in the stack
-frame, so either being non-zero means spills), the MMA
-kind from the PTX (wgmma / mma.sync / fma), and whether it fits the preset: shared <=
-smem_per_program, no spills, the program's registers (per-warp allocation in units of 256)
-within the SM's register file, and (persistent launches) the grid within one program per SM.
+frame, so either being non-zero means spills), the MMA kind from the PTX (wgmma / mma.sync /
+fma), and whether it fits the preset: shared <= smem_per_program, no spill loaded or stored in
+the step loop (`loop_spills`; a few bytes saved before the loop and restored after it, once
+per launch, still fit, printed `yes*`), the program's registers (per-warp allocation in units
+of 256) within the SM's register file, and (persistent launches) the grid within one program
+per SM.
 
 The step-loop profile is static: the control-flow graph of `cuobjdump -sass` is built and its
 natural loops found (back edges to a dominating block); the kernels have one outer `while` over
@@ -915,7 +917,10 @@ class KernelReport:
     programs_per_sm: int = 0
     fits_smem: bool = False
     fits_regs: bool = False
-    spills: bool = False
+    spills: bool = False  # any stack or local bytes
+    # Spills whose loads or stores are in the step loop (paid every step); spills without them
+    # are saved and restored around the loop, once per launch, and do not fail `fits`.
+    loop_spills: bool = False
     co_resident: bool | None = None  # persistent launches: programs <= SMs and >= 1 per SM
     fits: bool = False  # all of the above
     profile: dict = field(default_factory=dict)  # loop_profile of the step loop
@@ -934,6 +939,15 @@ def _regs_per_program(regs: int, num_warps: int) -> int:
     # Registers are allocated per warp in units of 256 (8 per thread).
     per_warp = -(-regs * _WARP // 256) * 256
     return per_warp * num_warps
+
+
+def spill_kinds(stack: int, local: int, profile: dict) -> tuple[bool, bool]:
+    """(spills, loop_spills) of a kernel with `stack` and `local` bytes per thread and step-loop
+    profile `profile` (loop_profile): any spill bytes, and spills the step loop loads or stores
+    (a profile without local-memory counts counts as one that does)."""
+    spills = stack > 0 or local > 0
+    in_loop = profile.get("LDL", 1) + profile.get("STL", 1)
+    return spills, spills and in_loop > 0
 
 
 def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int = 90,
@@ -976,7 +990,7 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
     sass = _cuobjdump(cubin, "-sass")
     rep.profile = loop_profile(sass)
     rep.regs_per_program = _regs_per_program(rep.regs, num_warps)
-    rep.spills = rep.local > 0 or rep.stack > 0
+    rep.spills, rep.loop_spills = spill_kinds(rep.stack, rep.local, rep.profile)
     rep.fits_smem = rep.shared <= props.smem_per_program
     rep.fits_regs = rep.regs_per_program <= props.regs_per_sm
     by_smem = props.smem_per_program // rep.shared if rep.shared else 32
@@ -985,7 +999,8 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
     rep.programs_per_sm = max(0, min(by_smem, by_regs, by_threads, 32))
     if ctx.persistent:
         rep.co_resident = rep.programs <= props.sm_count and rep.programs_per_sm >= 1
-    rep.fits = rep.fits_smem and rep.fits_regs and not rep.spills and rep.co_resident is not False
+    rep.fits = (rep.fits_smem and rep.fits_regs and not rep.loop_spills
+                and rep.co_resident is not False)
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -1148,13 +1163,13 @@ def format_report(report: dict) -> str:
         why = []
         if not k["fits_smem"]:
             why.append("smem")
-        if k["spills"]:
+        if k["loop_spills"]:
             why.append("spills")
         if not k["fits_regs"]:
             why.append("regs")
         if k["co_resident"] is False:
             why.append("grid")
-        fits = "yes" if k["fits"] else "NO:" + ",".join(why)
+        fits = ("yes" + ("*" if k["spills"] else "")) if k["fits"] else "NO:" + ",".join(why)
         prof = k["profile"]
         loop = " ".join(f"{prof.get(c, 0):>5}" for c in (*_PROFILE_COLS, "inner_loops"))
         outside = " ".join(f"{prof.get(f'{c}_outside', 0):>5}" for c in OUTSIDE_OPS)
@@ -1168,7 +1183,8 @@ def format_report(report: dict) -> str:
                  "in the time-step loop, nested loops counted once;")
     lines.append("   LDL/STL: local-memory loads/stores (register spills), paid every step when in "
                  "the step loop, once per launch outside it; chain: the longest run of mma.sync "
-                 "each waiting for the one before)")
+                 "each waiting for the one before; yes*: fits, its spills saved and restored "
+                 "around the step loop only)")
     over = {n: v for k in report["kernels"] for n, v in k["interpreter_overrides"].items()}
     if over:
         lines.append("  GPU values of interpreter-dependent constexprs: " + ", ".join(

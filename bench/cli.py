@@ -547,7 +547,7 @@ def cmd_aot(args) -> int:
     bad = [r["shape"] for r in reports if not report_ok(r)]
     if bad:
         print(f"\nNOT OK ({len(bad)}): " + "; ".join(bad) + " (a kernel failed to compile, "
-              "spills, or exceeds the preset)")
+              "spills in its step loop, or exceeds the preset)")
         return 1
     return 0
 

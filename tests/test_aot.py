@@ -8,6 +8,7 @@ GPU; in this interpreted test process they run in one fresh Python process (`aot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -675,6 +676,30 @@ def test_local_memory_counts_agree_with_the_spill_bytes(reports):
         for k in _kernels(r):
             in_loop, outside = _local_ops(k)
             assert (in_loop + outside > 0) == k["spills"], (k["kernel"], k["profile"])
+            assert k["loop_spills"] == (in_loop > 0), (k["kernel"], k["profile"])
+
+
+@pytest.mark.parametrize("stack, local, in_loop, outside, kinds, shown", [
+    (0, 0, 0, 0, (False, False), "yes"),
+    (8, 0, 0, 2, (True, False), "yes*"),  # saved before the loop, restored after it
+    (40, 0, 10, 2, (True, True), "NO:spills"),  # reloaded every step
+    (0, 16, 3, 0, (True, True), "NO:spills"),
+])
+def test_only_spills_in_the_step_loop_fail_the_fit(stack, local, in_loop, outside, kinds, shown):
+    profile = {"LDL": in_loop, "STL": 0, "LDL_outside": outside, "STL_outside": 0}
+    assert aot.spill_kinds(stack, local, profile) == kinds
+    assert aot.spill_kinds(stack, local, {}) == (kinds[0], kinds[0])  # no counts: in the loop
+    k = dataclasses.asdict(aot.KernelReport("backward", "k", [4], 4, 4, shared=1024, regs=128,
+                                            stack=stack, local=local, profile=profile))
+    k.update(spills=kinds[0], loop_spills=kinds[1], fits_smem=True, fits_regs=True,
+             fits=not kinds[1])
+    report = {"shape": "s", "preset": "h100", "device": "d", "arch": 90, "triton": "t",
+              "source": "heuristic", "kernels": [k], "plan": {
+                  "family": "persistent_grid", "block_b": 16, "block_h": 16, "block_k": 0,
+                  "num_warps": 4, "num_programs": 4, "num_dirs": 1, "onchip_bytes": 1024}}
+    (row,) = [ln for ln in aot.format_report(report).splitlines() if "backward" in ln]
+    assert row.split("|")[0].split()[-1] == shown, row
+    assert aot.report_ok(report) is (not kinds[1])
 
 
 def test_compile_options_reach_ptxas(reports):
