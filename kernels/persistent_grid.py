@@ -2143,8 +2143,7 @@ def _env_passes(var: str) -> str | set[str]:
     asked = {p.strip() for p in raw.split(",") if p.strip()}
     if raw not in ("auto", "off") and not (asked and asked <= set(_HOIST_PASSES)):
         raise ValueError(f"{var}: expected auto, off or a comma list of "
-                         f"{', '.join(_HOIST_PASSES)}, "
-                         f"got {raw!r}")
+                         f"{', '.join(_HOIST_PASSES)}, got {raw!r}")
     return raw if raw in ("auto", "off") else asked
 
 
