@@ -510,12 +510,14 @@ def test_end_to_end_matches_torch_with_shared_launches(family, mode, proj, launc
         assert launches[name] == [grid] * (2 * count), f"{name}: {launches[name]}"
 
     # Against per-direction launches: bit for bit inside the engine's pair path (same kernels,
-    # same arithmetic, same workspaces), and the engine's per-direction path to the rounding
-    # of its GEMMs (see PER_DIRECTION_TOL).
+    # same arithmetic, same workspaces), and, for the grid family, the engine's per-direction
+    # path to the rounding of its GEMMs (see PER_DIRECTION_TOL; that path's plumbing against
+    # the pair path's is test_engine_pair_path_equals_per_direction_path's, bit for bit).
     args = (mode, proj, H, [3, 0, 2], 3)
+    backends = [_SplitPairs()] + ([_PerDirection()] if family == "persistent_grid" else [])
     with _family(family):
         paired = _op_results(*args)
-        for backend in (_SplitPairs(), _PerDirection()):
+        for backend in backends:
             monkeypatch.setattr(tb, "_BACKEND", backend)
             single = _op_results(*args)
             for i, (a, b) in enumerate(zip(paired, single, strict=True)):

@@ -173,6 +173,20 @@ PERSIST_UNHOISTED = pytest.mark.parametrize(
     "persistent", [pytest.param(p, id="persistent" if p else "stepwise")
                    for p in (True, False) if p or stepwise_runs(hoistable=False)])
 REVERSE = pytest.mark.parametrize("reverse", [False, True], ids=["fwd_dir", "rev_dir"])
+
+
+def directed(argnames: str, cases: list) -> pytest.MarkDecorator:
+    """`cases` (tuples whose first value is the cell) parametrized with `reverse` appended:
+    LSTM forward in time, the other cells reversed. The direction is the time index of a row
+    at a step, the same code under every tiling and schedule; test_forward_matches_reference,
+    test_backward_matches_reference and test_projection_forward_backward cross it with every
+    cell, and the tests of one tiling or schedule take it from the cell, so each runs both
+    directions (and the Triton-version jobs, which select LSTM forward, every LSTM case)."""
+    return pytest.mark.parametrize(f"{argnames}, reverse", [
+        pytest.param(*case, case[0] != "lstm",
+                     id="-".join(map(str, case)) + ("-fwd_dir" if case[0] == "lstm" else
+                                                    "-rev_dir"))
+        for case in cases])
 # block_k = 0: weights resident on chip, the reduction H = 33 in two chunks 32 + 16 (the second
 # mostly padding); block_k = 16: weights streamed from memory every step in three 16-wide
 # chunks, the last masked past K. With PERSIST: both families where the weights are resident,
@@ -486,26 +500,24 @@ def test_split_k_factor_with_tl_sum(monkeypatch):
 
 
 @SPLIT_K
-@REVERSE
-@pytest.mark.parametrize("cell", CELLS)
+@directed("cell", [(c,) for c in CELLS])
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
+    assert pg._halved_sums()  # the slices added by halves; by tl.sum: the test below
     assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
     assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
 
 
-# The slices' partial sums added by halving the slice axis (HALVES, `_halved_sums`, the
-# default) or by tl.sum: S = 2, 4 and 8 (with halves the forward's joined gates too), every
-# gate count.
-@pytest.mark.parametrize("halves", [True, False], ids=["halves", "reduce"])
+# The slices' partial sums added by tl.sum instead of by halving the slice axis (HALVES,
+# `_halved_sums`, the default, which test_split_k_matches_reference runs on these shapes):
+# S = 2, 4 and 8, every gate count.
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 @pytest.mark.parametrize("H, num_warps, S", [(96, 4, 2), (64, 4, 4), (128, 8, 8)],
                          ids=["S2", "S4", "S8"])
-def test_split_k_sums_halved_or_reduced_match_reference(monkeypatch, cell, H, num_warps, S,
-                                                        halves):
-    monkeypatch.setattr(pg, "_HALVED_SUMS", halves)
-    assert pg._halved_sums() is halves
+def test_split_k_sums_reduced_match_reference(monkeypatch, cell, H, num_warps, S):
+    monkeypatch.setattr(pg, "_HALVED_SUMS", False)
+    assert not pg._halved_sums()
     assert pg._nsplit(*pg._ksplit(H, 0), num_warps, 16, 16) == S
     _check_layer(cell, H, 0, *VARLEN, reverse=False, persistent=True, block_h=16,
                  num_warps=num_warps)
@@ -536,13 +548,12 @@ def test_backward_chain_rule():
 
 # The experimental joint gate dot of the forward (pg._FWD_JOINT_GATES, off by default): one
 # [4 * block_h, K] product for all gates, split out afterwards; GRU padded with a zero gate.
-JOINT_CASES = pytest.mark.parametrize("cell, H, P, block_k", [
+JOINT_CASES = directed("cell, H, P, block_k", [
     (cell, H, 0, bk) for cell in ("lstm", "gru") for H, bk in ((64, 0), (96, 0), (64, 32))
-] + [("lstm", 96, 64, 0)], ids=lambda v: str(v))
+] + [("lstm", 96, 64, 0)])
 
 
 @JOINT_CASES
-@REVERSE
 def test_joint_gate_forward_matches_reference(monkeypatch, cell, reverse, H, P, block_k):
     monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
     assert pg._joint_gates(cell) and not pg._joint_gates("rnn_tanh")
@@ -567,9 +578,7 @@ def _swap_lengths():
     return _shuffled_lengths(70, 5)
 
 
-@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
-                         ids=lambda v: str(v))
-@REVERSE
+@directed("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)])
 @PERSIST_UNHOISTED
 def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
     assert pg._swap_dots(16, 64) and not pg._swap_dots(16, 32) and not pg._swap_dots(0, 64)
@@ -585,24 +594,20 @@ def _wide_lengths():
 
 # 128-wide batch tiles (the planner's streamed 64 x 128 tiles past B = 512 at large H,
 # `planner._grid_batch_tiles`) over `_wide_lengths`; H = 33 three hidden slices of 16.
-@pytest.mark.parametrize("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)],
-                         ids=lambda v: str(v))
-@REVERSE
+@directed("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)])
 def test_128_column_batch_tiles_match_reference(cell, P, reverse):
     kw = dict(persistent=True, block_h=16, block_b=128, block_k=16, num_warps=8)
     _check_layer(cell, 33, P, *_wide_lengths(), reverse=reverse, **kw)
 
 
 # The gated cells, and LSTM with a projection (two backward phases).
-GATED = pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
-                                ids=lambda v: str(v))
+GATED = directed("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)])
 
 
 # XJOIN: the forward's prefetched input-side tiles start the transposed joint product (all
 # of a gated cell's gates but GRU's n, whose input side stays a tile of its own). On a GPU
 # only tiles of 64 x 64 or more take it; _XJOIN_TILE lowered, the 16 x 64 tiles here do.
 @GATED
-@REVERSE
 @PERSIST_UNHOISTED
 def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persistent):
     monkeypatch.setattr(pg, "_XJOIN_TILE", 16 * 64)
@@ -617,7 +622,6 @@ def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persist
 # tiles here do. The interpreter runs one sub-step per launch, so every sub-step's inputs come
 # from LATE's loads.
 @GATED
-@REVERSE
 @BLOCK_K
 def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
     monkeypatch.setattr(pg, "_LATE_TILE", 16 * 64)
@@ -629,9 +633,7 @@ def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
 # The stepwise family's own tiles past the co-resident grid (`planner._stepwise_fit`): 64 x 64,
 # streamed in 64-column chunks, where XJOIN applies without lowering _XJOIN_TILE. H = 96: one
 # full and one ragged hidden slice and chunk; 70 rows: a full and a partial batch tile.
-@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)],
-                         ids=lambda v: str(v))
-@REVERSE
+@directed("cell, P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)])
 def test_stepwise_64_tiles_match_reference(cell, P, reverse):
     assert pg._xjoin(cell, 64, 64, 64) == (cell != "rnn_tanh")
     kw = dict(persistent=False, block_h=64, block_b=64, block_k=64, num_warps=8)
@@ -688,16 +690,15 @@ def test_streamed_joint_gate_choice():
 # in KS = 4 slices (GRU H=1536's 1024 + 512 on a GPU); P = 64: R's reduction is the
 # projection's 64. 16 x 32 tiles take it with 8 warps (batch 40: a full and a partial tile).
 # batched=False: the per-gate split-K dots (S = 2) it replaces, kept for comparison.
-BATCH_CASES = pytest.mark.parametrize("cell, H, P, block_b, warps, slice_, ks, batched", [
+BATCH_CASES = directed("cell, H, P, block_b, warps, slice_, ks, batched", [
     ("lstm", 96, 0, 16, 4, 256, 2, True), ("gru", 96, 0, 16, 4, 256, 2, True),
     ("lstm", 128, 0, 16, 4, 32, 4, True), ("gru", 128, 0, 16, 4, 32, 4, True),
     ("lstm", 64, 64, 16, 4, 256, 2, True), ("gru", 96, 0, 32, 8, 256, 2, True),
     ("lstm", 96, 0, 16, 4, 256, 2, False), ("gru", 96, 0, 16, 4, 256, 2, False),
-], ids=lambda v: str(v))
+])
 
 
 @BATCH_CASES
-@REVERSE
 def test_gate_batched_forward_matches_reference(monkeypatch, cell, H, P, block_b, warps,
                                                 slice_, ks, batched, reverse):
     monkeypatch.setattr(pg, "_BATCH_SLICE", slice_)
