@@ -190,7 +190,7 @@ def _cudnn_rnn_backprop_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     seed, seed2 = _seeds(seeds, seed, seed2)
-    with _autocast_off(input):
+    with _autocast_off(input), torch.no_grad():
         g = ops.cudnn_rnn_backprop(
             input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
             output_backprop, output_h_backprop, output_c_backprop, reserve_space,
@@ -220,6 +220,15 @@ def _cudnn_rnn_backprop_fake(input, input_h, input_c, params, *args):
         d_c,
         params.new_empty(params.shape),
     )
+
+
+def _backprop_backward(ctx, *grads):
+    raise RuntimeError(ops.SECOND_ORDER_ERROR)
+
+
+# The gradients have no gradient (TensorFlow's CudnnRNNBackpropV3 has none): an error, not
+# torch's generic "no autograd formula", when a loss built from them is differentiated.
+_cudnn_rnn_backprop_op.register_autograd(_backprop_backward)
 
 
 # ----------------------------------------------------------------------------- autograd

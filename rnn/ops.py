@@ -244,6 +244,39 @@ def _forward(call: _Call, rec, input, input_h, input_c, params, time_major, trai
     )
 
 
+SECOND_ORDER_ERROR = (
+    "cudnn_rnn: its gradients (CudnnRNNBackpropV3) are not differentiable; as in "
+    "TensorFlow, the backprop op has no gradient of its own, so a loss built from them (a "
+    "gradient penalty, a double backward, a Hessian-vector product) cannot be differentiated. "
+    "Differentiate the first-order gradients only, or use torch.nn's RNN modules for "
+    "higher-order gradients"
+)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Passes the backprop op's gradients through, tied to the tensors they were computed
+    from, so that differentiating them raises instead of treating them as constants."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(t.detach() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(SECOND_ORDER_ERROR)
+
+
+def _first_order_only(grads: tuple, sources: tuple) -> tuple:
+    """`grads` unchanged when nothing differentiable produced them; else marked as outputs of
+    a non-differentiable op (an error on backward, never a silently missing term)."""
+    if not torch.is_grad_enabled():
+        return grads
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in sources):
+        return grads
+    live = tuple(t for t in sources if isinstance(t, torch.Tensor) and t.requires_grad)
+    return _FirstOrderOnly.apply(len(grads), *grads, *live)
+
+
 class _CudnnRNNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, input_h, input_c, params, call, rec, attrs, training):
@@ -274,13 +307,8 @@ class _CudnnRNNFunction(torch.autograd.Function):
                 ctx.call, ctx.rec, input, input_h, input_c, params, output,
                 d_output, d_h, d_c if ctx.lstm else None, reserve, ctx.attrs["time_major"],
             )
-        return (
-            grads.input_backprop,
-            grads.input_h_backprop,
-            grads.input_c_backprop if ctx.lstm else None,
-            grads.params_backprop,
-            None, None, None, None,
-        )
+        dx, dh, dc, dp = grads
+        return (dx, dh, dc if ctx.lstm else None, dp, None, None, None, None)
 
 
 def cudnn_rnn(
@@ -308,7 +336,9 @@ def cudnn_rnn(
     (`params_size`), sequence_lengths [B] int32/int64 or None.
     Returns (output [T, B, D*Hout], output_h, output_c (empty unless LSTM), reserve_space
     (1-D uint8, empty unless is_training), host_reserved (int8 header copy)).
-    Differentiable with torch.autograd when is_training=True.
+    Differentiable with torch.autograd when is_training=True, to first order: as in
+    TensorFlow the gradients have no gradient of their own, and differentiating them (a
+    gradient penalty through create_graph=True) raises RuntimeError.
     """
     if not isinstance(is_training, bool):
         raise TypeError(f"is_training: expected a bool, got {type(is_training).__name__}")
@@ -347,13 +377,15 @@ def _backprop(call, rec, input, input_h, input_c, params, output, d_output, d_h,
         res = engine.backward(
             cfg, rec, x, tm(input_h), c0, params, info, y, dy, tm(d_h), dcT, reserve
         )
-    dinput = tm(unpack(res.dx, info))
-    dinput_c = (
-        tm(res.dc0) if cfg.is_lstm else torch.empty(0, dtype=input.dtype, device=input.device)
-    )
-    return CudnnRNNBackpropOutput(
-        dinput.contiguous(), tm(res.dh0).contiguous(), dinput_c.contiguous(), res.dparams
-    )
+        dinput = tm(unpack(res.dx, info))
+        dinput_c = (
+            tm(res.dc0) if cfg.is_lstm
+            else torch.empty(0, dtype=input.dtype, device=input.device)
+        )
+        grads = (dinput.contiguous(), tm(res.dh0).contiguous(), dinput_c.contiguous(),
+                 res.dparams)
+    sources = (input, input_h, input_c, params, output, d_output, d_h, d_c)
+    return CudnnRNNBackpropOutput(*_first_order_only(grads, sources))
 
 
 def cudnn_rnn_backprop(
@@ -386,7 +418,9 @@ def cudnn_rnn_backprop(
     Takes the forward's inputs and outputs, the gradients of output, output_h and output_c
     (output_c_backprop may be None for non-LSTM modes, or zeros-by-None for LSTM), and the
     reserve. Returns (input_backprop, input_h_backprop, input_c_backprop (empty unless LSTM),
-    params_backprop), fresh tensors shaped like input, input_h, input_c and params.
+    params_backprop), fresh tensors shaped like input, input_h, input_c and params. They are
+    not differentiable (TensorFlow's op has no gradient): when grad mode is on and an argument
+    requires grad, they carry a grad_fn whose backward raises RuntimeError.
     """
     call = _validate(
         input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,

@@ -8,9 +8,12 @@ import torch
 from helpers import GATES, compare_with_torch, make_case, params_from_module, torch_oracle
 
 from tritonrnn.rnn import (
+    GRU,
+    LSTM,
     canonical_to_params,
     cudnn_rnn,
     cudnn_rnn_backprop,
+    library,
     params_size,
     params_to_canonical,
 )
@@ -144,6 +147,85 @@ def test_backprop_op_equals_autograd(mode):
     else:
         assert bp.input_c_backprop.numel() == 0 and fwd.output_c.numel() == 0
     assert bp.input_backprop.shape == x.shape and bp.params_backprop.shape == p.shape
+
+
+# ----------------------------------------------------------------------------- second order
+
+
+def _second_order_case(path, mode, seed):
+    """(loss, leaves, first-order gradients wanted) for one differentiable path; the wanted
+    gradients come from a plain first-order backward on fresh leaves."""
+    x, h, c, p = _inputs(mode, L=2, D=2, I=4, H=4, seed=seed)
+    lens = torch.tensor([5, 2, 4])
+    kw = dict(rnn_mode=mode, direction="bidirectional", backend="reference")
+    g = torch.Generator().manual_seed(seed + 1)
+    T, B = x.shape[:2]
+    w = torch.randn(T, B, 8, generator=g, dtype=F64)
+
+    def run(create_graph):
+        if path == "module":
+            cls = {"lstm": LSTM, "gru": GRU}[mode]
+            torch.manual_seed(seed)
+            m = cls(4, 4, num_layers=2, bidirectional=True, dtype=F64, backend="reference")
+            xl = x.clone().requires_grad_(True)
+            y, _ = m(xl)
+            leaves = [xl, *m.parameters()]
+        else:
+            leaves = [t.clone().requires_grad_(True) for t in (x, h, p)]
+            if c is not None:
+                leaves.append(c.clone().requires_grad_(True))
+            cc = leaves[3] if c is not None else None
+            fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
+            y = fn(leaves[0], leaves[1], cc, leaves[2], lens, **kw).output
+        loss = (y * w).sum()
+        return leaves, torch.autograd.grad(loss, leaves, create_graph=create_graph)
+
+    return run
+
+
+@pytest.mark.parametrize("seed", [0])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("path", ["ops", "library", "module"])
+def test_gradient_penalty_raises_instead_of_dropping_the_term(path, mode, seed):
+    """create_graph=True gives the same first-order gradients, but a loss built from them (a
+    gradient penalty) raises on backward: the backprop op has no gradient (as in TensorFlow),
+    and a silently constant gradient would drop the penalty's term from the update."""
+    run = _second_order_case(path, mode, seed)
+    _, want = run(create_graph=False)
+    assert not any(t.requires_grad for t in want)
+    leaves, got = run(create_graph=True)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.detach(), b)
+    assert all(t.requires_grad for t in got)  # tied to the graph, not constants
+    penalty = sum(t.pow(2).sum() for t in got)
+    with pytest.raises(RuntimeError, match="CudnnRNNBackpropV3.*not differentiable"):
+        penalty.backward()
+    assert all(t.grad is None for t in leaves)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "rnn_tanh"])
+def test_explicit_backprop_of_differentiable_tensors_is_first_order_only(mode):
+    """cudnn_rnn_backprop on tensors that require grad returns the same values as on plain
+    ones, whose differentiation raises; on plain tensors (or under no_grad) no graph."""
+    x, h, c, p = _inputs(mode, seed=3)
+    kw = dict(rnn_mode=mode, backend="reference")
+    fwd = cudnn_rnn(x, h, c, p, None, **kw)
+    dy = torch.randn_like(fwd.output)
+    dh = torch.randn_like(fwd.output_h)
+    dc = torch.randn_like(fwd.output_c) if mode == "lstm" else None
+    args = (fwd.output, fwd.output_h, fwd.output_c, dy, dh, dc, fwd.reserve_space,
+            fwd.host_reserved)
+    plain = cudnn_rnn_backprop(x, h, c, p, None, *args, **kw)
+    assert not any(t.requires_grad for t in plain)
+    pl = p.clone().requires_grad_(True)
+    live = cudnn_rnn_backprop(x, h, c, pl, None, *args, **kw)
+    for a, b in zip(live, plain, strict=True):
+        assert torch.equal(a.detach(), b)
+    with pytest.raises(RuntimeError, match="CudnnRNNBackpropV3.*not differentiable"):
+        live.params_backprop.sum().backward()
+    with torch.no_grad():
+        quiet = cudnn_rnn_backprop(x, h, c, pl, None, *args, **kw)
+    assert not any(t.requires_grad for t in quiet)
 
 
 def _strided_copy(t: torch.Tensor) -> torch.Tensor:
