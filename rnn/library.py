@@ -290,6 +290,10 @@ def _check_devices(input, input_h, input_c, params, sequence_lengths, seeds,
     fake (shape-only) implementation as soon as one argument is on the meta device, which
     would return uninitialised tensors for a real input instead of rnn.ops' error."""
     dev = input.device
+    for name, t in (("input", input), ("input_h", input_h), ("input_c", input_c),
+                    ("params", params), ("sequence_lengths", sequence_lengths),
+                    ("seeds", seeds)):
+        ops.check_untransformed(name, t)
     for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
         if t is not None:
             ops._check_device(name, t, dev)

@@ -64,7 +64,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import library
 from .config import make_config
-from .ops import BACKENDS
+from .ops import BACKENDS, check_untransformed
 from .params import params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -322,6 +322,8 @@ class _RNNBase(nn.Module):
     def _flat_weights_for_forward(self) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return self._cat_weights()
+        for name in self._flat_weights_names:
+            check_untransformed(name, self._parameters.get(name))
         if not self._flat_is_current():
             # Only this module's own Parameters are re-pointed at a new buffer; anything else
             # (parametrizations, pruning, torch.func.functional_call's tensors) is
@@ -408,6 +410,7 @@ class _RNNBase(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input: expected a tensor or a PackedSequence, got "
                             f"{type(x).__name__}")
+        check_untransformed("input", x)
         if x.dim() not in (2, 3):
             raise ValueError(f"input: expected a 2-D (unbatched) or 3-D tensor, got shape "
                              f"{list(x.shape)}")

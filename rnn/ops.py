@@ -40,9 +40,25 @@ class CudnnRNNBackpropOutput(NamedTuple):
 # ----------------------------------------------------------------------------- validation
 
 
+def check_untransformed(name: str, t: object) -> None:
+    """Refuses a tensor wrapped by a torch.func transform (grad, vmap, jacrev, ...): the ops
+    read lengths on the host and launch kernels on raw storage, and neither the custom ops
+    nor their autograd have rules for those transforms."""
+    if torch.compiler.is_compiling() or not isinstance(t, torch.Tensor):
+        return  # Dynamo traces fake tensors, and cannot trace the functorch query
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        raise RuntimeError(
+            f"{name}: expected a plain tensor, got one wrapped by a torch.func transform "
+            f"(grad, vmap, jacrev, ...); tritonrnn's ops and modules do not compose with "
+            f"torch.func: differentiate with torch.autograd (backward, torch.autograd.grad) "
+            f"and batch by concatenating along the batch axis"
+        )
+
+
 def _check_tensor(name: str, t: object, rank: int, dtype: torch.dtype | None = None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    check_untransformed(name, t)
     if t.dim() != rank:
         raise ValueError(f"{name}: expected a rank-{rank} tensor, got shape {list(t.shape)}")
     if dtype is not None and t.dtype != dtype:
@@ -150,6 +166,9 @@ def _validate(
     check_choice("direction", direction, ("unidirectional", "bidirectional"))
     if not isinstance(time_major, bool):
         raise TypeError(f"time_major: expected a bool, got {type(time_major).__name__}")
+    for name, t in (("input", input), ("input_h", input_h), ("input_c", input_c),
+                    ("params", params), ("sequence_lengths", sequence_lengths)):
+        check_untransformed(name, t)
     _check_tensor("input", input, 3)
     if input.dtype not in FLOAT_DTYPES:
         raise TypeError(

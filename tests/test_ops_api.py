@@ -228,6 +228,41 @@ def test_explicit_backprop_of_differentiable_tensors_is_first_order_only(mode):
     assert not any(t.requires_grad for t in quiet)
 
 
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+@pytest.mark.parametrize("path", ["ops", "library", "module"])
+def test_torch_func_transforms_are_refused_by_name(path, transform):
+    """Under torch.func.grad/vmap the ops would read wrapped tensors' storage (a cryptic
+    failure deep inside): the argument the transform wrapped is named instead."""
+    x, h, c, p = _inputs("lstm", seed=5)
+    batch = x[None].expand(2, -1, -1, -1)
+    if path == "module":
+        m = LSTM(4, 4, dtype=F64, backend="reference")
+        params = {k: v.detach() for k, v in m.named_parameters()}
+
+        def of_params(ps):
+            return torch.func.functional_call(m, ps, (x,))[0].sum()
+
+        def of_input(xx):
+            return m(xx)[0]
+
+        args, name = (params, "weight_ih_l0") if transform == "grad" else (batch, "input")
+    else:
+        fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
+        kw = dict(rnn_mode="lstm", backend="reference")
+
+        def of_params(pp):
+            return fn(x, h, c, pp, **kw).output.sum()
+
+        def of_input(xx):
+            return fn(xx, h, c, p, **kw).output
+
+        args, name = (p, "params") if transform == "grad" else (batch, "input")
+    wrapped = torch.func.grad(of_params) if transform == "grad" else torch.func.vmap(of_input)
+    with pytest.raises(RuntimeError, match=rf"^{name}: expected a plain tensor, got one "
+                                           r"wrapped by a torch\.func transform"):
+        wrapped(args)
+
+
 def _strided_copy(t: torch.Tensor) -> torch.Tensor:
     """t's values in a non-contiguous view (every other element of a buffer twice as long)."""
     out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)
