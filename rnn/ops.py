@@ -288,11 +288,9 @@ class _FirstOrderOnly(torch.autograd.Function):
 def _first_order_only(grads: tuple, sources: tuple) -> tuple:
     """`grads` unchanged when nothing differentiable produced them; else marked as outputs of
     a non-differentiable op (an error on backward, never a silently missing term)."""
-    if not torch.is_grad_enabled():
+    live = [t for t in sources if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not torch.is_grad_enabled() or not live:
         return grads
-    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in sources):
-        return grads
-    live = tuple(t for t in sources if isinstance(t, torch.Tensor) and t.requires_grad)
     return _FirstOrderOnly.apply(len(grads), *grads, *live)
 
 
