@@ -267,8 +267,8 @@ SECOND_ORDER_ERROR = (
     "cudnn_rnn: its gradients (CudnnRNNBackpropV3) are not differentiable; as in "
     "TensorFlow, the backprop op has no gradient of its own, so a loss built from them (a "
     "gradient penalty, a double backward, a Hessian-vector product) cannot be differentiated. "
-    "Differentiate the first-order gradients only, or use torch.nn's RNN modules for "
-    "higher-order gradients"
+    "For a first-order approximation (as first-order MAML) detach the gradients or pass "
+    "create_graph=False; for exact higher-order gradients use torch.nn's RNN modules"
 )
 
 
