@@ -52,10 +52,13 @@ def partial_path() -> Path:
 
 def _partial_key(key: str) -> str:
     """A plan key's record in the partial file: its unfinished measurements are resumed only
-    by the Triton release that took them (as the cache's entries, `planner.tuning_entry`)."""
+    by the Triton release and kernels that took them (as the cache's entries,
+    `planner.tuning_entry`)."""
     import triton
 
-    return f"{key}|triton {triton.__version__}"
+    from tritonrnn.rnn.planner import kernels_fingerprint
+
+    return f"{key}|triton {triton.__version__}|kernels {kernels_fingerprint()}"
 
 
 def _read_partial(path: Path) -> dict:

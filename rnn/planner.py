@@ -224,20 +224,41 @@ def _load_cache(path: str, _stamp: tuple[int, int, int]) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
+def sources_fingerprint(folder: Path) -> str:
+    """16 hex digits of a sha256 over the names and bytes of a folder's *.py files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(folder.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def kernels_fingerprint() -> str:
+    """`sources_fingerprint` of kernels/ (tritonrnn.kernels): the Triton code a timing ran
+    and the launchers that pick its constexprs."""
+    return sources_fingerprint(Path(__file__).resolve().parent.parent / "kernels")
+
+
 def tuning_entry(key: str) -> dict | None:
-    """The tuning cache's entry for a plan key when the running Triton timed it, else None.
+    """The tuning cache's entry for a plan key when the running Triton timed the running
+    kernels, else None.
 
     A timing belongs to the compiler that built the kernels (another release compiles the
     same choice to other code: Triton 3.4's persistent-CTA backward takes 23 to 35% more
-    shared memory than 3.6's at LSTM H=128 / 64 bf16), so the planner ignores an entry from
-    another release (or one that names none) and `tritonrnn tune` times its key again.
+    shared memory than 3.6's at LSTM H=128 / 64 bf16) and to the kernels' code (a choice that
+    won on one version of the kernels can spill or lose on the next), so the planner ignores
+    an entry from another release or other kernel sources (`kernels_fingerprint`; or one
+    that names neither) and `tritonrnn tune` times its key again.
     An entry that is not a valid choice (not a dict, a field `plan_constraints` would refuse,
     such as block_b "16" or num_warps 3, or a malformed measured / candidates pair: an edited
     or damaged file) is ignored as well, with a warning naming the key and the problem."""
     entry = load_tuning_cache().get(key)
-    if entry is None or (isinstance(entry, dict)
-                         and entry.get("triton") != triton.__version__):
-        return None  # none, or another release's timing (or one that names none)
+    if entry is None or (isinstance(entry, dict) and (
+            entry.get("triton") != triton.__version__
+            or entry.get("kernels") != kernels_fingerprint())):
+        return None  # none, or another release's or other kernels' timing (or unnamed)
     problem = _entry_problem(entry)
     if problem is not None:
         warnings.warn(f"tritonrnn: tuning cache entry {key!r}: {problem} (ignored: the "
@@ -271,14 +292,16 @@ def tuning_complete(entry: dict) -> bool:
 
 def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
                        measured: int | None = None, candidates: int | None = None) -> None:
-    """Records the best choice for a plan key with the Triton release that timed it (atomic
-    replace of the JSON file; an entry for the key from another release is replaced).
+    """Records the best choice for a plan key with the Triton release and the kernels'
+    sources that timed it (atomic replace of the JSON file; an entry for the key from
+    another release or other kernels is replaced).
     measured < candidates: the best of only the first `measured` candidates (`tuning_complete`)."""
     path = tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = dict(load_tuning_cache())
     entries[key] = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
-                    "ms": float(ms), "device": device, "triton": triton.__version__}
+                    "ms": float(ms), "device": device, "triton": triton.__version__,
+                    "kernels": kernels_fingerprint()}
     if measured is not None and candidates is not None and measured < candidates:
         entries[key].update(measured=measured, candidates=candidates)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

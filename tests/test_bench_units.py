@@ -282,12 +282,15 @@ def test_tune_key_is_resumable_and_keeps_the_best(tmp_path, monkeypatch):
     assert calls == [1, 2, 4, 8]
 
 
-def test_tune_key_times_again_what_another_triton_timed(tmp_path, monkeypatch):
-    """A cache entry and unfinished measurements from another Triton release are not this
-    release's timings: the key is timed again, and its new entry names the running release."""
+@pytest.mark.parametrize("changed", ["triton", "kernels"])
+def test_tune_key_times_again_what_other_code_timed(tmp_path, monkeypatch, changed):
+    """A cache entry and unfinished measurements from another Triton release, or from other
+    kernel sources (an upgrade since), are not this code's timings: the key is timed again,
+    and its new entry names the running release and kernels."""
     monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
     import triton
 
+    from tritonrnn.rnn import planner
     from tritonrnn.rnn.planner import load_tuning_cache, store_tuning_entry, tuning_entry
 
     choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8)]
@@ -297,18 +300,27 @@ def test_tune_key_times_again_what_another_triton_timed(tmp_path, monkeypatch):
         calls.append(choice["num_warps"])
         return {4: 2.0, 8: 1.0}[choice["num_warps"]]
 
-    monkeypatch.setattr(triton, "__version__", "3.4.0")
+    def run_as(old: bool) -> None:
+        if changed == "triton":
+            monkeypatch.setattr(triton, "__version__", "3.4.0" if old else "3.6.0")
+        else:
+            fp = "00000000000000aa" if old else "00000000000000bb"
+            monkeypatch.setattr(planner, "kernels_fingerprint", lambda: fp)
+
+    run_as(old=True)
     store_tuning_entry("k4", choices[0], 9.0, "dev")
     tune._write_partial(tune.partial_path(), {tune._partial_key("k5"): {
         tune.choice_id(choices[0]): {"ms": 9.0}}})
-    assert tuning_entry("k4")["triton"] == "3.4.0"
-    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert tuning_entry("k4")["ms"] == 9.0
+    run_as(old=False)
     assert tuning_entry("k4") is None and load_tuning_cache()["k4"]["ms"] == 9.0
     summary = tune.tune_key("k4", choices, measure, "dev")
     assert summary["status"] == "tuned" and calls == [4, 8]
-    assert tuning_entry("k4") == {**choices[1], "ms": 1.0, "device": "dev", "triton": "3.6.0"}
+    assert tuning_entry("k4") == {**choices[1], "ms": 1.0, "device": "dev",
+                                  "triton": triton.__version__,
+                                  "kernels": planner.kernels_fingerprint()}
     calls.clear()
-    tune.tune_key("k5", choices, measure, "dev")  # 3.4's partial record is not resumed
+    tune.tune_key("k5", choices, measure, "dev")  # the old code's partial record is not resumed
     assert calls == [4, 8]
 
 
@@ -395,7 +407,8 @@ def test_max_candidates_caches_a_partial_best_that_later_runs_carry_on(tmp_path,
     assert calls == [1] and "partial" not in summary
     entry = tuning_entry("k6")
     assert tuning_complete(entry) and entry == {**choices[3], "ms": 1.0, "device": "dev",
-                                                 "triton": entry["triton"]}
+                                                 "triton": entry["triton"],
+                                                 "kernels": entry["kernels"]}
     assert tune._partial_key("k6") not in json.loads(tune.partial_path().read_text())
     assert tune._cached_keys() == {"k6"}
     calls.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +14,11 @@ from tritonrnn.rnn import reserve as reserve_mod
 from tritonrnn.rnn.planner import (
     PRESETS,
     candidates,
+    kernels_fingerprint,
     load_tuning_cache,
     plan_constraints,
     plan_for,
+    sources_fingerprint,
     store_tuning_entry,
     tuning_cache_path,
 )
@@ -692,7 +695,8 @@ def _write_tuning_cache(entries: dict) -> None:
 def _this_triton(**entry) -> dict:
     import triton
 
-    return {**entry, "triton": triton.__version__, "ms": 1.0}
+    return {**entry, "triton": triton.__version__, "kernels": kernels_fingerprint(),
+            "ms": 1.0}
 
 
 @pytest.mark.parametrize("entry, problem", [
@@ -720,6 +724,39 @@ def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
     with pytest.warns(RuntimeWarning, match=rf"tuning cache entry '{base.key}': {problem}"):
         plan = _plan(H=768, B=16)
     assert plan.source == "heuristic" and plan.layers == base.layers
+
+
+@pytest.mark.parametrize("stale", ["kernels", "unnamed"])
+def test_a_tuning_entry_from_other_kernels_is_ignored(stale):
+    """An entry timed on other kernel sources (an upgrade since `tune` ran), or on sources it
+    does not name (a cache from before the fingerprint), does not apply: the heuristic runs.
+    The same entry with this checkout's fingerprint applies."""
+    base = _plan(H=768, B=16)
+    entry = _this_triton(family="stepwise", block_b=16, block_h=32, block_k=64, num_warps=4)
+    _write_tuning_cache({base.key: {**entry, "kernels": "0123456789abcdef"} if stale ==
+                         "kernels" else {k: v for k, v in entry.items() if k != "kernels"}})
+    plan = _plan(H=768, B=16)
+    assert plan.source == "heuristic" and plan.layers == base.layers
+    _write_tuning_cache({base.key: entry})
+    plan = _plan(H=768, B=16)
+    assert plan.source == "tuned" and plan.layer(0).family == "stepwise"
+
+
+def test_kernels_fingerprint_follows_the_kernel_sources(tmp_path):
+    """The fingerprint is that of kernels/*.py: any byte or name of a source changes it,
+    other files do not."""
+    kernels = Path(pg.__file__).resolve().parent
+    for f in kernels.glob("*.py"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    assert sources_fingerprint(tmp_path) == kernels_fingerprint()
+    (tmp_path / "NOTES.md").write_text("not a source")
+    assert sources_fingerprint(tmp_path) == kernels_fingerprint()
+    cells = tmp_path / "cells.py"
+    cells.write_bytes(cells.read_bytes() + b"\n")
+    edited = sources_fingerprint(tmp_path)
+    assert edited != kernels_fingerprint()
+    cells.rename(tmp_path / "cells2.py")
+    assert sources_fingerprint(tmp_path) not in (edited, kernels_fingerprint())
 
 
 def test_a_valid_hand_written_tuning_entry_still_applies():
