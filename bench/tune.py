@@ -138,7 +138,12 @@ def tune_key(
     out of resources, wrong numbers), while KeyboardInterrupt stops the run with every
     finished measurement kept. Returns a summary dict with status 'cached' | 'tuned' |
     'failed'."""
-    from tritonrnn.rnn.planner import store_tuning_entry, tuning_complete, tuning_entry
+    from tritonrnn.rnn.planner import (
+        store_tuning_entry,
+        tuning_cache_lock,
+        tuning_complete,
+        tuning_entry,
+    )
 
     tick = tick or (lambda _msg: None)
     cached = tuning_entry(key)
@@ -167,9 +172,10 @@ def tune_key(
         else:
             done[cid] = ({"ms": None, "screened_ms": got.ms} if isinstance(got, Screened)
                          else {"ms": float(got)})
-        partial = _read_partial(path)
-        partial[pkey] = done
-        _write_partial(path, partial)
+        with tuning_cache_lock():  # other keys' records, from concurrent runs, kept
+            partial = _read_partial(path)
+            partial[pkey] = done
+            _write_partial(path, partial)
     ids = {choice_id(c) for c in choices}
     measured = sum(1 for cid in done if cid in ids)
     timed = {cid: ms for cid, ms in _full_times(done).items() if cid in ids}
@@ -181,9 +187,10 @@ def tune_key(
     best = json.loads(best_id)
     store_tuning_entry(key, best, timed[best_id], device_name, measured, len(ids))
     if measured >= len(ids):  # complete: the partial record has served
-        partial = _read_partial(path)
-        partial.pop(pkey, None)
-        _write_partial(path, partial)
+        with tuning_cache_lock():
+            partial = _read_partial(path)
+            partial.pop(pkey, None)
+            _write_partial(path, partial)
     else:
         summary["partial"] = measured
     summary.update(status="tuned", best={**best, "ms": timed[best_id]})

@@ -40,6 +40,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: the tuning cache's writes go unlocked
+    fcntl = None
+
 import torch
 import triton
 
@@ -296,18 +301,37 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
     sources that timed it (atomic replace of the JSON file; an entry for the key from
     another release or other kernels is replaced).
     measured < candidates: the best of only the first `measured` candidates (`tuning_complete`)."""
+    entry = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
+             "ms": float(ms), "device": device, "triton": triton.__version__,
+             "kernels": kernels_fingerprint()}
+    if measured is not None and candidates is not None and measured < candidates:
+        entry.update(measured=measured, candidates=candidates)
+    path = tuning_cache_path()
+    with tuning_cache_lock():
+        entries = {**load_tuning_cache(), key: entry}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def tuning_cache_lock():
+    """Holds an exclusive lock (flock on tuning.lock beside the cache) around a
+    read-modify-write of the tuning cache's files, so that concurrent `tritonrnn tune` runs
+    (one per GPU of a machine) keep each other's entries. Without fcntl (not POSIX) the
+    writes are unlocked: atomic replaces, where the last of two simultaneous ones wins."""
     path = tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = dict(load_tuning_cache())
-    entries[key] = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
-                    "ms": float(ms), "device": device, "triton": triton.__version__,
-                    "kernels": kernels_fingerprint()}
-    if measured is not None and candidates is not None and measured < candidates:
-        entries[key].update(measured=measured, candidates=candidates)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    if fcntl is None:
+        yield
+        return
+    with open(path.with_name("tuning.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------- choices

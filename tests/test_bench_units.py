@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -764,3 +765,36 @@ def test_input_size_zero_is_no_size():
     for bad in (0, -1):
         with pytest.raises(ValueError, match=rf"--input-size: expected an int >= 1, got {bad}"):
             presets.BenchShape(input_size=bad).validated()
+
+
+def _tune_keys(cache_dir: str, worker: int, keys: int) -> None:
+    """One concurrent `tune` run: its own keys, each over three choices."""
+    os.environ["TRITONRNN_CACHE_DIR"] = cache_dir
+    choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8, 2)]
+    for k in range(keys):
+        tune.tune_key(f"w{worker}-k{k}", choices, lambda c, _b: float(c["num_warps"]), "dev")
+
+
+def test_concurrent_tune_runs_keep_each_others_entries(tmp_path, monkeypatch):
+    """Four processes tuning their own keys at once (one run per GPU) write the same cache
+    and partial files: each read-modify-write holds the cache's lock, so every key's best is
+    stored and no unfinished record is left (unlocked, the replaces drop each other's)."""
+    import multiprocessing
+
+    from tritonrnn.rnn.planner import load_tuning_cache
+
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    workers, keys = 4, 25
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_tune_keys, args=(str(tmp_path), w, keys))
+             for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    entries = load_tuning_cache()
+    want = {f"w{w}-k{k}" for w in range(workers) for k in range(keys)}
+    assert set(entries) == want, sorted(want - set(entries))[:5]
+    assert all(e["num_warps"] == 2 for e in entries.values())
+    assert json.loads(tune.partial_path().read_text()) == {}
