@@ -217,8 +217,9 @@ def _device(choice: str):
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cpu":
-        # Triton kernels run on the CPU only through the interpreter, which is chosen when
-        # the kernels are imported (lazily, later): set it before anything imports them.
+        # Triton kernels run on the CPU only through the interpreter, which Triton chooses
+        # when it is first imported (its own @jit library functions included): `main` calls
+        # this before any command imports triton.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     return torch.device(choice)
 
@@ -619,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             raise UsageError("expected a command: bench, check, tune, plan, aot or barrier (see "
                              "--help)")
+        if getattr(args, "device", None) is not None:
+            # First of all: the interpreter must be chosen before triton is imported.
+            _device(args.device)
         if args.command == "bench":
             return cmd_bench(args, argv)
         if args.command == "check":

@@ -11,10 +11,9 @@ apply_packed) is tested to reproduce them bit for bit, masks and values, in fp32
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .interpreter import check_interpreter_in_effect, interpreter_requested
 from .packing import PackInfo
 
 _MASK64 = (1 << 64) - 1
@@ -89,10 +88,12 @@ def apply_packed(x: torch.Tensor, info: PackInfo, p: float, seed: int, seed2: in
     apply runs: it is the oracle, and the kernel is tested to match it bit for bit."""
     if out is None:
         out = torch.empty_like(x)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
     fused = (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and out.dtype == x.dtype
-             and (x.is_cuda or interpret) and x.stride(1) == 1 and out.stride(1) == 1)
+             and (x.is_cuda or interpreter_requested()) and x.stride(1) == 1
+             and out.stride(1) == 1)
     if fused:
+        if not x.is_cuda:
+            check_interpreter_in_effect()
         from tritonrnn.kernels.dropout import dropout_apply
 
         return dropout_apply(x, out, info.padded_index, p, layer_key(seed, seed2, layer))

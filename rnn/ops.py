@@ -7,7 +7,6 @@ differentiable with torch.autograd: its backward calls `cudnn_rnn_backprop` on t
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from . import engine
 from . import reserve as reserve_mod
 from .config import RNNConfig, check_choice, check_int, make_config
+from .interpreter import check_interpreter_in_effect, interpreter_requested
 from .packing import PackInfo, make_pack_info, pack, unpack
 from .params import FLOAT_DTYPES, check_params_tensor
 from .planner import current_constraints, plan_constraints
@@ -125,7 +125,7 @@ class _Call(NamedTuple):
 
 def _resolve_backend(backend: object, device: torch.device, dtype: torch.dtype):
     check_choice("backend", backend, BACKENDS)
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    interpret = interpreter_requested()
     if backend == "auto":
         triton = device.type == "cuda" or (interpret and device.type == "cpu")
         backend = "triton" if triton else "reference"
@@ -141,6 +141,8 @@ def _resolve_backend(backend: object, device: torch.device, dtype: torch.dtype):
             f"backend: 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got tensors on "
             f"{device} without the interpreter"
         )
+    if device.type == "cpu":
+        check_interpreter_in_effect()
     from .triton_backend import triton_recurrence
 
     return triton_recurrence()

@@ -71,6 +71,32 @@ def test_check_triton_backend_small(capsys):
     assert "4/4 combinations pass" in out
 
 
+def test_commands_choose_the_interpreter_before_triton_is_imported(tmp_path):
+    """From a shell without TRITON_INTERPRET, `--device cpu` runs the Triton kernels in the
+    interpreter: the CLI sets the variable before anything imports triton (set after it,
+    every Triton case of check, bench and tune failed inside its launch). Fresh processes:
+    this one imported triton under the interpreter already."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITONRNN_CACHE_DIR"] = str(tmp_path)
+    shape = ["--mode", "gru", "--hidden", "8", "--input-size", "8", "--batch", "2", "--time",
+             "3", "--device", "cpu", "--no-progress"]
+    runs = {
+        "check": ["check", "--backend", "triton", *shape],
+        "tune": ["tune", *shape, "--allow-cpu", "--max-candidates", "1", "--cpu-rep", "1"],
+    }
+    for name, argv in runs.items():
+        res = subprocess.run([sys.executable, "-m", "tritonrnn.bench", *argv], env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert res.returncode == 0, (name, res.stdout, res.stderr)
+        if name == "check":
+            assert "5/5 combinations pass" in res.stdout, res.stdout
+        else:
+            assert "gru H8 B2 T3 bf16: best {" in res.stdout, res.stdout
+
+
 # ----------------------------------------------------------------------------- bench
 
 

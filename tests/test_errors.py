@@ -3,6 +3,8 @@ the expected and the given value."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -314,3 +316,43 @@ def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
     with pytest.raises(ValueError, match=r"backend: 'triton' needs CUDA tensors or "
                                          r"TRITON_INTERPRET=1, got tensors on cpu"):
         _call(backend="triton")
+
+
+_LATE_INTERPRETER = """
+import os, torch
+import triton  # imported before the variable is set, as a user's earlier import would
+os.environ["TRITON_INTERPRET"] = "1"
+from tritonrnn.rnn import cudnn_rnn, params_size
+n = params_size(rnn_mode="gru", num_layers=2, num_units=8, input_size=8)
+x, h, p = torch.randn(3, 2, 8), torch.zeros(2, 2, 8), torch.randn(n) * 0.1
+for backend, dropout in (("triton", 0.0), ("auto", 0.0), ("reference", 0.5),
+                         ("reference", 0.0)):
+    try:
+        out = cudnn_rnn(x, h, None, p, rnn_mode="gru", dropout=dropout, backend=backend)
+        print(backend, dropout, "ran", tuple(out.output.shape))
+    except RuntimeError as e:
+        print(backend, dropout, "error", str(e).splitlines()[0])
+"""
+
+
+def test_an_interpreter_asked_for_after_tritons_import_is_named():
+    """TRITON_INTERPRET=1 set after `import triton` leaves Triton's library functions
+    compiled-mode, and an interpreted kernel fails inside its launch on calling one: every
+    path that would launch a kernel on the CPU (the Triton backend, "auto", the fused
+    dropout of the reference backend) names the variable instead; the reference path
+    without dropout, which launches nothing, runs. In a fresh process (this one imported
+    triton under the interpreter)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _LATE_INTERPRETER], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    why = ("error TRITON_INTERPRET: expected it set to 1 before triton was first imported "
+           "(Triton decides at that import whether @triton.jit functions are interpreted), "
+           "got it set afterwards in this process: export TRITON_INTERPRET=1 before starting "
+           "Python, or set os.environ before anything imports triton")
+    assert res.stdout.splitlines() == [
+        f"triton 0.0 {why}", f"auto 0.0 {why}", f"reference 0.5 {why}",
+        "reference 0.0 ran (3, 2, 8)"], res.stdout
