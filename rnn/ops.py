@@ -168,8 +168,8 @@ def _validate(
     check_choice("direction", direction, ("unidirectional", "bidirectional"))
     if not isinstance(time_major, bool):
         raise TypeError(f"time_major: expected a bool, got {type(time_major).__name__}")
-    for name, t in (("input", input), ("input_h", input_h), ("input_c", input_c),
-                    ("params", params), ("sequence_lengths", sequence_lengths)):
+    # (input, input_h and input_c are checked by _check_tensor)
+    for name, t in (("params", params), ("sequence_lengths", sequence_lengths)):
         check_untransformed(name, t)
     _check_tensor("input", input, 3)
     if input.dtype not in FLOAT_DTYPES:
