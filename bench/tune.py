@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,11 +68,23 @@ def _read_partial(path: Path) -> dict:
 
 
 def _write_partial(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    from tritonrnn.rnn.planner import write_json_atomic
+
+    write_json_atomic(path, data)
+
+
+def _set_partial(path: Path, pkey: str, record: dict | None) -> None:
+    """The partial file's record for `pkey` set (None: removed), the other keys' records
+    (concurrent runs' too) kept: one read-modify-write under the tuning cache's lock."""
+    from tritonrnn.rnn.planner import tuning_cache_lock
+
+    with tuning_cache_lock():
+        partial = _read_partial(path)
+        if record is None:
+            partial.pop(pkey, None)
+        else:
+            partial[pkey] = record
+        _write_partial(path, partial)
 
 
 def _measurements(record: object) -> dict:
@@ -138,12 +148,7 @@ def tune_key(
     out of resources, wrong numbers), while KeyboardInterrupt stops the run with every
     finished measurement kept. Returns a summary dict with status 'cached' | 'tuned' |
     'failed'."""
-    from tritonrnn.rnn.planner import (
-        store_tuning_entry,
-        tuning_cache_lock,
-        tuning_complete,
-        tuning_entry,
-    )
+    from tritonrnn.rnn.planner import store_tuning_entry, tuning_complete, tuning_entry
 
     tick = tick or (lambda _msg: None)
     cached = tuning_entry(key)
@@ -172,10 +177,7 @@ def tune_key(
         else:
             done[cid] = ({"ms": None, "screened_ms": got.ms} if isinstance(got, Screened)
                          else {"ms": float(got)})
-        with tuning_cache_lock():  # other keys' records, from concurrent runs, kept
-            partial = _read_partial(path)
-            partial[pkey] = done
-            _write_partial(path, partial)
+        _set_partial(path, pkey, done)
     ids = {choice_id(c) for c in choices}
     measured = sum(1 for cid in done if cid in ids)
     timed = {cid: ms for cid, ms in _full_times(done).items() if cid in ids}
@@ -187,10 +189,7 @@ def tune_key(
     best = json.loads(best_id)
     store_tuning_entry(key, best, timed[best_id], device_name, measured, len(ids))
     if measured >= len(ids):  # complete: the partial record has served
-        with tuning_cache_lock():
-            partial = _read_partial(path)
-            partial.pop(pkey, None)
-            _write_partial(path, partial)
+        _set_partial(path, pkey, None)
     else:
         summary["partial"] = measured
     summary.update(status="tuned", best={**best, "ms": timed[best_id]})

@@ -306,13 +306,19 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
              "kernels": kernels_fingerprint()}
     if measured is not None and candidates is not None and measured < candidates:
         entry.update(measured=measured, candidates=candidates)
-    path = tuning_cache_path()
     with tuning_cache_lock():
-        entries = {**load_tuning_cache(), key: entry}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_json_atomic(tuning_cache_path(),
+                          {"version": 1, "entries": {**load_tuning_cache(), key: entry}})
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """`data` as `path`'s whole new content: written beside it, then renamed over it (a
+    reader sees the old file or the new one, never part of either)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
