@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from tritonrnn.rnn.config import GATES
+
 from .timing import TimingConfig
 from .timing import measure as time_callable
 
@@ -35,7 +37,7 @@ SHAPES = shapes()
 def _recurrence_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     from tritonrnn.rnn.packing import make_pack_info
 
-    G = {"lstm": 4, "gru": 3}[mode]
+    G = GATES[mode]
     info = make_pack_info([T] * B, T, device)
     N = info.N
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -57,7 +59,7 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     change the work), zeroed outputs."""
     from tritonrnn.rnn.packing import make_pack_info
 
-    G = {"lstm": 4, "gru": 3}[mode]
+    G = GATES[mode]
     info = make_pack_info([T] * B, T, device)
     N = info.N
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -69,7 +71,7 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
         Pw=None, y=rnd(N, H), h_prev=rnd(N, H), c_seq=rnd(N, H) if lstm else None,
         c_prev=rnd(N, H) if lstm else None, dy=rnd(N, H), dhT=rnd(B, H),
         dcT=rnd(B, H) if lstm else None, info=info, reverse=False, dpre_x=zeros(N, G * H),
-        dpre_h=None if lstm else zeros(N, G * H), dh0=zeros(B, H),
+        dpre_h=zeros(N, G * H) if mode == "gru" else None, dh0=zeros(B, H),
         dc0=zeros(B, H) if lstm else None, dh_total=None, m_seq=None,
     )
 

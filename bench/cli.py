@@ -262,7 +262,9 @@ _BACKEND_WORDS = {
 
 
 def _cpu_work(s: BenchShape) -> int:
-    gates = {"lstm": 4, "gru": 3}.get(s.mode, 1)
+    from tritonrnn.rnn.config import GATES
+
+    gates = GATES[s.mode]
     return s.time * s.batch * gates * s.hidden * (s.input + s.hidden) * s.layers * s.num_dirs
 
 

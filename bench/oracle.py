@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from tritonrnn.rnn import canonical_to_params, params_to_canonical
+from tritonrnn.rnn.config import GATES
 
 _TORCH_MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def make_torch_rnn(
@@ -75,7 +75,7 @@ def params_from_torch(
     """tritonrnn's flat params buffer from a torch.nn RNN's parameters (or from a dict with
     the same names, e.g. their gradients). Shape [params_size(...)], dtype of the tensors."""
     attrs = params_attributes(module)
-    G = _GATES[attrs["rnn_mode"]]
+    G = GATES[attrs["rnn_mode"]]
     if tensors is None:
         tensors = dict(module.named_parameters())
     weights: list[torch.Tensor] = []
@@ -96,7 +96,7 @@ def load_params_into_torch(module: nn.RNNBase, params: torch.Tensor) -> None:
     """The inverse of `params_from_torch`: copies a flat buffer into the module's weights."""
     attrs = params_attributes(module)
     weights, biases = params_to_canonical(params, **attrs)
-    G = _GATES[attrs["rnn_mode"]]
+    G = GATES[attrs["rnn_mode"]]
     named = dict(module.named_parameters())
     w, b = iter(weights), iter(biases)
     for layer, sfx in _canonical_names(module):

@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tritonrnn.rnn.config import GATES
+
 from .presets import BenchShape, dtype_name
 from .timing import TimingConfig, measure
 
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 PASSES = ("fwd", "bwd", "fwdbwd")
 
 
@@ -50,7 +51,7 @@ def _layer_inputs(shape: BenchShape) -> list[int]:
 
 
 def param_count(shape: BenchShape) -> int:
-    G, H, Hout, P, D = (_GATES[shape.mode], shape.hidden, shape.out_size, shape.proj,
+    G, H, Hout, P, D = (GATES[shape.mode], shape.hidden, shape.out_size, shape.proj,
                         shape.num_dirs)
     per_dir = [G * H * (i + Hout) + P * H + 2 * G * H for i in _layer_inputs(shape)]
     return D * sum(per_dir)
@@ -58,7 +59,7 @@ def param_count(shape: BenchShape) -> int:
 
 def flops(shape: BenchShape, tokens: int, pass_: str) -> float:
     """Model FLOPs of one pass over `tokens` valid (time, batch) positions (module docstring)."""
-    G, H, Hout, P, D = (_GATES[shape.mode], shape.hidden, shape.out_size, shape.proj,
+    G, H, Hout, P, D = (GATES[shape.mode], shape.hidden, shape.out_size, shape.proj,
                         shape.num_dirs)
     fwd = D * sum(2.0 * tokens * G * H * (i + Hout) + 2.0 * tokens * P * H
                   for i in _layer_inputs(shape))

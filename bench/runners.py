@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop
+from tritonrnn.rnn.config import GATES
 
 from .oracle import (
     OracleResult,
@@ -540,7 +541,7 @@ def flashrnn_runner(case: Case) -> Runner:
     its outputs are not compared with the oracle."""
     flashrnn = _import_flashrnn()
     s = case.shape
-    G = {"lstm": 4, "gru": 3}[s.mode]
+    G = GATES[s.mode]
     H, I, B, T = s.hidden, s.input, s.batch, s.time
     dtype, dev = s.torch_dtype, case.device
     gen = torch.Generator(device="cpu").manual_seed(1)

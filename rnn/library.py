@@ -32,10 +32,8 @@ import contextlib
 import torch
 
 from . import ops
-from .config import check_dropout, check_int, check_int64
+from .config import GATES, check_dropout, check_int, check_int64
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
-
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def _batch_major_like(t: torch.Tensor) -> torch.Tensor:
@@ -343,7 +341,7 @@ def cudnn_rnn(
     can draw fresh dropout seeds with torch.randint without a graph break).
     Returns CudnnRNNOutput(output, output_h, output_c, reserve_space, host_reserved).
     """
-    if isinstance(rnn_mode, str) and rnn_mode != "lstm" and rnn_mode in _GATES:
+    if isinstance(rnn_mode, str) and rnn_mode != "lstm" and rnn_mode in GATES:
         ops.check_ignored_state("input_c", input_c, rnn_mode)
         input_c = None  # ignored for non-LSTM modes; None keeps it out of the graph
     seed = check_int64("seed", seed)  # the schema's int64 (as the op's), before torch's cast

@@ -20,6 +20,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from . import reference
+from .config import GATES
 from .planner import LayerPlan, _bucket, device_properties, recurrence_choice, smaller_choice
 
 
@@ -175,7 +176,7 @@ class TritonRecurrence:
 def _shape(cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int) -> tuple:
     """A recurrence as the planner takes it (`recurrence_choice`'s and `smaller_choice`'s
     arguments): (cell, H, Hout, P, dtype, batch, device properties, num_dirs)."""
-    H = R.shape[0] // {"lstm": 4, "gru": 3}.get(cell, 1)
+    H = R.shape[0] // GATES[cell]
     P = Pw.shape[0] if Pw is not None else 0
     return cell, H, R.shape[1], P, R.dtype, batch, device_properties(R.device), num_dirs
 

@@ -638,11 +638,12 @@ def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
 # ----------------------------------------------------------------------------- barrier
 
 
-@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
 def test_barrier_step_inputs_follow_the_recurrence_contracts(mode):
-    """`tritonrnn barrier` times grid_forward and grid_backward on inputs it builds itself;
-    those must be what the kernels' contracts ask for: the kernels (one step per launch in
-    the interpreter) agree with the reference recurrences on them."""
+    """`tritonrnn barrier` (and scripts/step_ablation.py, whose decide set times rnn_tanh)
+    times grid_forward and grid_backward on inputs it builds itself; those must be what the
+    kernels' contracts ask for, for every cell: the kernels (one step per launch in the
+    interpreter) agree with the reference recurrences on them."""
     import os
 
     from tritonrnn.bench import barrier
