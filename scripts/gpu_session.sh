@@ -4,18 +4,15 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session: `tests` (timeout_s 230) first: since 2026-11-27 a 16 x 16 backward whose
-# weights fit registers on 8 warps and not on 4 runs on 8, hoisted, as the forward does
-# (timed there as the variant hoist,bw8; the planner's own launches have not yet run on a
-# GPU); then `all` (timeout_s 490): README's Results table with both passes on 8 warps (the
-# table is of commit f9200a7, both passes on 4). (On 2026-11-27 `tests` took 209 s,
-# `decide` 248, `barrier` 92 with its kernels compiled ahead, `phases` 68.)
-# The session after: `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s
-# 270): the rule where it was not timed (GRU H=512 / 768, LSTM H=384 B=16, rnn_tanh
-# H=1536), then the untimed rules; `barrier` (timeout_s 230) with the new backward; later
-# `phases` (timeout_s 330), after `all` in one session: where a step's time goes (on
-# 2026-11-27 the recurrent product was half a forward step; `noload` prices h's read
-# alone since, its operand kept loop-variant), and
+# Next session: `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270)
+# first: the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is
+# half the planner's 4-warp one) and on streamed 16 x 64 tiles, where the table of commit
+# 132da37 misses 2x cuDNN-graph; then rnn_tanh H=1536 and the rules never timed. The
+# kernels are those of 132da37, whose GPU tests passed (293) in the session of 2026-11-27
+# that ran `tests` (169 s), `all` (269 s) and `decide` (243 s); a change that `decide`
+# motivates needs `tests` (timeout_s 230) and `all` (timeout_s 490) again. Then `phases` (timeout_s 330): where a step's
+# time goes (on 2026-11-27 the recurrent product was half a forward step; `noload` prices
+# h's read alone since, its operand kept loop-variant), `barrier` (timeout_s 230) and
 # `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).

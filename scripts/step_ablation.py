@@ -236,28 +236,37 @@ SETS = {
 # 1.00 to 1.05x at four 16-row shapes); the backward hoisted on 8 warps (hoist,bw8: 0.90 to
 # 0.95x at LSTM H=512 / 768 / 1024 and GRU H=1024 B=16) is the default since; the late
 # loads of the B = 1024 backward stay (nolate 1.18x). The box cut the set there.
+# Decided on an H200 (the second session of 2026-11-27, bench/results/step-ablation-nvidia-
+# h200-2026-11-27-decide-bw8.json, layer fwd + bwd against the plan): the 8-warp hoisted
+# backward's rule stands where it had not been timed (bw4 1.10x GRU H=512, 1.08x GRU H=768,
+# 1.02x LSTM H=384, B=16); the ordered chunk loads stay off (pairx 1.00 to 1.01x at the
+# anchor, LSTM / GRU H=1024 B=16); LSTM H=1024 B=1024 keeps its 64 x 128 tiles (bh128
+# 1.02x, sw64 1.18x). The rnn_tanh job failed on a KeyError in the bench's step inputs
+# (fixed since); the box ended before the last three jobs.
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) Since the 2026-11-27 H200 run a 16 x 16 backward
-        # whose weights fit registers on 8 warps and not on 4 runs on 8, hoisted, as the
-        # forward does (`hoist,bw8` won at LSTM H=512 / 768 / 1024 and GRU H=1024 B=16:
-        # 0.90 to 0.95x the plan's layer); `bw4` restores 4 warps unhoisted. First the rule
-        # where it was not timed.
-        ("gru,512,16;gru,768,16;lstm,384,16", "layer;bw4,layer"),
-        # The paired chunks ordered (PAIR = 2), which on 8 warps the compiler otherwise
-        # splits by the first chunk's staging: the forward at the anchor and H=1024.
-        ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;pairx,layer"),
+        # (A 240 s box holds about 25 rows.) B = 64 first: its 16 x 32 tiles are where the
+        # H200 table of commit 132da37 misses 2x cuDNN-graph (LSTM H=768 / 1024 1.25 /
+        # 1.02x, GRU 1.40 / 1.29x). Their forward on 8 warps, per gate, split K 8 ways
+        # (fw8; the planner gives them 4): sm_90 compiles (Triton 3.6) halve its step loop
+        # (LSTM H=768 1236 -> 767 instructions per warp, H=1024 1392 -> 818, GRU H=768 / 1024
+        # 986 / 1114 -> 627 / 666), the mma.sync per warp (192 -> 96) and cut ldmatrix 216 ->
+        # 36, no spills in the loop; on an H100 8 warps lost there (35.5 against 20.1 ms),
+        # when the slices were added by tl.sum.
+        ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;fw8,layer"),
+        # The same shapes on streamed 16 x 64 tiles (wgmma loops, half the programs); never
+        # timed. (Resident 16 x 64 tiles spill in the backward: bk0,bb64,bh16 24 to 168 B.)
+        ("lstm,768,64;lstm,1024,64;gru,1024,64", "layer;bk64,bb64,bh16,layer"),
         ("rnn_tanh,1536,16", "layer;w4,layer"),  # a one-gate cell: both passes 8 since
-        ("lstm,1024,1024", "layer;bh128,layer;sw64,layer"),  # B = 1024 tiles (cut before)
-        # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
-        # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
-        # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
-        # H=768 / 1024 B=64: 10 / 13).
         # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
         ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),
         ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
         ("gru,1536,16", "layer;bw8,layer;w8,layer"),  # the spilling 4-warp backward
+        # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
+        # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
+        # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
+        # H=768 / 1024 B=64: 10 / 13).
     ],
 }
 
