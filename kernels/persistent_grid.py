@@ -734,19 +734,9 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                              BB, HALVES)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
-        if PAIR == 2 and KB > 0:
-            # Both loads ahead of the first chunk's staging: Triton's ReorderInstructions
-            # pass puts each operand's local_alloc (its staging, between two barriers) right
-            # after the op that defines its source, so xb's select after xa's load, not the
-            # load itself, is what xb's staging follows (`_paired_chunks`).
+        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
+        if PAIR and KB > 0:
             xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
-            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
-            _, okb = _kptrs(src, HOUT, jb64, b_ok, KA, KB, HOUT, S)
-            xb = tl.where(okb, xb, 0.0)
-        else:
-            xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
-            if PAIR and KB > 0:
-                xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
         a0, a1, a2, a3 = _acc_gates(a0, a1, a2, a3, wa0, wa1, wa2, wa3, xa, G, FP32_DOT)
         if KB > 0:
             if not PAIR:
@@ -1866,10 +1856,8 @@ def _mask_in_loop(block_h: int, block_b: int) -> bool:
 
 # The per-gate forward's two resident chunks loaded together (`_paired_chunks`, PAIR); the
 # ablation variant `nopair` and TRITONRNN_FWD_PAIRED_CHUNKS=off (read at import) load each
-# where its dots use it; the variant `pairx` and TRITONRNN_FWD_PAIRED_ORDER=on (off until a
-# GPU times it) keep the compiler from staging the first chunk between the two loads.
+# where its dots use it.
 _FWD_PAIRED_CHUNKS = _env_on_off("TRITONRNN_FWD_PAIRED_CHUNKS", default=True)
-_FWD_PAIRED_ORDER = _env_on_off("TRITONRNN_FWD_PAIRED_ORDER", default=False)
 
 
 def _paired_chunks(block_b: int) -> int:
@@ -1892,15 +1880,12 @@ def _paired_chunks(block_b: int) -> int:
     code without it: Triton's ReorderInstructions pass moves each dot operand's staging
     (local_alloc) to just after its source's definition, so the first chunk's staging and
     its two BAR.SYNC land between the two loads whatever the source order (the anchor's
-    SASS: h's first chunk, 4 LDG.128 per thread, BAR, STS, BAR, then the second's 2). PAIR
-    = 2 (TRITONRNN_FWD_PAIRED_ORDER=on) orders them: the second chunk loaded first and
-    passed through a select after the first chunk's load, so its staging follows that, and
-    all 6 loads precede the first barrier (the anchor: 444 -> 476 step-loop instructions,
-    the select; registers, shared memory and barriers as before). Untimed; off by default.
-    Returns 0 (apart), 1 (together) or 2 (together, ordered)."""
-    if not (_FWD_PAIRED_CHUNKS and 16 <= block_b <= 32):
-        return 0
-    return 2 if _FWD_PAIRED_ORDER else 1
+    SASS: h's first chunk, 4 LDG.128 per thread, BAR, STS, BAR, then the second's 2). Forcing
+    the order (the second chunk loaded first and passed through a select after the first's
+    load, so that all 6 loads preceded the first barrier) was timed on an H200 and removed:
+    1.00 to 1.01x the layer's time (kernels/NOTES.md, "Where a step's time goes").
+    Returns 0 (apart) or 1 (together)."""
+    return int(_FWD_PAIRED_CHUNKS and 16 <= block_b <= 32)
 
 
 # The backward's carry product with its gates' dph operands loaded ahead (`_paired_gates`,

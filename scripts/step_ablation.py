@@ -50,9 +50,6 @@ Variants (comma-joined in one process):
               _FWD_PAIRED_CHUNKS; by default both chunks before either product, one L2
               round trip per step instead of two in a row, where the compiler keeps that
               order: on 8 warps hoisted it does not)
-    pairx     both chunks' loads before the first one's staging on 8 warps too (kernels'
-              _FWD_PAIRED_ORDER, PAIR = 2: the anchor's 6 LDG.128 ahead of the first
-              BAR.SYNC, 32 selects more per step)
     pairg / nopairg  the backward loads its gates' dph operands ahead of their products
               (kernels' _BWD_PAIRED_GATES, on by default since the third H200 session of
               2026-11-26: apart the anchor waits for 8 L2 round trips of dph per step, 2
@@ -239,7 +236,7 @@ SETS = {
 # Decided on an H200 (the second session of 2026-11-27, bench/results/step-ablation-nvidia-
 # h200-2026-11-27-decide-bw8.json, layer fwd + bwd against the plan): the 8-warp hoisted
 # backward's rule stands where it had not been timed (bw4 1.10x GRU H=512, 1.08x GRU H=768,
-# 1.02x LSTM H=384, B=16); the ordered chunk loads stay off (pairx 1.00 to 1.01x at the
+# 1.02x LSTM H=384, B=16); the ordered chunk loads were removed (pairx 1.00 to 1.01x at the
 # anchor, LSTM / GRU H=1024 B=16); LSTM H=1024 B=1024 keeps its 64 x 128 tiles (bh128
 # 1.02x, sw64 1.18x). The rnn_tanh job failed on a KeyError in the bench's step inputs
 # (fixed since); the box ended before the last three jobs.
@@ -391,7 +388,6 @@ def swaps() -> dict:
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
-        "pairx": [(pg, "_FWD_PAIRED_ORDER", True)],
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],

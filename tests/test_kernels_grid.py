@@ -781,18 +781,15 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
 
 
 # The per-gate forward's two resident chunks (H = 40: 32 + 16, the second padded past H)
-# loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles),
-# the second first and through a select (PAIR = 2, `_FWD_PAIRED_ORDER`), or each where its
-# dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles); forward and reversed, every
-# gate count, 35 rows in 16-wide tiles (the third partial), lengths 0 to T.
-@pytest.mark.parametrize("mode", [1, 2, 0], ids=["paired", "ordered", "apart"])
+# loaded together before either product (PAIR, `_paired_chunks`: 16- and 32-column tiles)
+# or each where its dots use it (`_FWD_PAIRED_CHUNKS` off, and 64-column tiles); forward and
+# reversed, every gate count, 35 rows in 16-wide tiles (the third partial), lengths 0 to T.
+@pytest.mark.parametrize("mode", [1, 0], ids=["paired", "apart"])
 @pytest.mark.parametrize("cell, reverse", [("lstm", False), ("gru", True), ("rnn_tanh", False)])
-def test_forward_chunks_paired_ordered_or_apart_match_reference(monkeypatch, cell, reverse,
-                                                                 mode):
+def test_forward_chunks_paired_or_apart_match_reference(monkeypatch, cell, reverse, mode):
     assert pg._paired_chunks(16) == 1 and pg._paired_chunks(32) == 1  # the defaults
     assert pg._paired_chunks(64) == 0 and pg._paired_chunks(2) == 0
     monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", mode > 0)
-    monkeypatch.setattr(pg, "_FWD_PAIRED_ORDER", mode == 2)
     assert pg._paired_chunks(16) == mode and pg._paired_chunks(64) == 0
     lengths = [5] * 20 + [3, 0, 1, 5, 2] * 3
     ins, outs = _forward_problem(cell, 40, 0, lengths, 5)
