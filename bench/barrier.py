@@ -67,7 +67,8 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
     lstm = mode == "lstm"
     return dict(
-        cell=mode, pre_x=rnd(N, G * H), pre_h=rnd(N, G * H), R=rnd(G * H, H),
+        cell=mode, pre_x=rnd(N, G * H) if mode in ("lstm", "gru") else None,
+        pre_h=rnd(N, G * H) if mode in ("lstm", "gru") else None, R=rnd(G * H, H),
         Pw=None, y=rnd(N, H), h_prev=rnd(N, H), c_seq=rnd(N, H) if lstm else None,
         c_prev=rnd(N, H) if lstm else None, dy=rnd(N, H), dhT=rnd(B, H),
         dcT=rnd(B, H) if lstm else None, info=info, reverse=False, dpre_x=zeros(N, G * H),

@@ -73,6 +73,8 @@ def cell_backward(CELL: tl.constexpr, x0, x1, x2, x3, h0, h1, h2, h3, dm, h_new,
                   c_prev, dc_in):
     """Backward of one step.
 
+    x*, h*: the gate pre-activations' input and recurrent sides (LSTM, GRU; unread by tanh /
+    relu, as `rnn.reference.backward_preacts` says).
     dm: gradient on the cell output m; h_new: the step's output h_t (used by tanh/relu);
     c, c_prev, dc_in: c_t, c_{t-1} and the carried gradient on c_t (LSTM).
     Returns (dx0, dx1, dx2, dx3, dh2, direct, dc_prev, m):
@@ -106,6 +108,6 @@ def cell_backward(CELL: tl.constexpr, x0, x1, x2, x3, h0, h1, h2, h3, dm, h_new,
     elif CELL == 2:
         d = dm * (1.0 - h_new * h_new)
         return d, zero, zero, zero, zero, zero, zero, zero
-    else:
-        d = tl.where(x0 + h0 > 0.0, dm, 0.0)
+    else:  # relu: h_t > 0 exactly where the pre-activation was
+        d = tl.where(h_new > 0.0, dm, 0.0)
         return d, zero, zero, zero, zero, zero, zero, zero

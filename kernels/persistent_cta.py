@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from tritonrnn.rnn.packing import PackInfo
+from tritonrnn.rnn.reference import check_backward_preacts
 
 from . import cells
 from .compile_options import FP_FUSION
@@ -354,19 +355,24 @@ def _cta_backward_kernel(
             dm = _mm(dh.to(PW.dtype.element_ty), pw, None, IEEE)
         else:
             dm = dh
-        xp = PX + rows * stride_px + cols_h
-        hp = PH + rows * stride_ph + cols_h
-        x0 = _gate_load(xp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
-        x1 = _gate_load(xp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
-        x2 = _gate_load(xp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
-        x3 = _gate_load(xp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
-        p0 = _gate_load(hp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
-        p1 = _gate_load(hp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
-        p2 = _gate_load(hp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
-        p3 = _gate_load(hp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
-        # Only the tensors the cell reads are loaded (h_t: tanh; h_{t-1}: GRU; c: LSTM);
-        # the others are placeholders of the right shape. Non-LSTM cells have Hout == H.
-        if CELL == 2:
+        # Only the tensors the cell reads are loaded (the pre-activations' two sides: the
+        # gated cells; h_t: tanh / relu; h_{t-1}: GRU; c: LSTM); the others are
+        # placeholders of the right shape. Non-LSTM cells have Hout == H.
+        zero = tl.zeros([BLOCK_B, BLOCK_H], tl.float32)
+        x0, x1, x2, x3 = zero, zero, zero, zero
+        p0, p1, p2, p3 = zero, zero, zero, zero
+        if CELL <= 1:
+            xp = PX + rows * stride_px + cols_h
+            x0 = _gate_load(xp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
+            x1 = _gate_load(xp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
+            x2 = _gate_load(xp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
+            x3 = _gate_load(xp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
+            hp = PH + rows * stride_ph + cols_h
+            p0 = _gate_load(hp, 0, G, H, act_h, BLOCK_B, BLOCK_H)
+            p1 = _gate_load(hp, 1, G, H, act_h, BLOCK_B, BLOCK_H)
+            p2 = _gate_load(hp, 2, G, H, act_h, BLOCK_B, BLOCK_H)
+            p3 = _gate_load(hp, 3, G, H, act_h, BLOCK_B, BLOCK_H)
+        if CELL >= 2:
             h_new = tl.load(Y + rows * stride_y + cols_o, mask=act_o, other=0.0)
             h_new = h_new.to(tl.float32)
         else:
@@ -716,11 +722,13 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     """One launch: direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
-    _check_common(cell, pre_x, R, Pw, block_b, {k: t[k] for k in BACKWARD_TENSORS[1:]})
+    _check_common(cell, dy, R, Pw, block_b,
+                  {k: t[k] for k in BACKWARD_TENSORS if k != "dy"})
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G
     Hout = R.shape[1]
+    check_backward_preacts(cell, pre_x, pre_h, (info.N, G * H))
     lstm = cid == cells.CELL_LSTM
     gru = cid == cells.CELL_GRU
     proj = Pw is not None
@@ -732,13 +740,14 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
         return
     R = R.contiguous()
     Pw = Pw.contiguous() if proj else None
-    upcast, ieee = _dot_flags(pre_x.dtype, allow_tf32)
+    upcast, ieee = _dot_flags(dy.dtype, allow_tf32)
     num_dirs = 1 if dirs is None else 2
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     grid = (triton.cdiv(info.B, block_b), num_dirs)
-    dummy = pre_x  # stands in for absent tensors; never dereferenced (constexpr branches)
+    dummy = dy  # stands in for absent tensors; never dereferenced (constexpr branches)
     _cta_backward_kernel[grid](
-        pre_x, pre_h, R, Pw if proj else dummy, y, h_prev,
+        pre_x if pre_x is not None else dummy, pre_h if pre_h is not None else dummy, R,
+        Pw if proj else dummy, y, h_prev,
         c_seq if lstm else dummy, c_prev if lstm else dummy, dy, dhT,
         dcT if lstm else dummy, info.lengths_sorted, info.offsets,
         dpre_x, dpre_h if gru else dummy, dh0, dc0 if lstm else dummy,

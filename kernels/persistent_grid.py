@@ -159,6 +159,7 @@ import triton
 import triton.language as tl
 
 from ..rnn.packing import PackInfo
+from ..rnn.reference import check_backward_preacts
 from . import cells
 from .compile_options import FP_FUSION
 from .grid_barrier import (
@@ -1242,28 +1243,32 @@ def _bwd_loads(PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s
     """What backward sub-step u reads that no other program writes (loaded ahead, as in
     `_fwd_loads`): active mask and rows of step s = S-1-u//NPH; dy[rows, os] where the
     sub-step forms dh (phase A, or the only phase); in the cell phase the reserve tiles:
-    pre-activations x_k (input side), q_k (recurrent side) and the cell's extra pair e0, e1
-    (LSTM c_t, c_{t-1}; GRU h_{t-1}; tanh h_t; zeros otherwise)."""
+    pre-activations x_k (input side), q_k (recurrent side) of the gated cells and the
+    cell's extra pair e0, e1 (LSTM c_t, c_{t-1}; GRU h_{t-1}; tanh / relu h_t, from which
+    their derivatives follow: they read no pre-activation)."""
     act, rows = _bwd_rows(OFFS, lens, jb64, b_ok, u, u_end, S, rev, NPH, REVERSE, NUM_DIRS)
     phase = (lens * 0 + u) % NPH
     dy = _load_rows(DY, s_dy, rows, os_, o_ok[:, None] & (act & (phase == 0))[None, :])
     m2 = h_ok[:, None] & (act & (phase == NPH - 1))[None, :]
-    x0 = _load_gate(PREX, s_px, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
-    x1 = _load_gate(PREX, s_px, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
-    x2 = _load_gate(PREX, s_px, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
-    x3 = _load_gate(PREX, s_px, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
-    q0 = _load_gate(PREH, s_ph, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
-    q1 = _load_gate(PREH, s_ph, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
-    q2 = _load_gate(PREH, s_ph, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
-    q3 = _load_gate(PREH, s_ph, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
     e0 = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
     e1 = e0
+    x0, x1, x2, x3 = e0, e0, e0, e0
+    q0, q1, q2, q3 = e0, e0, e0, e0
+    if CELL <= 1:
+        x0 = _load_gate(PREX, s_px, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+        x1 = _load_gate(PREX, s_px, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+        x2 = _load_gate(PREX, s_px, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+        x3 = _load_gate(PREX, s_px, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
+        q0 = _load_gate(PREH, s_ph, rows, hs, m2, 0, G, H, BLOCK_H, BLOCK_B)
+        q1 = _load_gate(PREH, s_ph, rows, hs, m2, 1, G, H, BLOCK_H, BLOCK_B)
+        q2 = _load_gate(PREH, s_ph, rows, hs, m2, 2, G, H, BLOCK_H, BLOCK_B)
+        q3 = _load_gate(PREH, s_ph, rows, hs, m2, 3, G, H, BLOCK_H, BLOCK_B)
     if CELL == 0:
         e0 = _load_rows(CSEQ, s_cs, rows, hs, m2)
         e1 = _load_rows(CPREV, s_cp, rows, hs, m2)
     if CELL == 1:
         e0 = _load_rows(HPREV, s_hp, rows, hs, m2)
-    if CELL == 2:
+    if CELL >= 2:
         e0 = _load_rows(Y, s_y, rows, hs, m2)
     return act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1
 
@@ -1308,7 +1313,7 @@ def _bwd_cell_phase(
         c_prev = e1
     if CELL == 1:
         h_prev = e0
-    if CELL == 2:
+    if CELL >= 2:
         h_new = e0
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
@@ -2440,7 +2445,10 @@ def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
 def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
     if cell not in cells.CELL_IDS:
         raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
-    dtype = name_tensors[0][1].dtype
+    # The first tensor given sets the dtype and device (the backward's pre_x is absent for
+    # tanh / relu).
+    anchor = next(t for _, t in name_tensors if t is not None)
+    dtype = anchor.dtype
     if dtype == torch.float64:
         raise ValueError("grid kernels do not run float64: route float64 to the reference")
     if dtype not in _DOT_DTYPES:
@@ -2465,7 +2473,7 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
             f"block_k must be 0 (resident weights) or a power of two >= 16, got {block_k}")
     if num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two, got {num_warps}")
-    dev = name_tensors[0][1].device
+    dev = anchor.device
     interp = _interpreting()
     if not interp and dev.type != "cuda":
         raise ValueError("grid kernels need CUDA tensors (or TRITON_INTERPRET=1)")
@@ -2714,8 +2722,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
 
 def grid_backward(
     cell: str,
-    pre_x: torch.Tensor,
-    pre_h: torch.Tensor,
+    pre_x: torch.Tensor | None,
+    pre_h: torch.Tensor | None,
     R: torch.Tensor,
     Pw: torch.Tensor | None,
     y: torch.Tensor,
@@ -2802,8 +2810,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
         raise ValueError(f"a projection (Pw) is LSTM-only, got cell {cell!r}")
     B, N, S = info.B, info.N, info.max_len
     _check_shape("R", R, (G * H, P or H))
-    for name, x in (("pre_x", pre_x), ("pre_h", pre_h), ("dpre_x", dpre_x)):
-        _check_shape(name, x, (N, G * H))
+    check_backward_preacts(cell, pre_x, pre_h, (N, G * H))
+    _check_shape("dpre_x", dpre_x, (N, G * H))
     for name, x in (("y", y), ("h_prev", h_prev), ("dy", dy)):
         _check_shape(name, x, (N, Hout))
     _check_shape("dhT", dhT, (B, Hout))

@@ -116,6 +116,16 @@ def _input_preact(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor, out: torch.T
     return torch.addmm(lp.bW, x, lp.W.t(), out=out)
 
 
+def _backward_preacts(cfg: RNNConfig, lp: LayerParams, x: torch.Tensor, h_prev: torch.Tensor,
+                      pre_x: torch.Tensor | None, pre_h: torch.Tensor | None) -> None:
+    """The recomputed pre-activations a backward recurrence reads, for all the rows given
+    (`reference.backward_preacts`): the gated cells' pre_x <- W x + bW and pre_h <- R h + bR,
+    tanh / relu nothing (their derivatives follow from the layer output)."""
+    if pre_x is not None:
+        _input_preact(cfg, lp, x, pre_x)
+        torch.addmm(lp.bR, h_prev, lp.R.t(), out=pre_h)
+
+
 def _layer_input(cfg, info, layer, x0, ys, training, dropped=None):
     """Input of `layer`: the packed input, or the previous layer's output after dropout
     (fused mask + scale, written into the reusable `dropped` workspace when given)."""
@@ -269,7 +279,10 @@ def backward(
     buf = lambda *shape: new_buffer(*shape, dtype=dtype, device=dev)  # noqa: E731
     paired = pairs_directions(rec, D)
     W = 2 if paired else 1
-    pre_x, pre_h, h_prev = buf(W, N, G * H), buf(W, N, G * H), buf(W, N, Hout)
+    wants_x, wants_h = reference.backward_preacts(cfg.rnn_mode)
+    pre_x = buf(W, N, G * H) if wants_x else None
+    pre_h = buf(W, N, G * H) if wants_h else None
+    h_prev = buf(W, N, Hout)
     c_prev = buf(W, N, H) if lstm else None
     dpre_x = buf(W, N, G * H)
     dpre_h = buf(W, N, G * H) if cfg.rnn_mode == "gru" else None
@@ -289,8 +302,7 @@ def backward(
         lp = views[p]
         y_dir = ys[p // D][:, d * Hout : (d + 1) * Hout]
         torch.index_select(torch.cat([h0s[p], y_dir]), 0, prev[d], out=h_prev[w])
-        _input_preact(cfg, lp, xl, pre_x[w])
-        torch.addmm(lp.bR, h_prev[w], lp.R.t(), out=pre_h[w])
+        _backward_preacts(cfg, lp, xl, h_prev[w], half(pre_x, w), half(pre_h, w))
         if lstm:
             torch.index_select(torch.cat([c0s[p], c_views[p]]), 0, prev[d], out=c_prev[w])
 
@@ -344,7 +356,7 @@ def backward(
                 p = layer * D + d
                 recompute(p, d, 0, xl)
                 rec.backward(
-                    cfg.rnn_mode, pre_x[0], pre_h[0], views[p].R, views[p].Pw,
+                    cfg.rnn_mode, half(pre_x, 0), half(pre_h, 0), views[p].R, views[p].Pw,
                     ys[layer][:, d * Hout : (d + 1) * Hout], h_prev[0],
                     c_views[p] if lstm else None, half(c_prev, 0), dy_dirs[d], dhTs[p],
                     dcTs[p] if lstm else None, info, d == 1, dpre_x[0], half(dpre_h, 0),
@@ -449,7 +461,7 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
     # also reads; the SLOT_PRIVATE ones are [W, N, C], W = pipe.width.
     ws = {name: new_buffer(*shape, dtype=dtype, device=dev) for name, shape in
           pipeline_mod.backward_workspaces(cfg, N, B, pipe.width).items()}
-    pre_x, pre_h, c_prev = ws["pre_x"], ws["pre_h"], ws.get("c_prev")
+    pre_x, pre_h, c_prev = ws.get("pre_x"), ws.get("pre_h"), ws.get("c_prev")
     dyx, dx = ws.get("dy"), ws["dx"]
     h_prev, dpre_x, dpre_h = ws["h_prev"], ws["dpre_x"], ws.get("dpre_h")
     dh_total, m_seq = ws.get("dh_total"), ws.get("m_seq")
@@ -484,8 +496,8 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
         r, win, lp = chunks.rows[k], chunks.windows[k], views[layer]
         xl = layer_input(layer, r, win, s)
         previous(h_prev[s], ys[layer], h0s[layer], r)
-        _input_preact(cfg, lp, xl, pre_x[r])
-        torch.addmm(lp.bR, h_prev[s][r], lp.R.t(), out=pre_h[r])
+        _backward_preacts(cfg, lp, xl, h_prev[s][r], pre_x[r] if pre_x is not None else None,
+                          pre_h[r] if pre_h is not None else None)
         if lstm:
             previous(c_prev, c_views[layer], c0s[layer], r)
         dh_in = dhTs[layer] if k == last else dh_mid[layer, (k + 1) % 2]
@@ -495,7 +507,8 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
             dc_in = dcTs[layer] if k == last else dc_mid[layer, (k + 1) % 2]
             dc_out = dc0s[layer] if k == 0 else dc_mid[layer, k % 2]
         rec.backward(
-            cfg.rnn_mode, pre_x[r], pre_h[r], lp.R, lp.Pw, ys[layer][r], h_prev[s][r],
+            cfg.rnn_mode, pre_x[r] if pre_x is not None else None,
+            pre_h[r] if pre_h is not None else None, lp.R, lp.Pw, ys[layer][r], h_prev[s][r],
             c_views[layer][r] if lstm else None, c_prev[r] if lstm else None,
             dy_last[r] if layer == L - 1 else dyx[r], dh_in, dc_in, win, False,
             dpre_x[s][r], dpre_h[s][r] if gru else None, dh_out, dc_out,

@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import reference
 from .config import RNNConfig
 from .planner import (
     DeviceProperties,
@@ -293,15 +294,21 @@ def forward_workspaces(cfg: RNNConfig, N: int, B: int,
 def backward_workspaces(cfg: RNNConfig, N: int, B: int,
                         width: int) -> dict[str, tuple[int, ...]]:
     """Shapes of the pipelined backward's workspaces (`engine._backward_pipelined` allocates
-    exactly these). Shared by every layer in flight (row-partitioned by chunk): pre_x, pre_h
-    [N, G*H], c_prev [N, H] (LSTM), dy [N, Hout] (the gradient rows passed down, L > 1), dx
-    [N, I]. Private to each of the W stream slots (SLOT_PRIVATE, [W, N, C]): h_prev (Hout),
+    exactly these). Shared by every layer in flight (row-partitioned by chunk): pre_x and
+    pre_h [N, G*H] (LSTM, GRU: `reference.backward_preacts`), c_prev [N, H] (LSTM), dy
+    [N, Hout] (the gradient rows passed down, L > 1), dx [N, I]. Private to each of the W
+    stream slots (SLOT_PRIVATE, [W, N, C]): h_prev (Hout),
     dpre_x (G*H), dpre_h (G*H, GRU), dh_total (Hout) and m_seq (H) with a projection,
     dropped (Hout, dropout > 0 and L > 1). Between chunks: dh_mid [L, 2, B, Hout], dc_mid
     [L, 2, B, H] (LSTM). Bytes: the sum of the products times the dtype's itemsize."""
     L, G, H, Hout, W = cfg.num_layers, cfg.num_gates, cfg.num_units, cfg.out_size, width
     lstm, gru, proj = cfg.is_lstm, cfg.rnn_mode == "gru", cfg.num_proj > 0
-    ws = {"pre_x": (N, G * H), "pre_h": (N, G * H)}
+    wants_x, wants_h = reference.backward_preacts(cfg.rnn_mode)
+    ws = {}
+    if wants_x:
+        ws["pre_x"] = (N, G * H)
+    if wants_h:
+        ws["pre_h"] = (N, G * H)
     if lstm:
         ws["c_prev"] = (N, H)
     if L > 1:

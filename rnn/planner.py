@@ -49,6 +49,7 @@ import torch
 import triton
 
 from .config import GATES, check_int, make_config
+from .reference import backward_preacts
 
 if TYPE_CHECKING:  # rnn/pipeline.py imports this module
     from .pipeline import Decision
@@ -1152,8 +1153,11 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
         # The inter-layer dropout's workspace, in each pass.
         add("dropped", (N, D * Hout), "forward")
         add("dropped", (N, D * Hout), "backward")
-    add("pre_x", (*W, N, G * H), "backward")
-    add("pre_h", (*W, N, G * H), "backward")
+    wants_x, wants_h = backward_preacts(cfg.rnn_mode)
+    if wants_x:
+        add("pre_x", (*W, N, G * H), "backward")
+    if wants_h:
+        add("pre_h", (*W, N, G * H), "backward")
     add("dpre_x", (*W, N, G * H), "backward")
     if cfg.rnn_mode == "gru":
         add("dpre_h", (*W, N, G * H), "backward")

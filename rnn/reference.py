@@ -6,8 +6,10 @@ same signatures with Triton):
 - `recurrence_forward`: the sequential part of one layer and direction. The input-side
   pre-activations xg = W x + bW are precomputed for all steps by one GEMM.
 - `recurrence_backward`: the reverse-time sequential part. The pre-activations of every step
-  (x side and h side) are recomputed beforehand by two GEMMs, because every h_{t-1} is known
-  after the forward; only dh and dc travel sequentially.
+  are recomputed beforehand by GEMMs, because every h_{t-1} is known after the forward; only
+  dh and dc travel sequentially. Each cell takes only what its derivative reads
+  (`backward_preacts`): LSTM and GRU the input and recurrent sides, tanh and relu none
+  (their derivatives follow from the output h_t).
 
 Tensors indexed by batch (h0, c0, hT, cT, dhT, dcT, dh0, dc0) are in the packed layout's sorted
 order; tensors indexed by packed row are [N, ...] in `packing.PackInfo` row order. Internals
@@ -26,6 +28,30 @@ from .packing import PackInfo
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def backward_preacts(cell: str) -> tuple[bool, bool]:
+    """Which recomputed pre-activations a backward recurrence of `cell` reads: (pre_x, pre_h).
+    LSTM and GRU both (pre_x = W x + bW, pre_h = R h + bR); tanh / relu neither (the
+    derivative from the output: 1 - h_t^2, h_t > 0)."""
+    gated = cell in ("lstm", "gru")
+    return gated, gated
+
+
+def check_backward_preacts(cell: str, pre_x, pre_h, shape: tuple[int, int]) -> None:
+    """ValueError naming pre_x / pre_h where it is not what `backward_preacts` asks for
+    `cell`: a tensor of `shape`, or None."""
+    for name, x, wanted in zip(("pre_x", "pre_h"), (pre_x, pre_h), backward_preacts(cell),
+                               strict=True):
+        if wanted and x is None:
+            raise ValueError(f"{name}: expected a [{shape[0]}, {shape[1]}] tensor for cell "
+                             f"{cell!r}, got None")
+        if wanted and tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {list(shape)} for cell {cell!r}, got "
+                             f"{list(x.shape)}")
+        if not wanted and x is not None:
+            raise ValueError(f"{name}: expected None for cell {cell!r} (its derivative follows "
+                             f"from y), got a tensor of shape {list(x.shape)}")
 
 
 def step_rows(info: PackInfo, s: int, reverse: bool) -> torch.Tensor:
@@ -101,8 +127,8 @@ def recurrence_forward(
 
 def cell_backward(
     cell: str,
-    px: torch.Tensor,
-    ph: torch.Tensor,
+    px: torch.Tensor | None,
+    ph: torch.Tensor | None,
     dh: torch.Tensor,
     h_new: torch.Tensor,
     h_prev: torch.Tensor,
@@ -110,8 +136,10 @@ def cell_backward(
     c_prev: torch.Tensor | None,
     dc_in: torch.Tensor | None,
 ):
-    """Backward of one step. dh: [n, H] gradient on the cell output m (after the projection's
-    backward); dc_in: carried gradient on c_t (LSTM).
+    """Backward of one step. px, ph: the step's pre-activations as `backward_preacts` says
+    (LSTM, GRU: both sides; tanh / relu: None, unread). dh: [n, H]
+    gradient on the cell output m (after the projection's backward); dc_in: carried gradient
+    on c_t (LSTM).
     Returns (dpx, dph, dh_prev_direct, dc_prev, m): dpx/dph are the gradients of the x-side and
     h-side pre-activations (the same tensor except for GRU), dh_prev_direct the part of dh_{t-1}
     that bypasses R (GRU's z * dh), dc_prev the gradient carried to c_{t-1}."""
@@ -137,15 +165,15 @@ def cell_backward(
         return torch.cat([dpr, dpz, dpn], 1), torch.cat([dpr, dpz, dpn * r], 1), dh * z, None, None
     if cell == "rnn_tanh":
         dpre = dh * (1 - h_new * h_new)
-    else:
-        dpre = dh * ((px + ph) > 0).to(dh.dtype)
+    else:  # relu: h_t > 0 exactly where the pre-activation was
+        dpre = dh * (h_new > 0).to(dh.dtype)
     return dpre, dpre, None, None, None
 
 
 def recurrence_backward(
     cell: str,
-    pre_x: torch.Tensor,
-    pre_h: torch.Tensor,
+    pre_x: torch.Tensor | None,
+    pre_h: torch.Tensor | None,
     R: torch.Tensor,
     Pw: torch.Tensor | None,
     y: torch.Tensor,
@@ -170,11 +198,13 @@ def recurrence_backward(
     projection dh_total [N, P] (total gradient on each h_t) and m_seq [N, H] (o * tanh(c_t)),
     from which the caller forms dPw = dh_total^T m_seq.
 
-    pre_x, pre_h: [N, G*H] recomputed pre-activations; y: [N, Hout] this direction's outputs;
+    pre_x, pre_h: [N, G*H] recomputed pre-activations W x + bW and R h + bR (LSTM, GRU), None
+    for tanh / relu (`backward_preacts`); y: [N, Hout] this direction's outputs;
     h_prev: [N, Hout] each row's h_{t-1} (h0 at the first step); c_seq, c_prev: [N, H] (LSTM);
     dy: [N, Hout] gradient arriving at y from the output or the layer above; dhT, dcT: [B, ...]
     gradients of the final states."""
-    cdt = compute_dtype(pre_x.dtype)
+    check_backward_preacts(cell, pre_x, pre_h, (info.N, R.shape[0]))
+    cdt = compute_dtype(dy.dtype)
     R_ = R.to(cdt)
     Pw_ = Pw.to(cdt) if Pw is not None else None
     dh_carry = dhT.to(cdt).clone()
@@ -186,8 +216,8 @@ def recurrence_backward(
         dm = dh @ Pw_ if Pw_ is not None else dh
         dpx, dph, direct, dc_prev, m = cell_backward(
             cell,
-            pre_x[rows].to(cdt),
-            pre_h[rows].to(cdt),
+            pre_x[rows].to(cdt) if pre_x is not None else None,
+            pre_h[rows].to(cdt) if pre_h is not None else None,
             dm,
             y[rows].to(cdt),
             h_prev[rows].to(cdt),

@@ -158,7 +158,10 @@ def _backward_pairs(cell, H, P, lengths, T, seed=1):
     rnd = lambda *s: torch.randn(*s, generator=g).to(DEV)  # noqa: E731
     R, _, Pw, _ = _weights(g, G, H, Hout, P)
     # Outputs of a real forward are bounded (tanh's backward uses 1 - y^2).
-    ins = dict(pre_x=_halves(rnd(2, N, G * H)), pre_h=_halves(rnd(2, N, G * H)), R=R, Pw=Pw,
+    # The pre-activations each cell's backward reads (reference.backward_preacts).
+    gated = cell in ("lstm", "gru")
+    ins = dict(pre_x=_halves(rnd(2, N, G * H)) if gated else None,
+               pre_h=_halves(rnd(2, N, G * H)) if gated else None, R=R, Pw=Pw,
                y=_halves(torch.tanh(rnd(N, 2 * Hout))), h_prev=_halves(torch.tanh(rnd(2, N, Hout))),
                c_seq=_halves(rnd(2, N, H)) if lstm else None,
                c_prev=_halves(rnd(2, N, H)) if lstm else None, dy=_halves(rnd(N, 2 * Hout)),

@@ -92,8 +92,12 @@ def make_problem(cell, H, P, lengths, reverse, dtype=torch.float32, scale=1.0, s
     d = int(reverse)
     # dy as the engine passes it: one direction's column slice of a [N, 2*Hout] gradient.
     dy_wide = cast(rnd(N, 2 * Hout))
+    # The pre-activations each cell's backward reads (reference.backward_preacts).
+    gated = cell in ("lstm", "gru")
     bwd = dict(
-        pre_x=fwd["xg"], pre_h=pre_h, R=fwd["R"], Pw=fwd["Pw"], y=y, h_prev=h_prev,
+        pre_x=fwd["xg"] if gated else None, pre_h=pre_h if gated else None, R=fwd["R"],
+        Pw=fwd["Pw"], y=y,
+        h_prev=h_prev,
         c_seq=c_seq, c_prev=c_prev, dy=dy_wide[:, d * Hout : (d + 1) * Hout],
         dhT=cast(rnd(B, Hout)), dcT=cast(rnd(B, H)) if lstm else None,
     )

@@ -127,8 +127,11 @@ def _backward_problem(cell, H, P, lengths, T, dtype=torch.float32, seed=1):
         t = torch.randn(*s, generator=g) * scale
         return (torch.tanh(t) if squash else t).to(dtype).to(DEV)
 
+    # The pre-activations each cell's backward reads (reference.backward_preacts): the
+    # gated cells' two sides, none for tanh / relu.
     ins = dict(
-        cell=cell, pre_x=rnd(N, G * H), pre_h=rnd(N, G * H),
+        cell=cell, pre_x=rnd(N, G * H) if lstm or gru else None,
+        pre_h=rnd(N, G * H) if lstm or gru else None,
         R=rnd(G * H, Hout, scale=1.5 / math.sqrt(Hout)),
         Pw=rnd(P, H, scale=1.5 / math.sqrt(H)) if P else None,
         # Outputs of a real forward are bounded; tanh's backward uses 1 - y^2.
@@ -231,6 +234,43 @@ def test_backward_matches_reference(cell, reverse, persistent, block_k):
     ins, outs = _backward_problem(cell, 33, 0, *VARLEN)
     _run_backward(ins, outs, reverse, persistent=persistent, block_h=16, block_k=block_k)
     _check_backward(ins, outs, reverse)
+
+
+# Each cell's backward takes only the pre-activations it reads (reference.backward_preacts):
+# LSTM and GRU both sides, tanh / relu neither (their derivatives follow from y). Any other
+# combination is refused by every backend, naming the argument, before anything runs.
+_WRONG_PREACTS = {
+    "lstm": ("pre_h", None, r"pre_h: expected a \[8, 64\] tensor for cell 'lstm', got None"),
+    "gru": ("pre_x", None, r"pre_x: expected a \[8, 48\] tensor for cell 'gru', got None"),
+    "rnn_tanh": ("pre_x", "full", r"pre_x: expected None for cell 'rnn_tanh' \(its "
+                                  r"derivative follows from y\), got a tensor of shape "
+                                  r"\[8, 16\]"),
+    "rnn_relu": ("pre_h", "short", r"pre_h: expected None for cell 'rnn_relu'"),
+    "lstm-short": ("pre_x", "short", r"pre_x: expected shape \[8, 64\] for cell 'lstm', "
+                                     r"got \[7, 64\]"),
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "persistent_cta", "persistent_grid"])
+@pytest.mark.parametrize("case", list(_WRONG_PREACTS))
+def test_backward_refuses_preactivations_its_cell_does_not_read(case, backend):
+    from tritonrnn.kernels.persistent_cta import cta_backward
+
+    cell = case.split("-")[0]
+    name, given, message = _WRONG_PREACTS[case]
+    ins, outs = _backward_problem(cell, 16, 0, [3, 3, 2], 3)
+    N, GH = ins["info"].N, ins["R"].shape[0]
+    ins[name] = {"full": torch.zeros(N, GH), "short": torch.zeros(N - 1, GH), None: None}[given]
+    before = {k: v.clone() for k, v in outs.items() if v is not None}
+    args = (ins["cell"], *(ins[k] for k in _BWD_IN), ins["info"], False,
+            *(outs[k] for k in _BWD_OUT))
+    run = {"reference": reference.recurrence_backward,
+           "persistent_cta": lambda *a: cta_backward(*a, block_b=16),
+           "persistent_grid": lambda *a: pg.grid_backward(*a, persistent=False, block_h=16)}
+    with pytest.raises(ValueError, match=message):
+        run[backend](*args)
+    for k, v in before.items():  # nothing written
+        assert torch.equal(outs[k].isnan(), v.isnan()), k
 
 
 @BLOCK_K

@@ -362,6 +362,9 @@ def test_window_chain_equals_full_recurrence(mode):
     h_prev = torch.cat([h0, y])[prev]
     c_prev = torch.cat([c0, cs])[prev] if lstm else None
     pre_h = h_prev @ R.t() + bR
+    # The pre-activations each cell's backward reads (reference.backward_preacts).
+    gated = mode in ("lstm", "gru")
+    pre_x, pre_h = (xg, pre_h) if gated else (None, None)
     dy, dhT = rnd(N, H), rnd(B, H)
     dcT = rnd(B, H) if lstm else None
 
@@ -369,7 +372,9 @@ def test_window_chain_equals_full_recurrence(mode):
         out = {k: torch.empty(info_.N, G * H).double() for k in ("dpx", "dph")}
         dh0, dc0 = torch.empty(B, H).double(), torch.empty(B, H).double() if lstm else None
         reference_mod.recurrence_backward(
-            mode, xg[r], pre_h[r], R, None, y[r], h_prev[r], cs[r] if lstm else None,
+            mode, pre_x[r] if pre_x is not None else None,
+            pre_h[r] if pre_h is not None else None, R, None, y[r], h_prev[r],
+            cs[r] if lstm else None,
             c_prev[r] if lstm else None, dy[r], dh, dc, info_, False, out["dpx"],
             out["dph"] if mode == "gru" else None, dh0, dc0, None, None)
         return out["dpx"], out["dph"], dh0, dc0

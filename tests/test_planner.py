@@ -346,6 +346,21 @@ def test_reserve_and_buffers_in_plan():
         assert word in text
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_backward_buffers_hold_only_the_preactivations_the_cell_reads(mode):
+    """tanh / relu read no recomputed pre-activation (their derivatives follow from y): their
+    plans list neither pre_x nor pre_h, and their backward peak is smaller by both [N, H]."""
+    p = _plan(mode=mode, H=256, B=16, T=64)
+    names = {b.name for b in p.buffers if b.phase == "backward"}
+    gated = mode in ("lstm", "gru")
+    assert ("pre_x" in names, "pre_h" in names) == (gated, gated)
+    if not gated:
+        N, H, item = 16 * 64, 256, 2
+        bwd = sum(b.nbytes for b in p.buffers if b.phase == "backward")
+        # what is left: dpre_x, h_prev and the dx / dy buffer, each [N, H]
+        assert bwd == 3 * N * H * item
+
+
 def test_dropout_enters_the_pipelined_buffers():
     kw = dict(mode="rnn_tanh", H=32, B=4, T=64, num_layers=3, device="h100")
     with plan_constraints(pipeline_chunks=2):
