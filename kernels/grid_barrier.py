@@ -165,7 +165,14 @@ def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
 
 
 class BarrierTimeoutError(RuntimeError):
-    """A persistent-grid launch's barrier timed out; that launch's outputs are invalid."""
+    """A persistent-grid launch's barrier timed out; that launch's outputs are invalid.
+    earlier: the failed launch is not the one whose call reports it (the deferred check's
+    report at a later launch, or at `check_barriers`): its outputs may have been read since,
+    so rerunning the reporting launch cannot repair anything."""
+
+    def __init__(self, message: str, earlier: bool = False):
+        super().__init__(message)
+        self.earlier = earlier
 
 
 _TIMEOUT_MESSAGE = (
@@ -215,7 +222,7 @@ def cooperative_launch_options() -> dict:
 def _raise_if_failed(flags: torch.Tensor, what: str, earlier: bool) -> None:
     if bool(flags.any()):
         when = "an earlier launch of " if earlier else ""
-        raise BarrierTimeoutError(f"{when}{what}: {_TIMEOUT_MESSAGE}")
+        raise BarrierTimeoutError(f"{when}{what}: {_TIMEOUT_MESSAGE}", earlier=earlier)
 
 
 def _poll(wait: bool) -> None:
@@ -270,4 +277,5 @@ def check_barriers() -> None:
     _poll(wait=True)
     for flags, what in list(_captured):
         if bool(flags.any()):
-            raise BarrierTimeoutError(f"a CUDA-graph replay of {what}: {_TIMEOUT_MESSAGE}")
+            raise BarrierTimeoutError(f"a CUDA-graph replay of {what}: {_TIMEOUT_MESSAGE}",
+                                      earlier=True)

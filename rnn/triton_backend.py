@@ -201,7 +201,9 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
     stepwise (every output is rewritten, so the result is the same): a cooperative launch the
     driver refuses, or, with TRITONRNN_BARRIER_CHECK=sync, a grid barrier that timed out
     (e.g. another process holding SMs). In the default deferred mode a timeout is reported by
-    a later launch or `check_barriers()` instead (kernels/grid_barrier.py)."""
+    a later launch or `check_barriers()` instead (kernels/grid_barrier.py); reported by this
+    launch's call, an earlier launch's timeout propagates (its outputs are invalid and may
+    have been read since: rerunning this launch would hide that behind a warning)."""
     tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
                  num_warps=lp.backward_warps if backward else lp.num_warps)
     if backward:
@@ -212,6 +214,8 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
     try:
         launch(*args, persistent=True, **tiles)
     except RuntimeError as err:
+        if getattr(err, "earlier", False):  # grid_barrier.BarrierTimeoutError of another launch
+            raise
         warnings.warn(f"tritonrnn: persistent-grid launch failed ({err}); rerunning stepwise",
                       RuntimeWarning, stacklevel=3)
         launch(*args, persistent=False, **tiles)

@@ -188,3 +188,46 @@ def test_half_precision_on_gpu(mode, dtype):
     unit = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     for name, err in errs.items():
         assert err <= max(2 * base[name], 4 * unit), (name, err, base[name])
+
+
+# A persistent-grid launch that fails is rerun stepwise (its inputs are intact, every output
+# is rewritten), but not when what it reports is an earlier launch's barrier timeout (the
+# deferred check, kernels/grid_barrier.py): that launch's outputs are invalid and may have
+# been read since, so the error propagates instead of becoming a warning.
+@pytest.mark.parametrize("earlier", [False, True], ids=["this-launch", "earlier-launch"])
+def test_stepwise_fallback_reruns_only_a_launch_that_itself_failed(earlier):
+    from types import SimpleNamespace
+
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError
+    from tritonrnn.rnn.triton_backend import _with_stepwise_fallback
+
+    calls = []
+
+    def launch(*args, persistent, **tiles):
+        calls.append(persistent)
+        if persistent:
+            raise BarrierTimeoutError("a launch of _grid_bwd: timed out", earlier=earlier)
+
+    lp = SimpleNamespace(family="persistent_grid", block_h=16, block_b=16, block_k=0,
+                         num_warps=4, backward_warps=8, pair_gates=True)
+    if earlier:
+        with pytest.raises(BarrierTimeoutError, match="timed out"):
+            _with_stepwise_fallback(launch, (), lp, backward=True)
+        assert calls == [True]
+    else:
+        with pytest.warns(RuntimeWarning, match="rerunning stepwise"):
+            _with_stepwise_fallback(launch, (), lp, backward=True)
+        assert calls == [True, False]
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
+    # What the fallback above reads: the deferred check's report of an earlier launch is
+    # marked so, a launch's own (sync mode) is not.
+    from tritonrnn.kernels import grid_barrier
+
+    flags = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(grid_barrier.BarrierTimeoutError) as info:
+        grid_barrier._raise_if_failed(flags, "grid_backward", earlier=earlier)
+    assert info.value.earlier is earlier
+    assert ("an earlier launch of grid_backward" in str(info.value)) is earlier
