@@ -38,6 +38,7 @@ from . import reserve as reserve_mod
 from .config import RNNConfig
 from .packing import PackInfo, prev_rows, window
 from .params import LayerParams, layer_views
+from .planner import backward_writes_over_preacts
 
 
 def new_buffer(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -284,8 +285,13 @@ def backward(
     pre_h = buf(W, N, G * H) if wants_h else None
     h_prev = buf(W, N, Hout)
     c_prev = buf(W, N, H) if lstm else None
-    dpre_x = buf(W, N, G * H)
-    dpre_h = buf(W, N, G * H) if cfg.rnn_mode == "gru" else None
+    # The gradients written over the pre-activations they are computed from, where the
+    # planner's rule allows (`planner.backward_writes_over_preacts`).
+    over = backward_writes_over_preacts(cfg.rnn_mode)
+    dpre_x = pre_x if over else buf(W, N, G * H)
+    dpre_h = None
+    if cfg.rnn_mode == "gru":
+        dpre_h = pre_h if over else buf(W, N, G * H)
     proj = cfg.num_proj > 0
     dh_total = buf(W, N, Hout) if proj else None
     m_seq = buf(W, N, H) if proj else None

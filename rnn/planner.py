@@ -1094,7 +1094,27 @@ class Plan:
         ]
 
 
-def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[Buffer, ...]:
+def backward_writes_over_preacts(rnn_mode: str, barrier_check: str | None = None) -> bool:
+    """Whether the unpipelined backward writes each recurrence's pre-activation gradients
+    over its recomputed pre-activations (dpre_x into pre_x, GRU's dpre_h into pre_h): one
+    [N, G*H] workspace fewer per recurrence, two for GRU. Safe in every backend because each
+    gradient element is a function of the pre-activation element at its own index (a gate's
+    gradient reads that gate's activation: LSTM i, f, g, o; GRU r, z and n, whose n reads
+    both sides), so it is read before it can be written, and no other program, step or
+    direction reads it. Not with TRITONRNN_BARRIER_CHECK=sync, where a persistent launch
+    whose barrier timed out is rerun stepwise and needs its inputs as they were; not in the
+    layer pipeline, whose pre-activation rows are shared by the layers in flight while each
+    keeps its gradients for its weight GEMMs; not for tanh / relu, which have no
+    pre-activation to write over (`reference.backward_preacts`). barrier_check: the mode
+    (default: TRITONRNN_BARRIER_CHECK's, read now)."""
+    from tritonrnn.kernels.grid_barrier import barrier_check_mode
+
+    check = barrier_check or barrier_check_mode()
+    return backward_preacts(rnn_mode)[0] and check != "sync"
+
+
+def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
+             barrier_check: str = "deferred") -> tuple[Buffer, ...]:
     """Every buffer of a training step at N = B*T (the config's dropout included) as the
     Triton backend's engine allocates it; width > 0: as the layer pipeline with `width`
     stream slots allocates them (rnn/pipeline.py's workspace shapes, the ones it adds named
@@ -1154,13 +1174,16 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0) -> tuple[B
         add("dropped", (N, D * Hout), "forward")
         add("dropped", (N, D * Hout), "backward")
     wants_x, wants_h = backward_preacts(cfg.rnn_mode)
+    over = backward_writes_over_preacts(cfg.rnn_mode, barrier_check)
+    gru = cfg.rnn_mode == "gru"
     if wants_x:
-        add("pre_x", (*W, N, G * H), "backward")
+        add("pre_x / dpre_x" if over else "pre_x", (*W, N, G * H), "backward")
     if wants_h:
-        add("pre_h", (*W, N, G * H), "backward")
-    add("dpre_x", (*W, N, G * H), "backward")
-    if cfg.rnn_mode == "gru":
-        add("dpre_h", (*W, N, G * H), "backward")
+        add("pre_h / dpre_h" if over and gru else "pre_h", (*W, N, G * H), "backward")
+    if not over:
+        add("dpre_x", (*W, N, G * H), "backward")
+        if gru:
+            add("dpre_h", (*W, N, G * H), "backward")
     add("h_prev", (*W, N, Hout), "backward")
     if cfg.is_lstm:
         add("c_prev", (*W, N, H), "backward")
@@ -1228,8 +1251,10 @@ def plan_for(
     )
     constraints = _constraints.get()
     automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
+    from tritonrnn.kernels.grid_barrier import barrier_check_mode
+
     return _plan_cached(cfg, batch, max_time, dtype, props, constraints, _tuning_cache_stamp(),
-                        automatic, triton.__version__)
+                        automatic, barrier_check_mode(), triton.__version__)
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -1253,11 +1278,12 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
-                 automatic: bool, _triton: str) -> Plan:
+                 automatic: bool, barrier_check: str, _triton: str) -> Plan:
     """plan_for's Plan, cached by everything it depends on: the tuning cache's file and
     version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
-    is freed: a plan made without a cache was returned for a tuned key) and the Triton
-    release whose entries count (_triton) among them."""
+    is freed: a plan made without a cache was returned for a tuned key), the barrier check
+    mode (the buffers: `backward_writes_over_preacts`) and the Triton release whose entries
+    count (_triton) among them."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(
@@ -1271,7 +1297,8 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
         num_layers=cfg.num_layers, num_dirs=cfg.num_dirs, num_proj=cfg.num_proj, batch=batch,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
         layers=layers, source=source,
-        buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0),
+        buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0,
+                         barrier_check),
         pipeline=pipe,
     )
 

@@ -138,10 +138,11 @@ def test_automatic_lists_the_extra_buffers_and_counts_them_in_peak(monkeypatch):
         row = rf"\n    {phase} +{re.escape(name)} +{re.escape(str(list(shape)))} +bfloat16 +"
         assert re.search(rf"{row}{nbytes:,} B\n", text), name
     assert f"extra workspaces (pipeline.* below): {extra:,} B" in text
-    # Unpipelined backward (no dropout: no dropped workspace): pre_x, pre_h, dpre_x, h_prev,
-    # c_prev, dx/dy ping-pong [2, N, 768]. Pipelined: pre_x, pre_h, c_prev, dy, dx, h_prev,
-    # dpre_x (first slot) and the extras above; the backward is the larger phase in both.
-    bwd_serial = N * (3 * GH + 2 * H + 2 * H) * item
+    # Unpipelined backward (no dropout: no dropped workspace): pre_x (dpre_x written over it,
+    # planner.backward_writes_over_preacts), pre_h, h_prev, c_prev, dx/dy ping-pong [2, N,
+    # 768]. Pipelined: pre_x, pre_h, c_prev, dy, dx, h_prev, dpre_x (first slot) and the
+    # extras above; the backward is the larger phase in both.
+    bwd_serial = N * (2 * GH + 2 * H + 2 * H) * item
     bwd_pipe = N * (3 * GH + 4 * H) * item + extra - 2 * 2 * 2 * 16 * H * item
     assert _phase_bytes(serial, "backward") == bwd_serial
     assert _phase_bytes(p, "backward") == bwd_pipe
@@ -356,3 +357,29 @@ def test_inference_forward_keeps_two_inner_outputs(mode, direction, layers):
     torch.testing.assert_close(out.hT, ref.hT, rtol=0, atol=0)
     if cfg.is_lstm:
         torch.testing.assert_close(out.cT, ref.cT, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode,direction", [("lstm", "bidirectional"), ("gru", "unidirectional"),
+                                            ("gru", "bidirectional")])
+def test_gradients_written_over_preactivations_change_nothing(monkeypatch, mode, direction):
+    # planner.backward_writes_over_preacts: by default the backward writes dpre_x (and GRU's
+    # dpre_h) over the recomputed pre-activations; with TRITONRNN_BARRIER_CHECK=sync it keeps
+    # them apart (a timed-out launch is rerun from its inputs). Same buffers as the plan in
+    # both modes, one [N, G*H] workspace fewer per recurrence (two for GRU), and bit-identical
+    # gradients from the Triton backend (the interpreter).
+    from tritonrnn.rnn.triton_backend import triton_recurrence
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = make_config(rnn_mode=mode, num_layers=2, num_units=H, input_size=I,
+                      direction=direction)
+    got = {}
+    for check in ("sync", "deferred"):
+        monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", check)
+        test_plan_buffers_are_what_the_triton_engine_allocates(mode, direction, 0, 2, 0.0)
+        seen, _, dx, dparams = _engine_run(cfg, 1, triton_recurrence(), device)
+        got[check] = (_nbytes(seen["backward"]), dx, dparams)
+    G, W = cfg.num_gates, cfg.num_dirs
+    fewer = (2 if mode == "gru" else 1) * W * B * T * G * H * 4  # fp32
+    assert got["sync"][0] - got["deferred"][0] == fewer
+    for a, b in zip(got["sync"][1:], got["deferred"][1:], strict=True):
+        assert torch.equal(a, b)

@@ -346,19 +346,29 @@ def test_reserve_and_buffers_in_plan():
         assert word in text
 
 
+@pytest.mark.parametrize("check", ["deferred", "sync"])
 @pytest.mark.parametrize("mode", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
-def test_backward_buffers_hold_only_the_preactivations_the_cell_reads(mode):
+def test_backward_buffers_hold_only_what_the_cell_reads(monkeypatch, mode, check):
     """tanh / relu read no recomputed pre-activation (their derivatives follow from y): their
-    plans list neither pre_x nor pre_h, and their backward peak is smaller by both [N, H]."""
+    plans list neither pre_x nor pre_h. LSTM / GRU write their pre-activation gradients over
+    the pre-activations (dpre_x over pre_x, GRU's dpre_h over pre_h), except where a timed-out
+    launch is rerun stepwise (TRITONRNN_BARRIER_CHECK=sync)."""
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", check)
     p = _plan(mode=mode, H=256, B=16, T=64)
     names = {b.name for b in p.buffers if b.phase == "backward"}
-    gated = mode in ("lstm", "gru")
-    assert ("pre_x" in names, "pre_h" in names) == (gated, gated)
-    if not gated:
-        N, H, item = 16 * 64, 256, 2
-        bwd = sum(b.nbytes for b in p.buffers if b.phase == "backward")
-        # what is left: dpre_x, h_prev and the dx / dy buffer, each [N, H]
-        assert bwd == 3 * N * H * item
+    N, H, G, item = 16 * 64, 256, {"lstm": 4, "gru": 3}.get(mode, 1), 2
+    bwd = sum(b.nbytes for b in p.buffers if b.phase == "backward")
+    # h_prev, the dx / dy buffer ([N, H] each), LSTM's c_prev [N, H], then the pre-activations
+    # and their gradients ([N, G*H] each).
+    rest = (2 + (mode == "lstm")) * N * H * item
+    want = {
+        ("lstm", "deferred"): ({"pre_x / dpre_x", "pre_h"}, 2),
+        ("lstm", "sync"): ({"pre_x", "pre_h", "dpre_x"}, 3),
+        ("gru", "deferred"): ({"pre_x / dpre_x", "pre_h / dpre_h"}, 2),
+        ("gru", "sync"): ({"pre_x", "pre_h", "dpre_x", "dpre_h"}, 4),
+    }.get((mode, check), ({"dpre_x"}, 1))
+    assert {n for n in names if "pre_" in n} == want[0]
+    assert bwd == rest + want[1] * N * G * H * item
 
 
 def test_dropout_enters_the_pipelined_buffers():
