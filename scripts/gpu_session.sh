@@ -4,15 +4,18 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session: `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270)
-# first: the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is
-# half the planner's 4-warp one) and on streamed 16 x 64 tiles, where the table of commit
-# 132da37 misses 2x cuDNN-graph; then rnn_tanh H=1536 and the rules never timed. The
-# kernels are those of 132da37, whose GPU tests passed (293) in the session of 2026-11-27
-# that ran `tests` (169 s), `all` (269 s) and `decide` (243 s); a change that `decide`
-# motivates needs `tests` (timeout_s 230) and `all` (timeout_s 490) again. Then `phases` (timeout_s 330): where a step's
+# Next session: `tests` (timeout_s 230) first: since commit 132da37 (whose 293 GPU tests
+# passed on 2026-11-27) the tanh / relu backwards read no pre-activation and the engine
+# writes the pre-activation gradients over the pre-activations (LSTM / GRU kernels compile
+# as before). Then `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270):
+# the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is half the
+# planner's 4-warp one) and on streamed 16 x 64 tiles, where the table of commit 132da37
+# misses 2x cuDNN-graph; then rnn_tanh H=1536 and the rules never timed; then `barrier`
+# (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
+# in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
+# `phases` (timeout_s 330): where a step's
 # time goes (on 2026-11-27 the recurrent product was half a forward step; `noload` prices
-# h's read alone since, its operand kept loop-variant), `barrier` (timeout_s 230) and
+# h's read alone since, its operand kept loop-variant) and
 # `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
