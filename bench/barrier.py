@@ -58,6 +58,7 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     contract): random pre-activations, states and output gradients (their values do not
     change the work), zeroed outputs."""
     from tritonrnn.rnn.packing import make_pack_info
+    from tritonrnn.rnn.reference import backward_preacts
 
     G = GATES[mode]
     info = make_pack_info([T] * B, T, device)
@@ -66,9 +67,10 @@ def _backward_inputs(mode: str, H: int, B: int, T: int, dtype, device):
     rnd = lambda *s: (torch.randn(*s, generator=g) * 0.1).to(device=device, dtype=dtype)  # noqa: E731
     zeros = lambda *s: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
     lstm = mode == "lstm"
+    wants_x, wants_h = backward_preacts(mode)
     return dict(
-        cell=mode, pre_x=rnd(N, G * H) if mode in ("lstm", "gru") else None,
-        pre_h=rnd(N, G * H) if mode in ("lstm", "gru") else None, R=rnd(G * H, H),
+        cell=mode, pre_x=rnd(N, G * H) if wants_x else None,
+        pre_h=rnd(N, G * H) if wants_h else None, R=rnd(G * H, H),
         Pw=None, y=rnd(N, H), h_prev=rnd(N, H), c_seq=rnd(N, H) if lstm else None,
         c_prev=rnd(N, H) if lstm else None, dy=rnd(N, H), dhT=rnd(B, H),
         dcT=rnd(B, H) if lstm else None, info=info, reverse=False, dpre_x=zeros(N, G * H),

@@ -84,6 +84,11 @@ def pairs_directions(rec: object, num_dirs: int) -> bool:
             and getattr(rec, "backward_bidir", None) is not None)
 
 
+def _at(t, i):
+    """t[i], or None for an absent (None) workspace."""
+    return t[i] if t is not None else None
+
+
 def _pair(seq, p: int):
     """(seq[p], seq[p + 1]) of a per-pseudo-layer sequence or [2, ...] workspace, or None."""
     return (seq[p], seq[p + 1]) if seq is not None and len(seq) else None
@@ -300,15 +305,12 @@ def backward(
     acc = torch.float32 if dtype != torch.float64 else None
     dropped = buf(N, D * Hout) if L > 1 and cfg.dropout > 0 else None
 
-    def half(t, w):
-        return t[w] if t is not None else None
-
     def recompute(p, d, w, xl):
         """Slot w of the pre-activation workspaces <- direction d's (pseudo-layer p)."""
         lp = views[p]
         y_dir = ys[p // D][:, d * Hout : (d + 1) * Hout]
         torch.index_select(torch.cat([h0s[p], y_dir]), 0, prev[d], out=h_prev[w])
-        _backward_preacts(cfg, lp, xl, h_prev[w], half(pre_x, w), half(pre_h, w))
+        _backward_preacts(cfg, lp, xl, h_prev[w], _at(pre_x, w), _at(pre_h, w))
         if lstm:
             torch.index_select(torch.cat([c0s[p], c_views[p]]), 0, prev[d], out=c_prev[w])
 
@@ -362,11 +364,11 @@ def backward(
                 p = layer * D + d
                 recompute(p, d, 0, xl)
                 rec.backward(
-                    cfg.rnn_mode, half(pre_x, 0), half(pre_h, 0), views[p].R, views[p].Pw,
+                    cfg.rnn_mode, _at(pre_x, 0), _at(pre_h, 0), views[p].R, views[p].Pw,
                     ys[layer][:, d * Hout : (d + 1) * Hout], h_prev[0],
-                    c_views[p] if lstm else None, half(c_prev, 0), dy_dirs[d], dhTs[p],
-                    dcTs[p] if lstm else None, info, d == 1, dpre_x[0], half(dpre_h, 0),
-                    dh0s[p], dc0s[p] if lstm else None, half(dh_total, 0), half(m_seq, 0),
+                    c_views[p] if lstm else None, _at(c_prev, 0), dy_dirs[d], dhTs[p],
+                    dcTs[p] if lstm else None, info, d == 1, dpre_x[0], _at(dpre_h, 0),
+                    dh0s[p], dc0s[p] if lstm else None, _at(dh_total, 0), _at(m_seq, 0),
                 )
                 gradients(p, d, 0, xl, dx)
         if layer > 0 and cfg.dropout > 0:
@@ -502,8 +504,8 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
         r, win, lp = chunks.rows[k], chunks.windows[k], views[layer]
         xl = layer_input(layer, r, win, s)
         previous(h_prev[s], ys[layer], h0s[layer], r)
-        _backward_preacts(cfg, lp, xl, h_prev[s][r], pre_x[r] if pre_x is not None else None,
-                          pre_h[r] if pre_h is not None else None)
+        px, ph = _at(pre_x, r), _at(pre_h, r)
+        _backward_preacts(cfg, lp, xl, h_prev[s][r], px, ph)
         if lstm:
             previous(c_prev, c_views[layer], c0s[layer], r)
         dh_in = dhTs[layer] if k == last else dh_mid[layer, (k + 1) % 2]
@@ -513,8 +515,7 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
             dc_in = dcTs[layer] if k == last else dc_mid[layer, (k + 1) % 2]
             dc_out = dc0s[layer] if k == 0 else dc_mid[layer, k % 2]
         rec.backward(
-            cfg.rnn_mode, pre_x[r] if pre_x is not None else None,
-            pre_h[r] if pre_h is not None else None, lp.R, lp.Pw, ys[layer][r], h_prev[s][r],
+            cfg.rnn_mode, px, ph, lp.R, lp.Pw, ys[layer][r], h_prev[s][r],
             c_views[layer][r] if lstm else None, c_prev[r] if lstm else None,
             dy_last[r] if layer == L - 1 else dyx[r], dh_in, dc_in, win, False,
             dpre_x[s][r], dpre_h[s][r] if gru else None, dh_out, dc_out,
