@@ -9,8 +9,10 @@
 # writes the pre-activation gradients over the pre-activations (LSTM / GRU kernels compile
 # as before). Then `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270):
 # the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is half the
-# planner's 4-warp one) and on streamed 16 x 64 tiles, where the table of commit 132da37
-# misses 2x cuDNN-graph; then rnn_tanh H=1536 and the rules never timed; then `barrier`
+# planner's 4-warp one), the B = 64 backward with the partial-product exchange (`partials`:
+# half the exchange's L2 bytes for LSTM) and on streamed 16 x 64 tiles, where the table of
+# commit 132da37 misses 2x cuDNN-graph; `partials` at B = 16; then rnn_tanh H=1536 and the
+# rules never timed; then `barrier`
 # (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's

@@ -57,6 +57,10 @@ Variants (comma-joined in one process):
     pairg32   the same on 16 x 32 tiles (the B = 32 / 64 plans; kernels'
               _BWD_PAIRED_GATES_WIDE, off by default; where the footprint fits: LSTM / GRU
               H=768 B=64 on an H100, 30 / 26 -> 18 BAR.SYNC per backward step)
+    partials  the backward exchanges partial products of dh (each program's own R rows times
+              its own dph, summed by the reader) instead of dph (kernels' _BWD_PARTIALS, off
+              by default; gated cells, resident MMA tiles, no projection): 2 / G of the
+              exchange's L2 bytes, more instructions (the anchor 617 -> 789)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -251,9 +255,18 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # 36, no spills in the loop; on an H100 8 warps lost there (35.5 against 20.1 ms),
         # when the slices were added by tl.sum.
         ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;fw8,layer"),
+        # Their backward with the partial-product exchange (`partials`, kernels'
+        # _bwd_partials): the default's step there moves about as many bytes as L2 delivers
+        # (kernels/NOTES.md), partials half of them for LSTM, two thirds for GRU, for 10-35%
+        # more step-loop instructions (sm_90, Triton 3.6: LSTM H=1024 B=64 1077 -> 1298).
+        ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;partials,layer"),
         # The same shapes on streamed 16 x 64 tiles (wgmma loops, half the programs); never
         # timed. (Resident 16 x 64 tiles spill in the backward: bk0,bb64,bh16 24 to 168 B.)
         ("lstm,768,64;lstm,1024,64;gru,1024,64", "layer;bk64,bb64,bh16,layer"),
+        # The same at B = 16, where the step is latency-bound: a quarter of the bytes read
+        # against the fence's wait for the partials' stores (24 KiB per program at the
+        # anchor).
+        ("lstm,768,16;lstm,1024,16", "layer;partials,layer"),
         ("rnn_tanh,1536,16", "layer;w4,layer"),  # a one-gate cell: both passes 8 since
         # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
@@ -391,6 +404,7 @@ def swaps() -> dict:
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
+        "partials": [(pg, "_BWD_PARTIALS", True)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],
         "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
