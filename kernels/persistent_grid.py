@@ -1262,26 +1262,31 @@ def _bwd_partial_rows(dst, w0, w1, w2, w3, d0, d1, d2, d3, k0: tl.constexpr, KC:
 
 
 @triton.jit
+def _gather_tile(src, q0, os_, o_ok, NH: tl.constexpr, GQ: tl.constexpr, HOUT: tl.constexpr,
+                 BLOCK_B: tl.constexpr):
+    """Partials q0 .. q0 + GQ of the output slice os_, [BLOCK_O, GQ, BLOCK_B] in fp32 (zero
+    past NH). Not masked by the active rows, which vary along the contiguous batch axis and
+    would split the loads' vectors: every column was written (zero past the batch)."""
+    q = q0 + tl.arange(0, GQ)[None, :, None]
+    ptr = src + (q * HOUT + os_[:, None, None]) * BLOCK_B + tl.arange(0, BLOCK_B)[None, None, :]
+    ok = (q < NH) & o_ok[:, None, None]
+    return tl.load(ptr, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+
+
+@triton.jit
 def _bwd_gather(carry, src, os_, o_ok, act1, NH: tl.constexpr, GQ: tl.constexpr,
                 HOUT: tl.constexpr, BLOCK_B: tl.constexpr):
     """dh_carry[os] += sum_q partials_q[os] (PARTIALS, `_bwd_partials`) for the rows active
     at step s+1: src is the batch tile's [NH, HOUT, BLOCK_B] block of the exchange slot of
     step s+1, one [HOUT, BLOCK_B] partial product per hidden slice q; carry already holds
-    GRU's direct term. The slices are read GQ at a time (`_gather_slices`), as [BLOCK_O,
-    GQ, BLOCK_B] tiles whose slice axis the compiler lays over warps and registers, not
-    lanes: the sum is in-thread but for one cross-warp step."""
-    acc = tl.zeros(carry.shape, tl.float32)
-    for q0 in tl.static_range(0, NH, GQ):
-        q = q0 + tl.arange(0, GQ)[None, :, None]
-        ptr = (src + (q * HOUT + os_[:, None, None]) * BLOCK_B
-               + tl.arange(0, BLOCK_B)[None, None, :])
-        # Not masked by act1, which varies along the contiguous batch axis and would split
-        # the loads' vectors: every column of the block was written (zero past the batch);
-        # the where below drops the inactive ones.
-        ok = (q < NH) & o_ok[:, None, None]
-        part = tl.load(ptr, mask=ok, other=0.0, cache_modifier=".cg")
-        acc += tl.sum(part.to(tl.float32), axis=1)
-    return tl.where(act1[None, :], carry + acc, carry)
+    GRU's direct term. The slices are read GQ at a time (`_gather_slices`, `_gather_tile`),
+    tiles whose slice axis the compiler lays over warps and registers, not lanes; the tiles
+    are added elementwise and their slice axis reduced once at the end: the sum is in-thread
+    but for one cross-warp step."""
+    acc = _gather_tile(src, 0, os_, o_ok, NH, GQ, HOUT, BLOCK_B)
+    for q0 in tl.static_range(GQ, NH, GQ):
+        acc += _gather_tile(src, q0, os_, o_ok, NH, GQ, HOUT, BLOCK_B)
+    return tl.where(act1[None, :], carry + tl.sum(acc, axis=1), carry)
 
 
 @triton.jit
@@ -2362,12 +2367,13 @@ _GATHER_VALUES = 64
 
 
 def _gather_slices(nh: int, block_o: int, block_b: int, num_warps: int) -> int:
-    """GQ: partial products `_bwd_gather` reads at a time, a power of two, at most what
-    keeps its [block_o, GQ, block_b] tile within _GATHER_VALUES per thread (and no more than
-    nh needs): the anchor (LSTM H=768 B=16, 8 warps) 64, so its 48 in one tile; GRU H=1536
-    B=16 on 4 warps 32 (3 tiles)."""
+    """GQ: partial products `_bwd_gather` reads at a time, a power of two: the largest that
+    divides nh (no padded slice is read or added) and keeps its [block_o, GQ, block_b] tile
+    within _GATHER_VALUES per thread. The anchor (LSTM H=768 B=16, 48 slices, 8 warps): 16,
+    3 tiles; LSTM H=1024 B=16 (64 slices): 64; H=1024 B=64 (32-column tiles): 32, 2 tiles;
+    GRU H=1536 B=16 (96 slices) on 8 warps: 32."""
     cap = max(1, _GATHER_VALUES * 32 * num_warps // (block_o * block_b))
-    return min(triton.next_power_of_2(nh), 1 << (cap.bit_length() - 1))
+    return min(nh & -nh, 1 << (cap.bit_length() - 1))
 
 
 # The backward's exchange as partial products (`_bwd_partials`): an experiment, off unless

@@ -784,6 +784,24 @@ def test_64_column_tiles_halve_their_chunks_and_do_not_spill():
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
+# The backward's partial-product exchange (PARTIALS, `persistent_grid._bwd_partials`,
+# opt-in, read at import: the compiles run in a fresh process) at the anchor and at LSTM
+# H=1024 B=64 (16 x 32 tiles): products as wgmma reading both operands from shared memory,
+# no local memory in the step loop, within the plans' shared memory (Triton 3.6: the
+# anchor's backward 752 step-loop instructions, 103 registers; 106496 B of the plan's
+# 147456).
+@pytest.mark.compiler_specific
+def test_backward_partials_compile_without_spills(monkeypatch):
+    monkeypatch.setenv("TRITONRNN_BWD_PARTIALS", "on")
+    got = _compile_named([("anchor", ANCHOR), ("lstm1024-b64", WIDE["lstm1024-b64"])])
+    for r in got.values():
+        lp = r["plan"]
+        bwd = _kernels(r)[1]
+        assert bwd["constexprs"]["PARTIALS"] == "True" and "wgmma" in bwd["mma"]
+        assert _local_ops(bwd)[0] == 0, bwd["profile"]
+        assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text

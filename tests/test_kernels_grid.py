@@ -675,7 +675,8 @@ def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
 # program sums its output slice of the NH partials (`_bwd_gather`). Gated cells, both
 # directions, two resident chunks of output rows (H = 40: 32 + 16, the second padded past
 # H; 3 hidden slices), 16- and 32-column batch tiles over 35 rows (the last tile partial,
-# lengths 0 to T), the gather reading 1, 2 or all 4 (one padded) slices at a time.
+# lengths 0 to T), the gather reading 1, 2 or all 4 (one padded) slices at a time (forced:
+# `_gather_slices` takes divisors of the slice count, 1 here).
 @pytest.mark.parametrize("gq", [1, 2, 4])
 @pytest.mark.parametrize("block_b", [16, 32])
 @directed("cell", [("lstm",), ("gru",)])
@@ -716,9 +717,11 @@ def test_backward_partials_choice(monkeypatch):
     assert not pg._bwd_partials("gru", 1536, 0, 0, 16, 4)
     assert pg._bwd_partials("lstm", 1024, 0, 0, 32, 8)
     assert not pg._bwd_partials("lstm", 1024, 0, 0, 32, 4)
-    # Slices gathered at a time: 64 values per thread, no more than the slices need.
-    assert pg._gather_slices(48, 16, 16, 8) == 64 and pg._gather_slices(96, 16, 16, 4) == 32
-    assert pg._gather_slices(64, 16, 32, 8) == 32 and pg._gather_slices(3, 16, 16, 4) == 4
+    # Slices gathered at a time: the largest power of two dividing their count within 64
+    # values per thread.
+    assert pg._gather_slices(48, 16, 16, 8) == 16 and pg._gather_slices(64, 16, 16, 8) == 64
+    assert pg._gather_slices(96, 16, 16, 4) == 32 and pg._gather_slices(64, 16, 32, 8) == 32
+    assert pg._gather_slices(40, 16, 16, 8) == 8 and pg._gather_slices(3, 16, 16, 4) == 1
     assert pg._gather_slices(1, 16, 16, 4) == 1
 
 
@@ -1338,8 +1341,8 @@ def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired, block_b):
 def test_gpu_backward_partials(monkeypatch, cell, H, block_b):
     """bf16 with the backward's partial-product exchange (PARTIALS, opt-in) as the GPU
     compiles it (wgmma products from shared memory, 8 warps): two chunks of output rows (H =
-    640: 512 + 128; 40 hidden slices gathered in one tile at 16 columns, two at 32), two
-    batch tiles (the second partial), varlen."""
+    640: 512 + 128; 40 hidden slices gathered 8 at a time), two batch tiles (the second
+    partial), varlen."""
     monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
     assert pg._bwd_partials(cell, H, 0, 0, block_b, 8)
     lengths, T = [9] * (block_b + 3) + [7, 0, 5, 2], 9
