@@ -7,10 +7,12 @@
 # Next session: `tests` (timeout_s 230) first: since commit 132da37 (whose 293 GPU tests
 # passed on 2026-11-27) the tanh / relu backwards read no pre-activation and the engine
 # writes the pre-activation gradients over the pre-activations (LSTM / GRU kernels compile
-# as before). Then `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270):
+# as before), and the opt-in partial-product backward has its first GPU test
+# (test_gpu_backward_partials). Then `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270):
 # the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is half the
 # planner's 4-warp one), the B = 64 backward with the partial-product exchange (`partials`:
-# half the exchange's L2 bytes for LSTM) and on streamed 16 x 64 tiles, where the table of
+# half the exchange's L2 bytes for LSTM), 32 x 16 tiles at H=768 (`bb16`: half the bytes in
+# both passes) and streamed 16 x 64 tiles, where the table of
 # commit 132da37 misses 2x cuDNN-graph; `partials` at B = 16; then rnn_tanh H=1536 and the
 # rules never timed; then `barrier`
 # (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)

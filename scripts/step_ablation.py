@@ -91,9 +91,10 @@ Variants (comma-joined in one process):
     vec1      vector tiles with each resident chunk in one slice (kernels'
               vector_width: 512-column chunks spread over warps, so their reductions cross
               warps through shared memory)
-    bk0 / bk32 / bk64 / bk128 / bb64 / bh16 / bb128 / bh128  plan constraints (weights
-              resident, or streamed in chunks of 32 / 64 / 128, batch tiles of 64, hidden
-              slices of 16, 64 x 128 tiles, 128 x 64 tiles) for the step and the layer times
+    bk0 / bk32 / bk64 / bk128 / bb64 / bh16 / bb16 / bb128 / bh128  plan constraints
+              (weights resident, or streamed in chunks of 32 / 64 / 128, batch tiles of 64,
+              hidden slices of 16, 32 x 16 tiles, 64 x 128 tiles, 128 x 64 tiles) for the
+              step and the layer times
     noxjoin   the forward's input-side tiles added after its streamed joint product, as
               tiles of their own, on every tile size (kernels' _XJOIN_TILE; by default they
               start the product on tiles of 64 x 64 and more, `_xjoin`)
@@ -260,6 +261,12 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # (kernels/NOTES.md), partials half of them for LSTM, two thirds for GRU, for 6-26%
         # more step-loop instructions (sm_90, Triton 3.6: LSTM H=1024 B=64 1077 -> 1221).
         ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;partials,layer"),
+        # The same bytes cut by taller tiles where their weights fit (H = 768): 32 x 16 tiles
+        # (bb16), half the hidden slices, so half the exchange's L2 bytes in both passes, for
+        # twice the weights each program reads from shared memory per step (sm_90, Triton
+        # 3.6: LSTM backward 1019 -> 840 instructions, forward 1236 -> 1372 on its 4 warps,
+        # 212992 / 221184 B of shared memory; with partials the backward 969).
+        ("lstm,768,64;gru,768,64", "layer;bb16,layer;bb16,partials,layer"),
         # The same shapes on streamed 16 x 64 tiles (wgmma loops, half the programs); never
         # timed. (Resident 16 x 64 tiles spill in the backward: bk0,bb64,bh16 24 to 168 B.)
         ("lstm,768,64;lstm,1024,64;gru,1024,64", "layer;bk64,bb64,bh16,layer"),
@@ -440,6 +447,7 @@ def swaps() -> dict:
 _CONSTRAINTS = {"bk0": {"block_k": 0}, "bk32": {"block_k": 32}, "bk64": {"block_k": 64},
                 "bk128": {"block_k": 128},
                 "bb64": {"block_b": 64}, "bh16": {"block_h": 16},
+                "bb16": {"block_h": 32, "block_b": 16},
                 "bb128": {"block_h": 64, "block_b": 128},
                 "bh128": {"block_h": 128, "block_b": 64},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64},
