@@ -701,6 +701,18 @@ def test_backward_partials_single_program_loop(monkeypatch, cell):
     _check_backward(ins, outs, True)
 
 
+# In bf16 the partials are rounded to bf16 in the exchange before they are summed (the
+# default rounds only dph): within the bf16 tolerance of the float64 reference. (The
+# interpreter's dots take the bf16-rounded operands in fp32, as a GPU's do.)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_backward_partials_bf16_match_reference(monkeypatch, cell):
+    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
+    lengths, T = [12] * 14 + [7, 0, 5, 12, 9], 12
+    ins, outs = _backward_problem(cell, 64, 0, lengths, T, dtype=torch.bfloat16)
+    _run_backward(ins, outs, False, persistent=True, block_h=16, block_b=16, num_warps=8)
+    _check_backward(ins, outs, False, torch.bfloat16)
+
+
 def test_backward_partials_choice(monkeypatch):
     assert not pg._bwd_partials("lstm", 768, 0, 0, 16, 8)  # off by default
     monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
