@@ -677,8 +677,16 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
     The sm_90 compiles (Triton 3.6, `tritonrnn aot`) keep the hoisted 8-warp backwards free
     of local memory in the step loop (the anchor's 1043 -> 617 instructions, 96 -> 48
     mma.sync per warp). Weights that fit 4 warps' budget stay there (LSTM H=256 B=16), and
-    so do those too large for 8 (GRU H=1536 B=16: 576 B per thread), and plans with a
-    projection (not hoisted).
+    so do plans with a projection (not hoisted).
+    Resident weights too large for either (`_too_large_to_hoist`; on 16 x 16 tiles LSTM H =
+    1152 and 1280, GRU H = 1408 and 1536, bf16 / fp16, B <= 16: 80 of the H100 / H200 plans
+    over LSTM / GRU / tanh / relu, H 64-4096, B 1-1024) run 8 warps unhoisted: on 4 their
+    sm_90 backwards spilled in the step loop (Triton 3.6, bf16, B = 16, stack bytes, local
+    loads per step, instructions: LSTM H=1152 40 B, 10, 1360; H=1280 72 B, 17, 1506; GRU
+    H=1408 64 B, 15, 1370; H=1536 40 B, 10, 1336; the same at B = 1), on 8 none (769, 856,
+    761, 764 instructions; Triton 3.9 none either, where LSTM H=1280 on 4 spilled 7 per
+    step). Not yet timed on a GPU (step_ablation `bw4` restores 4); unhoisted, 8 warps had
+    timed about even with 4 at smaller H (above).
 
     At 16 x 32 the backward's [block_h, block_b] output has 4 MMA tiles, so 4 warps run a
     plain dot, each warp the whole K = G*H chain, where 8 split K in 8 (`_nsplit`).
@@ -689,10 +697,25 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
     not."""
     if block_h * block_b >= 512:
         return 8
-    if H and block_h == block_b == 16 and _hoists_on_8_only("bwd", cell, block_k, dtype, H,
-                                                             Hout, P):
+    if H and block_h == block_b == 16 and (
+        _hoists_on_8_only("bwd", cell, block_k, dtype, H, Hout, P)
+        or _too_large_to_hoist("bwd", cell, block_k, dtype, H, Hout, P)
+    ):
         return 8
     return 4
+
+
+def _too_large_to_hoist(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H: int,
+                        Hout: int, P: int) -> bool:
+    """Whether a persistent 16 x 16 launch of `pass_name` of shape H with resident weights and
+    no projection holds them in registers by HOIST's default rule on neither 4 nor 8 warps
+    (float32 aside: it runs FMA dots, streamed on a GPU)."""
+    from tritonrnn.kernels.persistent_grid import hoist_pass
+
+    if block_k or P or dtype == torch.float32:
+        return False
+    return not any(hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, w,
+                              True, False, by_default=True) for w in (4, 8))
 
 
 def _hoists_on_8_only(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H: int,

@@ -279,7 +279,10 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # grows with both, see persistent_grid._FWD_JOINED_SUMS).
         ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),
         ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
-        ("gru,1536,16", "layer;bw8,layer;w8,layer"),  # the spilling 4-warp backward
+        # The backwards too large to hoist on 8 warps unhoisted since (planner
+        # `_too_large_to_hoist`; on 4 their compiles spilled 10 / 17 local loads per step):
+        # against the 4-warp one they replaced.
+        ("gru,1536,16;lstm,1280,16", "layer;bw4,layer"),
         # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
         # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
         # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM

@@ -784,6 +784,24 @@ def test_64_column_tiles_halve_their_chunks_and_do_not_spill():
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
+# 16 x 16 backwards whose resident weights fit registers on neither 4 nor 8 warps run 8
+# warps unhoisted (`planner._too_large_to_hoist`): on 4 their step loops spilled (Triton
+# 3.6: LSTM H=1280 17, GRU H=1536 10 local loads per step; 3.9: LSTM H=1280 7), on 8 none.
+@pytest.mark.compiler_specific
+def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
+    got = _compile_named([
+        ("lstm1280", aot.AotShape("lstm", hidden=1280, batch=16, dtype=torch.bfloat16)),
+        ("gru1536", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16))])
+    for r in got.values():
+        lp = r["plan"]
+        assert (lp["block_h"], lp["block_b"], lp["block_k"]) == (16, 16, 0)
+        assert (lp["num_warps"], lp["num_warps_bwd"]) == (4, 8)
+        bwd = _kernels(r)[1]
+        assert bwd["num_warps"] == 8 and bwd["constexprs"]["HOIST"] == "False"
+        assert _local_ops(bwd)[0] == 0, bwd["profile"]
+        assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
 # The backward's partial-product exchange (PARTIALS, `persistent_grid._bwd_partials`,
 # opt-in, read at import: the compiles run in a fresh process) at the anchor and at LSTM
 # H=1024 B=64 (16 x 32 tiles): products as wgmma reading both operands from shared memory,

@@ -401,7 +401,12 @@ def test_constraints_force_each_family():
     (False, "lstm", 512, 16, 8, 8), (False, "lstm", 1024, 16, 8, 8),
     (False, "gru", 512, 16, 8, 8), (False, "lstm", 768, 8, 8, 8),
     (False, "lstm", 256, 16, 4, 4), (False, "rnn_tanh", 1024, 16, 4, 4),  # 256 B on 4
-    (False, "gru", 1536, 16, 4, 4),  # 576 B per thread on 8 warps
+    # Too large for registers on either (GRU H=1536: 576 B per thread on 8 warps; LSTM
+    # H=1152 / 1280, GRU H=1408): the forward on 4, the backward on 8 unhoisted (on 4 its
+    # sm_90 compile spilled in the step loop)
+    (False, "gru", 1536, 16, 4, 8), (False, "gru", 1536, 1, 4, 8),
+    (False, "lstm", 1280, 16, 4, 8), (False, "lstm", 1152, 4, 4, 8),
+    (False, "gru", 1408, 16, 4, 8),
     # 16 x 32: the backward 8 warps, the forward's per-gate dots 4
     (False, "lstm", 768, 64, 4, 8), (False, "lstm", 1024, 64, 4, 8),
     (False, "gru", 1024, 64, 4, 8), (False, "rnn_tanh", 1024, 64, 4, 8),
@@ -423,7 +428,8 @@ def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
     for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps)):
         hoisted = pg.hoist_pass(p, mode, H, H, 0, torch.bfloat16, lp.block_h, lp.block_b,
                                 lp.block_k, w, True)
-        assert hoisted == (lp.block_h == lp.block_b == 16 and (mode, H) != ("gru", 1536)), p
+        too_large = (mode, H) in (("gru", 1536), ("gru", 1408), ("lstm", 1280), ("lstm", 1152))
+        assert hoisted == (lp.block_h == lp.block_b == 16 and not too_large), p
 
 
 @pytest.mark.parametrize("cell, H, P", [("lstm", 768, 0), ("lstm", 768, 384),
