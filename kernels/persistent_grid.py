@@ -3076,6 +3076,9 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 PAIRG=pair_gates and not partials,
                 HALVES=_halved_sums(),
                 PARTIALS=partials, GQ=_gather_slices(NH, bo, block_b, num_warps),
+                # With PARTIALS the weights stay wgmma operands in shared memory; HOIST then
+                # only drops the runtime branches around the gather (sm_90, Triton 3.6: the
+                # anchor's backward 792 -> 752 step-loop instructions).
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

@@ -504,6 +504,7 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks of block_k with
     the loops' shape (joint gate tile, transposed products)."""
     from tritonrnn.kernels.persistent_grid import (
+        _bwd_partials,
         _fwd_gates,
         _joint_gates,
         _swap_dots,
@@ -517,10 +518,12 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     if not lp.block_k:
         fma = dtype == torch.float32  # as a GPU runs it
         batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps, fma) == 2
+        # (The backward's partial products read their weights from shared memory.)
+        partials = grid and _bwd_partials(cell, H, P, 0, lp.block_b, lp.backward_warps)
         hoisted = [p for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps))
                    if grid and hoist_pass(p, cell, H, P or H, P, dtype, lp.block_h,
                                           lp.block_b, 0, w, lp.family == "persistent_grid",
-                                          fma)]
+                                          fma) and not (p == "bwd" and partials)]
         notes = (["gate-batched forward"] if batched else []) + (
             [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
         return "resident" + (f" ({'; '.join(notes)})" if notes else "")
@@ -1080,7 +1083,7 @@ class Plan:
                 f"weights={weights} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
-                f"{' backward gates paired' if lp.pair_gates else ''}"
+                f"{self._backward_exchange(lp)}"
                 f" programs={lp.num_programs}"
                 f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )
@@ -1099,6 +1102,18 @@ class Plan:
     def pipeline_extra_bytes(self) -> int:
         """Bytes of the workspaces the layer pipeline adds (the "pipeline.*" buffers)."""
         return sum(b.nbytes for b in self.buffers if b.name.startswith("pipeline."))
+
+    def _backward_exchange(self, lp: LayerPlan) -> str:
+        """How a grid-kernel layer's backward exchanges its carry product, for `explain`:
+        partial products where the launch runs them (`persistent_grid._bwd_partials`, the
+        opt-in TRITONRNN_BWD_PARTIALS), else dph with its gates' operands paired or not."""
+        from tritonrnn.kernels.persistent_grid import _bwd_partials
+
+        if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
+                self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.block_b,
+                lp.backward_warps):
+            return " backward partial products"
+        return " backward gates paired" if lp.pair_gates else ""
 
     def _explain_pipeline(self) -> list[str]:
         d = self.pipeline
