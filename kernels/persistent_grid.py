@@ -1228,34 +1228,49 @@ def _bwd_gate_mm(acc, wa, wb, xa, xb, KB: tl.constexpr, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _ptile(R, s_r, hs, h_ok, k: tl.constexpr, k0: tl.constexpr, KC: tl.constexpr,
-           G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, DT: tl.constexpr,
+def _ptile(R, s_r, h0, g0: tl.constexpr, NG: tl.constexpr, k0: tl.constexpr,
+           KC: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, DT: tl.constexpr,
            BLOCK_H: tl.constexpr):
-    """A resident weight chunk of the partial products (PARTIALS, `_bwd_partials`): gate
-    k's R rows of the own units, transposed, for the product's output rows k0 .. k0 + KC:
-    tile[i, u] = R[k*H + hs[u], k0 + i], zero past HOUT; a placeholder that is never read
-    for an empty chunk or a gate the cell lacks."""
-    if k < G and KC > 0:
+    """A resident weight chunk of the partial products (PARTIALS, `_bwd_partials`): the own
+    units' (h0 .. h0 + BLOCK_H) R rows of gates g0 .. g0 + NG, transposed, for the product's
+    output rows k0 .. k0 + KC, [KC, NG * BLOCK_H]: tile[i, k * BLOCK_H + u] =
+    R[(g0 + k)*H + h0 + u, k0 + i], zero past H and HOUT; a placeholder that is never read
+    for an empty chunk."""
+    if KC > 0:
         ii = (k0 + tl.arange(0, KC))[:, None]
-        ptr = R + (k * H + hs[None, :]).to(tl.int64) * s_r + ii
-        return tl.load(ptr, mask=h_ok[None, :] & (ii < HOUT), other=0.0).to(DT)
+        gu = tl.arange(0, NG * BLOCK_H)[None, :]
+        u = h0 + gu % BLOCK_H
+        ptr = R + ((g0 + gu // BLOCK_H) * H + u).to(tl.int64) * s_r + ii
+        return tl.load(ptr, mask=(u < H) & (ii < HOUT), other=0.0).to(DT)
     else:
-        return tl.zeros([16, BLOCK_H], DT)
+        return tl.zeros([16, NG * BLOCK_H], DT)
 
 
 @triton.jit
-def _bwd_partial_rows(dst, w0, w1, w2, w3, d0, d1, d2, d3, k0: tl.constexpr, KC: tl.constexpr,
+def _gate_rows(d0, d1, d2, d3, NG: tl.constexpr):
+    """[NG * BLOCK_H, BLOCK_B]: the first NG (2 or 4) of the [BLOCK_H, BLOCK_B] gate tiles
+    stacked, gate k's in rows k * BLOCK_H .. (k + 1) * BLOCK_H (the operand of a `_ptile`
+    chunk of NG gates)."""
+    if NG == 4:
+        j = tl.join(tl.join(d0, d1), tl.join(d2, d3))  # [u, b, x, y] = d_{2y + x}[u, b]
+        j = tl.permute(j, (3, 2, 0, 1))
+    else:
+        j = tl.permute(tl.join(d0, d1), (2, 0, 1))  # [u, b, k] = d_k[u, b]
+    return tl.reshape(j, [NG * d0.shape[0], d0.shape[1]])
+
+
+@triton.jit
+def _bwd_partial_rows(dst, w, d, w2, d2, k0: tl.constexpr, KC: tl.constexpr,
                       G: tl.constexpr, HOUT: tl.constexpr, BLOCK_B: tl.constexpr,
                       FP32_DOT: tl.constexpr):
-    """Rows k0 .. k0 + KC of the own partial product sum_k R[k*H + hs, :]^T @ dph_k (d_k:
-    the own units' gate gradients [BLOCK_H, BLOCK_B] in the dot dtype), stored to the
-    program's block dst [HOUT, BLOCK_B] of the partials exchange."""
-    acc = _mm(w0, d0, FP32_DOT)
-    if G > 1:
-        acc += _mm(w1, d1, FP32_DOT)
+    """Rows k0 .. k0 + KC of the own partial product sum_k R[k*H + hs, :]^T @ dph_k, stored
+    to the program's block dst [HOUT, BLOCK_B] of the partials exchange: LSTM one dot of the
+    chunk's four-gate weight tile w (`_ptile`) and the gates' stacked gradients d
+    (`_gate_rows`, in the dot dtype); GRU gates 0-1 so, plus gate 2's w2 @ d2 (its three
+    gates are no power of two, and a padded fourth cost more than the extra dot)."""
+    acc = _mm(w, d, FP32_DOT)
+    if G == 3:
         acc += _mm(w2, d2, FP32_DOT)
-    if G > 3:
-        acc += _mm(w3, d3, FP32_DOT)
     ii = (k0 + tl.arange(0, KC))[:, None]
     tl.store(dst + ii * BLOCK_B + tl.arange(0, BLOCK_B)[None, :],
              acc.to(dst.dtype.element_ty), mask=ii < HOUT)
@@ -1387,16 +1402,16 @@ def _bwd_cell_phase(
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
     # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
-    if PARTIALS:  # ... as its product with the own R rows
-        d0 = tl.where(m2, dx0, 0.0).to(DOT_DT)
-        d1 = tl.where(m2, dx1, 0.0).to(DOT_DT)
-        d2 = tl.where(m2, dh2, 0.0).to(DOT_DT)
-        d3 = tl.where(m2, dx3, 0.0).to(DOT_DT)
-        _bwd_partial_rows(dst, wa0, wa1, wa2, wa3, d0, d1, d2, d3, 0, KA, G, HOUT, BLOCK_B,
-                          FP32_DOT)
+    if PARTIALS:  # ... as its product with the own R rows (`_ptile` chunks wa*, wb*)
+        d0 = tl.where(m2, dx0, 0.0)
+        d1 = tl.where(m2, dx1, 0.0)
+        d2 = tl.where(m2, dh2, 0.0)
+        d3 = tl.where(m2, dx3, 0.0)
+        d = _gate_rows(d0, d1, d2, d3, 4 if G == 4 else 2).to(DOT_DT)
+        d2 = d2.to(DOT_DT)
+        _bwd_partial_rows(dst, wa0, d, wa1, d2, 0, KA, G, HOUT, BLOCK_B, FP32_DOT)
         if KB > 0:
-            _bwd_partial_rows(dst, wb0, wb1, wb2, wb3, d0, d1, d2, d3, KA, KB, G, HOUT,
-                              BLOCK_B, FP32_DOT)
+            _bwd_partial_rows(dst, wb0, d, wb1, d2, KA, KB, G, HOUT, BLOCK_B, FP32_DOT)
     else:
         base = dst + jb64[None, :] * (G * H) + hs[:, None]
         xdt = dst.dtype.element_ty
@@ -1523,15 +1538,16 @@ def _grid_bwd_kernel(
         r_gate = H * s_r
         pw_sa = 1
         pw_sb = s_pw
-    if PARTIALS:  # R's rows of the own units, transposed, in output-row chunks
-        wa0 = _ptile(R, s_r, hs, h_ok, 0, 0, RKA, G, H, HOUT, DOT_DT, BLOCK_H)
-        wa1 = _ptile(R, s_r, hs, h_ok, 1, 0, RKA, G, H, HOUT, DOT_DT, BLOCK_H)
-        wa2 = _ptile(R, s_r, hs, h_ok, 2, 0, RKA, G, H, HOUT, DOT_DT, BLOCK_H)
-        wa3 = _ptile(R, s_r, hs, h_ok, 3, 0, RKA, G, H, HOUT, DOT_DT, BLOCK_H)
-        wb0 = _ptile(R, s_r, hs, h_ok, 0, RKA, RKB, G, H, HOUT, DOT_DT, BLOCK_H)
-        wb1 = _ptile(R, s_r, hs, h_ok, 1, RKA, RKB, G, H, HOUT, DOT_DT, BLOCK_H)
-        wb2 = _ptile(R, s_r, hs, h_ok, 2, RKA, RKB, G, H, HOUT, DOT_DT, BLOCK_H)
-        wb3 = _ptile(R, s_r, hs, h_ok, 3, RKA, RKB, G, H, HOUT, DOT_DT, BLOCK_H)
+    if PARTIALS:  # R's rows of the own units, transposed, in output-row chunks: LSTM's
+        # four gates in one tile (wa0, wb0), GRU's first two, and its third (wa1, wb1)
+        NG0: tl.constexpr = 4 if G == 4 else 2
+        wa0 = _ptile(R, s_r, p * BLOCK_H, 0, NG0, 0, RKA, H, HOUT, DOT_DT, BLOCK_H)
+        wb0 = _ptile(R, s_r, p * BLOCK_H, 0, NG0, RKA, RKB, H, HOUT, DOT_DT, BLOCK_H)
+        wa1 = _ptile(R, s_r, p * BLOCK_H, 2, 1, 0, RKA if G == 3 else 0, H, HOUT, DOT_DT,
+                     BLOCK_H)
+        wb1 = _ptile(R, s_r, p * BLOCK_H, 2, 1, RKA, RKB if G == 3 else 0, H, HOUT, DOT_DT,
+                     BLOCK_H)
+        wa2, wa3, wb2, wb3 = wa0, wa0, wb0, wb0  # unused
     else:
         wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS,
                       VW)
@@ -2396,8 +2412,8 @@ def _bwd_partials(cell: str, H: int, P: int, block_k: int, block_b: int,
     H / block_h programs per batch tile), which at B = 64, H >= 768 is as much as L2
     delivers (kernels/NOTES.md, "Where a step's time goes"). With PARTIALS each program
     holds R's rows of its own units instead (the forward's slice, transposed: `_ptile`),
-    multiplies them with its own dph right after the cell ([HOUT, block_h] @ [block_h,
-    block_b] per gate: an ordinary dot, no split K), publishes that partial product of
+    multiplies them with its own dph right after the cell (an ordinary dot over the gates'
+    stacked rows, no split K: `_bwd_partial_rows`), publishes that partial product of
     all HOUT outputs, and after the barrier sums the NH partials of its own output slice
     (`_bwd_gather`): NH * H * B elements written and as many read, in the tensors' dtype.
     So the exchange's L2 traffic is 2 / G of the default's: LSTM half, GRU two thirds
@@ -3078,7 +3094,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 PARTIALS=partials, GQ=_gather_slices(NH, bo, block_b, num_warps),
                 # With PARTIALS the weights stay wgmma operands in shared memory; HOIST then
                 # only drops the runtime branches around the gather (sm_90, Triton 3.6: the
-                # anchor's backward 792 -> 752 step-loop instructions).
+                # anchor's backward 779 -> 695 step-loop instructions).
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,

@@ -60,7 +60,7 @@ Variants (comma-joined in one process):
     partials  the backward exchanges partial products of dh (each program's own R rows times
               its own dph, summed by the reader) instead of dph (kernels' _BWD_PARTIALS, off
               by default; gated cells, resident MMA tiles, no projection): 2 / G of the
-              exchange's L2 bytes, more instructions (the anchor 617 -> 752)
+              exchange's L2 bytes, more instructions (the anchor 617 -> 695)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -258,8 +258,9 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;fw8,layer"),
         # Their backward with the partial-product exchange (`partials`, kernels'
         # _bwd_partials): the default's step there moves about as many bytes as L2 delivers
-        # (kernels/NOTES.md), partials half of them for LSTM, two thirds for GRU, for 6-26%
-        # more step-loop instructions (sm_90, Triton 3.6: LSTM H=1024 B=64 1077 -> 1221).
+        # (kernels/NOTES.md), partials half of them for LSTM, two thirds for GRU, for 0-24%
+        # more step-loop instructions (sm_90, Triton 3.6: LSTM H=768 / 1024 B=64 1019 /
+        # 1077 -> 1016 / 1153, GRU 809 / 867 -> 944 / 1077).
         ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;partials,layer"),
         # The same bytes cut by taller tiles where their weights fit (H = 768): 32 x 16 tiles
         # (bb16), half the hidden slices, so half the exchange's L2 bytes in both passes, for

@@ -806,7 +806,7 @@ def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
 # opt-in, read at import: the compiles run in a fresh process) at the anchor and at LSTM
 # H=1024 B=64 (16 x 32 tiles): products as wgmma reading both operands from shared memory,
 # no local memory in the step loop, within the plans' shared memory (Triton 3.6: the
-# anchor's backward 752 step-loop instructions, 103 registers; 106496 B of the plan's
+# anchor's backward 695 step-loop instructions, 128 registers; 106496 B of the plan's
 # 147456).
 @pytest.mark.compiler_specific
 def test_backward_partials_compile_without_spills(monkeypatch):
