@@ -1373,8 +1373,7 @@ def _bwd_fold(carry, dy, NPH: tl.constexpr, FOLD_DY: tl.constexpr):
 @triton.jit
 def _bwd_cell_phase(
     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH, s_dph, MSEQ,
-    s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
-    wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
+    s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok, pa, pa2, pb, pb2,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, P: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BARRIER: tl.constexpr,
     PARTIALS: tl.constexpr = False, HOUT: tl.constexpr = 0, KA: tl.constexpr = 0,
@@ -1382,8 +1381,9 @@ def _bwd_cell_phase(
 ):
     """Phase B: cell backward of the own hidden slice from the prefetched reserve tiles
     (`_bwd_loads`); publishes dph to dst ([B, G*H]), or with PARTIALS (`_bwd_partials`) its
-    partial product with the own R rows (wa*, wb*: `_ptile` chunks) to dst (the program's
-    [HOUT, BLOCK_B] block), arrives at the barrier, then writes dpre_x / dpre_h / m_seq.
+    partial product with the own R rows to dst (the program's [HOUT, BLOCK_B] block; pa, pb:
+    the `_ptile` chunks of the first 4 or 2 gates, pa2, pb2: GRU's third; unread without
+    PARTIALS), arrives at the barrier, then writes dpre_x / dpre_h / m_seq.
     Returns the carried (dh_carry, dc): dc updated, GRU's direct term as the carry's
     restart."""
     m2 = h_ok[:, None] & act[None, :]
@@ -1402,16 +1402,16 @@ def _bwd_cell_phase(
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
     # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
-    if PARTIALS:  # ... as its product with the own R rows (`_ptile` chunks wa*, wb*)
+    if PARTIALS:  # ... as its product with the own R rows
         d0 = tl.where(m2, dx0, 0.0)
         d1 = tl.where(m2, dx1, 0.0)
         d2 = tl.where(m2, dh2, 0.0)
         d3 = tl.where(m2, dx3, 0.0)
         d = _gate_rows(d0, d1, d2, d3, 4 if G == 4 else 2).to(DOT_DT)
         d2 = d2.to(DOT_DT)
-        _bwd_partial_rows(dst, wa0, d, wa1, d2, 0, KA, G, HOUT, BLOCK_B, FP32_DOT)
+        _bwd_partial_rows(dst, pa, d, pa2, d2, 0, KA, G, HOUT, BLOCK_B, FP32_DOT)
         if KB > 0:
-            _bwd_partial_rows(dst, wb0, d, wb1, d2, KA, KB, G, HOUT, BLOCK_B, FP32_DOT)
+            _bwd_partial_rows(dst, pb, d, pb2, d2, KA, KB, G, HOUT, BLOCK_B, FP32_DOT)
     else:
         base = dst + jb64[None, :] * (G * H) + hs[:, None]
         xdt = dst.dtype.element_ty
@@ -1547,7 +1547,6 @@ def _grid_bwd_kernel(
                      BLOCK_H)
         wb1 = _ptile(R, s_r, p * BLOCK_H, 2, 1, RKA, RKB if G == 3 else 0, H, HOUT, DOT_DT,
                      BLOCK_H)
-        wa2, wa3, wb2, wb3 = wa0, wa0, wb0, wb0  # unused
     else:
         wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS,
                       VW)
@@ -1636,8 +1635,8 @@ def _grid_bwd_kernel(
                 carry, dc = _bwd_cell_phase(
                     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
                     DPREH, s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs,
-                    h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, CELL, G, H, P, BLOCK_H,
-                    BLOCK_B, BARRIER, PARTIALS, HOUT, RKA, RKB, DOT_DT, FP32_DOT)
+                    h_ok, wa0, wa1, wb0, wb1, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER,
+                    PARTIALS, HOUT, RKA, RKB, DOT_DT, FP32_DOT)
             else:
                 tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                          carry.to(DH0.dtype.element_ty), mask=keep_o)
@@ -1681,8 +1680,7 @@ def _grid_bwd_kernel(
                 carry, dc = _bwd_cell_phase(
                     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH,
                     s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
-                    wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, CELL, G, H, P, BLOCK_H, BLOCK_B,
-                    BARRIER)
+                    wa0, wa1, wb0, wb1, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
         if not LATE:
             act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                 PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
@@ -3091,7 +3089,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 LATE=_late_loads(cell, block_h, block_b),
                 PAIRG=pair_gates and not partials,
                 HALVES=_halved_sums(),
-                PARTIALS=partials, GQ=_gather_slices(NH, bo, block_b, num_warps),
+                PARTIALS=partials,
+                GQ=_gather_slices(NH, bo, block_b, num_warps) if partials else 1,
                 # With PARTIALS the weights stay wgmma operands in shared memory; HOIST then
                 # only drops the runtime branches around the gather (sm_90, Triton 3.6: the
                 # anchor's backward 779 -> 695 step-loop instructions).

@@ -713,12 +713,10 @@ def _too_large_to_hoist(pass_name: str, cell: str, block_k: int, dtype: torch.dt
     """Whether a persistent 16 x 16 launch of `pass_name` of shape H with resident weights and
     no projection holds them in registers by HOIST's default rule on neither 4 nor 8 warps
     (float32 aside: it runs FMA dots, streamed on a GPU)."""
-    from tritonrnn.kernels.persistent_grid import hoist_pass
-
     if block_k or P or dtype == torch.float32:
         return False
-    return not any(hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, w,
-                              True, False, by_default=True) for w in (4, 8))
+    return not any(_hoists_16x16(pass_name, cell, block_k, dtype, H, Hout, P, w)
+                   for w in (4, 8))
 
 
 def _hoists_on_8_only(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H: int,
@@ -726,13 +724,18 @@ def _hoists_on_8_only(pass_name: str, cell: str, block_k: int, dtype: torch.dtyp
     """Whether a persistent 16 x 16 launch of `pass_name` of shape H (Hout: 0 for H) holds
     its resident weights in registers by HOIST's default rule (`hoist_pass`) on 8 warps and
     not on 4: the 16 x 16 warps rule of both passes."""
+    return (_hoists_16x16(pass_name, cell, block_k, dtype, H, Hout, P, 8)
+            and not _hoists_16x16(pass_name, cell, block_k, dtype, H, Hout, P, 4))
+
+
+def _hoists_16x16(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H: int,
+                  Hout: int, P: int, num_warps: int) -> bool:
+    """HOIST's default rule (`hoist_pass`) for a persistent 16 x 16 launch of `pass_name` of
+    shape H (Hout: 0 for H) on num_warps."""
     from tritonrnn.kernels.persistent_grid import hoist_pass
 
-    def hoisted(w):
-        return hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, w, True,
-                          dtype == torch.float32, by_default=True)
-
-    return hoisted(8) and not hoisted(4)
+    return hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, num_warps,
+                      True, dtype == torch.float32, by_default=True)
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:

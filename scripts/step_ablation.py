@@ -266,7 +266,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # (bb16), half the hidden slices, so half the exchange's L2 bytes in both passes, for
         # twice the weights each program reads from shared memory per step (sm_90, Triton
         # 3.6: LSTM backward 1019 -> 840 instructions, forward 1236 -> 1372 on its 4 warps,
-        # 212992 / 221184 B of shared memory; with partials the backward 969).
+        # 212992 / 221184 B of shared memory; with partials the backward 1024, GRU 854).
         ("lstm,768,64;gru,768,64", "layer;bb16,layer;bb16,partials,layer"),
         # The same shapes on streamed 16 x 64 tiles (wgmma loops, half the programs); never
         # timed. (Resident 16 x 64 tiles spill in the backward: bk0,bb64,bh16 24 to 168 B.)
