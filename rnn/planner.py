@@ -434,6 +434,18 @@ def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, b
 
 _GRID_TILES = (16, 32, 64, 128)
 
+# The largest tile (block_h * block_b) whose persistent grid keeps its weights resident;
+# past it `_grid_fit` streams them (block_k = _STREAM_K) on the tiles the streamed pass
+# picks. Resident 32 x 64, 64 x 64 and 128 x 64 tiles (B >= 256 at H <= 512, 80 of the H100
+# / H200 plans over the four cells, B 1-1024) hold a live [block_h, block_b] tile per gate
+# and pass, more than the registers: their sm_90 compiles (Triton 3.6, bf16, 8 warps) spill
+# in the step loop although each chunk's operand passes `resident_operands_fit` (local
+# loads per step, forward / backward: LSTM H=256 B=1024 7 / 22, LSTM H=512 B=512 0 / 22,
+# rnn_tanh H=512 B=1024 0 / 35); streamed, none. An H200 timed LSTM H=512 B=512
+# (2026-11-27, the third session, `scripts/step_ablation.py` variant `bk64`, layer fwd +
+# bwd at T = 1024, bf16): resident 12.48 + 27.31 ms, streamed 9.19 + 22.58 (0.80x).
+_RESIDENT_TILE = 1024
+
 
 def _grid_batch_tiles(block_h: int, block_k: int, fma_dots: bool) -> tuple[int, ...]:
     """The persistent grid's batch tiles on hidden slices of block_h, narrowest first: 16 to
@@ -562,7 +574,8 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
             if lp.num_programs <= props.sm_count and (
                 lp.onchip_bytes <= _smem_budget(props)
             ):
-                if not block_k and not resident_operands_fit(H, Hout, block_b):
+                if not block_k and (not resident_operands_fit(H, Hout, block_b)
+                                    or block_h * block_b > _RESIDENT_TILE):
                     return None  # streamed on these tiles rather than resident on others
                 return lp.with_backward_warps(_persistent_grid_bwd_warps(
                     block_h, block_b, cell, block_k, dtype, H, Hout, P))
@@ -618,7 +631,8 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
                            block_k: int = 0, dtype: torch.dtype = torch.bfloat16,
                            H: int = 0, Hout: int = 0, P: int = 0) -> int:
     """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; 8 on a
-    16 x 16 tile of shape H (Hout, P; 0: unknown, not checked) whose resident weights
+    resident 16 x 32 tile (`_split_k_on_8`); 8 on a 16 x 16 tile of shape H
+    (Hout, P; 0: unknown, not checked) whose resident weights
     `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8 warps but not on
     4; and, where the gate-batched forward is switched on
     (`kernels.persistent_grid._FWD_GATE_BATCH`, off by default), 8 where that makes it
@@ -641,7 +655,8 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     (bf16, T = 1024, `scripts/step_ablation.py`), forward + backward of the layer, 8 -> 4
     warps: LSTM H=512 B=1 15.9 -> 10.4 ms, H=768 B=16 19.5 -> 14.2, H=768 B=64 (16 x 32
     tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
-    `kernels.persistent_grid._FWD_GATE_SPLIT`). Larger tiles keep 8 (not measured).
+    `kernels.persistent_grid._FWD_GATE_SPLIT`; the 16 x 32 forward won on 8 warps after
+    it, `_split_k_on_8`). Larger tiles keep 8 (not measured).
     Gate-batched, each of 8 warps forms one K slice of one gate's product: the sm_90
     compiles (Triton 3.6, bf16, 16 x 32 tiles), forward step loop instructions / mma.sync
     per warp, 4 warps per-gate dots -> 8 warps gate-batched: LSTM H=768 1242 / 192 -> 920 /
@@ -655,11 +670,31 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     if block_h * block_b > 512:
         return 8
     fma = dtype == torch.float32  # as a GPU runs it
+    if _split_k_on_8(block_k, block_h, block_b, fma):
+        return 8
     if H and block_h == block_b == 16 and _hoists_on_8_only("fwd", cell, block_k, dtype, H,
                                                              Hout, P):
         return 8
     batched = _fwd_gates(cell, block_k, block_h, block_b, 8, fma) == 2
     return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
+
+
+def _split_k_on_8(block_k: int, block_h: int, block_b: int, fma: bool) -> bool:
+    """Whether a persistent-grid forward runs 8 warps on 16 x 32 tiles: resident weights on
+    MMA dots, each gate's product split over K 8 ways (`_nsplit`) where 4 warps ran the
+    whole K chain per MMA tile, for every cell.
+
+    An H200 timed it against 4 warps (2026-11-27, the third session, `scripts/
+    step_ablation.py` variant `fw8`, layer forward in ms at T = 1024, bf16, B = 64): LSTM
+    H=768 5.65 -> 5.06, H=1024 6.84 -> 5.82, GRU H=768 4.87 -> 4.57, H=1024 5.88 -> 5.29,
+    rnn_tanh H=1024 4.08 -> 3.81 (the backwards, whose warps it leaves, within 2%). The
+    sm_90 compiles (Triton 3.6) halve the step loop (LSTM H=768 1236 -> 767 instructions
+    per warp, GRU H=1024 1114 -> 666), the mma.sync per warp 192 -> 96, no spills. On an
+    H100 the 8-warp 16 x 32 forward had lost (12.2 against 5.8 ms at LSTM H=768 B=64) when
+    its slices were added by tl.sum, before the split cap
+    (`kernels.persistent_grid._FWD_GATE_SPLIT`). Streamed weights and fp32's FMA dots keep
+    4 (not timed)."""
+    return not block_k and not fma and (block_h, block_b) == (16, 32)
 
 
 def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",

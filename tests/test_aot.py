@@ -719,9 +719,9 @@ def test_compile_options_reach_ptxas(reports):
 # The planner's own choice for B = 64 at H = 1024: 16 x 32 tiles, whose 4-warp compiles
 # spilled in every step before the backward got 8 warps and the 1024 reduction two 512 chunks
 # (Triton 3.6, in-loop local loads + stores: LSTM backward 518, forward 118; GRU 436 / 97).
-# The forward: per-gate dots on 4 warps (one 16 x 8 MMA tile of each gate per warp, each
-# MMA once; 252 registers, no spill in Triton 3.6), or gate-batched (`_fwd_gates`, off by
-# default since an H200 timed it slower) on 8 warps, each warp one K slice of one gate.
+# The forward on 8 warps (`planner._split_k_on_8`, timed faster than 4 on an H200): per-gate
+# dots, each gate's K split 8 ways, each MMA once; or gate-batched (`_fwd_gates`, off by
+# default since an H200 timed it slower), each warp one K slice of one gate.
 WIDE = {
     "lstm1024-b64": aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16),
     "gru1024-b64": aot.AotShape("gru", hidden=1024, batch=64, dtype=torch.bfloat16),
@@ -745,9 +745,9 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
         request.getfixturevalue("gate_batched")
     r = _compile_named([(name, WIDE[name])])[name]
     lp = r["plan"]
-    fwd_warps = 8 if batched else 4
+    fwd_warps = 8
     assert (lp["block_h"], lp["block_b"], lp["num_warps"], lp["num_warps_bwd"]) == (
-        16, 32, fwd_warps, 0 if batched else 8)
+        16, 32, fwd_warps, 0)
     fwd, bwd = _kernels(r)
     assert (fwd["num_warps"], bwd["num_warps"]) == (fwd_warps, 8)
     assert fwd["constexprs"]["RKA"] == fwd["constexprs"]["RKB"] == "512"
@@ -755,7 +755,7 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
     # gate in the batched dot), K / 16 steps each, over the warps.
     gates = 4 if batched or name.startswith("lstm") else 3
     assert fwd["constexprs"]["GATES"] == ("2" if batched else "0")
-    assert fwd["constexprs"]["RS"] == ("2" if batched else "1")
+    assert fwd["constexprs"]["RS"] == ("2" if batched else "8")  # K slices: one per warp
     assert fwd["profile"]["MMA"] == gates * (32 // 8) * (1024 // 16) // fwd_warps
     # Neither step loop has local-memory traffic (Triton 3.6 and 3.9 compiles; the batched
     # forward's had 21 / 11 operations before its two chunks became separate MMA chains).

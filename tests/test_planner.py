@@ -321,6 +321,32 @@ def test_wide_resident_chunks_stream_instead(mode, H, B, direction, tiles):
     assert lp.num_programs <= PRESETS["h100"].sm_count
 
 
+@pytest.mark.parametrize("mode,H,B,direction,tiles", [
+    # Resident, these held 32 x 64 / 64 x 64 / 128 x 64 tiles, whose sm_90 compiles spill in
+    # the step loop (`planner._RESIDENT_TILE`): the same tiles streamed, or a pair launch's
+    # streamed tiles
+    ("lstm", 512, 512, "unidirectional", (32, 64, 64)),
+    ("lstm", 256, 1024, "unidirectional", (32, 64, 64)),
+    ("gru", 384, 1024, "unidirectional", (64, 64, 64)),
+    ("rnn_tanh", 512, 1024, "unidirectional", (64, 64, 64)),
+    ("rnn_tanh", 384, 1024, "bidirectional", (64, 128, 64)),
+])
+def test_wide_resident_tiles_stream_instead(mode, H, B, direction, tiles):
+    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+    from tritonrnn.rnn.planner import _RESIDENT_TILE
+
+    lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
+    assert lp.family == "persistent_grid" and (lp.block_h, lp.block_b, lp.block_k) == tiles, lp
+    assert resident_operands_fit(H, H, 64)  # the chunks' own rule would have kept them
+    assert lp.num_programs <= PRESETS["h100"].sm_count
+    # No persistent-grid plan of the shape keeps wider tiles resident.
+    for b in (256, 512, 1024):
+        for d in ("unidirectional", "bidirectional"):
+            lp = _plan(mode=mode, H=H, B=b, direction=d).layer(0)
+            assert lp.family != "persistent_grid" or lp.block_k or (
+                lp.block_h * lp.block_b <= _RESIDENT_TILE), (b, d, lp)
+
+
 @pytest.mark.parametrize("mode,H,B,direction,programs", [
     ("lstm", 1024, 1024, "unidirectional", 128), ("lstm", 768, 1024, "unidirectional", 96),
     ("gru", 1536, 512, "unidirectional", 96), ("rnn_tanh", 1024, 1024, "unidirectional", 128),
@@ -430,14 +456,16 @@ def test_constraints_force_each_family():
     (False, "gru", 1536, 16, 4, 8), (False, "gru", 1536, 1, 4, 8),
     (False, "lstm", 1280, 16, 4, 8), (False, "lstm", 1152, 4, 4, 8),
     (False, "gru", 1408, 16, 4, 8),
-    # 16 x 32: the backward 8 warps, the forward's per-gate dots 4
-    (False, "lstm", 768, 64, 4, 8), (False, "lstm", 1024, 64, 4, 8),
-    (False, "gru", 1024, 64, 4, 8), (False, "rnn_tanh", 1024, 64, 4, 8),
+    # 16 x 32: both passes 8 (the forward's per-gate dots split K 8 ways,
+    # `planner._split_k_on_8`)
+    (False, "lstm", 768, 64, 8, 8), (False, "lstm", 1024, 64, 8, 8),
+    (False, "gru", 1024, 64, 8, 8), (False, "gru", 768, 64, 8, 8),
+    (False, "rnn_tanh", 1024, 64, 8, 8),
     # with the gate-batched forward (pg._FWD_GATE_BATCH): its 16 x 32 tiles on 8 warps (one
     # (K slice, gate) entry per warp), 16 x 16 as without, a one-gate cell has nothing to
-    # batch
+    # batch (its 16 x 32 forward per gate on 8 as without)
     (True, "lstm", 768, 16, 8, 8), (True, "lstm", 768, 64, 8, 8),
-    (True, "gru", 1024, 64, 8, 8), (True, "rnn_tanh", 1024, 64, 4, 8),
+    (True, "gru", 1024, 64, 8, 8), (True, "rnn_tanh", 1024, 64, 8, 8),
 ])
 def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
     if batched:
@@ -473,7 +501,11 @@ def test_forward_warps_follow_the_register_weights(cell, H, P):
     assert _persistent_grid_warps(16, 16, cell, 0, bf16, H, P or H, P) == want
     assert _persistent_grid_warps(16, 16, cell, 0, bf16) == 4  # shape unknown
     assert _persistent_grid_warps(16, 16, cell, 64, bf16, H, P or H, P) == 4  # streamed
-    assert _persistent_grid_warps(16, 32, cell, 0, bf16, H, P or H, P) == 4  # 16 x 32
+    # 16 x 32: 8 for resident weights on MMA dots, whatever the shape or cell
+    assert _persistent_grid_warps(16, 32, cell, 0, bf16, H, P or H, P) == 8
+    assert _persistent_grid_warps(16, 32, "rnn_tanh", 0, bf16, H, H, 0) == 8
+    assert _persistent_grid_warps(16, 32, cell, 64, bf16, H, P or H, P) == 4  # streamed
+    assert _persistent_grid_warps(16, 32, cell, 0, torch.float32, H, P or H, P) == 4  # FMA
 
 
 @pytest.mark.parametrize("env", ["off", "fwd,bwd", "bwd"])
@@ -502,12 +534,17 @@ def test_forced_tiles_take_their_own_warps():
 
 
 def test_warps_constraints_per_pass():
-    with plan_constraints(num_warps=8):  # both passes
+    with plan_constraints(num_warps=4):  # both passes (the rule's: 8 and 8)
         lp = _plan(H=768, B=64).layer(0)
-    assert (lp.num_warps, lp.backward_warps) == (8, 8)
+    assert (lp.num_warps, lp.backward_warps) == (4, 4)
     with plan_constraints(num_warps_bwd=2):  # the backward only; the forward's from the rule
         lp = _plan(H=768, B=64).layer(0)
-    assert (lp.num_warps, lp.backward_warps) == (4, 2)
+    assert (lp.num_warps, lp.backward_warps) == (8, 2)
+    with plan_constraints(num_warps_bwd=2):
+        lp = _plan(mode="rnn_tanh", H=768, B=64, dtype=torch.float32).layer(0)
+    # float32 on a GPU streams its weights (FMA dots): that forward keeps 4
+    assert (lp.block_h, lp.block_b, lp.block_k, lp.num_warps, lp.backward_warps) == (
+        16, 32, 64, 4, 2)
     with plan_constraints(num_warps=2, num_warps_bwd=16, family="stepwise"):
         lp = _plan(H=768, B=16).layer(0)
     assert (lp.family, lp.num_warps, lp.backward_warps) == ("stepwise", 2, 16)
@@ -593,9 +630,9 @@ def test_vector_tile_constraints():
     with plan_constraints(block_b=16):
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.block_b, lp.block_h, lp.num_warps, lp.backward_warps) == (16, 16, 8, 8)
-    with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 LSTM 4 and 8
+    with plan_constraints(block_b=32):  # the MMA tiles' warps rule: 16 x 32 LSTM 8 and 8
         lp = _plan(H=768, B=1).layer(0)
-    assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 4, 8)
+    assert (lp.block_b, lp.num_warps, lp.backward_warps) == (32, 8, 8)
     with plan_constraints(block_b=16, num_warps_bwd=2):
         lp = _plan(H=768, B=1).layer(0)
     assert (lp.num_warps, lp.backward_warps) == (8, 2)
