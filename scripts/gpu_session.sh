@@ -4,17 +4,15 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session: `tests` (timeout_s 230) first: since commit 132da37 (whose 293 GPU tests
-# passed on 2026-11-27) the tanh / relu backwards read no pre-activation and the engine
-# writes the pre-activation gradients over the pre-activations (LSTM / GRU kernels compile
-# as before), and the opt-in partial-product backward has its first GPU test
-# (test_gpu_backward_partials). Then `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270):
-# the B = 64 forward (16 x 32 tiles) on 8 warps (`fw8`, whose sm_90 step loop is half the
-# planner's 4-warp one), the B = 64 backward with the partial-product exchange (`partials`:
-# half the exchange's L2 bytes for LSTM), 32 x 16 tiles at H=768 (`bb16`: half the bytes in
-# both passes) and streamed 16 x 64 tiles, where the table of
-# commit 132da37 misses 2x cuDNN-graph; `partials` at B = 16; then rnn_tanh H=1536 and the
-# rules never timed; then `barrier`
+# Next session: `tests` (timeout_s 230) first, then `all` (timeout_s 490): the planner's
+# rules of 2026-11-27's third session (the 16 x 32 forward on 8 warps for every cell,
+# `_split_k_on_8`; resident tiles past 1024 elements streamed, `_RESIDENT_TILE`) changed the
+# plans at B >= 32; the grid sweep ran with them (`confirm`, timeout_s 360, before the
+# one-gate cells joined the rule), the targets preset (B = 256, varlen) and the barrier have
+# not. Else, or after, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s
+# 270): the 4-warp backward the too-large-to-hoist rule replaced (`bw4`), the 16 x 32
+# forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64 tile (`bk0`); then
+# `barrier`
 # (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
@@ -37,6 +35,9 @@
 #                                         names each test as it finishes
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
+#   bash scripts/gpu_session.sh confirm   the grid sweep against cuDNN, then the rows that check
+#                                         a new rule where `decide` did not time it
+#                                         (step_ablation.DECISIONS["confirm"]), then check
 #   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
 #                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
 #   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels,
@@ -221,6 +222,17 @@ case "$stage" in
     # DECIDE_SECONDS: a shorter box where less of the session is left (a call cut by the
     # device tool itself brings nothing back).
     ablate "${DECIDE_SECONDS:-540}" decide ;;
+  confirm)
+    # The rules of 2026-11-27's third session in one call of about 330 s: the grid sweep's
+    # kernels compiled ahead, the sweep against cuDNN (B = 64 on the new forward warps; its
+    # correctness check too), then step_ablation's `confirm` rows, then `check`.
+    box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
+      --jobs 14 --json "$out/aot-grid.json"
+    box 95 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
+      --no-progress --out "$out"
+    ablate 140 confirm
+    box 30 check python -m tritonrnn.bench check --no-progress
+    tail -24 "$out/bench-grid.log"; tail -8 "$out/check.log" ;;
   phases)
     ablate 300 phases ;;
   barrier)
@@ -260,6 +272,6 @@ case "$stage" in
     cached "after the sweeps"
     box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 all|tests|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|spills|spills2|huge|late|decide|profile" >&2
+  *) echo "usage: $0 all|tests|confirm|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|spills|spills2|huge|late|decide|profile" >&2
      exit 2 ;;
 esac

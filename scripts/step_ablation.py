@@ -245,49 +245,47 @@ SETS = {
 # anchor, LSTM / GRU H=1024 B=16); LSTM H=1024 B=1024 keeps its 64 x 128 tiles (bh128
 # 1.02x, sw64 1.18x). The rnn_tanh job failed on a KeyError in the bench's step inputs
 # (fixed since); the box ended before the last three jobs.
+# Decided on an H200 (the third session of 2026-11-27, bench/results/step-ablation-nvidia-
+# h200-2026-11-27-decide-partials.json and ...-confirm.json, layer fwd + bwd against the
+# plan): the 16 x 32 forward on 8 warps (fw8: 0.94 to 0.98x at LSTM / GRU H=768 / 1024
+# B=64, 0.97x at rnn_tanh H=1024) is the default since (planner `_split_k_on_8`); the
+# partial-product backward lost everywhere (1.06 to 1.13x at B = 64 but LSTM H=1024 0.99x;
+# 1.19 / 1.21x at B = 16) and stays opt-in; 32 x 16 tiles (bb16) won the backward at H=768
+# B=64 but not the layer against the new forward (0.99x LSTM, 0.94x GRU; 1.15 / 1.17x at
+# H=512), so the plan keeps 16 x 32; streamed 16 x 64 tiles lost (1.35 to 1.42x); rnn_tanh
+# H=1536 B=16 keeps 8 warps (w4 1.09x); LSTM H=256 B=16 keeps its hoisted weights and
+# joined sums (nohoist 1.02x, nosums 1.00x); resident tiles past 1024 elements stream since
+# (planner `_RESIDENT_TILE`; bk64 0.80x at LSTM H=512 B=512, resident bk0 1.22x at GRU H=512
+# B=512, 1.07x at rnn_tanh H=512 B=1024). The box ended inside the last job (bw4 at GRU
+# H=1536 / LSTM H=1280 B=16: the plans' rows only).
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) B = 64 first: its 16 x 32 tiles are where the
-        # H200 table of commit 132da37 misses 2x cuDNN-graph (LSTM H=768 / 1024 1.25 /
-        # 1.02x, GRU 1.40 / 1.29x). Their forward on 8 warps, per gate, split K 8 ways
-        # (fw8; the planner gives them 4): sm_90 compiles (Triton 3.6) halve its step loop
-        # (LSTM H=768 1236 -> 767 instructions per warp, H=1024 1392 -> 818, GRU H=768 / 1024
-        # 986 / 1114 -> 627 / 666), the mma.sync per warp (192 -> 96) and cut ldmatrix 216 ->
-        # 36, no spills in the loop; on an H100 8 warps lost there (35.5 against 20.1 ms),
-        # when the slices were added by tl.sum.
-        ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;fw8,layer"),
-        # Their backward with the partial-product exchange (`partials`, kernels'
-        # _bwd_partials): the default's step there moves about as many bytes as L2 delivers
-        # (kernels/NOTES.md), partials half of them for LSTM, two thirds for GRU, for 0-24%
-        # more step-loop instructions (sm_90, Triton 3.6: LSTM H=768 / 1024 B=64 1019 /
-        # 1077 -> 1016 / 1153, GRU 809 / 867 -> 944 / 1077).
-        ("lstm,768,64;lstm,1024,64;gru,768,64;gru,1024,64", "layer;partials,layer"),
-        # The same bytes cut by taller tiles where their weights fit (H = 768): 32 x 16 tiles
-        # (bb16), half the hidden slices, so half the exchange's L2 bytes in both passes, for
-        # twice the weights each program reads from shared memory per step (sm_90, Triton
-        # 3.6: LSTM backward 1019 -> 840 instructions, forward 1236 -> 1372 on its 4 warps,
-        # 212992 / 221184 B of shared memory; with partials the backward 1024, GRU 854).
-        ("lstm,768,64;gru,768,64", "layer;bb16,layer;bb16,partials,layer"),
-        # The same shapes on streamed 16 x 64 tiles (wgmma loops, half the programs); never
-        # timed. (Resident 16 x 64 tiles spill in the backward: bk0,bb64,bh16 24 to 168 B.)
-        ("lstm,768,64;lstm,1024,64;gru,1024,64", "layer;bk64,bb64,bh16,layer"),
-        # The same at B = 16, where the step is latency-bound: a quarter of the bytes read
-        # against the fence's wait for the partials' stores (24 KiB per program at the
-        # anchor).
-        ("lstm,768,16;lstm,1024,16", "layer;partials,layer"),
-        ("rnn_tanh,1536,16", "layer;w4,layer"),  # a one-gate cell: both passes 8 since
-        # Resident weights in registers; joined gate sums where they are (Triton 3.6's loop
-        # grows with both, see persistent_grid._FWD_JOINED_SUMS).
-        ("lstm,256,16", "layer;nohoist,layer;nosums,layer"),
-        ("lstm,512,512", "layer;bk64,layer"),  # spilling resident 32 x 64 tiles, streamed
-        # The backwards too large to hoist on 8 warps unhoisted since (planner
-        # `_too_large_to_hoist`; on 4 their compiles spilled 10 / 17 local loads per step):
-        # against the 4-warp one they replaced.
+        # (A 240 s box holds about 25 rows.) The backwards too large to hoist on 8 warps
+        # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
+        # spilled 10 / 17 local loads per step): against the 4-warp one they replaced (the
+        # grid sweep's GRU H=1536 B=16 took 11.92 ms fwd + bwd after the rule, 12.38 before,
+        # in two sessions).
         ("gru,1536,16;lstm,1280,16", "layer;bw4,layer"),
+        # The 16 x 32 forward on 8 warps where it was not timed: B = 128 / 256 at small H,
+        # a one-gate cell at H=768.
+        ("lstm,512,128;gru,256,256;rnn_relu,768,64", "layer;fw4,layer"),
+        # A resident 32 x 64 tile streamed since (`_RESIDENT_TILE`) where no row has timed
+        # the rule: B = 1024 (22 local loads per backward step resident).
+        ("lstm,256,1024", "layer;bk0,layer"),
         # Not timed, their compiles spill in the step loop: K = 1024 in one chunk
         # (chunk1024, 0.98x twice before the paired gates; paired, the backward 10 local
         # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
         # H=768 / 1024 B=64: 10 / 13).
+    ],
+    # The rules `decide` motivated (2026-11-27, the third session), checked where they were
+    # not timed, in one short call: 32 x 16 tiles against the planner's 16 x 32 (its forward
+    # on 8 warps since) at B = 64; the 8-warp forward at a one-gate 16 x 32 tile (the rule
+    # keeps 4 there); the wide resident tiles the planner streams since (`bk0` restores
+    # them; their sm_90 compiles spill).
+    "confirm": [
+        ("lstm,768,64;gru,768,64;lstm,512,64;gru,512,64", "layer;bb16,layer"),
+        ("rnn_tanh,1024,64", "layer;fw8,layer"),
+        ("gru,512,512;rnn_tanh,512,1024", "layer;bk0,layer"),
     ],
 }
 

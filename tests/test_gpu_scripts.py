@@ -27,7 +27,7 @@ from tritonrnn.bench.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
           "batch", "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
-          "decide", "barrier", "phases", "profile"]
+          "decide", "confirm", "barrier", "phases", "profile"]
 
 
 def _load_ablation():
@@ -98,7 +98,7 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
     assert checked, f"stage {stage}: no command recorded ({calls})"
 
 
-@pytest.mark.parametrize("stage", ["all", "tests", "decide", "barrier", "profile"])
+@pytest.mark.parametrize("stage", ["all", "tests", "decide", "confirm", "barrier", "profile"])
 def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
     """The device tool brings back at most 8 files from $OUT: a stage leaves one archive
     there, $OUT/<stage>.tgz, holding its logs (and whatever its programs wrote)."""
@@ -113,6 +113,8 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
                     "barrier.log", "bench-targets.log", "check.log"},
             "tests": {"gpu.txt", "gpu-tests.log"},
             "decide": {"gpu.txt", "ablation-decide.log"},
+            "confirm": {"gpu.txt", "warm-grid.log", "bench-grid.log", "ablation-confirm.log",
+                        "check.log"},
             "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
