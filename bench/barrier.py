@@ -99,7 +99,8 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     row = {"mode": mode, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
            "family": lp.family, "programs": lp.num_programs, "block_h": lp.block_h,
            "block_b": lp.block_b, "block_k": lp.block_k, "num_warps": lp.num_warps,
-           "num_warps_bwd": lp.backward_warps}
+           "num_warps_bwd": lp.backward_warps, "block_h_bwd": lp.backward_block_h,
+           "block_b_bwd": lp.backward_block_b}
     if lp.family != "persistent_grid":
         row["note"] = f"planner picks {lp.family} for this shape: no barrier in the loop"
         return row
@@ -108,8 +109,9 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     step = time_callable(
         lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps), "cuda", timing)
     bwd_kw = _backward_inputs(mode, H, B, T, dtype, device)
+    bwd_tiles = {**tiles, "block_h": lp.backward_block_h, "block_b": lp.backward_block_b}
     bwd = time_callable(
-        lambda: grid_backward(**bwd_kw, **tiles, num_warps=lp.backward_warps,
+        lambda: grid_backward(**bwd_kw, **bwd_tiles, num_warps=lp.backward_warps,
                               pair_gates=lp.pair_gates), "cuda", timing)
     # The bare launches return their sync tensors ([counter, error flag]) instead of queueing
     # the flag: each one is kept and read once, after the timing.

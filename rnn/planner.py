@@ -55,7 +55,8 @@ if TYPE_CHECKING:  # rnn/pipeline.py imports this module
     from .pipeline import Decision
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
-_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps", "num_warps_bwd")
+_CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps", "num_warps_bwd",
+                    "block_h_bwd", "block_b_bwd")
 # Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
 # forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
 # another).
@@ -145,6 +146,8 @@ def _constraint_problem(key: str, value: object) -> str | None:
         return f"{key} expected a positive int, got {value!r}"
     if key == "block_b" and (value & (value - 1) or 4 < value < 16):
         return f"block_b expected 1, 2, 4 (vector tiles) or a power of two >= 16, got {value}"
+    if key in ("block_h_bwd", "block_b_bwd") and (value < 16 or value & (value - 1)):
+        return f"{key} expected a power of two >= 16 (the backward's MMA tiles), got {value}"
     if key == "block_h" and (value < 8 or value & (value - 1)):
         return f"block_h expected a power of two >= 8, got {value}"
     if key in ("num_warps", "num_warps_bwd") and (value > 32 or value & (value - 1)):
@@ -160,7 +163,9 @@ def plan_constraints(**overrides):
     powers of two >= 16: MMA tiles), block_h (>= 8 with vector tiles, >= 16 with MMA tiles),
     block_k (0: the weight slice resident on chip; a power of two: streamed in chunks of
     block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it
-    should differ), pipeline_chunks. A forced choice that cannot apply to a shape raises
+    should differ), block_h_bwd / block_b_bwd (the backward's own MMA tiles, powers of two
+    >= 16, where they should differ from block_h / block_b: grid families, resident
+    weights), pipeline_chunks. A forced choice that cannot apply to a shape raises
     ValueError when that shape is planned: the tiles of a family that has none (block_h or a
     streamed block_k on the persistent CTA, any tile or warps on the reference family), or a
     plan that does not fit the device (shared memory, co-resident programs)."""
@@ -360,10 +365,23 @@ class LayerPlan:
     # persistent_grid / stepwise: the backward loads two gates' operands at once (PAIRG,
     # `kernels.persistent_grid.grid_pairs_gates`), decided within the device's budget
     pair_gates: bool = False
+    # persistent_grid / stepwise with resident weights: the backward's own tiles where they
+    # differ from the forward's (0: the forward's; `_taller_backward`, constraints
+    # block_h_bwd / block_b_bwd). num_programs and onchip_bytes then count the larger pass.
+    block_h_bwd: int = 0
+    block_b_bwd: int = 0
 
     @property
     def backward_warps(self) -> int:
         return self.num_warps_bwd or self.num_warps
+
+    @property
+    def backward_block_h(self) -> int:
+        return self.block_h_bwd or self.block_h
+
+    @property
+    def backward_block_b(self) -> int:
+        return self.block_b_bwd or self.block_b
 
     def with_backward_warps(self, warps: int) -> LayerPlan:
         """This plan with the backward's warps set (stored as 0 when equal to num_warps)."""
@@ -531,11 +549,14 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
         fma = dtype == torch.float32  # as a GPU runs it
         batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps, fma) == 2
         # (The backward's partial products read their weights from shared memory.)
-        partials = grid and _bwd_partials(cell, H, P, 0, lp.block_b, lp.backward_warps)
-        hoisted = [p for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps))
-                   if grid and hoist_pass(p, cell, H, P or H, P, dtype, lp.block_h,
-                                          lp.block_b, 0, w, lp.family == "persistent_grid",
-                                          fma) and not (p == "bwd" and partials)]
+        partials = grid and _bwd_partials(cell, H, P, 0, lp.backward_block_b,
+                                          lp.backward_warps)
+        passes = (("fwd", lp.num_warps, lp.block_h, lp.block_b),
+                  ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b))
+        hoisted = [p for p, w, bh, bb in passes
+                   if grid and hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
+                                          lp.family == "persistent_grid", fma)
+                   and not (p == "bwd" and partials)]
         notes = (["gate-batched forward"] if batched else []) + (
             [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
         return "resident" + (f" ({'; '.join(notes)})" if notes else "")
@@ -577,9 +598,67 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
                 if not block_k and (not resident_operands_fit(H, Hout, block_b)
                                     or block_h * block_b > _RESIDENT_TILE):
                     return None  # streamed on these tiles rather than resident on others
-                return lp.with_backward_warps(_persistent_grid_bwd_warps(
+                lp = lp.with_backward_warps(_persistent_grid_bwd_warps(
                     block_h, block_b, cell, block_k, dtype, H, Hout, P))
+                return _taller_backward(lp, cell, H, Hout, P, dtype, batch, props)
     return None
+
+
+def _with_backward_tiles(lp: LayerPlan, cell: str, H: int, Hout: int, P: int,
+                         dtype: torch.dtype, block_h: int, block_b: int, batch: int,
+                         num_warps_bwd: int, smem_limit: int | None) -> LayerPlan:
+    """`lp` (a grid-family plan, resident weights, MMA tiles) with its backward on block_h x
+    block_b tiles on num_warps_bwd warps: that backward's gate pairing (`grid_pairs_gates`)
+    within smem_limit, num_programs and onchip_bytes the larger of the forward's (as planned,
+    which counts a backward on its tiles too) and the new backward's (`_grid_bwd_bytes`)."""
+    from tritonrnn.kernels.persistent_grid import (
+        _grid_bwd_bytes,
+        grid_pairs_gates,
+        grid_programs,
+    )
+
+    if (block_h, block_b) == (lp.block_h, lp.block_b):
+        return lp.with_backward_warps(num_warps_bwd)
+    paired = grid_pairs_gates(cell, H, Hout, P, dtype, block_h, block_b, 0, smem_limit)
+    return replace(
+        lp, block_h_bwd=block_h, block_b_bwd=block_b, pair_gates=paired,
+        num_programs=max(lp.num_programs,
+                         grid_programs(H, Hout, P, batch, block_h, block_b, lp.num_dirs)),
+        onchip_bytes=max(lp.onchip_bytes, _grid_bwd_bytes(
+            cell, H, Hout, P, dtype, block_h, block_b, num_warps_bwd, paired)),
+    ).with_backward_warps(num_warps_bwd)
+
+
+def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                     batch: int, props: DeviceProperties) -> LayerPlan:
+    """The persistent grid's backward on 32 x 16 tiles under a 16 x 32 forward: gated cells,
+    resident weights, no projection, batch bucket 64, where the 32 x 16 backward has no more
+    programs than the forward and fits the budget (in practice LSTM / GRU H = 544 to 768);
+    else `lp`. Half the hidden slices, so each program reads half the exchange's dph
+    (G * H rows of 16 columns instead of 32) for twice the weights it reads from shared
+    memory per step.
+
+    An H200 timed both tiles in both passes (2026-11-27, the third session,
+    `scripts/step_ablation.py` variant `bb16`, layer ms at T = 1024, bf16, B = 64): the
+    backward 32 x 16 against 16 x 32, LSTM H=768 9.16 against 9.88 (confirmed 9.16 / 9.96 in a
+    second call), GRU 7.06 against 8.12 (7.09 / 8.18); the forward the other way (32 x 16 on 4
+    warps 5.70, 4.91; 16 x 32 on 8 warps 5.12, 4.63, `_split_k_on_8`; 32 x 16 on 8 warps does
+    not fit). So each pass gets its own tiles (fwd + bwd from those rows about 14.2 and 11.6
+    ms against 15.1 and 12.8 on 16 x 32 alone). The sm_90 compiles (Triton 3.6, bf16, 8
+    warps): LSTM H=768 backward 1019 -> 840 step-loop instructions, GRU 809 -> 679, no spills,
+    212992 / 180224 B of shared memory. Not timed as one plan yet, nor at other batches
+    (B = 128 at H = 256 to 512 has the same tiles; step_ablation `samebwd` restores the
+    forward's tiles)."""
+    if (lp.family != "persistent_grid" or lp.block_k or P or GATES[cell] == 1
+            or (lp.block_h, lp.block_b) != (16, 32) or _bucket(batch) != 64
+            or _pow2(H) < 32):
+        return lp
+    warps = _persistent_grid_bwd_warps(32, 16, cell, 0, dtype, H, Hout, P)
+    taller = _with_backward_tiles(lp, cell, H, Hout, P, dtype, 32, 16, batch, warps,
+                                  _smem_budget(props))
+    fits = (taller.num_programs <= lp.num_programs
+            and taller.onchip_bytes <= _smem_budget(props))
+    return taller if fits else lp
 
 
 # Vector tiles (kernels.persistent_grid.vector_tiles): batch buckets up to this size run the
@@ -915,7 +994,8 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
-        tiles = [k for k in ("block_h", "block_k") if choice.get(k)]  # block_k = 0: resident
+        tiles = [k for k in ("block_h", "block_k", "block_h_bwd", "block_b_bwd")
+                 if choice.get(k)]  # block_k = 0: resident
         if tiles:
             raise ValueError(
                 f"{where}: {tiles[0]} = {choice[tiles[0]]} cannot apply to family "
@@ -957,16 +1037,41 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                                            P)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(
             block_h, block_b, cell, block_k, dtype, H, Hout, P))
-    plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k,
-                 num_dirs, _smem_budget(props))
+    # The backward's own tiles: forced, else the heuristic's where the choice keeps its
+    # family and tiles (forced tiles apply to both passes).
+    bwd_tiles = ("block_h_bwd" in choice or "block_b_bwd" in choice or (
+        family == base.family and not retiled and base.block_h_bwd))
+    if bwd_tiles:
+        bwd_h = choice.get("block_h_bwd", base.backward_block_h if not retiled else block_h)
+        bwd_b = choice.get("block_b_bwd", base.backward_block_b if not retiled else block_b)
+        if block_k or vector_tiles(block_b) or family not in ("persistent_grid", "stepwise"):
+            raise ValueError(
+                f"{where}: the backward's own tiles (block_h_bwd = {bwd_h}, block_b_bwd = "
+                f"{bwd_b}) need resident weights (block_k = 0) on MMA tiles (block_b >= 16) "
+                f"of family 'persistent_grid' or 'stepwise', got family {family!r}, "
+                f"block_k = {block_k}, block_b = {block_b}"
+            )
+        if "num_warps_bwd" not in choice and "num_warps" not in choice:
+            bwd = _persistent_grid_bwd_warps(bwd_h, bwd_b, cell, 0, dtype, H, Hout, P)
+
+    def planned(dirs: int) -> LayerPlan:
+        lp = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
+                   block_k, dirs, _smem_budget(props))
+        if bwd_tiles:
+            lp = _with_backward_tiles(lp, cell, H, Hout, P, dtype, bwd_h, bwd_b, batch, bwd,
+                                      _smem_budget(props))
+        return lp
+
+    plan = planned(num_dirs)
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:
         # The pair does not fit together: each direction gets its own launch.
-        plan = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
-                     block_k, 1, _smem_budget(props))
+        plan = planned(1)
     if family == "persistent_grid" and plan.num_programs > props.sm_count:
+        bwd_note = (f" (backward block_h={plan.backward_block_h}, "
+                    f"block_b={plan.backward_block_b})" if plan.block_h_bwd else "")
         raise ValueError(
             f"{where}: family 'persistent_grid' needs {plan.num_programs} "
-            f"co-resident programs for H={H}, block_h={block_h}, B={batch}; "
+            f"co-resident programs for H={H}, block_h={block_h}, B={batch}{bwd_note}; "
             f"{props.name} has {props.sm_count} SMs"
         )
     # Both grid families stage their weight slice (or a streamed chunk's tiles) in shared
@@ -1115,9 +1220,12 @@ class Plan:
                 continue
             weights = _weights_label(self.rnn_mode, lp, getattr(torch, self.dtype),
                                      self.num_units, self.num_proj)
+            own_bwd = (f"(backward {lp.backward_block_h} x {lp.backward_block_b}) "
+                       if lp.block_h_bwd or lp.block_b_bwd else "")
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
+                f"{own_bwd}"
                 f"weights={weights} "
                 f"warps={lp.num_warps}"
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
@@ -1148,7 +1256,7 @@ class Plan:
         from tritonrnn.kernels.persistent_grid import _bwd_partials
 
         if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
-                self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.block_b,
+                self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.backward_block_b,
                 lp.backward_warps):
             return " backward partial products"
         return " backward gates paired" if lp.pair_gates else ""
@@ -1425,6 +1533,12 @@ def candidates(plan: Plan) -> list[dict]:
                         except ValueError:
                             continue
                         out.append(choice)
+    lp = plan.layers[0]
+    if lp.block_h_bwd or lp.block_b_bwd:  # the plan's backward tiles: its own choice too
+        out.insert(0, {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
+                       "num_warps_bwd": lp.backward_warps, "block_h": lp.block_h,
+                       "block_k": lp.block_k, "block_h_bwd": lp.backward_block_h,
+                       "block_b_bwd": lp.backward_block_b})
     return out
 
 

@@ -60,7 +60,10 @@ Variants (comma-joined in one process):
     partials  the backward exchanges partial products of dh (each program's own R rows times
               its own dph, summed by the reader) instead of dph (kernels' _BWD_PARTIALS, off
               by default; gated cells, resident MMA tiles, no projection): 2 / G of the
-              exchange's L2 bytes, more instructions (the anchor 617 -> 695)
+              exchange's L2 bytes, more instructions (the anchor 617 -> 695); an H200 timed
+              it slower everywhere (2026-11-27)
+    samebwd   the backward on the forward's tiles where the planner gives it its own 32 x 16
+              tiles under a 16 x 32 forward (rnn.planner._taller_backward)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
               (kernels' _FWD_MASK_IN_LOOP; by default formed in the loop on MMA tiles below
               64 x 64: Triton 3.6 converts the carried one through shared memory)
@@ -260,7 +263,11 @@ SETS = {
 # H=1536 / LSTM H=1280 B=16: the plans' rows only).
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) The backwards too large to hoist on 8 warps
+        # (A 240 s box holds about 25 rows.) The backward on its own 32 x 16 tiles under the
+        # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
+        # never as one plan): against both passes on 16 x 32.
+        ("lstm,768,64;gru,768,64;lstm,640,64", "layer;samebwd,layer"),
+        # The backwards too large to hoist on 8 warps
         # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
         # spilled 10 / 17 local loads per step): against the 4-warp one they replaced (the
         # grid sweep's GRU H=1536 B=16 took 11.92 ms fwd + bwd after the rule, 12.38 before,
@@ -414,6 +421,8 @@ def swaps() -> dict:
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
         "partials": [(pg, "_BWD_PARTIALS", True)],
+        # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).
+        "samebwd": [(planner, "_taller_backward", lambda lp, *_a: lp)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],
         "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates

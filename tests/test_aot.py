@@ -765,6 +765,33 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
+# The planner's B = 64 plans at H = 768: a 16 x 32 forward on 8 warps, the backward on its
+# own 32 x 16 tiles (`planner._taller_backward`): half the hidden slices, the same programs,
+# the backward's step loop shorter than on 16 x 32 (LSTM 1019 -> 840 instructions, GRU 809
+# -> 679; Triton 3.6) and free of local memory.
+TALLER = {
+    "lstm768-b64": aot.AotShape("lstm", hidden=768, batch=64, dtype=torch.bfloat16),
+    "gru768-b64": aot.AotShape("gru", hidden=768, batch=64, dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.compiler_specific
+@pytest.mark.parametrize("name", list(TALLER))
+def test_backward_compiles_on_its_own_tiles(name):
+    r = _compile_named([(name, TALLER[name])])[name]
+    lp = r["plan"]
+    assert (lp["block_h"], lp["block_b"], lp["block_h_bwd"], lp["block_b_bwd"]) == (
+        16, 32, 32, 16)
+    fwd, bwd = _kernels(r)
+    tiles = [(k["constexprs"]["BLOCK_H"], k["constexprs"]["BLOCK_B"]) for k in (fwd, bwd)]
+    assert tiles == [("16", "32"), ("32", "16")]
+    assert fwd["programs"] == bwd["programs"] == lp["num_programs"]
+    assert (fwd["num_warps"], bwd["num_warps"]) == (8, 8)
+    for k in (fwd, bwd):
+        assert _local_ops(k)[0] == 0, (k["phase"], k["profile"])
+        assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
 # The planner's resident plan for LSTM H=512 B=256: 16 x 64 tiles on 8 warps. Its backward
 # held K = 512 in one chunk and spilled in every step (Triton 3.6: 72 B, 17 local loads per
 # step); a 64-column tile halves its chunks (`persistent_grid._max_chunk`: 256 + 256).

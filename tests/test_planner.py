@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,18 @@ def test_paired_gates_only_within_the_budget(request, device, paired, apart):
 # LSTM / GRU H=768 B=64 pair their gates on an H100 (sm_90 compiles, Triton 3.6: 30 / 26 ->
 # 18 BAR.SYNC per backward step, no spills), H=1024 B=64 would need 262144 / 229376 B and
 # keeps them apart; no plan's tiles or warps change.
-def test_wide_paired_gates_only_within_the_budget(request):
+def test_wide_paired_gates_only_within_the_budget(request, monkeypatch):
+    # The switch's subject is a 16 x 32 backward: at H=768 B=64 the planner's is 32 x 16
+    # (`_taller_backward`), kept on the forward's tiles here.
+    from tritonrnn.rnn import planner
+
+    def fresh() -> None:  # the caches' keys do not hold the patch
+        planner._plan_cached.cache_clear()
+        planner._heuristic.cache_clear()
+
+    monkeypatch.setattr(planner, "_taller_backward", lambda lp, *_a: lp)
+    fresh()
+    request.addfinalizer(fresh)
     shapes = [(mode, H, B) for mode in ("lstm", "gru") for H in (512, 768, 1024)
               for B in (32, 64)]
     off = {s: _plan(mode=s[0], H=s[1], B=s[2]).layer(0) for s in shapes}
@@ -999,3 +1011,97 @@ def test_plan_for_takes_numpy_ints_for_batch_and_max_time(name):
         plan_for(**{**kw, name: 2.0})
     with pytest.raises(ValueError, match=rf"{name}: expected an int >= 1, got 0"):
         plan_for(**{**kw, name: np.int64(0)})
+
+
+@pytest.mark.parametrize("mode,H,B,direction,proj,bwd", [
+    # 16 x 32 forward, 32 x 16 backward (`_taller_backward`): gated cells at B = 64
+    ("lstm", 768, 64, "unidirectional", 0, (32, 16)),
+    ("gru", 768, 64, "bidirectional", 0, (32, 16)),
+    ("lstm", 640, 48, "unidirectional", 0, (32, 16)),
+    # not where the 32 x 16 backward does not fit (LSTM H=1024: 262144 B), for a one-gate
+    # cell, with a projection, nor outside the batch bucket it was timed at
+    ("lstm", 1024, 64, "unidirectional", 0, (16, 32)),
+    ("rnn_tanh", 768, 64, "unidirectional", 0, (16, 32)),
+    ("lstm", 768, 64, "unidirectional", 384, None),
+    ("lstm", 768, 32, "bidirectional", 0, (16, 32)),
+    ("lstm", 512, 128, "unidirectional", 0, (16, 32)),
+])
+@pytest.mark.parametrize("device", ["h100", "h200"])
+def test_taller_backward_tiles(mode, H, B, direction, proj, bwd, device):
+    from tritonrnn.rnn.planner import _smem_budget
+
+    plan = _plan(mode=mode, H=H, B=B, direction=direction, num_proj=proj, device=device)
+    lp = plan.layer(0)
+    if bwd is None:
+        assert (lp.block_h_bwd, lp.block_b_bwd) == (0, 0), lp
+        return
+    assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("persistent_grid", 16, 32, 0)
+    assert (lp.backward_block_h, lp.backward_block_b) == bwd
+    assert (lp.block_h_bwd, lp.block_b_bwd) == (bwd if bwd != (16, 32) else (0, 0))
+    assert (lp.num_warps, lp.backward_warps) == (8, 8)
+    assert lp.num_programs <= PRESETS[device].sm_count
+    assert lp.onchip_bytes <= _smem_budget(PRESETS[device])
+    taller = bwd == (32, 16)
+    assert ("(backward 32 x 16)" in plan.explain()) == taller
+    if taller:  # the same programs: half the hidden slices, twice the batch tiles
+        assert lp.num_programs == -(-H // 16) * -(-B // 32) * lp.num_dirs
+
+
+def test_backward_tile_constraints():
+    base = _plan(H=768, B=64).layer(0)
+    assert (base.backward_block_h, base.backward_block_b) == (32, 16)
+    # Tiles forced for the layer apply to both passes; warps alone keep the backward's tiles.
+    with plan_constraints(block_b=32):
+        lp = _plan(H=768, B=64).layer(0)
+    assert (lp.block_h_bwd, lp.block_b_bwd, lp.backward_block_h) == (0, 0, 16)
+    with plan_constraints(num_warps_bwd=4):
+        lp = _plan(H=768, B=64).layer(0)
+    assert (lp.backward_block_h, lp.backward_block_b, lp.backward_warps) == (32, 16, 4)
+    # Forced on a small shape: the backward's programs count when they are the larger pass.
+    with plan_constraints(family="persistent_grid", block_h=32, block_b=16, block_h_bwd=16,
+                          block_b_bwd=16):
+        lp = _plan(H=40, B=35, device="interpreter").layer(0)
+    assert (lp.block_h, lp.block_b, lp.backward_block_h, lp.backward_block_b) == (32, 16, 16, 16)
+    # (B's bucket, 64: backward 3 hidden slices x 4 batch tiles, forward 2 x 4)
+    assert lp.num_programs == 3 * 4 and lp.backward_warps == 4  # 16 x 16's rule
+    # The plan's own choice is a tuning candidate, and forcing it gives the plan back.
+    plan = _plan(H=768, B=64)
+    own = candidates(plan)[0]
+    assert (own["block_h_bwd"], own["block_b_bwd"]) == (32, 16)
+    with plan_constraints(**own):
+        assert _plan(H=768, B=64).layer(0) == base
+
+
+@pytest.mark.parametrize("constraints, message", [
+    (dict(block_h_bwd=8), "block_h_bwd expected a power of two >= 16 (the backward's MMA "
+                          "tiles), got 8"),
+    (dict(block_b_bwd=24), "block_b_bwd expected a power of two >= 16"),
+    (dict(block_b_bwd=True), "block_b_bwd expected a positive int, got True"),
+])
+def test_backward_tile_constraints_refuse_bad_values(constraints, message):
+    with pytest.raises(ValueError, match=re.escape(message)), plan_constraints(**constraints):
+        pass
+
+
+@pytest.mark.parametrize("H, B, constraints, message", [
+    (256, 1, dict(family="persistent_cta", block_h_bwd=32),
+     "block_h_bwd = 32 cannot apply to family 'persistent_cta'"),
+    (256, 1, dict(family="persistent_grid", block_k=64, block_b_bwd=16),
+     "the backward's own tiles (block_h_bwd = 16, block_b_bwd = 16) need resident weights "
+     "(block_k = 0)"),
+    (256, 1, dict(family="persistent_grid", block_b=1, block_h=8, block_h_bwd=16),
+     "got family 'persistent_grid', block_k = 0, block_b = 1"),
+    (512, 64, dict(family="persistent_grid", block_h_bwd=16, block_b_bwd=16),
+     "needs 128 co-resident programs"),  # fits: the H = 512 plan's own 16 x 16 tiles
+    (1024, 64, dict(family="persistent_grid", block_k=0, block_h=16, block_b=32,
+                    block_h_bwd=16, block_b_bwd=16),
+     "needs 256 co-resident programs for H=1024, block_h=16, B=64 (backward block_h=16, "
+     "block_b=16)"),
+])
+def test_backward_tile_constraints_that_cannot_apply(H, B, constraints, message):
+    with plan_constraints(**constraints):
+        if H == 512:  # the control: these constraints apply
+            assert _plan(H=H, B=B).layer(0).num_programs == 128
+            return
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _plan(H=H, B=B).layer(0)

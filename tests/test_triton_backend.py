@@ -231,3 +231,34 @@ def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
         grid_barrier._raise_if_failed(flags, "grid_backward", earlier=earlier)
     assert info.value.earlier is earlier
     assert ("an earlier launch of grid_backward" in str(info.value)) is earlier
+
+
+# The backward on its own tiles (plan_constraints block_h_bwd / block_b_bwd; the planner's
+# `_taller_backward` gives LSTM / GRU at B = 64 a 32 x 16 backward under a 16 x 32 forward):
+# each launch gets its pass's tiles, and a backward whose hidden slices and batch tiles both
+# differ from the forward's (70 rows: 3 batch tiles forward, 5 backward; H = 40: 3 hidden
+# slices forward, 2 backward) matches the oracle, one direction and a pair launch.
+@pytest.mark.parametrize("family, mode, bidirectional", [
+    ("persistent_grid", "lstm", False), ("persistent_grid", "gru", True),
+    ("stepwise", "rnn_tanh", False)])
+def test_backward_on_its_own_tiles(family, mode, bidirectional, monkeypatch):
+    from tritonrnn.kernels import persistent_grid as pg
+
+    seen = {}
+
+    def spy(name):
+        fn = getattr(pg, name)
+
+        def launch(*args, **kw):
+            seen.setdefault(name, set()).add((kw["block_h"], kw["block_b"]))
+            return fn(*args, **kw)
+        monkeypatch.setattr(pg, name, launch)
+
+    for name in ("grid_forward", "grid_backward", "grid_forward_pair", "grid_backward_pair"):
+        spy(name)
+    with plan_constraints(family=family, block_h=16, block_b=32, block_h_bwd=32,
+                          block_b_bwd=16):
+        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="batch70", I=4,
+                           H=40, T=4, backend="triton", **FP32)
+    pair = "_pair" if bidirectional else ""
+    assert seen == {f"grid_forward{pair}": {(16, 32)}, f"grid_backward{pair}": {(32, 16)}}
