@@ -314,44 +314,33 @@ def test_stepwise_tiles_read_the_fewest_bytes(mode, H, B, old):
     assert (lp.family, lp.block_h, lp.block_b, lp.block_k) == ("stepwise", 64, 64, 64), lp
 
 
-@pytest.mark.parametrize("mode,H,B,direction,tiles", [
-    ("rnn_tanh", 1536, 64, "unidirectional", (16, 64, 64)),
-    ("lstm", 768, 128, "unidirectional", (16, 64, 64)),
-    ("gru", 768, 256, "unidirectional", (32, 64, 64)),
-    # The pair's 16 x 64 tiles would hold 512-column chunks: each direction alone, resident.
-    ("lstm", 768, 64, "bidirectional", (16, 32, 0)),
-])
-def test_wide_resident_chunks_stream_instead(mode, H, B, direction, tiles):
+@pytest.mark.parametrize("why,mode,H,B,direction,tiles", [
     # The first co-resident tiles would hold chunks whose dot operands [chunk, block_b] spill
     # (`kernels.persistent_grid.resident_operands_fit`; they were these shapes' resident
     # plans): the grid streams the weights instead of keeping them resident elsewhere.
-    from tritonrnn.kernels.persistent_grid import resident_operands_fit
-
-    lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
-    assert lp.family == "persistent_grid" and (lp.block_h, lp.block_b, lp.block_k) == tiles, lp
-    assert not resident_operands_fit(H, H, 64)
-    assert lp.num_programs <= PRESETS["h100"].sm_count
-
-
-@pytest.mark.parametrize("mode,H,B,direction,tiles", [
-    # Resident, these held 32 x 64 / 64 x 64 / 128 x 64 tiles, whose sm_90 compiles spill in
-    # the step loop (`planner._RESIDENT_TILE`): the same tiles streamed, or a pair launch's
-    # streamed tiles
-    ("lstm", 512, 512, "unidirectional", (32, 64, 64)),
-    ("lstm", 256, 1024, "unidirectional", (32, 64, 64)),
-    ("gru", 384, 1024, "unidirectional", (64, 64, 64)),
-    ("rnn_tanh", 512, 1024, "unidirectional", (64, 64, 64)),
-    ("rnn_tanh", 384, 1024, "bidirectional", (64, 128, 64)),
+    ("chunks", "rnn_tanh", 1536, 64, "unidirectional", (16, 64, 64)),
+    ("chunks", "lstm", 768, 128, "unidirectional", (16, 64, 64)),
+    ("chunks", "gru", 768, 256, "unidirectional", (32, 64, 64)),
+    # The pair's 16 x 64 tiles would hold 512-column chunks: each direction alone, resident.
+    ("chunks", "lstm", 768, 64, "bidirectional", (16, 32, 0)),
+    # Resident, these held 32 x 64 / 64 x 64 / 128 x 64 tiles whose chunks pass that rule but
+    # whose sm_90 compiles spill in the step loop (`planner._RESIDENT_TILE`): the same tiles
+    # streamed, or a pair launch's streamed tiles.
+    ("tile", "lstm", 512, 512, "unidirectional", (32, 64, 64)),
+    ("tile", "lstm", 256, 1024, "unidirectional", (32, 64, 64)),
+    ("tile", "gru", 384, 1024, "unidirectional", (64, 64, 64)),
+    ("tile", "rnn_tanh", 512, 1024, "unidirectional", (64, 64, 64)),
+    ("tile", "rnn_tanh", 384, 1024, "bidirectional", (64, 128, 64)),
 ])
-def test_wide_resident_tiles_stream_instead(mode, H, B, direction, tiles):
+def test_wide_resident_weights_stream_instead(why, mode, H, B, direction, tiles):
     from tritonrnn.kernels.persistent_grid import resident_operands_fit
     from tritonrnn.rnn.planner import _RESIDENT_TILE
 
     lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
     assert lp.family == "persistent_grid" and (lp.block_h, lp.block_b, lp.block_k) == tiles, lp
-    assert resident_operands_fit(H, H, 64)  # the chunks' own rule would have kept them
+    assert resident_operands_fit(H, H, 64) == (why == "tile")
     assert lp.num_programs <= PRESETS["h100"].sm_count
-    # No persistent-grid plan of the shape keeps wider tiles resident.
+    # No persistent-grid plan of the shape keeps tiles wider than the rule's resident.
     for b in (256, 512, 1024):
         for d in ("unidirectional", "bidirectional"):
             lp = _plan(mode=mode, H=H, B=b, direction=d).layer(0)
