@@ -646,9 +646,9 @@ def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype:
     not fit). So each pass gets its own tiles (fwd + bwd from those rows about 14.2 and 11.6
     ms against 15.1 and 12.8 on 16 x 32 alone). The sm_90 compiles (Triton 3.6, bf16, 8
     warps): LSTM H=768 backward 1019 -> 840 step-loop instructions, GRU 809 -> 679, no spills,
-    212992 / 180224 B of shared memory. Not timed as one plan yet, nor at other batches
-    (B = 128 at H = 256 to 512 has the same tiles; step_ablation `samebwd` restores the
-    forward's tiles)."""
+    212992 / 196608 B of shared memory (GRU's with its gates paired, `grid_pairs_gates`).
+    Not timed as one plan yet, nor at other batches (B = 128 at H = 256 to 512 has the same
+    tiles; step_ablation `samebwd` restores the forward's tiles)."""
     if (lp.family != "persistent_grid" or lp.block_k or P or GATES[cell] == 1
             or (lp.block_h, lp.block_b) != (16, 32) or _bucket(batch) != 64
             or _pow2(H) < 32):
