@@ -196,9 +196,8 @@ def test_half_precision_on_gpu(mode, dtype):
 # been read since, so the error propagates instead of becoming a warning.
 @pytest.mark.parametrize("earlier", [False, True], ids=["this-launch", "earlier-launch"])
 def test_stepwise_fallback_reruns_only_a_launch_that_itself_failed(earlier):
-    from types import SimpleNamespace
-
     from tritonrnn.kernels.grid_barrier import BarrierTimeoutError
+    from tritonrnn.rnn.planner import LayerPlan
     from tritonrnn.rnn.triton_backend import _with_stepwise_fallback
 
     calls = []
@@ -208,8 +207,8 @@ def test_stepwise_fallback_reruns_only_a_launch_that_itself_failed(earlier):
         if persistent:
             raise BarrierTimeoutError("a launch of _grid_bwd: timed out", earlier=earlier)
 
-    lp = SimpleNamespace(family="persistent_grid", block_h=16, block_b=16, block_k=0,
-                         num_warps=4, backward_warps=8, pair_gates=True)
+    lp = LayerPlan("persistent_grid", block_b=16, block_h=16, num_warps=4, block_k=0,
+                   num_warps_bwd=8, pair_gates=True)
     if earlier:
         with pytest.raises(BarrierTimeoutError, match="timed out"):
             _with_stepwise_fallback(launch, (), lp, backward=True)
