@@ -237,10 +237,11 @@ def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
 # each launch gets its pass's tiles, and a backward whose hidden slices and batch tiles both
 # differ from the forward's (70 rows: 3 batch tiles forward, 5 backward; H = 40: 3 hidden
 # slices forward, 2 backward) matches the oracle, one direction and a pair launch.
-@pytest.mark.parametrize("family, mode, bidirectional", [
-    ("persistent_grid", "lstm", False), ("persistent_grid", "gru", True),
-    ("stepwise", "rnn_tanh", False)])
-def test_backward_on_its_own_tiles(family, mode, bidirectional, monkeypatch):
+@pytest.mark.parametrize("family, mode, bidirectional, proj", [
+    ("persistent_grid", "lstm", False, 0), ("persistent_grid", "gru", True, 0),
+    ("stepwise", "rnn_tanh", False, 0),
+    ("persistent_grid", "lstm", False, 24)])  # the projection's slices follow the tiles too
+def test_backward_on_its_own_tiles(family, mode, bidirectional, proj, monkeypatch):
     from tritonrnn.kernels import persistent_grid as pg
 
     seen = {}
@@ -258,6 +259,6 @@ def test_backward_on_its_own_tiles(family, mode, bidirectional, monkeypatch):
     with plan_constraints(family=family, block_h=16, block_b=32, block_h_bwd=32,
                           block_b_bwd=16):
         compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="batch70", I=4,
-                           H=40, T=4, backend="triton", **FP32)
+                           H=40, T=4, proj=proj, backend="triton", **FP32)
     pair = "_pair" if bidirectional else ""
     assert seen == {f"grid_forward{pair}": {(16, 32)}, f"grid_backward{pair}": {(32, 16)}}
