@@ -1134,11 +1134,15 @@ _SHORT = {"LDGSTS": "LDGST", "instructions": "instr", "MMA_chain": "chain"}
 def format_report(report: dict) -> str:
     """A table of one shape's kernels (what `tritonrnn aot` prints)."""
     lp = report["plan"]
+    own = (f"(backward {lp.get('block_h_bwd') or lp['block_h']} x "
+           f"{lp.get('block_b_bwd') or lp['block_b']}) "
+           if lp.get("block_h_bwd") or lp.get("block_b_bwd") else "")
     lines = [
         f"{report['shape']} on the {report['preset']} preset ({report['device']}), "
         f"sm_{report['arch']}, Triton {report['triton']}",
         f"  plan ({report['source']}): {lp['family']} block_b={lp['block_b']} "
-        f"block_h={lp['block_h'] or '-'} block_k={lp['block_k']} warps={lp['num_warps']}"
+        f"block_h={lp['block_h'] or '-'} {own}block_k={lp['block_k']} "
+        f"warps={lp['num_warps']}"
         f"{' (backward ' + str(lp['num_warps_bwd']) + ')' if lp.get('num_warps_bwd') else ''} "
         f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
         f"planner on-chip estimate={lp['onchip_bytes']} B",

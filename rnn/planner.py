@@ -633,8 +633,10 @@ def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype:
                      batch: int, props: DeviceProperties) -> LayerPlan:
     """The persistent grid's backward on 32 x 16 tiles under a 16 x 32 forward: gated cells,
     resident weights, no projection, batch bucket 64, where the 32 x 16 backward has no more
-    programs than the forward and fits the budget (in practice LSTM / GRU H = 544 to 768);
-    else `lp`. Half the hidden slices, so each program reads half the exchange's dph
+    programs than the forward and fits the budget; else `lp`. On an H100 / H200 that is LSTM
+    / GRU H = 544 to 768, GRU H = 1024 (212992 B), and the pair launches of H = 384 / 512
+    (56 of the 7920 plans over four cells, H 64-4096, B 1-1024, three dtypes, one and two
+    directions). Half the hidden slices, so each program reads half the exchange's dph
     (G * H rows of 16 columns instead of 32) for twice the weights it reads from shared
     memory per step.
 
@@ -646,9 +648,11 @@ def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype:
     not fit). So each pass gets its own tiles (fwd + bwd from those rows about 14.2 and 11.6
     ms against 15.1 and 12.8 on 16 x 32 alone). The sm_90 compiles (Triton 3.6, bf16, 8
     warps): LSTM H=768 backward 1019 -> 840 step-loop instructions, GRU 809 -> 679, no spills,
-    212992 / 196608 B of shared memory (GRU's with its gates paired, `grid_pairs_gates`).
-    Not timed as one plan yet, nor at other batches (B = 128 at H = 256 to 512 has the same
-    tiles; step_ablation `samebwd` restores the forward's tiles)."""
+    212992 / 196608 B of shared memory (GRU's with its gates paired, `grid_pairs_gates`);
+    GRU H=1024 867 -> 737 (212992 B); the LSTM H=512 B=64 pair launch's spills stay outside
+    the step loop. Not timed as one plan yet, nor at GRU H=1024 or the pairs, nor at other
+    batches (B = 128 at H = 256 to 512 has the same tiles; step_ablation `samebwd` restores
+    the forward's tiles)."""
     if (lp.family != "persistent_grid" or lp.block_k or P or GATES[cell] == 1
             or (lp.block_h, lp.block_b) != (16, 32) or _bucket(batch) != 64
             or _pow2(H) < 32):

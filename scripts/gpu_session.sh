@@ -7,7 +7,7 @@
 # Next session: `tests` (timeout_s 230) first, then `all` (timeout_s 490): the planner's
 # rules of 2026-11-27's third session (the 16 x 32 forward on 8 warps for every cell,
 # `_split_k_on_8`; resident tiles past 1024 elements streamed, `_RESIDENT_TILE`; the
-# backward on its own 32 x 16 tiles at B = 64, H <= 768, `_taller_backward`) changed the
+# backward on its own 32 x 16 tiles at B = 64, `_taller_backward`) changed the
 # plans at B >= 32; the grid sweep ran with the first two (`confirm`, timeout_s 360, before
 # the one-gate cells joined the rule), the targets preset (B = 256, varlen) and the barrier
 # with none. Else, or after, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide`

@@ -266,7 +266,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # (A 240 s box holds about 25 rows.) The backward on its own 32 x 16 tiles under the
         # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
         # never as one plan): against both passes on 16 x 32.
-        ("lstm,768,64;gru,768,64;lstm,640,64", "layer;samebwd,layer"),
+        ("lstm,768,64;gru,768,64;gru,1024,64", "layer;samebwd,layer"),
         # The backwards too large to hoist on 8 warps
         # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
         # spilled 10 / 17 local loads per step): against the 4-warp one they replaced (the

@@ -765,13 +765,15 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
-# The planner's B = 64 plans at H = 768: a 16 x 32 forward on 8 warps, the backward on its
-# own 32 x 16 tiles (`planner._taller_backward`): half the hidden slices, the same programs,
+# The planner's B = 64 plans at H = 768 (GRU 1024 too): a 16 x 32 forward on 8 warps, the
+# backward on its own 32 x 16 tiles (`planner._taller_backward`): half the hidden slices, the
+# same programs,
 # the backward's step loop shorter than on 16 x 32 (LSTM 1019 -> 840 instructions, GRU 809
-# -> 679; Triton 3.6) and free of local memory.
+# -> 679, GRU H=1024 867 -> 737; Triton 3.6) and free of local memory.
 TALLER = {
     "lstm768-b64": aot.AotShape("lstm", hidden=768, batch=64, dtype=torch.bfloat16),
     "gru768-b64": aot.AotShape("gru", hidden=768, batch=64, dtype=torch.bfloat16),
+    "gru1024-b64": aot.AotShape("gru", hidden=1024, batch=64, dtype=torch.bfloat16),
 }
 
 

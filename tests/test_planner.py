@@ -1007,6 +1007,8 @@ def test_plan_for_takes_numpy_ints_for_batch_and_max_time(name):
     ("lstm", 768, 64, "unidirectional", 0, (32, 16)),
     ("gru", 768, 64, "bidirectional", 0, (32, 16)),
     ("lstm", 640, 48, "unidirectional", 0, (32, 16)),
+    ("gru", 1024, 64, "unidirectional", 0, (32, 16)),  # three gates: 212992 B
+    ("lstm", 512, 64, "bidirectional", 0, (32, 16)),  # a pair launch
     # not where the 32 x 16 backward does not fit (LSTM H=1024: 262144 B), for a one-gate
     # cell, with a projection, nor outside the batch bucket it was timed at
     ("lstm", 1024, 64, "unidirectional", 0, (16, 32)),
