@@ -1530,19 +1530,24 @@ def candidates(plan: Plan) -> list[dict]:
                             if block_k > max(16, _pow2(max(H, Hout))):
                                 continue
                             choice["block_k"] = block_k
-                        try:
-                            with plan_constraints(**choice):
-                                recurrence_choice(cell, H, Hout, P, dtype, plan.batch,
-                                                  plan.device, plan.num_dirs)
-                        except ValueError:
-                            continue
-                        out.append(choice)
+                        # Resident MMA tiles of 32 columns or more: also with the backward
+                        # on tiles twice as tall and half as wide (`_taller_backward`).
+                        taller = grid and block_k == 0 and not vector and block_b >= 32
+                        for c in (choice, {**choice, "block_h_bwd": 2 * block_h,
+                                           "block_b_bwd": block_b // 2})[:1 + taller]:
+                            try:
+                                with plan_constraints(**c):
+                                    recurrence_choice(cell, H, Hout, P, dtype, plan.batch,
+                                                      plan.device, plan.num_dirs)
+                            except ValueError:
+                                continue
+                            out.append(c)
     lp = plan.layers[0]
-    if lp.block_h_bwd or lp.block_b_bwd:  # the plan's backward tiles: its own choice too
-        out.insert(0, {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
-                       "num_warps_bwd": lp.backward_warps, "block_h": lp.block_h,
-                       "block_k": lp.block_k, "block_h_bwd": lp.backward_block_h,
-                       "block_b_bwd": lp.backward_block_b})
+    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
+           "num_warps_bwd": lp.backward_warps, "block_h": lp.block_h, "block_k": lp.block_k,
+           "block_h_bwd": lp.backward_block_h, "block_b_bwd": lp.backward_block_b}
+    if (lp.block_h_bwd or lp.block_b_bwd) and own not in out:  # the plan's own choice too
+        out.insert(0, own)
     return out
 
 

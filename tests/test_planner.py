@@ -762,6 +762,30 @@ def test_candidates_run_on_the_device():
                                                                    "stepwise"}
 
 
+def test_candidates_try_the_taller_backward():
+    # Resident grid tiles of 32 columns or more are also tried with the backward on tiles
+    # twice as tall and half as wide, where those plan; the plan's own choice is among them
+    # once, and each plans as asked.
+    p = _plan(H=768, B=64)
+    cands = candidates(p)
+    taller = [c for c in cands if "block_h_bwd" in c]
+    assert taller and all((c["block_h_bwd"], c["block_b_bwd"]) == (2 * c["block_h"],
+                                                                   c["block_b"] // 2)
+                          for c in taller)
+    assert all(c["block_k"] == 0 and c["block_b"] >= 32 for c in taller)
+    lp = p.layer(0)
+    own = [c for c in taller if c["num_warps"] == lp.num_warps
+           and c["num_warps_bwd"] == lp.backward_warps and c["block_b"] == lp.block_b
+           and c["block_h"] == lp.block_h and c["family"] == lp.family]
+    assert len(own) == 1
+    for c in taller:
+        with plan_constraints(**c):
+            got = _plan(H=768, B=64).layer(0)
+        assert (got.backward_block_h, got.backward_block_b) == (c["block_h_bwd"],
+                                                                c["block_b_bwd"])
+    assert not any("block_h_bwd" in c for c in candidates(_plan(H=768, B=16)))
+
+
 def test_plan_for_errors():
     with pytest.raises(ValueError, match=r"device_properties: expected one of.*'h200'"):
         _plan(device="a700")
