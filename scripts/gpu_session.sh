@@ -181,8 +181,8 @@ case "$stage" in
       | tee "$out/bench-pipeline.log" | tail -20 ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
-    # The anchor has 84 candidates: the plan's own and its 23 nearest (a partial entry that
-    # a later call carries on).
+    # The anchor has 68 candidates (`planner.candidates` on the h200 preset at c37bb3d): the
+    # plan's own and its 23 nearest (a partial entry that a later call carries on).
     tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --max-candidates 24 \
       2>&1 | tee "$out/tune.log" | tail -30
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
