@@ -246,13 +246,7 @@ def _check_barriers(device: torch.device) -> None:
 
 def own_choice(plan) -> dict:
     """The plan's choice for its first layer, as `candidates` spells a choice."""
-    lp = plan.layer(0)
-    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps}
-    if lp.family != "persistent_cta":
-        own.update(block_h=lp.block_h, block_k=lp.block_k, num_warps_bwd=lp.backward_warps)
-        if lp.block_h_bwd or lp.block_b_bwd:
-            own.update(block_h_bwd=lp.backward_block_h, block_b_bwd=lp.backward_block_b)
-    return own
+    return plan.layer(0).choice()
 
 
 def choice_distance(choice: dict, own: dict) -> int:

@@ -2420,7 +2420,9 @@ def _bwd_partials(cell: str, H: int, P: int, block_k: int, block_b: int,
     partials are rounded to the dtype (a bf16 rounding of each of the NH partial sums,
     where the default rounds dph and sums exactly in fp32), and the exchange takes
     2 * NH * H * B elements per direction instead of 2 * G * H * B (LSTM H=1024 B=64 bf16:
-    16.8 MB instead of 1 MB). Not yet timed on a GPU."""
+    16.8 MB instead of 1 MB). An H200 timed it slower at every shape it ran (2026-11-27,
+    layer fwd + bwd 0.99 to 1.13x the default at B = 64, 1.19 / 1.21x at B = 16;
+    kernels/NOTES.md), so it stays opt-in."""
     gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
     if not (_BWD_PARTIALS and gated and not P and not block_k and not vector_tiles(block_b)):
         return False

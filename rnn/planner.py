@@ -383,6 +383,24 @@ class LayerPlan:
     def backward_block_b(self) -> int:
         return self.block_b_bwd or self.block_b
 
+    @property
+    def own_backward_tiles(self) -> bool:
+        """Whether the backward runs tiles of its own (block_h_bwd / block_b_bwd)."""
+        return bool(self.block_h_bwd or self.block_b_bwd)
+
+    def choice(self) -> dict:
+        """This plan as `candidates` and plan_constraints spell a choice: family, block_b and
+        warps; for the grid families also block_h, block_k and the backward's warps, and the
+        backward's tiles where it has its own."""
+        own = {"family": self.family, "block_b": self.block_b, "num_warps": self.num_warps}
+        if self.family != "persistent_cta":
+            own.update(block_h=self.block_h, block_k=self.block_k,
+                       num_warps_bwd=self.backward_warps)
+            if self.own_backward_tiles:
+                own.update(block_h_bwd=self.backward_block_h,
+                           block_b_bwd=self.backward_block_b)
+        return own
+
     def with_backward_warps(self, warps: int) -> LayerPlan:
         """This plan with the backward's warps set (stored as 0 when equal to num_warps)."""
         return replace(self, num_warps_bwd=0 if warps == self.num_warps else warps)
@@ -1044,7 +1062,7 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     # The backward's own tiles: forced, else the heuristic's where the choice keeps its
     # family and tiles (forced tiles apply to both passes).
     bwd_tiles = ("block_h_bwd" in choice or "block_b_bwd" in choice or (
-        family == base.family and not retiled and base.block_h_bwd))
+        family == base.family and not retiled and base.own_backward_tiles))
     if bwd_tiles:
         bwd_h = choice.get("block_h_bwd", base.backward_block_h if not retiled else block_h)
         bwd_b = choice.get("block_b_bwd", base.backward_block_b if not retiled else block_b)
@@ -1072,7 +1090,7 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         plan = planned(1)
     if family == "persistent_grid" and plan.num_programs > props.sm_count:
         bwd_note = (f" (backward block_h={plan.backward_block_h}, "
-                    f"block_b={plan.backward_block_b})" if plan.block_h_bwd else "")
+                    f"block_b={plan.backward_block_b})" if plan.own_backward_tiles else "")
         raise ValueError(
             f"{where}: family 'persistent_grid' needs {plan.num_programs} "
             f"co-resident programs for H={H}, block_h={block_h}, B={batch}{bwd_note}; "
@@ -1225,7 +1243,7 @@ class Plan:
             weights = _weights_label(self.rnn_mode, lp, getattr(torch, self.dtype),
                                      self.num_units, self.num_proj)
             own_bwd = (f"(backward {lp.backward_block_h} x {lp.backward_block_b}) "
-                       if lp.block_h_bwd or lp.block_b_bwd else "")
+                       if lp.own_backward_tiles else "")
             lines.append(
                 f"    layer {i // self.num_dirs} dir {i % self.num_dirs}: {lp.family:<15} "
                 f"block_b={lp.block_b} block_h={lp.block_h or '-'} "
@@ -1542,11 +1560,8 @@ def candidates(plan: Plan) -> list[dict]:
                             except ValueError:
                                 continue
                             out.append(c)
-    lp = plan.layers[0]
-    own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
-           "num_warps_bwd": lp.backward_warps, "block_h": lp.block_h, "block_k": lp.block_k,
-           "block_h_bwd": lp.backward_block_h, "block_b_bwd": lp.backward_block_b}
-    if (lp.block_h_bwd or lp.block_b_bwd) and own not in out:  # the plan's own choice too
+    own = plan.layers[0].choice()
+    if "block_h_bwd" in own and own not in out:  # the plan's own backward tiles too
         out.insert(0, own)
     return out
 

@@ -194,7 +194,7 @@ def _tiles(lp: LayerPlan) -> str:
         return f"block_b={lp.block_b}"
     weights = f"streamed/{lp.block_k}" if lp.block_k else "resident"
     bwd = (f" (backward {lp.backward_block_h} x {lp.backward_block_b})"
-           if lp.block_h_bwd or lp.block_b_bwd else "")
+           if lp.own_backward_tiles else "")
     return f"{lp.block_h} x {lp.block_b} tiles{bwd}, weights {weights}"
 
 
