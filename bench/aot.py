@@ -272,7 +272,7 @@ class AotShape:
 def plan_layer(shape: AotShape, preset: str = "h100", constraints: dict | None = None):
     """(LayerPlan, source) the planner picks for the shape's recurrences on a device preset;
     `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps,
-    num_warps_bwd)."""
+    num_warps_bwd, num_stages, num_stages_bwd)."""
     from tritonrnn.rnn.planner import plan_constraints, recurrence_choice
 
     props = device_preset(preset)
@@ -904,6 +904,7 @@ class KernelReport:
     grid: list
     programs: int  # product of the grid
     num_warps: int
+    num_stages: int = 0  # the launch's num_stages (0: none given, Triton's default)
     constexprs: dict = field(default_factory=dict)  # as compiled (GPU values), as strings
     interpreter_overrides: dict = field(default_factory=dict)  # name -> [interp, gpu]
     shared: int = 0  # metadata.shared: shared memory per program
@@ -958,7 +959,8 @@ def report_kernel(phase: str, launch: Launch, ctx: GpuContext, props, arch: int 
     missing ptxas/cuobjdump: ToolMissing)."""
     grid = list(launch.grid) if not callable(launch.grid) else []
     num_warps = int(launch.kwargs.get("num_warps", 4))
-    rep = KernelReport(phase, launch.name, grid, _grid_programs(grid), num_warps)
+    rep = KernelReport(phase, launch.name, grid, _grid_programs(grid), num_warps,
+                       int(launch.kwargs.get("num_stages", 0)))
     t0 = time.perf_counter()
     try:
         compiled, sig, changed = compile_launch(launch, ctx, arch, compile_options)
@@ -1137,11 +1139,15 @@ def format_report(report: dict) -> str:
     own = (f"(backward {lp.get('block_h_bwd') or lp['block_h']} x "
            f"{lp.get('block_b_bwd') or lp['block_b']}) "
            if lp.get("block_h_bwd") or lp.get("block_b_bwd") else "")
+    stages = lp.get("num_stages")
+    staged = (f"stages={stages}"
+              + (f" (backward {lp['num_stages_bwd']})" if lp.get("num_stages_bwd") else "")
+              + " " if stages else "")
     lines = [
         f"{report['shape']} on the {report['preset']} preset ({report['device']}), "
         f"sm_{report['arch']}, Triton {report['triton']}",
         f"  plan ({report['source']}): {lp['family']} block_b={lp['block_b']} "
-        f"block_h={lp['block_h'] or '-'} {own}block_k={lp['block_k']} "
+        f"block_h={lp['block_h'] or '-'} {own}block_k={lp['block_k']} {staged}"
         f"warps={lp['num_warps']}"
         f"{' (backward ' + str(lp['num_warps_bwd']) + ')' if lp.get('num_warps_bwd') else ''} "
         f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "

@@ -100,19 +100,22 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
            "family": lp.family, "programs": lp.num_programs, "block_h": lp.block_h,
            "block_b": lp.block_b, "block_k": lp.block_k, "num_warps": lp.num_warps,
            "num_warps_bwd": lp.backward_warps, "block_h_bwd": lp.backward_block_h,
-           "block_b_bwd": lp.backward_block_b}
+           "block_b_bwd": lp.backward_block_b, "num_stages": lp.num_stages,
+           "num_stages_bwd": lp.backward_stages}
     if lp.family != "persistent_grid":
         row["note"] = f"planner picks {lp.family} for this shape: no barrier in the loop"
         return row
     tiles = dict(persistent=True, block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k)
     fwd_kw = _recurrence_inputs(mode, H, B, T, dtype, device)
     step = time_callable(
-        lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps), "cuda", timing)
+        lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps,
+                             num_stages=lp.num_stages), "cuda", timing)
     bwd_kw = _backward_inputs(mode, H, B, T, dtype, device)
     bwd_tiles = {**tiles, "block_h": lp.backward_block_h, "block_b": lp.backward_block_b}
     bwd = time_callable(
         lambda: grid_backward(**bwd_kw, **bwd_tiles, num_warps=lp.backward_warps,
-                              pair_gates=lp.pair_gates), "cuda", timing)
+                              num_stages=lp.backward_stages, pair_gates=lp.pair_gates),
+        "cuda", timing)
     # The bare launches return their sync tensors ([counter, error flag]) instead of queueing
     # the flag: each one is kept and read once, after the timing.
     bare_syncs: list[torch.Tensor] = []

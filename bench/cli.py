@@ -8,7 +8,7 @@
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
                     [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
-                    [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
+                    [--num-stages N] [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]
                       [--out DIR]   (GPU only)
 
@@ -182,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="force num_warps (power of two; both passes)")
     a.add_argument("--num-warps-bwd", type=int, metavar="N",
                    help="force the backward's num_warps (power of two)")
+    a.add_argument("--num-stages", type=int, metavar="N",
+                   help="force the streamed loops' pipeline depth (int >= 1; both passes; "
+                   "streamed weights only)")
+    a.add_argument("--num-stages-bwd", type=int, metavar="N",
+                   help="force the backward's streamed-loop pipeline depth (int >= 1)")
     a.add_argument("--maxnreg", type=int, metavar="N",
                    help="experiment: cap registers per thread (Triton's maxnreg option, "
                    "16..255) on top of what the launchers pass")
@@ -464,7 +469,9 @@ _AOT_TILES = (("--block-h", "block_h", "a power of two >= 16"),
               ("--block-b", "block_b", "a power of two >= 16"),
               ("--block-k", "block_k", "0 (resident weights) or a power of two >= 16"),
               ("--num-warps", "num_warps", "a power of two in [1, 32]"),
-              ("--num-warps-bwd", "num_warps_bwd", "a power of two in [1, 32]"))
+              ("--num-warps-bwd", "num_warps_bwd", "a power of two in [1, 32]"),
+              ("--num-stages", "num_stages", "an int >= 1"),
+              ("--num-stages-bwd", "num_stages_bwd", "an int >= 1"))
 
 
 def _aot_constraints(args) -> dict:
@@ -478,7 +485,8 @@ def _aot_constraints(args) -> dict:
         pow2 = v > 0 and v & (v - 1) == 0
         warps = pow2 and v <= 32
         ok = {"block_k": v == 0 or (pow2 and v >= 16), "num_warps": warps,
-              "num_warps_bwd": warps}.get(key, pow2 and v >= 16)
+              "num_warps_bwd": warps, "num_stages": v >= 1,
+              "num_stages_bwd": v >= 1}.get(key, pow2 and v >= 16)
         if not ok:
             raise UsageError(f"{opt}: expected {what}, got {v}")
         out[key] = v

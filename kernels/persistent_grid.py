@@ -174,6 +174,12 @@ from .grid_barrier import (
 )
 from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets, split_pair
 
+# The software-pipeline depth Triton gives a loop when the launch names none (its num_stages
+# on sm_80 / sm_90): the streamed loops' buffers, `stream_stage_bytes`, of a launch with
+# num_stages = 0. A launch's num_stages changes only the streamed weights' loops (block_k >
+# 0; the resident kernels have no loop that loads), so the launchers refuse it elsewhere.
+DEFAULT_STAGES = 3
+
 # --------------------------------------------------------------------------------------------
 # Shared tile helpers
 # --------------------------------------------------------------------------------------------
@@ -2456,11 +2462,14 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
                       block_b: int, block_k: int = 0, num_warps: int = 8,
-                      fwd_warps: int | None = None, smem_limit: int | None = None) -> int:
+                      fwd_warps: int | None = None, smem_limit: int | None = None,
+                      stages: int = DEFAULT_STAGES, stages_bwd: int | None = None) -> int:
     """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
     warps, whose split-K scratch grows with them; fwd_warps: the forward's, which decide its
     gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps; smem_limit: the
-    budget within which the backward pairs its gates, `grid_pairs_gates`).
+    budget within which the backward pairs its gates, `grid_pairs_gates`; stages /
+    stages_bwd: the streamed loops' pipeline depth in the forward / backward, the launch's
+    num_stages, default stages).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
     larger of the dot operand staged from the exchange (in the dtype: the per-gate forward
@@ -2488,16 +2497,19 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
       forward  = e*(G4*bh*RF + [P] BO*RB) + max(e*bb*KF/min(KS, 2), 4*G4*bh*bb, [P] ...)
     equal to the compiles of LSTM H 256..1024 and GRU 512..1536 (16 x 16 tiles, 4 warps) and
     of LSTM H 768 / 1024 and GRU 768 / 1024 (16 x 32 tiles, 8 warps).
-    Streamed weights (block_k = K > 0): the loop's software
-    pipeline, 3 buffers of one chunk's weight tile [rows, K] and exchange tile [K, bb] in the
-    dtype, for the widest dot (rows: the forward's joint gate tile GP*bh, GP = 4 for a gated
-    cell else 1, and with a projection BO; the backward's BO, with a projection bh), or that
-    dot's split-K scratch (4*S*rows*bb, one-gate cells at small batch) if larger:
-      3*K*e*(rows + bb)
-    Equal to the sm_90 bf16 compiles of Triton 3.6 for the joint / swapped loops (LSTM
-    H=768 B=256 64 x 32 tiles, K = 64 and 128; GRU H=1024; rnn_tanh H=2048; 16 x 16 and
-    16 x 32 tiles at K = 64); the unswapped backward loops of batch tiles below 64 take
-    2 buffers (less).
+    Streamed weights (block_k = K > 0): each pass's software pipeline, one buffer per stage
+    (the launch's num_stages: `stream_stage_bytes`, stages and stages_bwd) of one chunk's
+    weight tile [rows, K] and exchange tile [K, bb] in the dtype, for the pass's widest dot
+    (rows: the forward's joint gate tile GP*bh, GP = 4 for a gated cell else 1, and with a
+    projection BO; the backward's BO, with a projection bh), or the forward dot's split-K
+    scratch (4*S*rows*bb, one-gate cells at small batch) if larger:
+      max(stages * K*e*(rows_f + bb), stages_bwd * K*e*(rows_b + bb), scratch)
+    Equal to the sm_90 bf16 compiles of Triton 3.6 at the default 3 stages for the joint /
+    swapped loops (LSTM H=768 B=256 64 x 32 tiles, K = 64 and 128; GRU H=1024; rnn_tanh
+    H=2048; 16 x 16 and 16 x 32 tiles at K = 64), and at 4, 6, 8, 12 and 16 stages for
+    LSTM H=768 / 1024 and GRU H=1024 at B=256 and LSTM H=512 B=512 (32 x 64 tiles); the
+    other unswapped loops of batch tiles below 64 (the backward's, and a one-gate cell's
+    forward) take a buffer less (`tests/test_aot.py`, the streamed loops' stages).
     Vector tiles (block_b < 16) keep their weights in registers (`grid_vector_bytes`) and
     stage nothing: their shared memory is the compiler's reduction scratch, 64 to 256 B in
     the sm_90 compiles (Triton 3.6: LSTM H 512..1024, GRU 1024, block_b 1, 2, 4), counted
@@ -2510,15 +2522,13 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     bh, bb = block_h, block_b
     BO = _block_o(H, P, block_h)
     if block_k:
-        rows_f = (4 if G > 1 else 1) * bh
-        rows_b = BO
-        if P:
-            rows_f, rows_b = max(rows_f, BO), max(rows_b, bh)
         scratch_f = 0
         if not _joint_gates(cell, block_k, bb):  # one gate, split K
             S = _gate_split(block_k, 0, num_warps, bh, bb)
             scratch_f = 4 * S * bh * bb if S > 1 else 0
-        return max(3 * block_k * e * (max(rows_f, rows_b) + bb), scratch_f)
+        per_stage = [stream_stage_bytes(cell, H, P, dtype, bh, bb, block_k, p)
+                     for p in ("fwd", "bwd")]
+        return max(stages * per_stage[0], (stages_bwd or stages) * per_stage[1], scratch_f)
     (KF, kf2), (KB, kb2) = _ksplit(Hout, 0, bb), _ksplit(H, 0, bb)
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
@@ -2539,6 +2549,23 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
     paired = grid_pairs_gates(cell, H, Hout, P, dtype, bh, bb, block_k, smem_limit, num_warps)
     return max(fwd, _grid_bwd_bytes(cell, H, Hout, P, dtype, bh, bb, num_warps, paired))
+
+
+def stream_stage_bytes(cell: str, H: int, P: int, dtype: torch.dtype, block_h: int,
+                       block_b: int, block_k: int, pass_name: str) -> int:
+    """Shared-memory bytes of one stage of a pass's streamed loop (block_k > 0): one chunk's
+    weight tile [rows, block_k] and exchange tile [block_k, block_b] in the dtype, rows those
+    of the pass's widest dot (`grid_onchip_bytes`). A launch's num_stages buffers that many
+    chunks, num_stages - 1 of them in flight while the MMAs read one."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    BO = _block_o(H, P, block_h)
+    if pass_name == "fwd":
+        rows = (4 if G > 1 else 1) * block_h
+        rows = max(rows, BO) if P else rows
+    else:
+        rows = max(BO, block_h) if P else BO
+    return block_k * e * (rows + block_b)
 
 
 def _grid_bwd_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, bh: int, bb: int,
@@ -2621,7 +2648,7 @@ def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
     return [(u, u + 1) for u in range(n_sub)]
 
 
-def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
+def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_stages=0):
     if cell not in cells.CELL_IDS:
         raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
     # The first tensor given sets the dtype and device (the backward's pre_x is absent for
@@ -2652,11 +2679,22 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps):
             f"block_k must be 0 (resident weights) or a power of two >= 16, got {block_k}")
     if num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two, got {num_warps}")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
+        raise ValueError(f"num_stages must be an int >= 0 (0: Triton's default, "
+                         f"{DEFAULT_STAGES}), got {num_stages!r}")
+    if num_stages and not block_k:
+        raise ValueError(f"num_stages applies to streamed weights (block_k > 0): expected 0 "
+                         f"with resident weights (block_k = 0), got num_stages = {num_stages}")
     dev = anchor.device
     interp = _interpreting()
     if not interp and dev.type != "cuda":
         raise ValueError("grid kernels need CUDA tensors (or TRITON_INTERPRET=1)")
     return dtype, dev, not interp
+
+
+def _stages_option(num_stages: int) -> dict:
+    """The kernel launch's num_stages option: none at 0 (Triton's default, DEFAULT_STAGES)."""
+    return {"num_stages": num_stages} if num_stages else {}
 
 
 def _check_shape(name, t, shape):
@@ -2730,6 +2768,7 @@ def grid_forward(
     block_b: int = 16,
     block_k: int = 0,
     num_warps: int = 4,
+    num_stages: int = 0,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
     _count_arrivals: bool = False,
@@ -2745,13 +2784,13 @@ def grid_forward(
     of one launch that only counts arrivals (None otherwise)."""
     t = dict(xg=xg, R=R, bR=bR, Pw=Pw, h0=h0, c0=c0, y=y, c_seq=c_seq, hT=hT, cT=cT)
     return _forward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k,
-                    num_warps, _max_spin, _barrier_extra, _count_arrivals)
+                    num_warps, num_stages, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def grid_forward_pair(
     cell: str, xg, R, bR, Pw, h0, c0, info: PackInfo, y, c_seq, hT, cT, *,
     persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
-    num_warps: int = 4,
+    num_warps: int = 4, num_stages: int = 0,
     _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0, _count_arrivals: bool = False,
 ) -> torch.Tensor | None:
     """Both directions of a bidirectional layer in the same launches: grid
@@ -2769,14 +2808,14 @@ def grid_forward_pair(
         counts = [
             grid_forward(cell, info=info, reverse=d == 1, persistent=persistent,
                          block_h=block_h, block_b=block_b, block_k=block_k,
-                         num_warps=num_warps, _max_spin=_max_spin,
+                         num_warps=num_warps, num_stages=num_stages, _max_spin=_max_spin,
                          _barrier_extra=_barrier_extra, _count_arrivals=_count_arrivals,
                          **{k: split_pair(k, v)[d] for k, v in pairs.items()})
             for d in range(2)]
         return None if counts[0] is None else torch.cat(counts)
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
     return _forward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
-                    num_warps, _max_spin, _barrier_extra, _count_arrivals)
+                    num_warps, num_stages, _max_spin, _barrier_extra, _count_arrivals)
 
 
 def _transposed(w: torch.Tensor, off: int | None) -> tuple[torch.Tensor, int]:
@@ -2798,12 +2837,12 @@ def _both(t: torch.Tensor, off: int | None) -> torch.Tensor:
 
 
 def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
-             max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
+             num_stages, max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
     dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, block_h,
-                                       block_b, block_k, num_warps)
+                                       block_b, block_k, num_warps, num_stages)
     G = cells.NUM_GATES[cid]
     lstm = cid == cells.CELL_LSTM
     GH, Hout = R.shape
@@ -2890,7 +2929,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
                 PAIR=_paired_chunks(block_b), HALVES=_halved_sums(),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
-                num_warps=num_warps, **FP_FUSION,
+                num_warps=num_warps, **_stages_option(num_stages), **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:
@@ -2926,6 +2965,7 @@ def grid_backward(
     block_b: int = 16,
     block_k: int = 0,
     num_warps: int = 4,
+    num_stages: int = 0,
     pair_gates: bool | None = None,
     _max_spin: int = DEFAULT_MAX_SPIN,
     _barrier_extra: int = 0,
@@ -2942,14 +2982,15 @@ def grid_backward(
              c_prev=c_prev, dy=dy, dhT=dhT, dcT=dcT, dpre_x=dpre_x, dpre_h=dpre_h, dh0=dh0,
              dc0=dc0, dh_total=dh_total, m_seq=m_seq)
     return _backward(cell, t, info, reverse, None, persistent, block_h, block_b, block_k,
-                     num_warps, pair_gates, _max_spin, _barrier_extra, _count_arrivals)
+                     num_warps, num_stages, pair_gates, _max_spin, _barrier_extra,
+                     _count_arrivals)
 
 
 def grid_backward_pair(
     cell: str, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info: PackInfo,
     dpre_x, dpre_h, dh0, dc0, dh_total, m_seq, *,
     persistent: bool, block_h: int = 32, block_b: int = 16, block_k: int = 0,
-    num_warps: int = 4, pair_gates: bool | None = None,
+    num_warps: int = 4, num_stages: int = 0, pair_gates: bool | None = None,
     _max_spin: int = DEFAULT_MAX_SPIN, _barrier_extra: int = 0, _count_arrivals: bool = False,
 ) -> torch.Tensor | None:
     """Both directions' backward in the same launches; pairs, grid and barriers as in
@@ -2962,24 +3003,27 @@ def grid_backward_pair(
         counts = [
             grid_backward(cell, info=info, reverse=d == 1, persistent=persistent,
                           block_h=block_h, block_b=block_b, block_k=block_k,
-                          num_warps=num_warps, pair_gates=pair_gates, _max_spin=_max_spin,
+                          num_warps=num_warps, num_stages=num_stages,
+                          pair_gates=pair_gates, _max_spin=_max_spin,
                           _barrier_extra=_barrier_extra, _count_arrivals=_count_arrivals,
                           **{k: split_pair(k, v)[d] for k, v in pairs.items()})
             for d in range(2)]
         return None if counts[0] is None else torch.cat(counts)
     first = {k: split_pair(k, v)[0] for k, v in pairs.items()}
     return _backward(cell, first, info, False, dirs, persistent, block_h, block_b, block_k,
-                     num_warps, pair_gates, _max_spin, _barrier_extra, _count_arrivals)
+                     num_warps, num_stages, pair_gates, _max_spin, _barrier_extra,
+                     _count_arrivals)
 
 
 def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k, num_warps,
-              pair_gates, max_spin, barrier_extra, count_arrivals) -> torch.Tensor | None:
+              num_stages, pair_gates, max_spin, barrier_extra,
+              count_arrivals) -> torch.Tensor | None:
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
     dtype, dev, on_gpu = _check_common([(k, t[k]) for k in BACKWARD_TENSORS], cell, block_h,
-                                       block_b, block_k, num_warps)
+                                       block_b, block_k, num_warps, num_stages)
     G = cells.NUM_GATES[cid]
     lstm, gru = cid == cells.CELL_LSTM, cid == cells.CELL_GRU
     GH, Hout = R.shape
@@ -3098,7 +3142,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 # anchor's backward 779 -> 695 step-loop instructions).
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
-                VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps, **FP_FUSION,
+                VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
+                **_stages_option(num_stages), **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
             )
     if barrier == 1:

@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # rnn/pipeline.py imports this module
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
 _CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps", "num_warps_bwd",
-                    "block_h_bwd", "block_b_bwd")
+                    "block_h_bwd", "block_b_bwd", "num_stages", "num_stages_bwd")
 # Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
 # forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
 # another).
@@ -165,7 +165,9 @@ def plan_constraints(**overrides):
     block_k every step), num_warps (both passes), num_warps_bwd (the backward's, where it
     should differ), block_h_bwd / block_b_bwd (the backward's own MMA tiles, powers of two
     >= 16, where they should differ from block_h / block_b: grid families, resident
-    weights), pipeline_chunks. A forced choice that cannot apply to a shape raises
+    weights), num_stages (the streamed loops' software-pipeline depth, both passes; grid
+    families, streamed weights: block_k > 0), num_stages_bwd (the backward's, where it should
+    differ), pipeline_chunks. A forced choice that cannot apply to a shape raises
     ValueError when that shape is planned: the tiles of a family that has none (block_h or a
     streamed block_k on the persistent CTA, any tile or warps on the reference family), or a
     plan that does not fit the device (shared memory, co-resident programs)."""
@@ -370,10 +372,21 @@ class LayerPlan:
     # block_h_bwd / block_b_bwd). num_programs and onchip_bytes then count the larger pass.
     block_h_bwd: int = 0
     block_b_bwd: int = 0
+    # persistent_grid / stepwise with streamed weights: the software-pipeline depth of the
+    # forward's streamed loops and, where it differs, the backward's (the launches'
+    # num_stages; 0: Triton's default, `kernels.persistent_grid.DEFAULT_STAGES`;
+    # `_stream_stages`, constraints num_stages / num_stages_bwd). onchip_bytes counts them.
+    num_stages: int = 0
+    num_stages_bwd: int = 0
 
     @property
     def backward_warps(self) -> int:
         return self.num_warps_bwd or self.num_warps
+
+    @property
+    def backward_stages(self) -> int:
+        """The backward launch's num_stages (0: Triton's default)."""
+        return self.num_stages_bwd or self.num_stages
 
     @property
     def backward_block_h(self) -> int:
@@ -390,8 +403,9 @@ class LayerPlan:
 
     def choice(self) -> dict:
         """This plan as `candidates` and plan_constraints spell a choice: family, block_b and
-        warps; for the grid families also block_h, block_k and the backward's warps, and the
-        backward's tiles where it has its own."""
+        warps; for the grid families also block_h, block_k and the backward's warps, the
+        backward's tiles where it has its own, and the streamed loops' stages where the plan
+        names them."""
         own = {"family": self.family, "block_b": self.block_b, "num_warps": self.num_warps}
         if self.family != "persistent_cta":
             own.update(block_h=self.block_h, block_k=self.block_k,
@@ -399,6 +413,8 @@ class LayerPlan:
             if self.own_backward_tiles:
                 own.update(block_h_bwd=self.backward_block_h,
                            block_b_bwd=self.backward_block_b)
+            if self.num_stages:
+                own.update(num_stages=self.num_stages, num_stages_bwd=self.backward_stages)
         return own
 
     def with_backward_warps(self, warps: int) -> LayerPlan:
@@ -449,8 +465,9 @@ def _cta_fits(cell, H, Hout, P, dtype, props) -> bool:
 
 def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, block_k=0,
           num_dirs=1, smem_limit=None) -> LayerPlan:
-    """A grid-family plan; smem_limit: the budget within which its backward may pair its
-    gates (`grid_pairs_gates`; None: no limit), counted in onchip_bytes where it does."""
+    """A grid-family plan (the streamed loops at Triton's default stages); smem_limit: the
+    budget within which its backward may pair its gates (`grid_pairs_gates`; None: no
+    limit), counted in onchip_bytes where it does."""
     from tritonrnn.kernels.persistent_grid import (
         grid_onchip_bytes,
         grid_pairs_gates,
@@ -550,7 +567,8 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
     forward's gate-batched product where it has one, and the passes that keep them in
     registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks of block_k with
-    the loops' shape (joint gate tile, transposed products)."""
+    the loops' shape (joint gate tile, transposed products) and their stages where the plan
+    names them (`_stream_stages`)."""
     from tritonrnn.kernels.persistent_grid import (
         _bwd_partials,
         _fwd_gates,
@@ -581,6 +599,9 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
+    if lp.num_stages:
+        shape.append(f"{lp.num_stages} stages" + (
+            f", backward {lp.backward_stages}" if lp.backward_stages != lp.num_stages else ""))
     return f"streamed/{lp.block_k}" + (f" ({', '.join(shape)})" if shape else "")
 
 
@@ -618,8 +639,87 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
                     return None  # streamed on these tiles rather than resident on others
                 lp = lp.with_backward_warps(_persistent_grid_bwd_warps(
                     block_h, block_b, cell, block_k, dtype, H, Hout, P))
-                return _taller_backward(lp, cell, H, Hout, P, dtype, batch, props)
+                lp = _taller_backward(lp, cell, H, Hout, P, dtype, batch, props)
+                return _stream_stages(lp, cell, H, Hout, P, dtype, props)
     return None
+
+
+# `_stream_stages`: the bytes a streamed loop should have in flight per program, the most
+# stages it gives one, and the largest tiles (block_h * block_b) of a gated cell whose
+# forward / backward it pipelines deeper than Triton's default.
+_IN_FLIGHT = 96 * 1024
+_MAX_STAGES = 8
+_STAGED_TILE = {"fwd": 4096, "bwd": 2048}
+
+
+def _stream_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                   props: DeviceProperties) -> LayerPlan:
+    """A persistent grid with streamed weights on MMA dots: each pass's streamed loop
+    pipelined deep enough to have _IN_FLIGHT bytes in flight (num_stages - 1 chunks), as far
+    as the shared-memory budget allows and at most _MAX_STAGES stages (`_with_stages`); a
+    gated cell's pass on tiles larger than _STAGED_TILE, other plans, and passes where no
+    more than Triton's default 3 stages fit, as they are.
+
+    Why: a streamed step is a loop over K in chunks of block_k whose loads Triton pipelines
+    through shared memory, num_stages - 1 chunks in flight while the MMAs read one, and
+    every program reads its whole weight slice and the exchange's operand each step. At the
+    default depth LSTM H=1024 B=256 (32 x 64 tiles, 128 programs; an H200 on 2026-11-26:
+    layer backward 35.46 ms, forward 12.96, T = 1024) keeps 24 KiB in flight per program in
+    the backward, whose loop reads 64 chunks of 12 KiB per step. Were the loop latency-bound,
+    a step would take 32 L2 round trips: the backward's 34.6 us per step (the layer's GEMMs
+    outside the recurrence included) leaves at most about 1 us for each, and the grid's 100
+    MB per step at that pace is 2.9 TB/s, below the 4.2-4.6 TB/s the B = 64 backward reached
+    (kernels/NOTES.md). By that model more stages pay until L2 bandwidth binds: 4.6 TB/s
+    from 128 programs at 1 us a round trip takes 36 KB in flight per program; _IN_FLIGHT
+    leaves room above that (32 x 64 LSTM tiles: 5 forward stages of 24 KiB, 8 backward ones
+    of 12 KiB; 16 x 16 tiles 8 of 10 / 4 KiB). Not yet timed on a GPU: step_ablation's `st3`
+    restores Triton's default.
+
+    The sm_90 compiles (bf16) at 3 -> the planner's stages: shared memory at most as
+    `grid_onchip_bytes` counts it; LSTM H=1024 B=256 (Triton 3.6) forward 73728 -> 122880 B,
+    205 -> 221 registers, 1540 -> 1653 step-loop instructions, backward 36864 -> 98304 B,
+    178 -> 188, 1478 -> 1523. One plan for each cell, tile and launch kind of the H200's
+    streamed bf16 plans (56): on Triton 3.6 no step loop has more local memory than at 3
+    stages. Filling the budget up to 8 stages spilled gated cells' backwards on 64 x 64 /
+    64 x 128 tiles, already at 255 registers (local operations per step, 3 -> 8 stages:
+    LSTM H=384 B=1024 7 -> 36, GRU 0 -> 19), and moved their 64 x 128 forwards, which spilled
+    at 3, both ways: those passes keep the default (_STAGED_TILE). Triton 3.9 spills five
+    plans more (kernels/NOTES.md, "Where the weights live")."""
+    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, stream_stage_bytes
+
+    if (lp.family != "persistent_grid" or not lp.block_k or lp.num_stages
+            or _fma_dots(dtype, props)):
+        return lp
+    budget = _smem_budget(props)
+    tile = lp.block_h * lp.block_b
+
+    def stages(pass_name: str) -> int:
+        if GATES[cell] > 1 and tile > _STAGED_TILE[pass_name]:
+            return DEFAULT_STAGES
+        chunk = stream_stage_bytes(cell, H, P, dtype, lp.block_h, lp.block_b, lp.block_k,
+                                   pass_name)
+        return max(DEFAULT_STAGES, min(_MAX_STAGES, budget // chunk,
+                                       1 + -(-_IN_FLIGHT // chunk)))
+
+    fwd, bwd = stages("fwd"), stages("bwd")
+    if max(fwd, bwd) == DEFAULT_STAGES:
+        return lp
+    return _with_stages(lp, cell, H, Hout, P, dtype, fwd, bwd)
+
+
+def _with_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
+                 fwd: int, bwd: int) -> LayerPlan:
+    """`lp` (a grid-family plan with streamed weights) with its forward's streamed loops on
+    `fwd` stages and its backward's on `bwd`, onchip_bytes counting them. Both are stored
+    (num_stages = fwd, num_stages_bwd = bwd where it differs), so a plan names Triton's
+    default explicitly where one pass keeps it."""
+    from tritonrnn.kernels.persistent_grid import grid_onchip_bytes
+
+    return replace(
+        lp, num_stages=fwd, num_stages_bwd=0 if bwd == fwd else bwd,
+        onchip_bytes=grid_onchip_bytes(cell, H, Hout, P, dtype, lp.block_h, lp.block_b,
+                                       lp.block_k, fwd_warps=lp.num_warps, stages=fwd,
+                                       stages_bwd=bwd))
 
 
 def _with_backward_tiles(lp: LayerPlan, cell: str, H: int, Hout: int, P: int,
@@ -1016,14 +1116,14 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     if family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
-        tiles = [k for k in ("block_h", "block_k", "block_h_bwd", "block_b_bwd")
-                 if choice.get(k)]  # block_k = 0: resident
+        tiles = [k for k in ("block_h", "block_k", "block_h_bwd", "block_b_bwd", "num_stages",
+                             "num_stages_bwd") if choice.get(k)]  # block_k = 0: resident
         if tiles:
             raise ValueError(
                 f"{where}: {tiles[0]} = {choice[tiles[0]]} cannot apply to family "
                 f"'persistent_cta'{how}: its one program per batch tile holds all of R on "
-                f"chip, with no hidden slices (block_h) and no streamed weights (block_k); "
-                f"force family 'persistent_grid' or 'stepwise' with it"
+                f"chip, with no hidden slices (block_h) and no streamed weights (block_k, "
+                f"num_stages); force family 'persistent_grid' or 'stepwise' with it"
             )
         # Forced on another family's plan: the CTA's own warps, not that family's tile rule.
         if "num_warps" not in choice and base.family != "persistent_cta":
@@ -1076,13 +1176,28 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         if "num_warps_bwd" not in choice and "num_warps" not in choice:
             bwd = _persistent_grid_bwd_warps(bwd_h, bwd_b, cell, 0, dtype, H, Hout, P)
 
+    # The streamed loops' stages: forced (num_stages both passes unless num_stages_bwd is
+    # given too), else `_stream_stages`'s.
+    stages = [k for k in ("num_stages", "num_stages_bwd") if k in choice]
+    if stages and not block_k:
+        raise ValueError(
+            f"{where}: {stages[0]} = {choice[stages[0]]} needs streamed weights (block_k > "
+            f"0: the stages of the loop over their chunks), got block_k = 0 (resident)"
+        )
+    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+
+    fwd_stages = choice.get("num_stages", DEFAULT_STAGES)
+    bwd_stages = choice.get("num_stages_bwd", fwd_stages)
+
     def planned(dirs: int) -> LayerPlan:
         lp = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
                    block_k, dirs, _smem_budget(props))
         if bwd_tiles:
             lp = _with_backward_tiles(lp, cell, H, Hout, P, dtype, bwd_h, bwd_b, batch, bwd,
                                       _smem_budget(props))
-        return lp
+        if stages:
+            return _with_stages(lp, cell, H, Hout, P, dtype, fwd_stages, bwd_stages)
+        return _stream_stages(lp, cell, H, Hout, P, dtype, props)
 
     plan = planned(num_dirs)
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:
@@ -1099,10 +1214,12 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     # Both grid families stage their weight slice (or a streamed chunk's tiles) in shared
     # memory: a stepwise program over the budget fails at launch as a grid program would.
     if not props.interpreter and plan.onchip_bytes > _smem_budget(props):
+        staged = (f", num_stages={plan.num_stages} (backward {plan.backward_stages})"
+                  if plan.num_stages else "")
         raise ValueError(
             f"{where}: family {family!r} needs {plan.onchip_bytes} bytes on chip per "
-            f"program for H={H}, block_h={block_h}, block_b={block_b}, block_k={block_k}, "
-            f"{dtype}; {props.name} allows {_smem_budget(props)}"
+            f"program for H={H}, block_h={block_h}, block_b={block_b}, block_k={block_k}"
+            f"{staged}, {dtype}; {props.name} allows {_smem_budget(props)}"
         )
     return plan.with_backward_warps(bwd)
 
@@ -1150,8 +1267,10 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     of the persistent CTA did at LSTM H=128 B=16 bf16: 241920 B of shared memory against
     196612 B on 3.6 and the H100's 232448 (`tritonrnn aot`). The answer is the first of these
     candidates whose estimate is below `lp`'s: for the persistent CTA, the families that split
-    R (`_split_heuristic`); for a persistent grid with resident weights, the grid with the
-    weights streamed in chunks of _STREAM_K columns where it is co-resident; for every family,
+    R (`_split_heuristic`); for streamed weights on more than Triton's default stages
+    (`_stream_stages`), the same plan on the default; for a persistent grid with resident
+    weights, the grid with the weights streamed in chunks of _STREAM_K columns where it is
+    co-resident (on its stages, then on the default); for every family,
     the stepwise tiles that read the fewest L2 bytes per step among those whose estimate is
     below `lp`'s (`_stepwise_fit`), down to 16 x 16 streamed tiles (a few KiB per program,
     which fits at any H): 64 x 64 tiles read a quarter of 16 x 16 tiles' bytes. Each step
@@ -1163,9 +1282,19 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     candidates = []
     if lp.family == "persistent_cta":
         candidates.append(_split_heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs))
+    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+
+    def with_default_stages(c: LayerPlan | None) -> list[LayerPlan | None]:
+        """c, then c on Triton's default stages where it names more."""
+        if c is None or not (c.block_k and c.num_stages):
+            return [c]
+        return [c, _with_stages(c, cell, H, Hout, P, dtype, DEFAULT_STAGES, DEFAULT_STAGES)]
+
+    candidates += with_default_stages(lp)[1:]
     if lp.family == "persistent_grid" and lp.block_k == 0:
-        candidates += [_grid_fit(cell, H, Hout, P, dtype, bucket, props, _STREAM_K, dirs)
-                       for dirs in sorted({num_dirs, 1}, reverse=True)]
+        for dirs in sorted({num_dirs, 1}, reverse=True):
+            candidates += with_default_stages(
+                _grid_fit(cell, H, Hout, P, dtype, bucket, props, _STREAM_K, dirs))
     candidates.append(_stepwise_fit(cell, H, Hout, P, dtype, bucket, props, num_dirs,
                                     below=lp.onchip_bytes))
     return next((c for c in candidates
@@ -1512,8 +1641,10 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
 def candidates(plan: Plan) -> list[dict]:
     """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`):
     those the planner accepts forced (`_apply`: within its shared memory and, for the
-    persistent grid, co-resident; every choice on the interpreter preset)."""
-    from tritonrnn.kernels.persistent_grid import vector_tiles
+    persistent grid, co-resident; every choice on the interpreter preset). A streamed
+    persistent grid that `_stream_stages` pipelines deeper names its stages, and is also
+    tried on Triton's default stages."""
+    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, vector_tiles
 
     if plan.dtype == "float64":
         return [{"family": "reference"}]
@@ -1555,11 +1686,18 @@ def candidates(plan: Plan) -> list[dict]:
                                            "block_b_bwd": block_b // 2})[:1 + taller]:
                             try:
                                 with plan_constraints(**c):
-                                    recurrence_choice(cell, H, Hout, P, dtype, plan.batch,
-                                                      plan.device, plan.num_dirs)
+                                    lp, _ = recurrence_choice(cell, H, Hout, P, dtype,
+                                                              plan.batch, plan.device,
+                                                              plan.num_dirs)
                             except ValueError:
                                 continue
+                            if lp.num_stages:  # spelled as the plan's own choice spells them
+                                c = {**c, "num_stages": lp.num_stages,
+                                     "num_stages_bwd": lp.backward_stages}
                             out.append(c)
+                            if max(lp.num_stages, lp.backward_stages) > DEFAULT_STAGES:
+                                out.append({**c, "num_stages": DEFAULT_STAGES,
+                                            "num_stages_bwd": DEFAULT_STAGES})
     own = plan.layers[0].choice()
     if "block_h_bwd" in own and own not in out:  # the plan's own backward tiles too
         out.insert(0, own)

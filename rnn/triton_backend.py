@@ -193,6 +193,9 @@ def _tiles(lp: LayerPlan) -> str:
     if lp.family == "persistent_cta":
         return f"block_b={lp.block_b}"
     weights = f"streamed/{lp.block_k}" if lp.block_k else "resident"
+    if lp.num_stages:
+        weights += f" on {lp.num_stages} stages" + (
+            f" (backward {lp.backward_stages})" if lp.backward_stages != lp.num_stages else "")
     bwd = (f" (backward {lp.backward_block_h} x {lp.backward_block_b})"
            if lp.own_backward_tiles else "")
     return f"{lp.block_h} x {lp.block_b} tiles{bwd}, weights {weights}"
@@ -207,10 +210,11 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
     launch's call, an earlier launch's timeout propagates (its outputs are invalid and may
     have been read since: rerunning this launch would hide that behind a warning)."""
     tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
-                 num_warps=lp.num_warps)
-    if backward:  # the backward's own tiles where the plan gives it some
+                 num_warps=lp.num_warps, num_stages=lp.num_stages)
+    if backward:  # the backward's own tiles (and stages) where the plan gives it some
         tiles.update(block_h=lp.backward_block_h, block_b=lp.backward_block_b,
-                     num_warps=lp.backward_warps, pair_gates=lp.pair_gates)
+                     num_warps=lp.backward_warps, num_stages=lp.backward_stages,
+                     pair_gates=lp.pair_gates)
     if lp.family != "persistent_grid":
         launch(*args, persistent=False, **tiles)
         return

@@ -79,6 +79,9 @@ def draw(i: int) -> dict:
         kernel["_XJOIN_TILE"] = 16 * 64
     if rng.random() < 0.3:  # the backward loads a sub-step's inputs after its product
         kernel["_LATE_TILE"] = 16 * 64
+    # The streamed loops' pipeline depth, drawn last: a seed keeps the rest of its case.
+    if cons.get("block_k") and rng.random() < 0.3:
+        cons["num_stages"] = rng.choice([1, 2, 4, 8])
     return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel}
 
 

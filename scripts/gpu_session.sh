@@ -10,11 +10,15 @@
 # backward on its own 32 x 16 tiles at B = 64, `_taller_backward`) changed the
 # plans at B >= 32; the grid sweep ran with the first two (`confirm`, timeout_s 360, before
 # the one-gate cells joined the rule), the targets preset (B = 256, varlen) and the barrier
-# with none. Else, or after, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide`
-# (timeout_s 270): the backward's own tiles against the forward's (`samebwd`, never timed
-# as one plan), the 4-warp backward the too-large-to-hoist rule replaced (`bw4`), the 16 x 32
-# forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64 tile (`bk0`); then
-# `barrier`
+# with none. The streamed loops' stages (`_stream_stages`, 2026-11-27's fourth session: 96
+# KiB in flight per program, up to 8 stages) changed 904 of the 3960 H100 / H200 plans each
+# (the streamed bf16 / fp16 grids: B <= 16 at H >= 1408, B = 32 / 64 at H >= 1152, B = 128 /
+# 256 at H >= 640, B = 512 / 1024 from H = 384 / 256), never timed. Else, or after,
+# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270): the stages
+# against Triton's default 3 and against 8 (`st3`, `st8`; B = 256 and one B = 1 shape), the
+# backward's own tiles against the forward's (`samebwd`, never timed as one plan), the
+# 4-warp backward the too-large-to-hoist rule replaced (`bw4`), the 16 x 32 forward on 4
+# warps where 8 was not timed (`fw4`), a resident 32 x 64 tile (`bk0`); then `barrier`
 # (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
@@ -181,8 +185,10 @@ case "$stage" in
       | tee "$out/bench-pipeline.log" | tail -20 ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
-    # The anchor has 68 candidates (`planner.candidates` on the h200 preset at c37bb3d): the
-    # plan's own and its 23 nearest (a partial entry that a later call carries on).
+    # The anchor has 96 candidates (`planner.candidates` on the h200 preset; 68 before the
+    # streamed loops' stages, whose 28 deeper-pipelined streamed grid candidates are also
+    # tried on Triton's default): the plan's own and its 23 nearest (a partial entry that a
+    # later call carries on).
     tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --max-candidates 24 \
       2>&1 | tee "$out/tune.log" | tail -30
     tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;

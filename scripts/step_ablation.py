@@ -111,6 +111,10 @@ Variants (comma-joined in one process):
               step's launch
     sw64      the same on 64 x 64 tiles, the stepwise family's own choice where it runs
               (`planner._stepwise_fit`: the fewest L2 bytes per step)
+    st3 / st4 / st6 / st8  the streamed loops of both passes on 3 (Triton's default) / 4 /
+              6 / 8 software-pipeline stages (plan constraint num_stages) instead of the
+              planner's (`planner._stream_stages`: 96 KiB in flight per program, at most 8
+              stages; LSTM 32 x 64 tiles 5 forward, 8 backward)
 and `bare4` / `bare8`: bare grid barriers at the same grid with 4 / 8 warps.
 """
 
@@ -263,7 +267,13 @@ SETS = {
 # H=1536 / LSTM H=1280 B=16: the plans' rows only).
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) The backward on its own 32 x 16 tiles under the
+        # (A 240 s box holds about 25 rows.) The streamed loops pipelined for 96 KiB in flight
+        # (planner `_stream_stages`, 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8
+        # backward stages, LSTM 16 x 16 at B = 1 8 and 8) against Triton's default 3, where
+        # the B >= 256 rows miss 1.1x cuDNN (the H200's LSTM H=1024 B=256 backward: 35.46 ms
+        # at 3 stages) and at a B = 1 shape the grid streams.
+        ("lstm,1024,256;gru,1024,256;lstm,768,256;lstm,1408,1", "layer;st3,layer;st8,layer"),
+        # The backward on its own 32 x 16 tiles under the
         # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
         # never as one plan): against both passes on 16 x 32.
         ("lstm,768,64;gru,768,64;gru,1024,64", "layer;samebwd,layer"),
@@ -462,7 +472,8 @@ _CONSTRAINTS = {"bk0": {"block_k": 0}, "bk32": {"block_k": 32}, "bk64": {"block_
                 "bb128": {"block_h": 64, "block_b": 128},
                 "bh128": {"block_h": 128, "block_b": 64},
                 "stepwise": {"family": "stepwise", "block_h": 32, "block_b": 64, "block_k": 64},
-                "sw64": {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 64}}
+                "sw64": {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 64},
+                **{f"st{n}": {"num_stages": n} for n in (3, 4, 6, 8)}}
 _NO_SWAP = ("full", "bh32", "layer", *_CONSTRAINTS)
 
 
@@ -535,7 +546,8 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
             fn = lambda kw=kw, lp=lp: grid_forward(  # noqa: E731
                 *kw.values(), persistent=lp.family == "persistent_grid",
                 block_h=lp.block_h, block_b=lp.block_b,
-                block_k=lp.block_k, num_warps=lp.num_warps, _max_spin=1 << 20)
+                block_k=lp.block_k, num_warps=lp.num_warps, num_stages=lp.num_stages,
+                _max_spin=1 << 20)
         fn()
         torch.cuda.synchronize()
         if once:  # under a profiler: one more launch, nothing timed
@@ -546,6 +558,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
                      "programs": lp.num_programs, "num_warps": lp.num_warps,
                      "block_b": lp.block_b, "block_h": lp.block_h, "block_k": lp.block_k,
+                     "num_stages": lp.num_stages, "num_stages_bwd": lp.backward_stages,
                      "step_us": ms * 1e3 / T})
         if "layer" in parts:
             rows[-1].update(_layer_ms(mode, H, B, constraints(variant)))

@@ -1250,3 +1250,39 @@ def test_b1024_tiles_are_64x128_and_their_backwards_load_late():
         for k in (fwd, bwd):
             assert k["mma"] == "wgmma" and k["co_resident"], (name, k["kernel"])
             assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program - _SMEM_SLACK
+
+
+# The streamed loops' stages (`planner._stream_stages`): each pass's streamed loop pipelined
+# for 96 KiB in flight (at most 8 stages; a gated cell's backward on 64 x 64 tiles keeps
+# Triton's default 3). The launches carry num_stages to the compile, which buffers one chunk
+# per stage (the joint / swapped loops: batch tiles of 64, and the gated forward) or one
+# fewer (the other unswapped loops), within the planner's count. On Triton 3.6 (the GPU
+# machines') no deepened pass has local memory in its step loop; 3.9 spills LSTM H=1024
+# B=256's 5-stage forward a little (16 B, 2 local operations per step).
+STAGED = {
+    "lstm1024-b256": (aot.AotShape("lstm", hidden=1024, batch=256, dtype=torch.bfloat16),
+                      (5, 8)),  # 32 x 64 tiles: 24 / 12 KiB per stage
+    "lstm384-b1024": (aot.AotShape("lstm", hidden=384, batch=1024, dtype=torch.bfloat16),
+                      (4, 3)),  # 64 x 64: 40 / 16 KiB
+    "tanh3072-b1": (aot.AotShape("rnn_tanh", hidden=3072, batch=1, dtype=torch.bfloat16),
+                    (8, 8)),  # 32 x 16: 6 KiB per stage, both loops unswapped
+}
+
+
+@pytest.mark.compiler_specific
+@pytest.mark.parametrize("name", list(STAGED))
+def test_streamed_loops_compile_on_their_stages(name):
+    shape, want = STAGED[name]
+    r = _compile_named([(name, shape)])[name]
+    lp = r["plan"]
+    assert lp["block_k"] == 64
+    assert (lp["num_stages"], lp["num_stages_bwd"] or lp["num_stages"]) == want
+    for k, stages, p in zip(_kernels(r), want, ("fwd", "bwd"), strict=True):
+        assert k["num_stages"] == stages
+        nbytes = pg.stream_stage_bytes(shape.mode, shape.hidden, 0, shape.dtype,
+                                       lp["block_h"], lp["block_b"], 64, p)
+        full = lp["block_b"] >= 64 or (p == "fwd" and shape.mode != "rnn_tanh")
+        assert k["shared"] == (stages if full else stages - 1) * nbytes, (p, k["shared"])
+        assert k["shared"] <= lp["onchip_bytes"] <= H100.smem_per_program
+        if stages > 3 and triton.__version__.startswith("3.6."):
+            assert _local_ops(k)[0] == 0, (p, k["profile"])

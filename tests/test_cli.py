@@ -252,12 +252,16 @@ def test_plan_names_register_weights(capsys, monkeypatch, hoist):
 
 
 @pytest.mark.parametrize("mode, batch, label", [
-    ("lstm", 256, "weights=streamed/64 (joint gates, transposed) "),  # 32 x 64 tiles
-    ("rnn_tanh", 16, "weights=streamed/64 warps"),  # one gate, 16-row batch tile: neither
-    ("gru", 16, "weights=streamed/64 (joint gates) "),
+    # 32 x 64 tiles, on the streamed loops' stages (`_stream_stages`)
+    ("lstm", 256, "weights=streamed/64 (joint gates, transposed, 5 stages, backward 8) "),
+    ("rnn_tanh", 16, "weights=streamed/64 (8 stages) warps"),  # one gate, 16-row batch tile
+    ("gru", 16, "weights=streamed/64 (joint gates, 7 stages, backward 8) "),
+    # 64 x 64 tiles: the gated backward keeps Triton's default (`_STAGED_TILE`)
+    ("lstm", 1024, "weights=streamed/64 (joint gates, transposed, 4 stages, backward 3) "),
 ])
 def test_plan_names_the_streamed_loops(capsys, mode, batch, label):
-    hidden = {"lstm": "768", "gru": "4096", "rnn_tanh": "8192"}[mode]
+    hidden = {"lstm": "768" if batch == 256 else "384", "gru": "4096",
+              "rnn_tanh": "8192"}[mode]
     assert main(["plan", "--mode", mode, "--hidden", hidden, "--batch", str(batch),
                  "--device-preset", "h100"]) == 0
     assert label in capsys.readouterr().out
@@ -469,6 +473,9 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--block-k", "8"],
          "--block-k: expected 0 (resident weights) or a power of two >= 16, got 8"),
         (["aot", "--num-warps", "3"], "--num-warps: expected a power of two in [1, 32], got 3"),
+        (["aot", "--num-stages", "0"], "--num-stages: expected an int >= 1, got 0"),
+        (["aot", "--hidden", "768", "--num-stages-bwd", "4"],
+         "num_stages_bwd = 4 needs streamed weights"),  # the anchor's plan: resident
         (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability >= 75"),
         (["aot", "--device-preset", "interpreter"],
          "--device-preset: expected current or one of ['a100', 'h100', 'h200'], got "
@@ -484,7 +491,8 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--hidden", "1536", "--batch", "256", "--family", "persistent_grid",
           "--block-h", "16"], "co-resident programs for H=1536"),
     ],
-    ids=["block-h", "block-b", "block-k", "num-warps", "arch", "device-preset", "jobs",
+    ids=["block-h", "block-b", "block-k", "num-warps", "num-stages", "stages-resident", "arch",
+         "device-preset", "jobs",
          "family",
          "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
 )

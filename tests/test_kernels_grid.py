@@ -1109,11 +1109,23 @@ def test_rejects_float64_bad_tiles_and_gru_projection():
         _run_forward(ins, outs, False, persistent=False, block_h=16, block_b=3)
     with pytest.raises(ValueError, match="block_k must be 0 .* got 24"):
         _run_forward(ins, outs, False, persistent=False, block_h=16, block_k=24)
+    # num_stages: the streamed loops' pipeline depth, for streamed weights only
+    with pytest.raises(ValueError, match=r"num_stages applies to streamed weights \(block_k > "
+                       r"0\): expected 0 with resident weights \(block_k = 0\), got "
+                       r"num_stages = 4"):
+        _run_forward(ins, outs, False, persistent=False, block_h=16, num_stages=4)
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match=r"num_stages must be an int >= 0 \(0: Triton's "
+                           rf"default, 3\), got {bad!r}"):
+            _run_forward(ins, outs, False, persistent=False, block_h=16, block_k=16,
+                         num_stages=bad)
     ins64 = {k: (v.double() if torch.is_tensor(v) else v) for k, v in ins.items()}
     outs64 = {k: (v.double() if v is not None else None) for k, v in outs.items()}
     with pytest.raises(ValueError, match="float64"):
         _run_forward(ins64, outs64, False, persistent=False, block_h=16)
     ins, outs = _backward_problem("gru", 16, 0, [2], 2)
+    with pytest.raises(ValueError, match=r"num_stages applies to streamed weights"):
+        _run_backward(ins, outs, False, persistent=False, block_h=16, num_stages=6)
     ins["Pw"] = torch.zeros(8, 16, device=DEV)
     with pytest.raises(ValueError, match="LSTM-only"):
         _run_backward(ins, outs, False, persistent=False, block_h=16)

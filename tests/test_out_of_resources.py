@@ -43,27 +43,31 @@ CTA, GRID, STEP = "persistent_cta", "persistent_grid", "stepwise"
 
 
 @pytest.mark.parametrize("shape, want", [
-    (("lstm", 96, 0, torch.bfloat16, 16, 1), [(CTA, 0), (GRID, 0)]),
+    (("lstm", 96, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0)]),
     # H = 128: the resident grid's forward (its 4 gates' slices added by halves, 16 KiB of
     # fp32 scratch, `kernels.persistent_grid._halved_sums`) counts more than streamed tiles.
-    (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0), (GRID, 0), (GRID, 64)]),
-    (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0), (GRID, 0)]),
-    (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0), (GRID, 64)]),
-    (("lstm", 768, 0, torch.bfloat16, 1, 1), [(GRID, 0)]),  # vector tiles: R in registers
-    (("lstm", 768, 0, torch.bfloat16, 256, 1), [(GRID, 64)] + [(STEP, 64)] * 4),
-    (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0), (GRID, 64)]),
-    (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0), (GRID, 64)]),
-    (("rnn_tanh", 512, 0, torch.float32, 16, 1), [(GRID, 64)]),
-    (("gru", 4096, 0, torch.bfloat16, 16, 1), [(GRID, 64), (STEP, 64)]),
+    (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0), (GRID, 64, 3)]),
+    (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0, 0), (GRID, 0, 0)]),
+    # streamed on `_stream_stages`' stages (8: 16 x 16 tiles), then on Triton's default 3
+    (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 3)]),
+    (("lstm", 768, 0, torch.bfloat16, 1, 1), [(GRID, 0, 0)]),  # vector tiles: R in registers
+    (("lstm", 768, 0, torch.bfloat16, 256, 1),
+     [(GRID, 64, 5), (GRID, 64, 3)] + [(STEP, 64, 0)] * 4),  # 32 x 64: forward 5
+    # (the pair's streamed stages count more than its resident weights: passed over)
+    (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0, 0), (GRID, 64, 3)]),
+    (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 3)]),
+    (("rnn_tanh", 512, 0, torch.float32, 16, 1), [(GRID, 64, 0)]),  # FMA dots: the default
+    (("gru", 4096, 0, torch.bfloat16, 16, 1), [(GRID, 64, 7), (GRID, 64, 3), (STEP, 64, 0)]),
 ], ids=["cta", "cta-128", "cta-pair", "grid", "vector", "streamed", "grid-pair", "proj", "fp32",
         "wide"])
 def test_each_smaller_plan_needs_less_on_chip(shape, want):
-    """The steps on an H100 (family, block_k): each needs less on chip by the planner's
-    estimate than the one before, keeps the pair launch of a bidirectional layer where it
-    fits, and never goes back to the CTA. A streamed chunk's tiles (30720 B at 16 x 16 for
-    LSTM) can take more than a small resident slice (LSTM H=96: 20480 B): no such step."""
+    """The steps on an H100 (family, block_k, num_stages): each needs less on chip by the
+    planner's estimate than the one before, keeps the pair launch of a bidirectional layer
+    where it fits, and never goes back to the CTA. A streamed chunk's tiles (30720 B at 16 x
+    16 for LSTM) can take more than a small resident slice (LSTM H=96: 20480 B): no such
+    step."""
     steps = _ladder(*shape)
-    assert [(lp.family, lp.block_k) for lp in steps] == want, steps
+    assert [(lp.family, lp.block_k, lp.num_stages) for lp in steps] == want, steps
     for prev, nxt in zip(steps, steps[1:], strict=False):
         assert nxt.onchip_bytes < prev.onchip_bytes, steps
         if nxt.family == GRID:
@@ -173,7 +177,8 @@ def test_every_cell_runs_on_the_grid_when_the_cta_is_refused(backend, monkeypatc
 
 def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
     """A resident persistent grid refused -> the grid with the weights streamed (block_k = 64),
-    which here runs (the refusing stand-in only refuses resident weights)."""
+    which here runs (the refusing stand-in only refuses resident weights), on Triton's default
+    3 stages: on `_stream_stages`' it counts more on chip than the refused plan."""
     seen = []
     real = pg.grid_forward
 
@@ -186,7 +191,7 @@ def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
     monkeypatch.setattr(pg, "grid_forward", launcher)
     with pytest.warns(RuntimeWarning, match=r"persistent_grid forward kernel \(16 x 16 tiles, "
                       r"weights resident\).*running persistent_grid \(16 x 16 tiles, weights "
-                      r"streamed/64\)"):
+                      r"streamed/64 on 3 stages\)"):
         compare_with_torch("gru", L=1, lengths="varlen", I=4, H=200, T=3, backend="triton",
                            **FP32)
     assert seen == [0, 64]

@@ -757,7 +757,7 @@ def test_candidates_run_on_the_device():
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
            "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
     cands = candidates(p)
-    assert own in cands and lp.block_b == 128, own
+    assert own in cands and lp.block_b == 128 and own == lp.choice(), own
     assert {c["family"] for c in cands if c["block_b"] == 128} == {"persistent_grid",
                                                                    "stepwise"}
 
@@ -1122,3 +1122,119 @@ def test_backward_tile_constraints_that_cannot_apply(H, B, constraints, message)
             return
         with pytest.raises(ValueError, match=re.escape(message)):
             _plan(H=H, B=B).layer(0)
+
+
+# The streamed loops' stages (`_stream_stages`): a persistent grid with streamed weights on
+# MMA dots pipelines each pass's loop deep enough for 96 KiB in flight (stages - 1 chunks),
+# within the shared-memory budget and at most 8 stages, but a gated cell's backward on tiles
+# past 2048 elements and its forward past 4096; resident weights, the stepwise family and
+# float32's FMA dots (on a GPU) keep Triton's default (stored as 0). One stage of a 32 x 64
+# LSTM tile is 24 KiB in the forward (the joint gate tile, 128 rows) and 12 KiB in the
+# backward; 64 x 64 tiles take 40 / 16 KiB.
+@pytest.mark.parametrize("mode, H, B, direction, dtype, want", [
+    ("lstm", 768, 256, "unidirectional", torch.bfloat16, (5, 8)),
+    ("lstm", 384, 1024, "unidirectional", torch.bfloat16, (4, 3)),  # 64 x 64
+    ("lstm", 1024, 1024, "unidirectional", torch.bfloat16, (0, 0)),  # 64 x 128
+    ("rnn_tanh", 640, 1024, "unidirectional", torch.bfloat16, (5, 5)),  # one gate: 64 x 128
+    ("gru", 3072, 1, "bidirectional", torch.bfloat16, (4, 8)),  # a pair launch, 64 x 16
+    ("rnn_tanh", 1152, 32, "unidirectional", torch.float16, (8, 8)),  # 6 KiB: the cap
+    ("gru", 4096, 16, "unidirectional", torch.bfloat16, (7, 8)),
+    ("lstm", 768, 16, "unidirectional", torch.bfloat16, (0, 0)),  # resident
+    ("rnn_tanh", 512, 16, "unidirectional", torch.float32, (0, 0)),  # FMA dots
+    ("lstm", 1152, 1024, "unidirectional", torch.bfloat16, (0, 0)),  # stepwise
+])
+@pytest.mark.parametrize("device", ["h100", "h200"])
+def test_streamed_loops_take_the_stages_that_fit(mode, H, B, direction, dtype, want, device):
+    from tritonrnn.rnn.planner import _IN_FLIGHT, _MAX_STAGES, _STAGED_TILE, _smem_budget
+
+    plan = _plan(mode=mode, H=H, B=B, direction=direction, dtype=dtype, device=device)
+    lp = plan.layer(0)
+    assert (lp.num_stages, lp.backward_stages) == want, lp
+    if not want[0]:
+        assert lp.num_stages_bwd == 0 and "stages" not in plan.explain()
+        return
+    assert lp.family == "persistent_grid" and lp.block_k == 64
+    budget = _smem_budget(PRESETS[device])
+    per_stage = [pg.stream_stage_bytes(mode, H, 0, dtype, lp.block_h, lp.block_b, 64, p)
+                 for p in ("fwd", "bwd")]
+    tile = lp.block_h * lp.block_b
+    for p, stages, nbytes in zip(("fwd", "bwd"), want, per_stage, strict=True):
+        assert stages * nbytes <= budget
+        if mode != "rnn_tanh" and tile > _STAGED_TILE[p]:
+            assert stages == 3
+        else:  # the bytes in flight, or as many as fit, or the cap
+            assert (stages - 1) * nbytes >= _IN_FLIGHT or stages == _MAX_STAGES or (
+                (stages + 1) * nbytes > budget)
+            assert (stages - 2) * nbytes < _IN_FLIGHT  # no deeper than the bytes need
+    assert lp.onchip_bytes == max(s * b for s, b in zip(want, per_stage, strict=True))
+    assert lp.num_stages_bwd == (0 if want[0] == want[1] else want[1])
+    backward = f", backward {want[1]}" if want[1] != want[0] else ""
+    assert f"{want[0]} stages{backward})" in plan.explain()
+
+
+def test_stage_constraints():
+    base = _plan(H=768, B=256).layer(0)
+    assert (base.block_k, base.num_stages, base.backward_stages) == (64, 5, 8)
+    # num_stages applies to both passes, num_stages_bwd to the backward alone (the forward
+    # then keeps Triton's default, named); each counts in the plan's shared memory.
+    for forced, want in ((dict(num_stages=5), (5, 5)), (dict(num_stages_bwd=6), (3, 6)),
+                         (dict(num_stages=4, num_stages_bwd=2), (4, 2))):
+        with plan_constraints(**forced):
+            lp = _plan(H=768, B=256).layer(0)
+        assert (lp.num_stages, lp.backward_stages) == want
+        assert (lp.block_h, lp.block_b, lp.block_k) == (base.block_h, base.block_b, 64)
+        assert lp.onchip_bytes == pg.grid_onchip_bytes(
+            "lstm", 768, 768, 0, torch.bfloat16, lp.block_h, lp.block_b, 64,
+            fwd_warps=lp.num_warps, stages=want[0], stages_bwd=want[1])
+    # Streamed tiles forced on a resident plan get the rule's stages.
+    with plan_constraints(block_k=64):
+        lp = _plan(H=768, B=16).layer(0)
+    assert (lp.block_k, lp.num_stages) == (64, 8)
+    # The plan's own choice names its stages, is a tuning candidate, and forcing it gives
+    # the plan back; the candidates also try it on Triton's default stages.
+    plan = _plan(H=768, B=256)
+    own = base.choice()
+    assert (own["num_stages"], own["num_stages_bwd"]) == (5, 8)
+    cands = candidates(plan)
+    assert own in cands and {**own, "num_stages": 3, "num_stages_bwd": 3} in cands
+    with plan_constraints(**own):
+        assert _plan(H=768, B=256).layer(0) == base
+    staged = [c for c in cands if "num_stages" in c]
+    assert staged and all(c["block_k"] for c in staged)
+    for c in staged:
+        with plan_constraints(**c):
+            got = _plan(H=768, B=256).layer(0)
+        assert (got.num_stages, got.backward_stages) == (c["num_stages"], c["num_stages_bwd"])
+    # Resident candidates name none.
+    assert not any("num_stages" in c for c in candidates(_plan(H=768, B=16))
+                   if c.get("block_k") == 0)
+
+
+@pytest.mark.parametrize("constraints, message", [
+    (dict(num_stages=0), "num_stages expected a positive int, got 0"),
+    (dict(num_stages_bwd=True), "num_stages_bwd expected a positive int, got True"),
+    (dict(num_stages="8"), "num_stages expected a positive int, got '8'"),
+])
+def test_stage_constraints_refuse_bad_values(constraints, message):
+    with pytest.raises(ValueError, match=re.escape(message)), plan_constraints(**constraints):
+        pass
+
+
+@pytest.mark.parametrize("H, B, dtype, constraints, message", [
+    (768, 16, torch.bfloat16, dict(num_stages=4),
+     "num_stages = 4 needs streamed weights (block_k > 0: the stages of the loop over their "
+     "chunks), got block_k = 0 (resident)"),
+    (768, 256, torch.bfloat16, dict(block_k=0, num_stages_bwd=4),
+     "num_stages_bwd = 4 needs streamed weights"),
+    (64, 16, torch.bfloat16, dict(family="persistent_cta", num_stages=4),
+     "num_stages = 4 cannot apply to family 'persistent_cta'"),
+    (64, 16, torch.float64, dict(family="reference", num_stages=4),
+     "num_stages = 4 cannot apply to family 'reference'"),
+    (768, 256, torch.bfloat16, dict(num_stages=12),
+     "family 'persistent_grid' needs 294912 bytes on chip per program for H=768, block_h=32, "
+     "block_b=64, block_k=64, num_stages=12 (backward 12)"),
+])
+def test_stage_constraints_that_cannot_apply(H, B, dtype, constraints, message):
+    with plan_constraints(**constraints), pytest.raises(ValueError,
+                                                        match=re.escape(message)):
+        _plan(H=H, B=B, dtype=dtype).layer(0)

@@ -232,6 +232,42 @@ def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
     assert ("an earlier launch of grid_backward" in str(info.value)) is earlier
 
 
+# The streamed loops' stages (plan_constraints num_stages / num_stages_bwd; the planner's
+# `_stream_stages` pipelines a streamed persistent grid as deep as its shared memory allows):
+# each launch gets its pass's stages, streamed in chunks of 16 over H = 40 (the last chunk
+# masked), and the results match the oracle. The interpreter runs no software pipeline, so
+# this checks what reaches the launchers; tests/test_aot.py checks what a GPU compile makes
+# of it.
+@pytest.mark.parametrize("family, mode, bidirectional, stages, want", [
+    ("persistent_grid", "lstm", False, dict(num_stages=5, num_stages_bwd=7), (5, 7)),
+    ("persistent_grid", "gru", True, dict(num_stages=4), (4, 4)),  # both passes
+    ("stepwise", "rnn_tanh", False, dict(num_stages_bwd=2), (3, 2)),  # the forward's default
+    ("persistent_grid", "rnn_relu", False, {}, (8, 8)),  # `_stream_stages`: 8 fit
+])
+def test_streamed_loops_launch_on_their_stages(family, mode, bidirectional, stages, want,
+                                               monkeypatch):
+    from tritonrnn.kernels import persistent_grid as pg
+
+    seen = {}
+
+    def spy(name):
+        fn = getattr(pg, name)
+
+        def launch(*args, **kw):
+            seen.setdefault(name, set()).add((kw["block_k"], kw["num_stages"]))
+            return fn(*args, **kw)
+        monkeypatch.setattr(pg, name, launch)
+
+    for name in ("grid_forward", "grid_backward", "grid_forward_pair", "grid_backward_pair"):
+        spy(name)
+    with plan_constraints(family=family, block_h=16, block_b=16, block_k=16, **stages):
+        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
+                           H=40, T=4, backend="triton", **FP32)
+    pair = "_pair" if bidirectional else ""
+    assert seen == {f"grid_forward{pair}": {(16, want[0])},
+                    f"grid_backward{pair}": {(16, want[1])}}
+
+
 # The backward on its own tiles (plan_constraints block_h_bwd / block_b_bwd; the planner's
 # `_taller_backward` gives LSTM / GRU at B = 64 a 32 x 16 backward under a 16 x 32 forward):
 # each launch gets its pass's tiles, and a backward whose hidden slices and batch tiles both
