@@ -8,7 +8,8 @@
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
                     [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
-                    [--num-stages N] [--maxnreg N] [--json PATH] [--dump DIR]   (no GPU needed)
+                    [--num-stages N] [--num-stages-bwd N] [--maxnreg N] [--json PATH]
+                    [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]
                       [--out DIR]   (GPU only)
 

@@ -404,8 +404,10 @@ class LayerPlan:
     def choice(self) -> dict:
         """This plan as `candidates` and plan_constraints spell a choice: family, block_b and
         warps; for the grid families also block_h, block_k and the backward's warps, the
-        backward's tiles where it has its own, and the streamed loops' stages where the plan
-        names them."""
+        backward's tiles where it has its own, and with streamed weights both passes' stages
+        (Triton's default named as such), so that a tuned entry keeps what was timed."""
+        from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+
         own = {"family": self.family, "block_b": self.block_b, "num_warps": self.num_warps}
         if self.family != "persistent_cta":
             own.update(block_h=self.block_h, block_k=self.block_k,
@@ -413,8 +415,9 @@ class LayerPlan:
             if self.own_backward_tiles:
                 own.update(block_h_bwd=self.backward_block_h,
                            block_b_bwd=self.backward_block_b)
-            if self.num_stages:
-                own.update(num_stages=self.num_stages, num_stages_bwd=self.backward_stages)
+            if self.block_k:
+                own.update(num_stages=self.num_stages or DEFAULT_STAGES,
+                           num_stages_bwd=self.backward_stages or DEFAULT_STAGES)
         return own
 
     def with_backward_warps(self, warps: int) -> LayerPlan:
@@ -710,16 +713,19 @@ def _stream_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
 def _with_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
                  fwd: int, bwd: int) -> LayerPlan:
     """`lp` (a grid-family plan with streamed weights) with its forward's streamed loops on
-    `fwd` stages and its backward's on `bwd`, onchip_bytes counting them. Both are stored
-    (num_stages = fwd, num_stages_bwd = bwd where it differs), so a plan names Triton's
-    default explicitly where one pass keeps it."""
-    from tritonrnn.kernels.persistent_grid import grid_onchip_bytes
+    `fwd` stages and its backward's on `bwd`, onchip_bytes counting them: num_stages = fwd,
+    num_stages_bwd = bwd where it differs; both 0 where both are Triton's default (the plan
+    then names none, as the planner's own plans on the default)."""
+    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, grid_onchip_bytes
 
+    if fwd == bwd == DEFAULT_STAGES:
+        fwd = bwd = 0
     return replace(
         lp, num_stages=fwd, num_stages_bwd=0 if bwd == fwd else bwd,
         onchip_bytes=grid_onchip_bytes(cell, H, Hout, P, dtype, lp.block_h, lp.block_b,
-                                       lp.block_k, fwd_warps=lp.num_warps, stages=fwd,
-                                       stages_bwd=bwd))
+                                       lp.block_k, fwd_warps=lp.num_warps,
+                                       stages=fwd or DEFAULT_STAGES,
+                                       stages_bwd=bwd or DEFAULT_STAGES))
 
 
 def _with_backward_tiles(lp: LayerPlan, cell: str, H: int, Hout: int, P: int,
@@ -1177,7 +1183,8 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
             bwd = _persistent_grid_bwd_warps(bwd_h, bwd_b, cell, 0, dtype, H, Hout, P)
 
     # The streamed loops' stages: forced (num_stages both passes unless num_stages_bwd is
-    # given too), else `_stream_stages`'s.
+    # given too; num_stages_bwd alone keeps the forward's as `_stream_stages` gives them),
+    # else `_stream_stages`'s.
     stages = [k for k in ("num_stages", "num_stages_bwd") if k in choice]
     if stages and not block_k:
         raise ValueError(
@@ -1186,18 +1193,17 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
         )
     from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
 
-    fwd_stages = choice.get("num_stages", DEFAULT_STAGES)
-    bwd_stages = choice.get("num_stages_bwd", fwd_stages)
-
     def planned(dirs: int) -> LayerPlan:
         lp = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
                    block_k, dirs, _smem_budget(props))
         if bwd_tiles:
             lp = _with_backward_tiles(lp, cell, H, Hout, P, dtype, bwd_h, bwd_b, batch, bwd,
                                       _smem_budget(props))
-        if stages:
-            return _with_stages(lp, cell, H, Hout, P, dtype, fwd_stages, bwd_stages)
-        return _stream_stages(lp, cell, H, Hout, P, dtype, props)
+        ruled = _stream_stages(lp, cell, H, Hout, P, dtype, props)
+        if not stages:
+            return ruled
+        fwd = choice.get("num_stages", ruled.num_stages or DEFAULT_STAGES)
+        return _with_stages(lp, cell, H, Hout, P, dtype, fwd, choice.get("num_stages_bwd", fwd))
 
     plan = planned(num_dirs)
     if family == "persistent_grid" and plan.num_programs > props.sm_count and num_dirs == 2:
@@ -1267,7 +1273,8 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     of the persistent CTA did at LSTM H=128 B=16 bf16: 241920 B of shared memory against
     196612 B on 3.6 and the H100's 232448 (`tritonrnn aot`). The answer is the first of these
     candidates whose estimate is below `lp`'s: for the persistent CTA, the families that split
-    R (`_split_heuristic`); for streamed weights on more than Triton's default stages
+    R (`_split_heuristic`, then on Triton's default stages where it streams on more); for
+    streamed weights on more than Triton's default stages
     (`_stream_stages`), the same plan on the default; for a persistent grid with resident
     weights, the grid with the weights streamed in chunks of _STREAM_K columns where it is
     co-resident (on its stages, then on the default); for every family,
@@ -1279,9 +1286,6 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     bucket = _bucket(batch)
     if lp.family not in ("persistent_cta", "persistent_grid", "stepwise"):
         return None
-    candidates = []
-    if lp.family == "persistent_cta":
-        candidates.append(_split_heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs))
     from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
 
     def with_default_stages(c: LayerPlan | None) -> list[LayerPlan | None]:
@@ -1290,6 +1294,10 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
             return [c]
         return [c, _with_stages(c, cell, H, Hout, P, dtype, DEFAULT_STAGES, DEFAULT_STAGES)]
 
+    candidates = []
+    if lp.family == "persistent_cta":
+        candidates += with_default_stages(
+            _split_heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs))
     candidates += with_default_stages(lp)[1:]
     if lp.family == "persistent_grid" and lp.block_k == 0:
         for dirs in sorted({num_dirs, 1}, reverse=True):
@@ -1642,8 +1650,8 @@ def candidates(plan: Plan) -> list[dict]:
     """Tunable choices for a plan's shape that can run on its device (for `tritonrnn tune`):
     those the planner accepts forced (`_apply`: within its shared memory and, for the
     persistent grid, co-resident; every choice on the interpreter preset). A streamed
-    persistent grid that `_stream_stages` pipelines deeper names its stages, and is also
-    tried on Triton's default stages."""
+    choice names its stages (`LayerPlan.choice`), and one that `_stream_stages` pipelines
+    deeper is also tried on Triton's default."""
     from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, vector_tiles
 
     if plan.dtype == "float64":
@@ -1691,9 +1699,9 @@ def candidates(plan: Plan) -> list[dict]:
                                                               plan.num_dirs)
                             except ValueError:
                                 continue
-                            if lp.num_stages:  # spelled as the plan's own choice spells them
-                                c = {**c, "num_stages": lp.num_stages,
-                                     "num_stages_bwd": lp.backward_stages}
+                            if lp.block_k:  # spelled as the plan's own choice spells them
+                                c = {**c, "num_stages": lp.num_stages or DEFAULT_STAGES,
+                                     "num_stages_bwd": lp.backward_stages or DEFAULT_STAGES}
                             out.append(c)
                             if max(lp.num_stages, lp.backward_stages) > DEFAULT_STAGES:
                                 out.append({**c, "num_stages": DEFAULT_STAGES,

@@ -14,12 +14,12 @@
 # KiB in flight per program, up to 8 stages) changed 904 of the 3960 H100 / H200 plans each
 # (the streamed bf16 / fp16 grids: B <= 16 at H >= 1408, B = 32 / 64 at H >= 1152, B = 128 /
 # 256 at H >= 640, B = 512 / 1024 from H = 384 / 256), never timed. Else, or after,
-# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270): the stages
-# against Triton's default 3 and against 8 (`st3`, `st8`; B = 256 and one B = 1 shape), the
-# backward's own tiles against the forward's (`samebwd`, never timed as one plan), the
-# 4-warp backward the too-large-to-hoist rule replaced (`bw4`), the 16 x 32 forward on 4
-# warps where 8 was not timed (`fw4`), a resident 32 x 64 tile (`bk0`); then `barrier`
-# (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
+# `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s 270): the backward's
+# own tiles against the forward's (`samebwd`, never timed as one plan), the stages against
+# Triton's default 3 (`st3`: LSTM / GRU H=1024 B=256, LSTM H=1408 B=1) and against 8
+# (`st8`, LSTM H=1024 B=256), the 4-warp backward the too-large-to-hoist rule replaced
+# (`bw4`), the 16 x 32 forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64
+# tile (`bk0`); then `barrier` (timeout_s 230). A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
 # time goes (on 2026-11-27 the recurrent product was half a forward step; `noload` prices

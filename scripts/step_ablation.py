@@ -267,16 +267,17 @@ SETS = {
 # H=1536 / LSTM H=1280 B=16: the plans' rows only).
 DECISIONS: dict[str, list[tuple[str, str]]] = {
     "decide": [
-        # (A 240 s box holds about 25 rows.) The streamed loops pipelined for 96 KiB in flight
-        # (planner `_stream_stages`, 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8
-        # backward stages, LSTM 16 x 16 at B = 1 8 and 8) against Triton's default 3, where
-        # the B >= 256 rows miss 1.1x cuDNN (the H200's LSTM H=1024 B=256 backward: 35.46 ms
-        # at 3 stages) and at a B = 1 shape the grid streams.
-        ("lstm,1024,256;gru,1024,256;lstm,768,256;lstm,1408,1", "layer;st3,layer;st8,layer"),
-        # The backward on its own 32 x 16 tiles under the
+        # (A 240 s box holds about 25 rows.) The backward on its own 32 x 16 tiles under the
         # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
         # never as one plan): against both passes on 16 x 32.
         ("lstm,768,64;gru,768,64;gru,1024,64", "layer;samebwd,layer"),
+        # The streamed loops pipelined for 96 KiB in flight (planner `_stream_stages`,
+        # 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8 backward stages, LSTM 16 x 16
+        # at B = 1 8 and 8) against Triton's default 3, where the B >= 256 rows miss 1.1x
+        # cuDNN (the H200's LSTM H=1024 B=256 backward: 35.46 ms at 3 stages) and at a B = 1
+        # shape the grid streams; and against 8 stages in both passes.
+        ("lstm,1024,256;gru,1024,256;lstm,1408,1", "layer;st3,layer"),
+        ("lstm,1024,256", "st8,layer"),
         # The backwards too large to hoist on 8 warps
         # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
         # spilled 10 / 17 local loads per step): against the 4-warp one they replaced (the
@@ -522,6 +523,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
     from tritonrnn.bench.barrier import _recurrence_inputs
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
     from tritonrnn.kernels.persistent_grid import grid_forward
+    from tritonrnn.rnn import planner
     from tritonrnn.rnn.planner import device_properties, plan_constraints, recurrence_choice
 
     if not variant.startswith("bare"):
@@ -536,8 +538,9 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
         for w in ("w2", "w4", "w8"):
             if w in parts:
                 lp = replace(lp, num_warps=int(w[1:]))
-        if "bh32" in parts:
-            lp = replace(lp, block_h=32)
+        if "bh32" in parts:  # (streamed: the stages the planner gives those tiles)
+            lp = planner._stream_stages(replace(lp, block_h=32, num_stages=0, num_stages_bwd=0),
+                                        mode, H, H, 0, torch.bfloat16, props)
         if variant.startswith("bare"):
             warps = int(variant[4:])
             fn = lambda n=lp.num_programs, w=warps: run_bare_barriers(T, n, dev, num_warps=w)  # noqa: E731

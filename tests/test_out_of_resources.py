@@ -46,18 +46,18 @@ CTA, GRID, STEP = "persistent_cta", "persistent_grid", "stepwise"
     (("lstm", 96, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0)]),
     # H = 128: the resident grid's forward (its 4 gates' slices added by halves, 16 KiB of
     # fp32 scratch, `kernels.persistent_grid._halved_sums`) counts more than streamed tiles.
-    (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0), (GRID, 64, 3)]),
+    (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0), (GRID, 64, 0)]),
     (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0, 0), (GRID, 0, 0)]),
-    # streamed on `_stream_stages`' stages (8: 16 x 16 tiles), then on Triton's default 3
-    (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 3)]),
+    # streamed on `_stream_stages`' stages (8: 16 x 16 tiles), then on Triton's default (0)
+    (("lstm", 768, 0, torch.bfloat16, 16, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 0)]),
     (("lstm", 768, 0, torch.bfloat16, 1, 1), [(GRID, 0, 0)]),  # vector tiles: R in registers
     (("lstm", 768, 0, torch.bfloat16, 256, 1),
-     [(GRID, 64, 5), (GRID, 64, 3)] + [(STEP, 64, 0)] * 4),  # 32 x 64: forward 5
+     [(GRID, 64, 5), (GRID, 64, 0)] + [(STEP, 64, 0)] * 4),  # 32 x 64: forward 5
     # (the pair's streamed stages count more than its resident weights: passed over)
-    (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0, 0), (GRID, 64, 3)]),
-    (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 3)]),
+    (("gru", 512, 0, torch.bfloat16, 16, 2), [(GRID, 0, 0), (GRID, 64, 0)]),
+    (("lstm", 1024, 512, torch.bfloat16, 32, 1), [(GRID, 0, 0), (GRID, 64, 8), (GRID, 64, 0)]),
     (("rnn_tanh", 512, 0, torch.float32, 16, 1), [(GRID, 64, 0)]),  # FMA dots: the default
-    (("gru", 4096, 0, torch.bfloat16, 16, 1), [(GRID, 64, 7), (GRID, 64, 3), (STEP, 64, 0)]),
+    (("gru", 4096, 0, torch.bfloat16, 16, 1), [(GRID, 64, 7), (GRID, 64, 0), (STEP, 64, 0)]),
 ], ids=["cta", "cta-128", "cta-pair", "grid", "vector", "streamed", "grid-pair", "proj", "fp32",
         "wide"])
 def test_each_smaller_plan_needs_less_on_chip(shape, want):
@@ -98,6 +98,22 @@ def test_stepwise_steps_read_the_fewest_bytes_below_the_refused_plan(shape, firs
     G = planner.GATES[shape[0]]
     traffic = [planner._stepwise_traffic(G, lp.block_h, lp.block_b) for lp in steps]
     assert traffic == sorted(traffic)
+
+
+def test_a_refused_cta_splits_r_on_the_default_stages_where_deeper_ones_count_more():
+    """On an A100 (163 KiB) the split plan after a refused CTA can stream on more stages
+    than the CTA's footprint: rnn_tanh H=128 B=1024 bf16, CTA 57856 B, the grid's 32 x 64
+    tiles on `_stream_stages`' 8 stages 98304 B; the same grid on Triton's default (36864 B)
+    comes next, not the stepwise tiles."""
+    a100 = PRESETS["a100"]
+    lp, _ = recurrence_choice("rnn_tanh", 128, 128, 0, torch.bfloat16, 1024, a100, 1)
+    assert (lp.family, lp.onchip_bytes) == (CTA, 57856)
+    nxt = smaller_choice(lp, "rnn_tanh", 128, 128, 0, torch.bfloat16, 1024, a100, 1)
+    assert (nxt.family, nxt.block_k, nxt.num_stages) == (GRID, 64, 0), nxt
+    assert nxt.onchip_bytes == 36864 < lp.onchip_bytes
+    deep = planner._split_heuristic("rnn_tanh", 128, 128, 0, torch.bfloat16, 1024, a100, 1)
+    assert (deep.block_h, deep.block_b, deep.num_stages, deep.onchip_bytes) == (
+        nxt.block_h, nxt.block_b, 8, 98304)
 
 
 def test_reference_and_unknown_families_have_nothing_smaller():
@@ -178,7 +194,7 @@ def test_every_cell_runs_on_the_grid_when_the_cta_is_refused(backend, monkeypatc
 def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
     """A resident persistent grid refused -> the grid with the weights streamed (block_k = 64),
     which here runs (the refusing stand-in only refuses resident weights), on Triton's default
-    3 stages: on `_stream_stages`' it counts more on chip than the refused plan."""
+    stages: on `_stream_stages`' it counts more on chip than the refused plan."""
     seen = []
     real = pg.grid_forward
 
@@ -191,7 +207,7 @@ def test_a_refused_grid_forward_streams_its_weights(backend, monkeypatch):
     monkeypatch.setattr(pg, "grid_forward", launcher)
     with pytest.warns(RuntimeWarning, match=r"persistent_grid forward kernel \(16 x 16 tiles, "
                       r"weights resident\).*running persistent_grid \(16 x 16 tiles, weights "
-                      r"streamed/64 on 3 stages\)"):
+                      r"streamed/64\)"):
         compare_with_torch("gru", L=1, lengths="varlen", I=4, H=200, T=3, backend="triton",
                            **FP32)
     assert seen == [0, 64]

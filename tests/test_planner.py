@@ -755,9 +755,11 @@ def test_candidates_run_on_the_device():
     p = _plan(H=1024, B=1024)
     lp = p.layer(0)
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
-           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
+           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps,
+           "num_stages": 3, "num_stages_bwd": 3}  # streamed: the stages named, the default
     cands = candidates(p)
     assert own in cands and lp.block_b == 128 and own == lp.choice(), own
+    assert lp.num_stages == 0  # (64 x 128 gated tiles: `_STAGED_TILE`)
     assert {c["family"] for c in cands if c["block_b"] == 128} == {"persistent_grid",
                                                                    "stepwise"}
 
@@ -1176,8 +1178,8 @@ def test_stage_constraints():
     base = _plan(H=768, B=256).layer(0)
     assert (base.block_k, base.num_stages, base.backward_stages) == (64, 5, 8)
     # num_stages applies to both passes, num_stages_bwd to the backward alone (the forward
-    # then keeps Triton's default, named); each counts in the plan's shared memory.
-    for forced, want in ((dict(num_stages=5), (5, 5)), (dict(num_stages_bwd=6), (3, 6)),
+    # keeps the planner's); each counts in the plan's shared memory.
+    for forced, want in ((dict(num_stages=6), (6, 6)), (dict(num_stages_bwd=6), (5, 6)),
                          (dict(num_stages=4, num_stages_bwd=2), (4, 2))):
         with plan_constraints(**forced):
             lp = _plan(H=768, B=256).layer(0)
@@ -1204,7 +1206,9 @@ def test_stage_constraints():
     for c in staged:
         with plan_constraints(**c):
             got = _plan(H=768, B=256).layer(0)
-        assert (got.num_stages, got.backward_stages) == (c["num_stages"], c["num_stages_bwd"])
+        assert (got.num_stages or 3, got.backward_stages or 3) == (c["num_stages"],
+                                                                 c["num_stages_bwd"])
+        assert got.choice() == c  # (Triton's default is named 3, stored as 0)
     # Resident candidates name none.
     assert not any("num_stages" in c for c in candidates(_plan(H=768, B=16))
                    if c.get("block_k") == 0)
