@@ -232,6 +232,26 @@ def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
     assert ("an earlier launch of grid_backward" in str(info.value)) is earlier
 
 
+def _spy_grid_launchers(monkeypatch, keys: tuple[str, ...]) -> dict:
+    """{launcher name: {the values of `keys` in each call}} of the grid families' launchers
+    (forward, backward, and their pair launches), filled as the backend calls them."""
+    from tritonrnn.kernels import persistent_grid as pg
+
+    seen = {}
+
+    def spy(name):
+        fn = getattr(pg, name)
+
+        def launch(*args, **kw):
+            seen.setdefault(name, set()).add(tuple(kw[k] for k in keys))
+            return fn(*args, **kw)
+        monkeypatch.setattr(pg, name, launch)
+
+    for name in ("grid_forward", "grid_backward", "grid_forward_pair", "grid_backward_pair"):
+        spy(name)
+    return seen
+
+
 # The streamed loops' stages (plan_constraints num_stages / num_stages_bwd; the planner's
 # `_stream_stages` pipelines a streamed persistent grid as deep as its shared memory allows):
 # each launch gets its pass's stages, streamed in chunks of 16 over H = 40 (the last chunk
@@ -246,20 +266,7 @@ def test_barrier_timeouts_say_whether_another_launch_failed(earlier):
 ])
 def test_streamed_loops_launch_on_their_stages(family, mode, bidirectional, stages, want,
                                                monkeypatch):
-    from tritonrnn.kernels import persistent_grid as pg
-
-    seen = {}
-
-    def spy(name):
-        fn = getattr(pg, name)
-
-        def launch(*args, **kw):
-            seen.setdefault(name, set()).add((kw["block_k"], kw["num_stages"]))
-            return fn(*args, **kw)
-        monkeypatch.setattr(pg, name, launch)
-
-    for name in ("grid_forward", "grid_backward", "grid_forward_pair", "grid_backward_pair"):
-        spy(name)
+    seen = _spy_grid_launchers(monkeypatch, ("block_k", "num_stages"))
     with plan_constraints(family=family, block_h=16, block_b=16, block_k=16, **stages):
         compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
                            H=40, T=4, backend="triton", **FP32)
@@ -278,20 +285,7 @@ def test_streamed_loops_launch_on_their_stages(family, mode, bidirectional, stag
     ("stepwise", "rnn_tanh", False, 0),
     ("persistent_grid", "lstm", False, 24)])  # the projection's slices follow the tiles too
 def test_backward_on_its_own_tiles(family, mode, bidirectional, proj, monkeypatch):
-    from tritonrnn.kernels import persistent_grid as pg
-
-    seen = {}
-
-    def spy(name):
-        fn = getattr(pg, name)
-
-        def launch(*args, **kw):
-            seen.setdefault(name, set()).add((kw["block_h"], kw["block_b"]))
-            return fn(*args, **kw)
-        monkeypatch.setattr(pg, name, launch)
-
-    for name in ("grid_forward", "grid_backward", "grid_forward_pair", "grid_backward_pair"):
-        spy(name)
+    seen = _spy_grid_launchers(monkeypatch, ("block_h", "block_b"))
     with plan_constraints(family=family, block_h=16, block_b=32, block_h_bwd=32,
                           block_b_bwd=16):
         compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="batch70", I=4,
