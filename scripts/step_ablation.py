@@ -275,9 +275,10 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8 backward stages, LSTM 16 x 16
         # at B = 1 8 and 8) against Triton's default 3, where the B >= 256 rows miss 1.1x
         # cuDNN (the H200's LSTM H=1024 B=256 backward: 35.46 ms at 3 stages) and at a B = 1
-        # shape the grid streams; and against 8 stages in both passes.
+        # shape the grid streams; and against 8 stages in both passes (its own job: the
+        # plan's row again first, a repeat).
         ("lstm,1024,256;gru,1024,256;lstm,1408,1", "layer;st3,layer"),
-        ("lstm,1024,256", "st8,layer"),
+        ("lstm,1024,256", "layer;st8,layer"),
         # The backwards too large to hoist on 8 warps
         # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
         # spilled 10 / 17 local loads per step): against the 4-warp one they replaced (the

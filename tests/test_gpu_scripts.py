@@ -186,8 +186,9 @@ def _check_plans(shapes, variants):
         for mode, H, B in shapes:
             with plan_constraints(**cons):
                 lp, _ = recurrence_choice(mode, H, H, 0, torch.bfloat16, B, PRESETS["h100"])
+            own = lp.choice()  # (Triton's default stages named 3, stored as 0)
             for key, want in cons.items():
-                assert getattr(lp, key) == want, (v, mode, H, B, key)
+                assert own.get(key, getattr(lp, key)) == want, (v, mode, H, B, key)
 
 
 def test_ablation_constraint_parts():
