@@ -1411,6 +1411,22 @@ def test_gpu_streamed_wgmma_loops(cell, P, dtype, persistent):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cell,P,H,block_h,block_b,num_stages", [
+    ("lstm", 0, 640, 32, 64, 8),  # 10 forward chunks, 40 backward ones, 7 in flight
+    ("gru", 0, 96, 16, 16, 8),  # fewer chunks (2 / 5) than stages
+    ("rnn_tanh", 0, 640, 16, 32, 8),  # the unswapped loops
+    ("lstm", 48, 96, 32, 64, 5),  # with the projection's loops
+])
+def test_gpu_streamed_loops_on_deep_stages(cell, P, H, block_h, block_b, num_stages):
+    # The streamed loops pipelined deeper than Triton's default 3 (the launches' num_stages,
+    # `planner._stream_stages`) as the GPU compiles them, with the grid barrier: the
+    # interpreter runs no software pipeline, so only a GPU checks these.
+    _check_layer(cell, H, P, *_swap_lengths(), reverse=True, dtype=torch.bfloat16,
+                 persistent=True, block_h=block_h, block_b=block_b, block_k=64, num_warps=8,
+                 num_stages=num_stages)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cell,P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)])
 def test_gpu_stepwise_64_tiles(cell, P, dtype):
