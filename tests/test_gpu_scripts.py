@@ -27,18 +27,18 @@ from tritonrnn.bench.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
           "batch", "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
-          "decide", "confirm", "barrier", "phases", "profile"]
+          "decide", "confirm", "barrier", "phases", "splitk", "profile"]
 
 
-def _load_ablation():
-    spec = importlib.util.spec_from_file_location("step_ablation",
-                                                  ROOT / "scripts" / "step_ablation.py")
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-ABL = _load_ablation()
+ABL = _load_script("step_ablation")
+PROBE = _load_script("split_k_probe")
 
 # A stub records its name and arguments as one JSON line and runs nothing.
 RECORDER = """import json, os, sys
@@ -91,6 +91,10 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
             for shapes, variants in ABL.jobs(ABL.build_parser().parse_args(argv[1:])):
                 _check_plans(shapes, variants)
             checked += 1
+        elif argv and argv[0] == "scripts/split_k_probe.py":
+            args = PROBE.build_parser().parse_args(argv[1:])
+            PROBE.tiles(args.hidden, args.batch, args.units, args.kblock, args.btile)
+            checked += 1
         elif argv[:2] == ["-m", "pytest"]:
             paths = [a for a in argv[2:] if not a.startswith("-") and "/" in a or a == "tests"]
             assert paths and all((ROOT / p).exists() for p in paths), argv
@@ -98,7 +102,8 @@ def test_every_command_of_a_gpu_session_stage_parses(stage, tmp_path):
     assert checked, f"stage {stage}: no command recorded ({calls})"
 
 
-@pytest.mark.parametrize("stage", ["all", "tests", "decide", "confirm", "barrier", "profile"])
+@pytest.mark.parametrize("stage", ["all", "tests", "decide", "confirm", "barrier", "splitk",
+                                   "profile"])
 def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
     """The device tool brings back at most 8 files from $OUT: a stage leaves one archive
     there, $OUT/<stage>.tgz, holding its logs (and whatever its programs wrote)."""
@@ -116,6 +121,8 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
             "confirm": {"gpu.txt", "warm-grid.log", "bench-grid.log", "ablation-confirm.log",
                         "check.log"},
             "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
+            "splitk": {"gpu.txt", *(f"{kind}-{H}{tail}.log" for H in (1024, 768)
+                                    for kind, tail in (("splitk", ""), ("bench", "-256")))},
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names
@@ -150,12 +157,13 @@ def test_each_stage_fits_one_device_command(stage):
 
 @pytest.mark.parametrize(("stages", "spare"), [(("tests", "all"), 170),
                                                (("tests", "decide", "barrier"), 170),
+                                               (("decide", "splitk"), 170),
                                                (("all", "phases"), 80),
                                                (("tests", "profile"), 280)])
 def test_a_session_fits_the_device_budget(stages, spare):
     """The stages the script's header runs in a 15-minute session (tests, then all; tests,
-    decide with the shorter box the header names, then barrier; all, then phases; tests,
-    then profile) are
+    decide with the shorter box the header names, then barrier; decide, then splitk; all,
+    then phases; tests, then profile) are
     each cut below the timeout_s the header gives them, and together leave the machine's
     start, the transfers and the idle wait between the calls `spare` seconds of the 900 s (a
     start took about 30 s on 2026-11-26, a dead machine's 86 s)."""
