@@ -23,8 +23,8 @@ the idea is worth a kernel family: compare its `step_us` with the library's back
 same shape in the same run (`tritonrnn bench ... --pass bwd`, whose layer time also holds
 the GEMMs outside the recurrence) and with the bare barrier's cost (printed too).
 
-    python scripts/split_k_probe.py [--hidden 1024 --batch 256 --time 1024] [--json F]
-    python scripts/split_k_probe.py --aot          # no GPU: the sm_90 compile's report
+    python scripts/split_k_probe.py [--config H,B,U,KB,BB ...] [--time 1024] [--json F]
+    python scripts/split_k_probe.py --aot          # no GPU: the sm_90 compiles' reports
 
 Correctness: `check` runs the probe against a float64 recurrence (a GPU run checks T = 64
 first and reports the error; tests/test_split_k_probe.py runs it in the interpreter, one
@@ -234,7 +234,7 @@ def check(H: int, B: int, T: int, U: int, KB: int, BB: int, dtype: torch.dtype, 
     return {"dph": rel(dph, ref_dph), "dc0": rel(dc, ref_dc)}
 
 
-def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype) -> dict:
+def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype, warps: int = 8) -> dict:
     """The sm_90 compile of the probe's GPU launch on the h100 preset (no GPU needed:
     `tritonrnn.bench.aot`): shared memory, registers, spills, the step loop's counts."""
     import dataclasses
@@ -254,7 +254,7 @@ def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype) -> dict:
                   (x["R"], x["ACT"], x["C"], x["DY"], dph, part, dc, sync, T, B, 0, T, 1, 1,
                    DEFAULT_MAX_SPIN),
                   dict(H=H, U=U, KC=KB // 4, BB=BB, NK=nk, US=us, FP32_DOT=dtype == torch.float32,
-                       BARRIER=1, num_warps=8, **FP_FUSION, **cooperative_launch_options()),
+                       BARRIER=1, num_warps=warps, **FP_FUSION, **cooperative_launch_options()),
                   _names(kernel, kernel.fn, "do_not_specialize"))
     rep = report_kernel("backward", call, GpuContext(dtype, True), PRESETS["h100"])
     return dataclasses.asdict(rep)
@@ -275,64 +275,94 @@ def _time(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+# (H, B, U, KB, BB) timed by default: the B = 256 shapes whose streamed backward lost to
+# cuDNN, and B = 64 (resident 16 x 32 tiles, 2x cuDNN's CUDA graph not reached) with
+# 64-unit blocks, 128 / 72 programs each.
+CONFIGS = ((1024, 256, 128, 512, 128), (768, 256, 128, 512, 128),
+           (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64))
+
+
+def _config(text: str) -> tuple[int, int, int, int, int]:
+    try:
+        H, B, U, KB, BB = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected H,B,U,KB,BB (five ints), got {text!r}") from None
+    try:
+        tiles(H, B, U, KB, BB)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return H, B, U, KB, BB
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--config", type=_config, action="append",
+                    help="H,B,U,KB,BB: hidden size, batch, units / gate rows / batch rows per "
+                         "program (repeatable; default: CONFIGS)")
     ap.add_argument("--time", type=int, default=1024)
-    ap.add_argument("--units", type=int, default=128, help="U: units per program")
-    ap.add_argument("--kblock", type=int, default=512, help="KB: gate rows per program")
-    ap.add_argument("--btile", type=int, default=128, help="BB: batch rows per program")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    ap.add_argument("--warps", type=int, default=8, choices=(4, 8))
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--aot", action="store_true", help="report the sm_90 compile instead")
-    ap.add_argument("--json", help="also write the result there")
+    ap.add_argument("--aot", action="store_true", help="report the sm_90 compiles instead")
+    ap.add_argument("--json", help="write the results there (rewritten after each config)")
     return ap
+
+
+def _timed(H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: torch.dtype,
+           warps: int, reps: int) -> dict:
+    """One config on the GPU: its error against float64 (T = 64), the whole recurrence's
+    time, the bare barriers' (2T, the same programs) and the GEMMs a layer backward runs
+    outside the recurrence (input size H: dx = dpre @ W, dW = dpre^T @ x, dR = dpre^T @ h)."""
+    from tritonrnn.kernels.grid_barrier import check_barriers, run_bare_barriers
+
+    dev = torch.device("cuda")
+    programs = tiles(H, B, U, KB, BB)[0]
+    err = check(H, B, min(T, 64), U, KB, BB, dtype, dev)
+    x = inputs(H, B, T, dtype, dev)
+
+    def run():
+        return launch(x["R"], x["ACT"], x["C"], x["DY"], U=U, KB=KB, BB=BB, num_warps=warps)
+
+    ms = _time(run, reps)
+    bare = _time(lambda: run_bare_barriers(2 * T, programs, dev, num_warps=warps), reps)
+    check_barriers()
+    dpre = run()[0].reshape(T * B, G * H)
+    w, acts = x["R"], x["C"][1:].reshape(T * B, H)
+    gemm = _time(lambda: (dpre @ w, dpre.t() @ acts, dpre.t() @ acts, dpre.sum(0)), reps)
+    return {"programs": programs, "rel_error_vs_float64": err, "ms": ms,
+            "step_us": 1e3 * ms / T, "bare_barriers_ms": bare, "bare_step_us": 1e3 * bare / T,
+            "gemms_ms": gemm, "layer_estimate_ms": ms + gemm}
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
-    shape = dict(hidden=a.hidden, batch=a.batch, time=a.time, units=a.units, kblock=a.kblock,
-                 btile=a.btile, dtype=a.dtype)
-    if a.aot:
-        rep = _aot(a.hidden, a.batch, a.units, a.kblock, a.btile, dtype)
-        result = {"shape": shape, "triton": triton.__version__, "aot": rep}
-        keys = ("shared", "regs", "stack", "local", "mma", "fits", "error")
-        print(json.dumps({k: rep.get(k) for k in keys}), json.dumps(rep.get("profile")))
-    else:
-        if not torch.cuda.is_available():
-            print("split_k_probe: timing needs a GPU (--aot compiles without one)",
-                  file=sys.stderr)
-            return 2
-        from tritonrnn.kernels.grid_barrier import check_barriers, run_bare_barriers
-
-        dev = torch.device("cuda")
-        programs = tiles(a.hidden, a.batch, a.units, a.kblock, a.btile)[0]
-        err = check(a.hidden, a.batch, min(a.time, 64), a.units, a.kblock, a.btile, dtype, dev)
-        x = inputs(a.hidden, a.batch, a.time, dtype, dev)
-        ms = _time(lambda: launch(x["R"], x["ACT"], x["C"], x["DY"], U=a.units, KB=a.kblock,
-                                  BB=a.btile), a.reps)
-        bare = _time(lambda: run_bare_barriers(2 * a.time, programs, dev, num_warps=8), a.reps)
-        check_barriers()
-        # The layer's GEMMs outside the recurrence, as a layer backward also runs them (the
-        # input size taken as H): dx = dpre @ W, dW = dpre^T @ x, dR = dpre^T @ h_prev.
-        dpre = launch(x["R"], x["ACT"], x["C"], x["DY"], U=a.units, KB=a.kblock,
-                      BB=a.btile)[0].reshape(a.time * a.batch, G * a.hidden)
-        w = x["R"]
-        acts = x["C"][1:].reshape(a.time * a.batch, a.hidden)
-        gemm = _time(lambda: (dpre @ w, dpre.t() @ acts, dpre.t() @ acts, dpre.sum(0)), a.reps)
-        result = {"shape": shape, "device": torch.cuda.get_device_name(), "programs": programs,
-                  "torch": torch.__version__, "triton": triton.__version__,
-                  "rel_error_vs_float64": err, "ms": ms, "step_us": 1e3 * ms / a.time,
-                  "bare_barriers_ms": bare, "bare_step_us": 1e3 * bare / a.time,
-                  "gemms_ms": gemm, "layer_estimate_ms": ms + gemm,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        print(json.dumps(result))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    if not a.aot and not torch.cuda.is_available():
+        print("split_k_probe: timing needs a GPU (--aot compiles without one)", file=sys.stderr)
+        return 2
+    env = {"torch": torch.__version__, "triton": triton.__version__,
+           "device": torch.cuda.get_device_name() if not a.aot else "sm_90 (aot, h100 preset)",
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "time": a.time, "dtype": a.dtype,
+           "warps": a.warps}
+    results = []
+    for H, B, U, KB, BB in a.config or CONFIGS:
+        row = dict(hidden=H, batch=B, units=U, kblock=KB, btile=BB)
+        try:
+            if a.aot:
+                rep = _aot(H, B, U, KB, BB, dtype, a.warps)
+                row.update({k: rep.get(k) for k in ("shared", "regs", "stack", "local", "mma",
+                                                    "fits", "error", "profile")})
+            else:
+                row.update(_timed(H, B, U, KB, BB, a.time, dtype, a.warps, a.reps))
+        except Exception as e:  # a config that fails is a finding; the others still run
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        print(json.dumps(row), flush=True)
+        results.append(row)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({**env, "results": results}, f, indent=1)
+    return 1 if any(r.get("error") for r in results) else 0
 
 
 if __name__ == "__main__":
