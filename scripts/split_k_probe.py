@@ -1,27 +1,30 @@
-"""A probe of a split-K backward recurrence for large batches (a development tool; the planner
-does not use it).
+"""A probe of a split-K backward recurrence (a development tool; the planner does not use it).
 
-Why: at B >= 256 the persistent grid streams its weights, and every program of a backward step
-reads its R^T slice and the whole of its batch tile's dph from L2. LSTM H=1024 B=256 (32 x 64
-tiles, 128 programs) reads 768 KiB per program, about 100 MB per step, and its backward lost
-to cuDNN (36.2 ms against 27.8, H200, 2026-11-27). Splitting the reduction (K = G*H) across
+Why: every program of the persistent grid's backward step reads the whole of its batch
+tile's dph from L2 (its R^T slice spans all gates), and at B >= 256, where the weights are
+streamed, its R^T slice too. LSTM H=1024 B=256 (32 x 64 tiles, 128 programs) reads 768 KiB
+per program, about 100 MB per step, and its backward lost to cuDNN (36.2 ms against 27.8,
+H200, 2026-11-27); at B=64 (resident 16 x 32 tiles) 256 KiB per program, 33.6 MB per step,
+and the layer stays under 2x cuDNN's CUDA graph. Splitting the reduction (K = G*H) across
 programs as well lets each keep a block of R resident and read only its K range of dph:
 
     program (unit block ub of U units, K block kb of KB gate rows, batch tile bt of BB rows)
     phase A: partial[kb][bt, ub] = dph_{t+1}[bt, kb] @ R[kb, ub]   (R block resident, fp32 out)
-             grid barrier
-    phase B: for its cell slice (U / NK units of ub, batch tile bt): dh = dy_t + the NK
+             grid barrier (phase B's own inputs load while the other programs arrive)
+    phase B: for its cell slice (US units of ub, batch tile bt): dh = dy_t + the NK
              partials, the LSTM cell's backward (dc carried in registers), dph_t stored
              grid barrier
 
 At H=1024 B=256 with U = 128, KB = 512, BB = 128 (8 x 8 x 2 = 128 programs): a 128 KiB R
 block, and per program and step 128 KiB of dph read, a 64 KiB fp32 partial written and
 64 KiB of partials read back, 16 KiB of dph written: about 35 MB per step, a third of the
-streamed grid's bytes, for two grid barriers per step instead of one. This probe times that
-step (LSTM only, full-length sequences, no projection) so a GPU session can decide whether
-the idea is worth a kernel family: compare its `step_us` with the library's backward at the
-same shape in the same run (`tritonrnn bench ... --pass bwd`, whose layer time also holds
-the GEMMs outside the recurrence) and with the bare barrier's cost (printed too).
+streamed grid's bytes; at B=64 with U = 64, KB = 512, BB = 64 (128 programs, a 64 KiB R
+block) about 100 KiB per program, a quarter. Each step meets two grid barriers instead of
+one. This probe times that step (LSTM only, full-length sequences, no projection) so a GPU
+session can decide whether the idea is worth a kernel family: compare its `layer_estimate_ms`
+(the recurrence and the GEMMs a layer backward runs outside it) with the library's backward
+and cuDNN's at the same shapes in the same session (`tritonrnn bench --preset split-k --pass
+bwd`), and its `step_us` with the bare barriers' (`bare_step_us`, two per step).
 
     python scripts/split_k_probe.py [--config H,B,U,KB,BB ...] [--time 1024] [--json F]
     python scripts/split_k_probe.py --aot          # no GPU: the sm_90 compiles' reports
@@ -29,11 +32,11 @@ the GEMMs outside the recurrence) and with the bare barrier's cost (printed too)
 Correctness: `check` runs the probe against a float64 recurrence (a GPU run checks T = 64
 first and reports the error; tests/test_split_k_probe.py runs it in the interpreter, one
 launch per step and phase, as the grid kernels do there, and checks that recurrence against
-autograd through an LSTM). The sm_90 compile (`--aot`, bf16, 8 warps, H=1024 B=256): 196608 B
-of shared memory (the 128 KiB R block and the staged dph chunks), wgmma, 4 atomics and 6
-fences per step; Triton 3.6 255 registers and 10 local loads and 1 store per step (5 and
-none without phase B's inputs prefetched during phase A's barrier), Triton 3.9 242
-registers and none.
+autograd through an LSTM). The sm_90 compiles (`--aot`, bf16, 8 warps): at H=1024 B=256
+196608 B of shared memory (the 128 KiB R block and the staged dph chunks), wgmma, 4 atomics
+and 6 fences per step, Triton 3.6 255 registers and 10 local loads and 1 store per step (5
+and none without phase B's inputs prefetched during phase A's barrier), Triton 3.9 242
+registers and none; at B=64 86016 B, 199 registers (H=768: 206), no spills.
 """
 
 from __future__ import annotations
