@@ -199,7 +199,8 @@ PRESETS: dict[str, list[BenchShape]] = {
                                                  batch=32, time=512),
     # The shapes of scripts/split_k_probe.py's default configs (gpu_session.sh splitk): the
     # library's and cuDNN's backward beside the split-K probe's.
-    "split-k": _sweep(mode="lstm", hidden=[1024, 768], batch=[256, 64], time=1024),
+    "split-k": _sweep(mode="lstm", hidden=[1024, 768], batch=[256, 64], time=1024)
+    + _sweep(mode="lstm", hidden=1024, batch=16, time=1024),
     # Tiny, runs on the CPU through the Triton interpreter in seconds.
     "smoke": _sweep(mode="lstm", hidden=32, input_size=24, batch=4, time=8, dtype="float32")
     + _sweep(mode="gru", hidden=32, input_size=24, batch=4, time=8, dtype="float32",

@@ -19,7 +19,9 @@ At H=1024 B=256 with U = 128, KB = 512, BB = 128 (8 x 8 x 2 = 128 programs): a 1
 block, and per program and step 128 KiB of dph read, a 64 KiB fp32 partial written and
 64 KiB of partials read back, 16 KiB of dph written: about 35 MB per step, a third of the
 streamed grid's bytes; at B=64 with U = 64, KB = 512, BB = 64 (128 programs, a 64 KiB R
-block) about 100 KiB per program, a quarter. Each step meets two grid barriers instead of
+block) about 100 KiB per program, a quarter; at H=1024 B=16 with U = 64, KB = 1024, BB = 16
+(64 programs and a 128 KiB R block, as the grid's 16 x 16 tiles) 32 KiB of dph read and
+4 + 4 KiB of partials, against 128 KiB of dph. Each step meets two grid barriers instead of
 one. This probe times that step (LSTM only, full-length sequences, no projection) so a GPU
 session can decide whether the idea is worth a kernel family: compare its `layer_estimate_ms`
 (the recurrence and the GEMMs a layer backward runs outside it) with the library's backward
@@ -32,11 +34,15 @@ bwd`), and its `step_us` with the bare barriers' (`bare_step_us`, two per step).
 Correctness: `check` runs the probe against a float64 recurrence (a GPU run checks T = 64
 first and reports the error; tests/test_split_k_probe.py runs it in the interpreter, one
 launch per step and phase, as the grid kernels do there, and checks that recurrence against
-autograd through an LSTM). The sm_90 compiles (`--aot`, bf16, 8 warps): at H=1024 B=256
-196608 B of shared memory (the 128 KiB R block and the staged dph chunks), wgmma, 4 atomics
-and 6 fences per step, Triton 3.6 255 registers and 10 local loads and 1 store per step (5
-and none without phase B's inputs prefetched during phase A's barrier), Triton 3.9 242
-registers and none; at B=64 86016 B, 199 registers (H=768: 206), no spills.
+autograd through an LSTM). The sm_90 compiles (`--aot`, bf16, 8 warps; Triton 3.6 unless
+said): at H=1024 B=256 196608 B of shared memory (the 128 KiB R block and the staged dph
+chunks), wgmma, 4 atomics per step, 255 registers and 10 local loads and 1 store per step
+(5 and none without phase B's inputs prefetched during phase A's barrier; Triton 3.9: 242
+registers and none), 1072 step-loop instructions (H=768 1566); at B=64 86016 B, wgmma, 188
+/ 205 registers (H=1024 / 768), 710 / 837 instructions, no spills; at H=1024 B=16 147456 B,
+mma.sync, 80 registers, 452 instructions, no spills, its longest chain of dependent MMAs 32
+(four accumulators, `split`). On 4 warps B=16 / 64 ran 634 / 778 instructions, and B=256
+spilled 130 local memory operations per step.
 """
 
 from __future__ import annotations
@@ -64,11 +70,20 @@ from tritonrnn.kernels.grid_barrier import (
 G = 4  # LSTM gates (i, f, g, o), gate-major rows of R and columns of dph: g * H + unit
 
 
+@triton.jit
+def _mm(a, b, acc, FP32_DOT: tl.constexpr):
+    """acc + a @ b in fp32; fp32 operands in IEEE precision (no tf32)."""
+    if FP32_DOT:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
 @triton.jit(do_not_specialize=["T", "B", "q_begin", "q_end", "do_a", "do_b", "max_spin"])
 def _split_k_bwd_kernel(R, ACT, C, DY, DPH, PART, DC, SYNC, T, B, q_begin, q_end, do_a, do_b,
                         max_spin, H: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
                         BB: tl.constexpr, NK: tl.constexpr, US: tl.constexpr,
-                        FP32_DOT: tl.constexpr, BARRIER: tl.constexpr):
+                        SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, BARRIER: tl.constexpr):
     """Backward steps q in [q_begin, q_end) (step q is time T - 1 - q) of the LSTM recurrence:
     R [4H, H], ACT [T, B, 4H] activated gates, C [T + 1, B, H] cell states (C[0] = c0),
     DY [T, B, H]; DPH [T + 1, B, 4H] out (DPH[T] zero); PART [NK, B, H] fp32 scratch; DC
@@ -101,17 +116,25 @@ def _split_k_bwd_kernel(R, ACT, C, DY, DPH, PART, DC, SYNC, T, B, q_begin, q_end
         t = T - 1 - q
         if do_a != 0:
             a = DPH + ((t + 1) * B + rows)[:, None] * GH + kb * KB + kk[None, :]
-            acc = tl.zeros((BB, U), dtype=tl.float32)
-            if FP32_DOT:
-                acc = tl.dot(tl.load(a), r0, acc, input_precision="ieee")
-                acc = tl.dot(tl.load(a + KC), r1, acc, input_precision="ieee")
-                acc = tl.dot(tl.load(a + 2 * KC), r2, acc, input_precision="ieee")
-                acc = tl.dot(tl.load(a + 3 * KC), r3, acc, input_precision="ieee")
+            # SPLIT independent accumulators (1, 2 or 4) shorten the chain of MMAs each
+            # waiting for the one before, where the registers allow (`split`).
+            acc = _mm(tl.load(a), r0, tl.zeros((BB, U), dtype=tl.float32), FP32_DOT)
+            if SPLIT == 4:
+                acc1 = _mm(tl.load(a + KC), r1, tl.zeros((BB, U), dtype=tl.float32), FP32_DOT)
+                acc2 = _mm(tl.load(a + 2 * KC), r2, tl.zeros((BB, U), dtype=tl.float32),
+                           FP32_DOT)
+                acc3 = _mm(tl.load(a + 3 * KC), r3, tl.zeros((BB, U), dtype=tl.float32),
+                           FP32_DOT)
+                acc = (acc + acc1) + (acc2 + acc3)
+            elif SPLIT == 2:
+                acc = _mm(tl.load(a + KC), r1, acc, FP32_DOT)
+                acc2 = _mm(tl.load(a + 2 * KC), r2, tl.zeros((BB, U), dtype=tl.float32),
+                           FP32_DOT)
+                acc = acc + _mm(tl.load(a + 3 * KC), r3, acc2, FP32_DOT)
             else:
-                acc = tl.dot(tl.load(a), r0, acc)
-                acc = tl.dot(tl.load(a + KC), r1, acc)
-                acc = tl.dot(tl.load(a + 2 * KC), r2, acc)
-                acc = tl.dot(tl.load(a + 3 * KC), r3, acc)
+                acc = _mm(tl.load(a + KC), r1, acc, FP32_DOT)
+                acc = _mm(tl.load(a + 2 * KC), r2, acc, FP32_DOT)
+                acc = _mm(tl.load(a + 3 * KC), r3, acc, FP32_DOT)
             tl.store(PART + (kb * B + rows)[:, None] * H + cols[None, :], acc)
             if BARRIER:
                 grid_arrive(SYNC)
@@ -161,6 +184,13 @@ def tiles(H: int, B: int, U: int, KB: int, BB: int) -> tuple[int, int, int]:
     return (H // U) * nk * (B // BB), nk, triton.next_power_of_2(-(-U // nk))
 
 
+def split(U: int, BB: int) -> int:
+    """Independent accumulators of phase A's product: 4 for [BB, U] tiles of up to 1024
+    elements, 2 up to 4096, else 1 (a [128, 128] fp32 accumulator is 64 registers a thread
+    on 8 warps already)."""
+    return 4 if BB * U <= 1024 else 2 if BB * U <= 4096 else 1
+
+
 def inputs(H: int, B: int, T: int, dtype: torch.dtype, device, seed: int = 0) -> dict:
     """Random probe inputs made on `device`: R, activated gates (in (0, 1), g in (-1, 1)),
     cell states and dy, in `dtype`."""
@@ -206,8 +236,9 @@ def launch(R, ACT, C, DY, *, U: int, KB: int, BB: int, num_warps: int = 8,
     dc = torch.zeros(B, H, dtype=torch.float32, device=DY.device)
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     sync = torch.zeros(1, 2, dtype=torch.int32, device=DY.device)
-    meta = dict(H=H, U=U, KC=KB // 4, BB=BB, NK=nk, US=us, FP32_DOT=DY.dtype == torch.float32,
-                num_warps=num_warps, **FP_FUSION)
+    meta = dict(H=H, U=U, KC=KB // 4, BB=BB, NK=nk, US=us, SPLIT=split(U, BB),
+                FP32_DOT=DY.dtype == torch.float32, num_warps=num_warps,
+                **FP_FUSION)
     if interp:
         for q in range(T):
             for a, b in ((1, 0), (0, 1)):
@@ -237,7 +268,8 @@ def check(H: int, B: int, T: int, U: int, KB: int, BB: int, dtype: torch.dtype, 
     return {"dph": rel(dph, ref_dph), "dc0": rel(dc, ref_dc)}
 
 
-def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype, warps: int = 8) -> dict:
+def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype,
+         num_warps: int = 8) -> dict:
     """The sm_90 compile of the probe's GPU launch on the h100 preset (no GPU needed:
     `tritonrnn.bench.aot`): shared memory, registers, spills, the step loop's counts."""
     import dataclasses
@@ -256,8 +288,10 @@ def _aot(H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype, warps: in
     call = Launch(__name__, "_split_k_bwd_kernel", kernel.fn, (programs,),
                   (x["R"], x["ACT"], x["C"], x["DY"], dph, part, dc, sync, T, B, 0, T, 1, 1,
                    DEFAULT_MAX_SPIN),
-                  dict(H=H, U=U, KC=KB // 4, BB=BB, NK=nk, US=us, FP32_DOT=dtype == torch.float32,
-                       BARRIER=1, num_warps=warps, **FP_FUSION, **cooperative_launch_options()),
+                  dict(H=H, U=U, KC=KB // 4, BB=BB, NK=nk, US=us, SPLIT=split(U, BB),
+                       FP32_DOT=dtype == torch.float32,
+                       BARRIER=1, num_warps=num_warps, **FP_FUSION,
+                       **cooperative_launch_options()),
                   _names(kernel, kernel.fn, "do_not_specialize"))
     rep = report_kernel("backward", call, GpuContext(dtype, True), PRESETS["h100"])
     return dataclasses.asdict(rep)
@@ -279,10 +313,11 @@ def _time(fn, reps: int) -> float:
 
 
 # (H, B, U, KB, BB) timed by default: the B = 256 shapes whose streamed backward lost to
-# cuDNN, and B = 64 (resident 16 x 32 tiles, 2x cuDNN's CUDA graph not reached) with
-# 64-unit blocks, 128 / 72 programs each.
+# cuDNN, B = 64 (resident 16 x 32 tiles) with 64-unit blocks, 128 / 72 programs, and LSTM
+# H=1024 B=16 (16 x 16 tiles, 1.85x cuDNN's CUDA graph on an H200) on 64 programs with a
+# 128 KiB R block, as the grid's: 2x the graph is not reached at any of them.
 CONFIGS = ((1024, 256, 128, 512, 128), (768, 256, 128, 512, 128),
-           (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64))
+           (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64), (1024, 16, 64, 1024, 16))
 
 
 def _config(text: str) -> tuple[int, int, int, int, int]:
@@ -305,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "program (repeatable; default: CONFIGS)")
     ap.add_argument("--time", type=int, default=1024)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    ap.add_argument("--warps", type=int, default=8, choices=(4, 8))
+    ap.add_argument("--warps", type=int, default=8, choices=(4, 8),
+                    help="warps per program (the sm_90 compiles of the default configs: "
+                         "fewer step-loop instructions on 8, and no spills)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--aot", action="store_true", help="report the sm_90 compiles instead")
     ap.add_argument("--json", help="write the results there (rewritten after each config)")
@@ -313,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _timed(H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: torch.dtype,
-           warps: int, reps: int) -> dict:
+           num_warps: int, reps: int) -> dict:
     """One config on the GPU: its error against float64 (T = 64), the whole recurrence's
     time, the bare barriers' (2T, the same programs) and the GEMMs a layer backward runs
     outside the recurrence (input size H: dx = dpre @ W, dW = dpre^T @ x, dR = dpre^T @ h)."""
@@ -325,10 +362,12 @@ def _timed(H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: torch.dtype,
     x = inputs(H, B, T, dtype, dev)
 
     def run():
-        return launch(x["R"], x["ACT"], x["C"], x["DY"], U=U, KB=KB, BB=BB, num_warps=warps)
+        return launch(x["R"], x["ACT"], x["C"], x["DY"], U=U, KB=KB, BB=BB,
+                      num_warps=num_warps)
 
     ms = _time(run, reps)
-    bare = _time(lambda: run_bare_barriers(2 * T, programs, dev, num_warps=warps), reps)
+    bare = _time(lambda: run_bare_barriers(2 * T, programs, dev,
+                                           num_warps=num_warps), reps)
     check_barriers()
     dpre = run()[0].reshape(T * B, G * H)
     w, acts = x["R"], x["C"][1:].reshape(T * B, H)
