@@ -18,13 +18,16 @@ _spec.loader.exec_module(PROBE)
 
 # (H, B, T, U, KB, BB): every unit block's K blocks each with a cell slice (NK * US = U), and
 # unit blocks with more K blocks than slices (NK = 3, US = 8: one program per block only
-# meets the barriers), two batch tiles each.
-SHAPES = [(32, 32, 5, 16, 64, 16), (48, 32, 4, 16, 64, 16)]
+# meets the barriers), two batch tiles each, on phase A's four accumulators; then two and
+# one (`split`: [BB, U] tiles of 2048 and 8192 elements).
+SHAPES = [(32, 32, 5, 16, 64, 16), (48, 32, 4, 16, 64, 16), (64, 32, 3, 64, 64, 32),
+          (128, 64, 2, 128, 128, 64)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "H{}-B{}-T{}-U{}-KB{}-BB{}".format(*s))
 def test_probe_matches_the_float64_recurrence(shape):
     H, B, T, U, KB, BB = shape
+    assert PROBE.split(U, BB) == {16: 4, 32: 4, 64: 2, 128: 1}[U]
     x = PROBE.inputs(H, B, T, torch.float32, "cpu", seed=3)
     dph, dc = PROBE.launch(x["R"], x["ACT"], x["C"], x["DY"], U=U, KB=KB, BB=BB)
     ref_dph, ref_dc = PROBE.reference(x["R"], x["ACT"], x["C"], x["DY"])
