@@ -1,9 +1,11 @@
-"""scripts/split_k_probe.py, the split-K backward step a GPU session times (not a library
-path): its kernel against the float64 recurrence in the interpreter (one launch per step and
-phase, as on a GPU in one launch), its tiling rules and their errors."""
+"""scripts/split_k_probe.py, the timing harness of the split-K backward (kernels/split_k.py,
+whose own tests are tests/test_split_k.py): its correctness check runs end to end in the
+interpreter (inputs -> kernel -> reference engine), its configs parse and are checked, and its
+sm_90 report path records the kernel's persistent launch."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from pathlib import Path
 
@@ -16,70 +18,54 @@ _spec = importlib.util.spec_from_file_location("split_k_probe",
 PROBE = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(PROBE)
 
-# (H, B, T, U, KB, BB): every unit block's K blocks each with a cell slice (NK * US = U), and
-# unit blocks with more K blocks than slices (NK = 3, US = 8: one program per block only
-# meets the barriers), two batch tiles each, on phase A's four accumulators; then two and
-# one (`split`: [BB, U] tiles of 2048 and 8192 elements).
-SHAPES = [(32, 32, 5, 16, 64, 16), (48, 32, 4, 16, 64, 16), (64, 32, 3, 64, 64, 32),
-          (128, 64, 2, 128, 128, 64)]
+
+@pytest.mark.parametrize(("cell", "H", "U", "KB"), [("lstm", 32, 16, 64), ("gru", 64, 32, 64),
+                                                    ("rnn_tanh", 64, 64, 64)])
+def test_probe_check_runs_the_kernel_against_the_reference(cell, H, U, KB):
+    err = PROBE.check(cell, H, 20, 4, U, KB, 16, torch.float32, "cpu")
+    want = {"dpre_x", "dh0"} | ({"dc0"} if cell == "lstm" else set()) | (
+        {"dpre_h"} if cell == "gru" else set())
+    assert set(err) == want
+    assert max(err.values()) < 1e-5, err
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "H{}-B{}-T{}-U{}-KB{}-BB{}".format(*s))
-def test_probe_matches_the_float64_recurrence(shape):
-    H, B, T, U, KB, BB = shape
-    assert PROBE.split(U, BB) == {16: 4, 32: 4, 64: 2, 128: 1}[U]
-    x = PROBE.inputs(H, B, T, torch.float32, "cpu", seed=3)
-    dph, dc = PROBE.launch(x["R"], x["ACT"], x["C"], x["DY"], U=U, KB=KB, BB=BB)
-    ref_dph, ref_dc = PROBE.reference(x["R"], x["ACT"], x["C"], x["DY"])
-    assert dph.shape == ref_dph.shape and dc.shape == ref_dc.shape
-    torch.testing.assert_close(dph.double(), ref_dph, rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(dc.double(), ref_dc, rtol=2e-5, atol=2e-5)
-    assert ref_dph.abs().max() > 0.1  # the comparison sees real values
+def test_probe_inputs_are_a_full_length_batch():
+    x = PROBE.inputs("lstm", 16, 3, 5, torch.float32, "cpu")
+    assert x["info"].lengths == (5, 5, 5) and x["info"].N == 15
+    assert x["pre_x"].shape == (15, 64) and x["dc0"].shape == (3, 16)
+    assert PROBE.inputs("rnn_relu", 16, 3, 5, torch.float32, "cpu")["pre_x"] is None
 
 
-def test_probe_reference_is_the_lstm_backward():
-    """The probe's recurrence is an LSTM's backward: autograd through the forward that made
-    its gates and cell states, with loss sum_t <h_t, dy_t>, gives the same gate
-    pre-activation gradients (dph), dc0, and dh0 = dph[0] @ R."""
-    torch.manual_seed(0)
-    H, B, T = 8, 3, 4
-    R = torch.randn(4 * H, H, dtype=torch.float64) / H ** 0.5
-    xs = torch.randn(T, B, 4 * H, dtype=torch.float64)
-    dy = torch.randn(T, B, H, dtype=torch.float64)
-    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
-    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
-    h, c, pres, acts, cs, loss = h0, c0, [], [], [c0.detach()], 0.0
-    for t in range(T):
-        pre = xs[t] + h @ R.t()
-        pre.retain_grad()
-        pres.append(pre)
-        i, f, g, o = pre.split(H, dim=1)
-        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-        acts.append(torch.cat([i, f, g, o], 1).detach())
-        c = f * c + i * g
-        h = o * c.tanh()
-        cs.append(c.detach())
-        loss = loss + (h * dy[t]).sum()
-    loss.backward()
-    dph, dc = PROBE.reference(R, torch.stack(acts), torch.stack(cs), dy)
-    torch.testing.assert_close(dph, torch.stack([p.grad for p in pres]))
-    torch.testing.assert_close(dc, c0.grad)
-    torch.testing.assert_close(dph[0] @ R, h0.grad)
+def test_probe_configs_parse_and_are_checked():
+    ap = PROBE.build_parser()
+    args = ap.parse_args(["--config", "1024,64,64,512,64", "--cell", "gru"])
+    assert args.config == [(1024, 64, 64, 512, 64)] and args.cell == "gru"
+    assert ap.parse_args([]).config is None  # the defaults: CONFIGS
+    for bad in ("1024,64,64", "1024,64,96,512,64"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            PROBE._config(bad)
+    for H, B, U, KB, BB in PROBE.CONFIGS:
+        programs = PROBE.tiles("lstm", H, B, U, KB, BB)[0]
+        assert programs <= 132  # co-resident on an H100
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((1024, 256, 96, 512, 128), "powers of two"),
-    ((1024, 256, 128, 32, 128), "64 <= KB"),
-    ((1000, 256, 128, 512, 128), "U | H"),
-    ((1024, 200, 128, 512, 128), "BB | B"),
-])
-def test_probe_tiles_refuse_what_does_not_divide(args, message):
-    with pytest.raises(ValueError, match=message):
-        PROBE.tiles(*args)
+def test_probe_aot_records_the_persistent_launch(monkeypatch):
+    """`--aot` compiles the launch split_k_backward makes on a GPU: the recorded interpreter
+    launch with the barrier on, every step and both phases (the compile itself is stubbed)."""
+    seen = {}
 
+    def fake_report(phase, call, ctx, props):
+        seen.update(call=call, ctx=ctx)
+        from tritonrnn.bench.aot import KernelReport
 
-def test_probe_tiles_of_the_timed_shapes():
-    """H=1024 and H=768 at B=256 (gpu_session.sh splitk): co-resident on an H100's 132 SMs;
-    at H=768 each unit block has 6 K blocks and 4 cell slices of 32 units."""
-    assert PROBE.tiles(1024, 256, 128, 512, 128) == (128, 8, 16)
-    assert PROBE.tiles(768, 256, 128, 512, 128) == (72, 6, 32)
+        return KernelReport(phase, call.name, list(call.grid), call.grid[0], 8, 0)
+
+    import tritonrnn.bench.aot as aot
+
+    monkeypatch.setattr(aot, "report_kernel", fake_report)
+    rep = PROBE._aot("lstm", 32, 20, 16, 64, 16, torch.bfloat16)
+    call = seen["call"]
+    assert call.name == "_split_k_bwd_kernel" and call.kwargs["BARRIER"] == 1
+    q_begin, q_end, do_a, do_b = call.args[-5:-1]
+    assert (q_begin, q_end, do_a, do_b) == (0, 9, 1, 1)  # T = 8 steps and the dh0 step
+    assert seen["ctx"].persistent and rep["programs"] == call.grid[0]

@@ -1,0 +1,324 @@
+"""Split-K backward recurrence (an experiment: the planner does not choose it yet).
+
+The persistent grid's backward gives each program a hidden slice of R^T that spans every gate,
+so each program reads the whole of its batch tile's dph from L2 every step (and at B >= 256,
+where the weights stream, its R^T slice too). Here the reduction over the G*H gate rows is
+split across programs as well:
+
+    program (unit block ub of U units, K block kb of KB gate rows, batch tile bt of BB rows)
+    phase A: partial[kb][bt, ub] = dph_{s+1}[bt, kb] @ R[kb, ub]   (R block resident, fp32)
+             grid barrier (phase B's own inputs load while the other programs arrive)
+    phase B: its cell slice (US units of ub, batch tile bt): dh = dy_s + the NK partials + the
+             carried direct term, the cell's backward, dpre_s stored
+             grid barrier
+
+so a program keeps a [KB, U] block of R on chip and reads only its K range of dph: at LSTM
+H=1024 B=256 (U = 128, KB = 512, BB = 128, 128 programs) about a third of the streamed grid's
+bytes per step, at B = 64 (U = 64) a quarter of the resident grid's; for two grid barriers a
+step instead of one (kernels/NOTES.md, "Large batches: a split-K backward").
+`scripts/split_k_probe.py` times it against the library's backward and cuDNN's.
+
+The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
+every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
+Under TRITON_INTERPRET=1 (or persistent=False) each phase of each step is its own launch and
+the carries go through global memory between launches: the same kernel code, no barrier.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..rnn.packing import PackInfo
+from ..rnn.reference import check_backward_preacts
+from . import cells
+from .compile_options import FP_FUSION
+from .grid_barrier import (
+    DEFAULT_MAX_SPIN,
+    check_flags,
+    cooperative_launch_options,
+    grid_arrive,
+    grid_wait,
+)
+from .persistent_grid import _step_rows
+
+
+@triton.jit
+def _mm(a, b, acc, FP32_DOT: tl.constexpr):
+    """acc + a @ b in fp32; fp32 operands in IEEE precision (no tf32)."""
+    if FP32_DOT:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _product(DPH, rows, act, kb, R, r0, r1, r2, r3, BB: tl.constexpr, U: tl.constexpr,
+             KC: tl.constexpr, G: tl.constexpr, H: tl.constexpr, SPLIT: tl.constexpr,
+             FP32_DOT: tl.constexpr):
+    """Phase A's [BB, U] partial: the rows' dph over this program's K block (rows not active:
+    zeros) times its resident R block, in SPLIT independent accumulators (shorter chains of
+    MMAs each waiting for the one before)."""
+    kk = tl.arange(0, KC)
+    a = DPH + rows[:, None] * (G * H) + kb * (4 * KC) + kk[None, :]
+    m = act[:, None]
+    zero = tl.zeros((BB, U), dtype=tl.float32)
+    acc = _mm(tl.load(a, mask=m, other=0.0), r0, zero, FP32_DOT)
+    if SPLIT == 4:
+        acc1 = _mm(tl.load(a + KC, mask=m, other=0.0), r1, zero, FP32_DOT)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, zero, FP32_DOT)
+        acc3 = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, zero, FP32_DOT)
+        acc = (acc + acc1) + (acc2 + acc3)
+    elif SPLIT == 2:
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, acc, FP32_DOT)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, zero, FP32_DOT)
+        acc = acc + _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, acc2, FP32_DOT)
+    else:
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, acc, FP32_DOT)
+        acc = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, acc, FP32_DOT)
+        acc = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, acc, FP32_DOT)
+    return acc
+
+
+@triton.jit
+def _gate(PTR, rows, su, m, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr):
+    """Gate k's [BB, US] slice of a [N, G*H] tensor's rows, in fp32 (zeros past G)."""
+    if k < G:
+        return tl.load(PTR + rows[:, None] * (G * H) + k * H + su[None, :], mask=m,
+                       other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(m.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _cell_inputs(PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, su, m, CELL: tl.constexpr,
+                 G: tl.constexpr, H: tl.constexpr):
+    """Phase B's inputs of the rows' cell slice, in fp32: dy, the pre-activations' input and
+    recurrent sides (LSTM, GRU; else dy in their place, unread), y, h_{t-1}, c_t and c_{t-1}
+    (LSTM; else y, unread)."""
+    at = rows[:, None] * H + su[None, :]
+    dy = tl.load(DY + at, mask=m, other=0.0).to(tl.float32)
+    if CELL <= 1:
+        x0 = _gate(PREX, rows, su, m, 0, G, H)
+        x1 = _gate(PREX, rows, su, m, 1, G, H)
+        x2 = _gate(PREX, rows, su, m, 2, G, H)
+        x3 = _gate(PREX, rows, su, m, 3, G, H)
+        h0 = _gate(PREH, rows, su, m, 0, G, H)
+        h1 = _gate(PREH, rows, su, m, 1, G, H)
+        h2 = _gate(PREH, rows, su, m, 2, G, H)
+        h3 = _gate(PREH, rows, su, m, 3, G, H)
+    else:
+        x0, x1, x2, x3, h0, h1, h2, h3 = dy, dy, dy, dy, dy, dy, dy, dy
+    y = tl.load(Y + at, mask=m, other=0.0).to(tl.float32)
+    hp = tl.load(HPREV + at, mask=m, other=0.0).to(tl.float32)
+    if CELL == 0:
+        c = tl.load(CSEQ + at, mask=m, other=0.0).to(tl.float32)
+        cp = tl.load(CPREV + at, mask=m, other=0.0).to(tl.float32)
+    else:
+        c, cp = y, y
+    return dy, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp
+
+
+@triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "do_a", "do_b", "max_spin"])
+def _split_k_bwd_kernel(
+    PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, DHT, DCT, OFFS, LENS,
+    DPX, DPH, DH0, DC0, PART, HC, DCC, SYNC,
+    B, S, q_begin, q_end, do_a, do_b, max_spin,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
+    KC: tl.constexpr, BB: tl.constexpr, NK: tl.constexpr, US: tl.constexpr,
+    SPLIT: tl.constexpr, REVERSE: tl.constexpr, FP32_DOT: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    """Backward iterations q in [q_begin, q_end) of q = 0..S: phase A of q multiplies the dph
+    of step s + 1 = S - q, phase B runs the cell of step s = S - 1 - q, and at q = S writes
+    dh0 / dc0. DPH is dpre_h for GRU, else dpre_x (what multiplies R). PART [NK, Bpad, H]
+    fp32: the partials; HC / DCC [Bpad, H] fp32: the carried direct term of dh (dhT until a
+    row's last step) and dc, read at the start of a launch and written at its end.
+    do_a / do_b: run phase A / B (both on a GPU; one per launch without a barrier)."""
+    NU: tl.constexpr = H // U
+    KB: tl.constexpr = 4 * KC
+    pid = tl.program_id(0)
+    ub = pid % NU
+    kb = (pid // NU) % NK
+    bt = pid // (NU * NK)
+    jb = bt * BB + tl.arange(0, BB)
+    b_ok = jb < B
+    jb64 = jb.to(tl.int64)
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    cols = ub * U + tl.arange(0, U)
+    kk = tl.arange(0, KC)
+    # The resident R block [KB, U] as four [KC, U] chunks.
+    r_at = R + (kb * KB + kk)[:, None] * H + cols[None, :]
+    r0 = tl.load(r_at)
+    r1 = tl.load(r_at + KC * H)
+    r2 = tl.load(r_at + 2 * KC * H)
+    r3 = tl.load(r_at + 3 * KC * H)
+    # This program's cell slice: US units of its unit block (none where kb * US >= U).
+    su = ub * U + kb * US + tl.arange(0, US)
+    own = b_ok[:, None] & (kb * US + tl.arange(0, US) < U)[None, :]
+    state = jb64[:, None] * H + su[None, :]
+    hc = tl.load(HC + state, mask=own, other=0.0)
+    dcc = tl.load(DCC + state, mask=own, other=0.0)
+    nprog = tl.num_programs(0)
+    bpad = nprog // (NU * NK) * BB  # PART's batch rows
+    failed = q_begin * 0
+    q = q_begin
+    while (q < q_end) & (failed == 0):
+        s = S - 1 - q
+        if do_a != 0:
+            act_n, rows_n = _step_rows(OFFS, lens, jb64, b_ok, s + 1, 0, REVERSE, 1)
+            acc = _product(DPH, rows_n, act_n, kb, R, r0, r1, r2, r3, BB, U, KC, G, H, SPLIT,
+                           FP32_DOT)
+            tl.store(PART + (kb * bpad + jb64)[:, None] * H + cols[None, :], acc)
+            if BARRIER:
+                grid_arrive(SYNC)
+        act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, 0, REVERSE, 1)
+        m = act[:, None] & own
+        # Phase B's own inputs, loaded while the other programs arrive.
+        dh, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp = _cell_inputs(
+            PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, su, m, CELL, G, H)
+        if BARRIER:  # (on a GPU every program runs both phases)
+            failed = grid_wait(SYNC, (2 * (q - q_begin) + 1) * nprog, max_spin)
+        run_b = (do_b != 0) & (failed == 0)
+        if NK * US > U:  # some programs of the unit block have no cell slice
+            run_b = run_b & (kb * US < U)
+        if run_b:
+            part = hc
+            for k in tl.static_range(NK):
+                part += tl.load(PART + (k * bpad + jb64)[:, None] * H + su[None, :])
+            if s >= 0:
+                dx0, dx1, dx2, dx3, dh2, direct, dcp, _m = cells.cell_backward(
+                    CELL, x0, x1, x2, x3, h0, h1, h2, h3, dh + part, y, hp, c, cp, dcc)
+                ty = DPX.dtype.element_ty
+                g_at = rows[:, None] * (G * H) + su[None, :]
+                tl.store(DPX + g_at, dx0.to(ty), mask=m)
+                if G > 1:
+                    tl.store(DPX + g_at + H, dx1.to(ty), mask=m)
+                    tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=m)
+                if G > 3:
+                    tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=m)
+                if CELL == 1:  # GRU: the h side's gradients, n gate times r
+                    tl.store(DPH + g_at, dx0.to(ty), mask=m)
+                    tl.store(DPH + g_at + H, dx1.to(ty), mask=m)
+                    tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=m)
+                hc = tl.where(m, direct, hc)
+                dcc = tl.where(m, dcp, dcc)
+            else:  # q = S: the carries into step -1 are dh0, dc0
+                tl.store(DH0 + state, part.to(DH0.dtype.element_ty), mask=own)
+                if CELL == 0:
+                    tl.store(DC0 + state, dcc.to(DC0.dtype.element_ty), mask=own)
+        if BARRIER:  # (a program that failed phase A's wait sees the error flag here)
+            grid_arrive(SYNC)
+            failed = failed | grid_wait(SYNC, (2 * (q - q_begin) + 2) * nprog, max_spin)
+        q += 1
+    tl.store(HC + state, hc, mask=own)
+    tl.store(DCC + state, dcc, mask=own)
+
+
+def split(U: int, BB: int) -> int:
+    """Independent accumulators of phase A's product: 4 for [BB, U] tiles of up to 1024
+    elements, 2 up to 4096, else 1 (a [128, 128] fp32 accumulator is 64 registers a thread on
+    8 warps already)."""
+    return 4 if BB * U <= 1024 else 2 if BB * U <= 4096 else 1
+
+
+def tiles(cell: str, H: int, B: int, U: int, KB: int, BB: int) -> tuple[int, int, int]:
+    """(programs, NK K blocks, US cell units per program); ValueError naming what does not
+    divide or is not a power of two."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (U, KB, BB))
+    if not pow2 or H % U or (G * H) % KB or KB < 64 or BB < 16:
+        raise ValueError(f"split_k: expected powers of two units | H, 64 <= kblock | G*H and "
+                         f"btile >= 16, got cell {cell!r}, H={H}, units={U}, kblock={KB}, "
+                         f"btile={BB}")
+    nk = G * H // KB
+    return (H // U) * nk * triton.cdiv(max(B, 1), BB), nk, triton.next_power_of_2(-(-U // nk))
+
+
+def split_k_backward(
+    cell: str,
+    pre_x: torch.Tensor | None,
+    pre_h: torch.Tensor | None,
+    R: torch.Tensor,
+    y: torch.Tensor,
+    h_prev: torch.Tensor,
+    c_seq: torch.Tensor | None,
+    c_prev: torch.Tensor | None,
+    dy: torch.Tensor,
+    dhT: torch.Tensor,
+    dcT: torch.Tensor | None,
+    info: PackInfo,
+    reverse: bool,
+    dpre_x: torch.Tensor,
+    dpre_h: torch.Tensor | None,
+    dh0: torch.Tensor,
+    dc0: torch.Tensor | None,
+    *,
+    units: int,
+    kblock: int,
+    btile: int,
+    num_warps: int = 8,
+    persistent: bool = True,
+    _max_spin: int = DEFAULT_MAX_SPIN,
+) -> None:
+    """Backward recurrence of one layer/direction without a projection, the contract of
+    `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU), dh0
+    [B, H], dc0 [B, H] (LSTM) in place). units / kblock / btile: U, KB, BB of the module
+    docstring (`tiles`). persistent (a GPU): one launch, every program co-resident; else
+    (and in the interpreter) two launches per step. No atomics on results."""
+    cid = cells.CELL_IDS.get(cell)
+    if cid is None:
+        raise ValueError(f"cell: expected one of {list(cells.CELL_IDS)}, got {cell!r}")
+    G = cells.NUM_GATES[cid]
+    GH, H = R.shape
+    if GH != G * H:
+        raise ValueError(f"R: expected shape [{G} * H, H] for cell {cell!r}, got {list(R.shape)}")
+    B, N, S = info.B, info.N, info.max_len
+    check_backward_preacts(cell, pre_x, pre_h, (N, GH))
+    expect = {"y": (y, (N, H)), "h_prev": (h_prev, (N, H)), "dy": (dy, (N, H)),
+              "dhT": (dhT, (B, H)), "dh0": (dh0, (B, H)), "dpre_x": (dpre_x, (N, GH))}
+    if cid == cells.CELL_LSTM:
+        expect.update(c_seq=(c_seq, (N, H)), c_prev=(c_prev, (N, H)), dcT=(dcT, (B, H)),
+                      dc0=(dc0, (B, H)))
+    if cid == cells.CELL_GRU:
+        expect["dpre_h"] = (dpre_h, (N, GH))
+    for name, (x, shape) in expect.items():
+        if x is None or tuple(x.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)}, got "
+                             f"{None if x is None else list(x.shape)}")
+    programs, nk, us = tiles(cell, H, B, units, kblock, btile)
+    dev = dy.device
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if persistent and not interp:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        if programs > sms:
+            raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "
+                             f"SMs (units={units}, kblock={kblock}, btile={btile})")
+    bpad = triton.cdiv(max(B, 1), btile) * btile
+    part = torch.empty(nk, bpad, H, dtype=torch.float32, device=dev)
+    hc = torch.zeros(bpad, H, dtype=torch.float32, device=dev)
+    hc[:B] = dhT
+    dcc = torch.zeros(bpad, H, dtype=torch.float32, device=dev)
+    if dcT is not None:
+        dcc[:B] = dcT
+    sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)
+    dph = dpre_h if cid == cells.CELL_GRU else dpre_x
+    args = (pre_x if pre_x is not None else dy, pre_h if pre_h is not None else dy, R, y,
+            h_prev, c_seq if c_seq is not None else y, c_prev if c_prev is not None else y, dy,
+            dhT, dcT if dcT is not None else dhT, info.offsets, info.lengths_sorted, dpre_x,
+            dph, dh0, dc0 if dc0 is not None else dh0, part, hc, dcc, sync, B, S)
+    meta = dict(CELL=cid, G=G, H=H, U=units, KC=kblock // 4, BB=btile, NK=nk, US=us,
+                SPLIT=split(units, btile), REVERSE=reverse,
+                FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
+    grid = (programs,)
+    if persistent and not interp:
+        _split_k_bwd_kernel[grid](*args, 0, S + 1, 1, 1, _max_spin, BARRIER=1, **meta,
+                                  **cooperative_launch_options())
+        check_flags(sync, "split_k_backward")
+    else:
+        for q in range(S + 1):
+            for a, b in ((1, 0), (0, 1)):
+                _split_k_bwd_kernel[grid](*args, q, q + 1, a, b, _max_spin, BARRIER=0, **meta)

@@ -1,0 +1,187 @@
+"""kernels/split_k.py, the split-K backward recurrence (an experiment the planner does not
+choose): against `rnn.reference.recurrence_backward` in the interpreter (two launches per
+step, the carries through global memory) for every cell, variable lengths with zeros,
+unsorted, both time directions, batch tiles that do not divide the batch; its tiling rules and
+argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonrnn.kernels import cells
+from tritonrnn.kernels.split_k import split, split_k_backward, tiles
+from tritonrnn.rnn.packing import make_pack_info
+from tritonrnn.rnn.reference import recurrence_backward
+
+# (cell, H, lengths, units, kblock, btile): LSTM / GRU / tanh / relu, K blocks that give every
+# program of a unit block a cell slice and ones that do not (GRU: 3 blocks, 8-unit slices:
+# one program a block only meets the barriers), two batch tiles (the second partial; 32- and
+# 64-row tiles over 3 rows too), four accumulators (`split`: [16, 16] and [32, 16] tiles),
+# two (relu: [32, 64]) and one ([64, 128]).
+CASES = [
+    ("lstm", 32, [5, 0, 3, 5, 1, 4, 2, 5, 0, 3, 3, 1, 5, 2, 4, 5, 3, 2], 16, 64, 16),
+    ("gru", 64, [4, 1, 0, 4, 2, 3], 16, 64, 16),
+    ("rnn_tanh", 64, [3, 3, 1, 0, 2], 16, 64, 16),
+    ("rnn_relu", 64, [2, 4, 4, 1], 64, 64, 32),
+    ("lstm", 16, [3, 0, 2], 16, 64, 32),
+    ("lstm", 128, [2, 1, 2], 128, 128, 64),
+]
+
+
+def _inputs(cell: str, H: int, lengths: list[int], seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    info = make_pack_info(lengths, max(lengths), torch.device("cpu"))
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    N, B = info.N, info.B
+
+    def rnd(*shape, scale=1.0):
+        return (torch.rand(*shape, generator=gen) * 2 - 1) * scale
+
+    gated = cell in ("lstm", "gru")
+    lstm = cell == "lstm"
+    return dict(
+        cell=cell, info=info,
+        pre_x=rnd(N, G * H, scale=2.0) if gated else None,
+        pre_h=rnd(N, G * H, scale=2.0) if gated else None,
+        R=rnd(G * H, H, scale=H ** -0.5), y=rnd(N, H), h_prev=rnd(N, H),
+        c_seq=rnd(N, H, scale=2.0) if lstm else None,
+        c_prev=rnd(N, H, scale=2.0) if lstm else None,
+        dy=rnd(N, H), dhT=rnd(B, H), dcT=rnd(B, H) if lstm else None,
+    )
+
+
+def _outputs(cell: str, H: int, info) -> dict:
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    nan = float("nan")  # poisoned: a row the kernel should write and does not fails
+    return dict(dpre_x=torch.full((info.N, G * H), nan),
+                dpre_h=torch.full((info.N, G * H), nan) if cell == "gru" else None,
+                dh0=torch.full((info.B, H), nan),
+                dc0=torch.full((info.B, H), nan) if cell == "lstm" else None)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd-time", "reversed"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-H{c[1]}-B{len(c[2])}-U{c[3]}"
+                                                     f"-KB{c[4]}-BB{c[5]}")
+def test_split_k_backward_matches_the_reference(case, reverse):
+    cell, H, lengths, U, KB, BB = case
+    x = _inputs(cell, H, lengths, seed=len(lengths) + H)
+    want, got = _outputs(cell, H, x["info"]), _outputs(cell, H, x["info"])
+    recurrence_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
+                        x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"],
+                        reverse, want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"],
+                        None, None)
+    split_k_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], x["y"], x["h_prev"],
+                     x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], reverse,
+                     got["dpre_x"], got["dpre_h"], got["dh0"], got["dc0"], units=U, kblock=KB,
+                     btile=BB)
+    for name, w in want.items():
+        if w is None:
+            assert got[name] is None
+            continue
+        assert not w.isnan().any(), name  # the reference wrote every element
+        torch.testing.assert_close(got[name], w, rtol=2e-5, atol=2e-5, msg=name)
+    assert want["dh0"].abs().max() > 0.1
+
+
+def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm():
+    """A second oracle: the gradients of an LSTM unrolled in torch in float64 (lengths 4, 2,
+    3: each sequence's state frozen past its end) at every step's pre-activations and at h0 /
+    c0, against the kernel on the same values in float32."""
+    torch.manual_seed(1)
+    H, T, B = 16, 4, 3
+    lengths = [4, 2, 3]
+    info = make_pack_info(lengths, T, torch.device("cpu"))
+    R = (torch.randn(4 * H, H, dtype=torch.float64) / H ** 0.5)
+    xs = torch.randn(T, B, 4 * H, dtype=torch.float64)
+    h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(T, B, H, dtype=torch.float64)
+    # Sorted by length (the packed layout's order): rows 0, 2, 1 of the batch.
+    order = info.perm.tolist()
+    h, c, pres = h0, c0, {}
+    loss = 0.0
+    keep = {"y": {}, "hp": {}, "cs": {}, "cp": {}}
+    for t in range(T):
+        pre = xs[t] + h @ R.t()
+        pre.retain_grad()
+        i, f, g, o = pre.split(H, dim=1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c_new = f * c + i * g
+        h_new = o * c_new.tanh()
+        active = torch.tensor([t < n for n in lengths]).unsqueeze(1)
+        for b in range(B):
+            if t < lengths[b]:
+                pres[(t, b)] = pre
+                keep["y"][(t, b)] = h_new[b].detach()
+                keep["hp"][(t, b)] = h[b].detach()
+                keep["cs"][(t, b)] = c_new[b].detach()
+                keep["cp"][(t, b)] = c[b].detach()
+        loss = loss + (torch.where(active, h_new, 0.0) * dy[t]).sum()
+        h = torch.where(active, h_new, h)
+        c = torch.where(active, c_new, c)
+    loss.backward()
+    # The packed rows: step t, sorted row j -> original batch order[j].
+    N = info.N
+    px = torch.zeros(N, 4 * H, dtype=torch.float64)
+    ph = torch.zeros(N, 4 * H, dtype=torch.float64)
+    packed = {k: torch.zeros(N, H, dtype=torch.float64) for k in ("y", "hp", "cs", "cp", "dy")}
+    grads = torch.zeros(N, 4 * H, dtype=torch.float64)
+    for t in range(T):
+        for j in range(info.batch_sizes[t]):
+            r, b = int(info.offsets[t]) + j, order[j]
+            pre = pres[(t, b)]
+            px[r] = xs[t, b]
+            ph[r] = pre[b].detach() - xs[t, b]
+            grads[r] = pre.grad[b]
+            for k, src in (("y", "y"), ("hp", "hp"), ("cs", "cs"), ("cp", "cp")):
+                packed[k][r] = keep[src][(t, b)]
+            packed["dy"][r] = dy[t, b]
+    out = dict(dpre_x=torch.empty(N, 4 * H), dh0=torch.empty(B, H), dc0=torch.empty(B, H))
+    zeros = torch.zeros(B, H)
+    f32 = {k: v.float() for k, v in packed.items()}
+    split_k_backward("lstm", px.float(), ph.float(), R.float(), f32["y"], f32["hp"], f32["cs"],
+                     f32["cp"], f32["dy"], zeros, zeros, info, False, out["dpre_x"], None,
+                     out["dh0"], out["dc0"], units=16, kblock=64, btile=16)
+    tol = dict(rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(out["dpre_x"].double(), grads, **tol)
+    torch.testing.assert_close(out["dh0"].double(), h0.grad[info.perm], **tol)
+    torch.testing.assert_close(out["dc0"].double(), c0.grad[info.perm], **tol)
+
+
+def test_split_k_tiles_and_accumulators():
+    """The timed configurations (scripts/split_k_probe.py): co-resident on an H100's 132 SMs;
+    at H=768 each unit block has 6 K blocks and 4 cell slices of 32 units; GRU's 3H rows."""
+    assert tiles("lstm", 1024, 256, 128, 512, 128) == (128, 8, 16)
+    assert tiles("lstm", 768, 256, 128, 512, 128) == (72, 6, 32)
+    assert tiles("lstm", 1024, 64, 64, 512, 64) == (128, 8, 8)
+    assert tiles("lstm", 1024, 16, 64, 1024, 16) == (64, 4, 16)
+    assert tiles("gru", 1024, 64, 64, 512, 64) == (96, 6, 16)
+    assert tiles("lstm", 1024, 200, 128, 512, 128) == (128, 8, 16)  # a partial batch tile
+    assert [split(U, BB) for U, BB in ((64, 16), (64, 64), (128, 128))] == [4, 2, 1]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("lstm", 1024, 256, 96, 512, 128), "powers of two"),
+    (("lstm", 1024, 256, 128, 32, 128), "64 <= kblock"),
+    (("lstm", 1000, 256, 128, 512, 128), "units | H"),
+    (("lstm", 1024, 256, 128, 512, 8), "btile >= 16"),
+    (("gru", 1024, 256, 128, 2048, 128), "kblock | G\\*H"),
+])
+def test_split_k_tiles_refuse_what_does_not_divide(args, message):
+    with pytest.raises(ValueError, match=message):
+        tiles(*args)
+
+
+def test_split_k_backward_names_a_wrong_argument():
+    x = _inputs("lstm", 16, [2, 1], seed=0)
+    out = _outputs("lstm", 16, x["info"])
+    with pytest.raises(ValueError, match=r"c_seq: expected shape \[3, 16\], got None"):
+        split_k_backward("lstm", x["pre_x"], x["pre_h"], x["R"], x["y"], x["h_prev"], None,
+                         x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
+                         out["dpre_x"], None, out["dh0"], out["dc0"], units=16, kblock=64,
+                         btile=16)
+    with pytest.raises(ValueError, match="cell: expected one of"):
+        split_k_backward("lstmx", None, None, x["R"], x["y"], x["h_prev"], None, None, x["dy"],
+                         x["dhT"], None, x["info"], False, out["dpre_x"], None, out["dh0"],
+                         None, units=16, kblock=64, btile=16)
