@@ -124,7 +124,7 @@ def _cell_inputs(PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, su, m, CELL: tl.co
 
 @triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "do_a", "do_b", "max_spin"])
 def _split_k_bwd_kernel(
-    PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, DHT, DCT, OFFS, LENS,
+    PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, OFFS, LENS,
     DPX, DPH, DH0, DC0, PART, HC, DCC, SYNC,
     B, S, q_begin, q_end, do_a, do_b, max_spin,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
@@ -305,11 +305,20 @@ def split_k_backward(
     if dcT is not None:
         dcc[:B] = dcT
     sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)
-    dph = dpre_h if cid == cells.CELL_GRU else dpre_x
+    # The kernel reads and writes rows of stride H / G*H: strided inputs are copied, strided
+    # outputs written through contiguous stand-ins and copied back.
+    pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy = (
+        t.contiguous() if t is not None else None
+        for t in (pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy))
+    outs = [o for o in (dpre_x, dpre_h, dh0, dc0) if o is not None and not o.is_contiguous()]
+    stand_in = {id(o): torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs}
+    dpx, dph_, dh0_, dc0_ = (stand_in.get(id(o), o) if o is not None else None
+                             for o in (dpre_x, dpre_h, dh0, dc0))
+    dph = dph_ if cid == cells.CELL_GRU else dpx
     args = (pre_x if pre_x is not None else dy, pre_h if pre_h is not None else dy, R, y,
             h_prev, c_seq if c_seq is not None else y, c_prev if c_prev is not None else y, dy,
-            dhT, dcT if dcT is not None else dhT, info.offsets, info.lengths_sorted, dpre_x,
-            dph, dh0, dc0 if dc0 is not None else dh0, part, hc, dcc, sync, B, S)
+            info.offsets, info.lengths_sorted, dpx,
+            dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc, sync, B, S)
     meta = dict(CELL=cid, G=G, H=H, U=units, KC=kblock // 4, BB=btile, NK=nk, US=us,
                 SPLIT=split(units, btile), REVERSE=reverse,
                 FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
@@ -322,3 +331,5 @@ def split_k_backward(
         for q in range(S + 1):
             for a, b in ((1, 0), (0, 1)):
                 _split_k_bwd_kernel[grid](*args, q, q + 1, a, b, _max_spin, BARRIER=0, **meta)
+    for o in outs:
+        o.copy_(stand_in[id(o)])

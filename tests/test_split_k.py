@@ -84,6 +84,33 @@ def test_split_k_backward_matches_the_reference(case, reverse):
     assert want["dh0"].abs().max() > 0.1
 
 
+def test_split_k_backward_takes_strided_tensors_and_empty_batches():
+    """A column view for dy and a strided dh0 (the layer's time-major views), and a batch
+    whose sequences are all empty (dh0 = dhT, dc0 = dcT)."""
+    x = _inputs("lstm", 16, [3, 1, 2], seed=4)
+    want, got = _outputs("lstm", 16, x["info"]), _outputs("lstm", 16, x["info"])
+    wide = torch.zeros(x["dy"].shape[0], 40)
+    wide[:, 8:24] = x["dy"]
+    dy = wide[:, 8:24]
+    got["dh0"] = torch.full((3, 32), float("nan"))[:, ::2]
+    args = [x[k] for k in ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq", "c_prev")]
+    recurrence_backward("lstm", *args[:3], None, *args[3:], x["dy"], x["dhT"], x["dcT"],
+                        x["info"], True, want["dpre_x"], None, want["dh0"], want["dc0"], None,
+                        None)
+    split_k_backward("lstm", *args, dy, x["dhT"], x["dcT"], x["info"], True, got["dpre_x"],
+                     None, got["dh0"], got["dc0"], units=16, kblock=64, btile=16)
+    for k in ("dpre_x", "dh0", "dc0"):
+        torch.testing.assert_close(got[k], want[k], rtol=2e-5, atol=2e-5, msg=k)
+    empty = _inputs("lstm", 16, [0, 0], seed=5)
+    out = _outputs("lstm", 16, empty["info"])
+    split_k_backward("lstm", *(empty[k] for k in ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq",
+                                                   "c_prev", "dy", "dhT", "dcT", "info")),
+                     False, out["dpre_x"], None, out["dh0"], out["dc0"], units=16, kblock=64,
+                     btile=16)
+    torch.testing.assert_close(out["dh0"], empty["dhT"], rtol=0, atol=0)
+    torch.testing.assert_close(out["dc0"], empty["dcT"], rtol=0, atol=0)
+
+
 def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm():
     """A second oracle: the gradients of an LSTM unrolled in torch in float64 (lengths 4, 2,
     3: each sequence's state frozen past its end) at every step's pre-activations and at h0 /
