@@ -43,7 +43,12 @@ from .grid_barrier import (
     grid_arrive,
     grid_wait,
 )
-from .persistent_grid import _step_rows
+from .persistent_grid import _env_on_off, _step_rows
+
+# TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the Triton
+# backend runs a persistent-grid or stepwise plan's backward without a projection here where
+# `split_k_tiles` finds co-resident tiles (`rnn.triton_backend`). Off by default: untimed.
+_BWD_SPLIT_K = _env_on_off("TRITONRNN_BWD_SPLIT_K")
 
 
 @triton.jit
@@ -236,6 +241,54 @@ def tiles(cell: str, H: int, B: int, U: int, KB: int, BB: int) -> tuple[int, int
                          f"btile={BB}")
     nk = G * H // KB
     return (H // U) * nk * triton.cdiv(max(B, 1), BB), nk, triton.next_power_of_2(-(-U // nk))
+
+
+# The R block a program keeps (bytes), and the largest batch tile.
+_R_BLOCK = 128 * 1024
+_MAX_BTILE = 128
+
+
+def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype, sm_count: int,
+                  smem: int) -> tuple[int, int, int] | None:
+    """(units, kblock, btile) of the split-K backward for a layer, or None where no tiling
+    is co-resident on `sm_count` SMs within `smem` bytes per program: the batch tile the
+    batch's power of two up to _MAX_BTILE, then of the unit blocks and K blocks whose R
+    block stays within _R_BLOCK (and, with the staged dph chunks and the partials, within
+    smem) and whose programs fit the SMs, the one that moves the fewest bytes per program
+    and step: its K range of dph (KB * BB), its fp32 partial written and the partials of
+    its cell slice read (2 * 4 * U * BB), its dpre written (G * US * BB); ties to the larger
+    K block (fewer partials). LSTM bf16 on 132 SMs: H=1024 B=256 128 x 512 x 128 (128
+    programs), B=64 64 x 512 x 64, B=16 64 x 512 x 16; H=768 B=256 128 x 512 x 128 (72).
+    Untimed (scripts/split_k_probe.py)."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    bb = min(_MAX_BTILE, max(16, triton.next_power_of_2(max(B, 1))))
+    best = None
+    for U in (16, 32, 64, 128, 256):
+        for KB in (64, 128, 256, 512, 1024, 2048):
+            try:
+                programs, nk, us = tiles(cell, H, B, U, KB, bb)
+            except ValueError:
+                continue
+            onchip = KB * U * e + KB * bb * e // 2  # the R block, two staged dph chunks
+            # (a [BB, U] fp32 accumulator of 64 registers a thread on 8 warps at most)
+            if (programs > sm_count or KB * U * e > _R_BLOCK or onchip > smem
+                    or bb * U > 128 * 128):
+                continue
+            moved = KB * bb * e + 8 * U * bb + G * us * bb * e
+            key = (moved, -KB)
+            if best is None or key < best[0]:
+                best = (key, (U, KB, bb))
+    return None if best is None else best[1]
+
+
+def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, family: str,
+                    sm_count: int, smem: int) -> tuple[int, int, int] | None:
+    """The split-K tiles where the switch is on and a backward of `family` without a
+    projection (P = 0) has them (`split_k_tiles`), else None: the plan's own backward."""
+    if not _BWD_SPLIT_K or P or family not in ("persistent_grid", "stepwise"):
+        return None
+    return split_k_tiles(cell, H, B, dtype, sm_count, smem)
 
 
 def split_k_backward(

@@ -111,6 +111,13 @@ class TritonRecurrence:
                 from tritonrnn.kernels.persistent_cta import cta_backward
 
                 cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
+            elif (tiles := _split_k(lp, cell, R, Pw, info.B)) is not None:
+                from tritonrnn.kernels.split_k import split_k_backward
+
+                U, KB, BB = tiles
+                split_k_backward(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
+                                 info, reverse, dpre_x, dpre_h, dh0, dc0, units=U, kblock=KB,
+                                 btile=BB, persistent=lp.family == "persistent_grid")
             else:
                 from tritonrnn.kernels.persistent_grid import grid_backward
 
@@ -148,7 +155,8 @@ class TritonRecurrence:
         args = (cell, *ins, info, *outs)
 
         def launch(lp: LayerPlan) -> None:
-            if not self._shares_launch(lp):
+            if (not self._shares_launch(lp)
+                    or _split_k(lp, cell, R[0], _dir(Pw, 0), info.B) is not None):
                 for d in range(2):
                     self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
                                   *(_dir(t, d) for t in outs))
@@ -186,6 +194,21 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
     by its power-of-two bucket) and the plan that was refused."""
     cell, H, Hout, P, dtype, batch, props, num_dirs = shape
     return phase, cell, H, Hout, P, dtype, _bucket(batch), props, num_dirs, lp
+
+
+def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
+             batch: int) -> tuple[int, int, int] | None:
+    """The split-K backward's tiles (kernels/split_k.py) where TRITONRNN_BWD_SPLIT_K=on and
+    the plan's grid-family backward has no projection, else None."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.kernels.persistent_grid import grid_smem_budget
+
+    if not split_k._BWD_SPLIT_K:
+        return None
+    props = device_properties(R.device)
+    return split_k.split_k_applies(cell, R.shape[1], 0 if Pw is None else Pw.shape[0], batch,
+                                   R.dtype, lp.family, props.sm_count,
+                                   grid_smem_budget(props.smem_per_program))
 
 
 def _tiles(lp: LayerPlan) -> str:

@@ -19,10 +19,11 @@
 # Triton's default 3 (`st3`: LSTM / GRU H=1024 B=256, LSTM H=1408 B=1) and against 8
 # (`st8`, LSTM H=1024 B=256), the 4-warp backward the too-large-to-hoist rule replaced
 # (`bw4`), the 16 x 32 forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64
-# tile (`bk0`); then `barrier` (timeout_s 230), or `splitk` (timeout_s 430): the split-K
-# backward probe (scripts/split_k_probe.py: a third of the streamed grid's L2 bytes per step
-# at LSTM H=1024 B=256, a quarter of the resident grid's at B=64 and B=16, for a second grid
-# barrier) beside the library's backward and cuDNN's.
+# tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 460):
+# the split-K backward (kernels/split_k.py, off by default: a third of the streamed grid's L2
+# bytes per step at LSTM H=1024 B=256, a quarter of the resident grid's at B=64 and B=16,
+# for a second grid barrier) against the plan's backward and cuDNN's; `tests` runs its GPU
+# test (test_gpu_split_k_backward) first.
 # A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
@@ -105,10 +106,9 @@
 #                                         product (`_late_loads`), against the prefetch
 #                                         (nolate: LSTM 494 / 476 local loads per step
 #                                         instead of 70 / 73)
-#   bash scripts/gpu_session.sh splitk    scripts/split_k_probe.py (a split-K backward step,
-#                                         LSTM only) at H = 1024 / 768, B = 256 / 64 and
-#                                         H = 1024, B = 16, then
-#                                         the library's backward and cuDNN's (preset split-k)
+#   bash scripts/gpu_session.sh splitk    the split-K backward against the plan's (the layer,
+#                                         step_ablation set splitk), cuDNN's backward (preset
+#                                         split-k), the kernel alone (scripts/split_k_probe.py)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, forward and
 #                                         backward: the anchor, LSTM H=1024 B=64), each ncu
 #                                         run cut at 85 s
@@ -259,19 +259,17 @@ case "$stage" in
     box 150 barrier python -m tritonrnn.bench barrier --out "$out"
     tail -22 "$out/barrier.log" ;;
   splitk)
-    # scripts/split_k_probe.py, the split-K backward step (two grid barriers a step, R resident
-    # in blocks): LSTM H = 1024 / 768 at B = 256 (the streamed backward lost to cuDNN there)
-    # and B = 64, H = 1024 at B = 16; then the library's backward and cuDNN's at the same
-    # shapes (the layer time holds the GEMMs outside the recurrence: the probe's
-    # layer_estimate_ms adds them too).
-    # The preset's kernels compile ahead (CPU) while the probe runs on the GPU.
-    timeout 90 python -m tritonrnn.bench aot --preset split-k --device-preset current \
-      --jobs 8 --json "$out/aot-split-k.json" > "$out/warm-split-k.log" 2>&1 &
-    box 180 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
-    wait
+    # The split-K backward (kernels/split_k.py, TRITONRNN_BWD_SPLIT_K; two grid barriers a
+    # step, R resident in blocks): the layer with and without it (step_ablation set splitk:
+    # LSTM H = 1024 / 768 at B = 256 and 64, H = 1024 at B = 16, GRU H = 1024 B = 64), then the
+    # library's backward and cuDNN's at those shapes (preset split-k, the plan's kernels
+    # compiled by the ablation already), then the kernel alone (scripts/split_k_probe.py:
+    # its step against the bare barriers, the GEMMs outside the recurrence).
+    ablate 150 splitk
     box 130 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
       --no-tune --no-progress --out "$out"
-    cat "$out/splitk.log"; tail -n 12 "$out/bench-split-k.log" ;;
+    box 150 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
+    tail -n 12 "$out/bench-split-k.log"; cat "$out/splitk.log" ;;
   profile)
     NCU_SECONDS=85 OUT="$out" bash scripts/gpu_profile.sh lstm,768,16 lstm,1024,64 ;;
   all)

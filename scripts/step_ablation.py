@@ -62,6 +62,9 @@ Variants (comma-joined in one process):
               by default; gated cells, resident MMA tiles, no projection): 2 / G of the
               exchange's L2 bytes, more instructions (the anchor 617 -> 695); an H200 timed
               it slower everywhere (2026-11-27)
+    splitk    the layer's backward on the split-K kernel (kernels/split_k.py, TRITONRNN_BWD_
+              SPLIT_K; no projection): R in blocks, each program its K range of dph, two
+              grid barriers a step (seen in `layer` times)
     samebwd   the backward on the forward's tiles where the planner gives it its own 32 x 16
               tiles under a 16 x 32 forward (rnn.planner._taller_backward)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
@@ -155,6 +158,10 @@ SETS = {
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
+    # The split-K backward (kernels/split_k.py) against the plan's at the shapes where the
+    # layer stays under 2x cuDNN's CUDA graph (B = 16 / 64) or under cuDNN (B = 256).
+    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;lstm,1024,16;gru,1024,64",
+               "layer;splitk,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
     # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
@@ -407,7 +414,7 @@ def _forced_split(n: int):
 def swaps() -> dict:
     """Variant part -> [(module, attribute, replacement), ...]; the parts "full", "bh32" and
     "layer" swap nothing (bh32 / layer: applied in `_measure`)."""
-    from tritonrnn.kernels import cells
+    from tritonrnn.kernels import cells, split_k
     from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn import planner
 
@@ -433,6 +440,7 @@ def swaps() -> dict:
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
         "partials": [(pg, "_BWD_PARTIALS", True)],
+        "splitk": [(split_k, "_BWD_SPLIT_K", True)],
         # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).
         "samebwd": [(planner, "_taller_backward", lambda lp, *_a: lp)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],

@@ -120,7 +120,7 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
             "confirm": {"gpu.txt", "warm-grid.log", "bench-grid.log", "ablation-confirm.log",
                         "check.log"},
             "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
-            "splitk": {"gpu.txt", "splitk.log", "bench-split-k.log"},
+            "splitk": {"gpu.txt", "ablation-splitk.log", "bench-split-k.log", "splitk.log"},
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names
@@ -155,12 +155,12 @@ def test_each_stage_fits_one_device_command(stage):
 
 @pytest.mark.parametrize(("stages", "spare"), [(("tests", "all"), 170),
                                                (("tests", "decide", "barrier"), 170),
-                                               (("decide", "splitk"), 170),
+                                               (("tests", "splitk"), 170),
                                                (("all", "phases"), 80),
                                                (("tests", "profile"), 280)])
 def test_a_session_fits_the_device_budget(stages, spare):
     """The stages the script's header runs in a 15-minute session (tests, then all; tests,
-    decide with the shorter box the header names, then barrier; decide, then splitk; all,
+    decide with the shorter box the header names, then barrier; tests, then splitk; all,
     then phases; tests, then profile) are
     each cut below the timeout_s the header gives them, and together leave the machine's
     start, the transfers and the idle wait between the calls `spare` seconds of the 900 s (a

@@ -292,3 +292,31 @@ def test_backward_on_its_own_tiles(family, mode, bidirectional, proj, monkeypatc
                            H=40, T=4, proj=proj, backend="triton", **FP32)
     pair = "_pair" if bidirectional else ""
     assert seen == {f"grid_forward{pair}": {(16, 32)}, f"grid_backward{pair}": {(32, 16)}}
+
+
+# TRITONRNN_BWD_SPLIT_K=on (kernels/split_k.py, off by default): a grid-family plan's backward
+# without a projection runs the split-K kernel on `split_k_tiles`' tiles, per direction of a
+# bidirectional layer (persistent for persistent_grid, two launches a step for stepwise), and
+# matches the oracle; with a projection, or the switch off, the plan's own backward runs.
+@pytest.mark.parametrize("family, mode, bidirectional, proj, on, want", [
+    ("persistent_grid", "lstm", False, 0, True, {(16, 64, 16, True)}),
+    ("persistent_grid", "gru", True, 0, True, {(16, 64, 16, True)}),
+    ("stepwise", "rnn_tanh", False, 0, True, {(16, 64, 16, False)}),
+    ("persistent_grid", "lstm", False, 8, True, set()),
+    ("persistent_grid", "rnn_relu", False, 0, False, set()),
+])
+def test_split_k_backward_switch(family, mode, bidirectional, proj, on, want, monkeypatch):
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", on)
+    seen, run = set(), split_k.split_k_backward
+
+    def spy(*args, **kw):
+        seen.add((kw["units"], kw["kblock"], kw["btile"], kw["persistent"]))
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", spy)
+    with plan_constraints(family=family, block_h=16):
+        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
+                           H=64, T=4, proj=proj, backend="triton", **FP32)
+    assert seen == want
