@@ -40,7 +40,8 @@ import torch
 import triton
 
 from tritonrnn.kernels import cells
-from tritonrnn.kernels.split_k import split_k_backward, tiles
+from tritonrnn.kernels.persistent_grid import grid_smem_budget
+from tritonrnn.kernels.split_k import split_k_backward, split_k_tiles, tiles
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.reference import recurrence_backward
 
@@ -134,12 +135,23 @@ def _time(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-# (H, B, U, KB, BB) timed by default: the B = 256 shapes whose streamed backward lost to
-# cuDNN, B = 64 (resident 16 x 32 tiles) with 64-unit blocks, 128 / 72 programs, and LSTM
-# H=1024 B=16 (16 x 16 tiles, 1.85x cuDNN's CUDA graph on an H200) on 64 programs with a
-# 128 KiB R block, as the grid's: 2x the graph is not reached at any of them.
-CONFIGS = ((1024, 256, 128, 512, 128), (768, 256, 128, 512, 128),
-           (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64), (1024, 16, 64, 1024, 16))
+# (H, B) timed by default, on `split_k_tiles`' tiles (what TRITONRNN_BWD_SPLIT_K=on runs):
+# the B = 256 shapes whose streamed backward lost to cuDNN, and B = 64 / 16, where the layer
+# stays under 2x cuDNN's CUDA graph; then H=1024 B=16 on 64 programs with a 128 KiB R block,
+# as the grid's 16 x 16 tiles (the rule's has 128 programs and half the block).
+SHAPES = ((1024, 256), (768, 256), (1024, 64), (768, 64), (1024, 16))
+EXTRA = ((1024, 16, 64, 1024, 16),)
+
+
+def default_configs(cell: str, dtype: torch.dtype, sm_count: int,
+                    smem: int) -> list[tuple[int, int, int, int, int]]:
+    """(H, B, U, KB, BB) of SHAPES on `split_k_tiles`' tiles (those it has), then EXTRA."""
+    out = []
+    for H, B in SHAPES:
+        t = split_k_tiles(cell, H, B, dtype, sm_count, smem)
+        if t is not None:
+            out.append((H, B, *t))
+    return out + [c for c in EXTRA if c not in out]
 
 
 def _config(text: str) -> tuple[int, int, int, int, int]:
@@ -159,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=_config, action="append",
                     help="H,B,U,KB,BB: hidden size, batch, units / gate rows / batch rows per "
-                         "program (repeatable; default: CONFIGS)")
+                         "program (repeatable; default: `default_configs`)")
     ap.add_argument("--cell", default="lstm", choices=tuple(cells.CELL_IDS))
     ap.add_argument("--time", type=int, default=1024)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
@@ -204,8 +216,17 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name() if not a.aot else "sm_90 (aot, h100 preset)",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "cell": a.cell, "time": a.time,
            "dtype": a.dtype, "warps": a.warps}
+    if a.aot:
+        from tritonrnn.rnn.planner import PRESETS
+
+        props = PRESETS["h100"]
+    else:
+        from tritonrnn.rnn.planner import device_properties
+
+        props = device_properties()
+    smem = grid_smem_budget(props.smem_per_program)
     results = []
-    for H, B, U, KB, BB in a.config or CONFIGS:
+    for H, B, U, KB, BB in a.config or default_configs(a.cell, dtype, props.sm_count, smem):
         row = dict(hidden=H, batch=B, units=U, kblock=KB, btile=BB)
         try:
             if a.aot:

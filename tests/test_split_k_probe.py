@@ -44,9 +44,12 @@ def test_probe_configs_parse_and_are_checked():
     for bad in ("1024,64,64", "1024,64,96,512,64"):
         with pytest.raises(argparse.ArgumentTypeError):
             PROBE._config(bad)
-    for H, B, U, KB, BB in PROBE.CONFIGS:
-        programs = PROBE.tiles("lstm", H, B, U, KB, BB)[0]
-        assert programs <= 132  # co-resident on an H100
+    configs = PROBE.default_configs("lstm", torch.bfloat16, 132, 227 * 1024 - 1024)
+    assert configs == [(1024, 256, 128, 512, 128), (768, 256, 128, 512, 128),
+                       (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64), (1024, 16, 64, 512, 16),
+                       (1024, 16, 64, 1024, 16)]
+    for H, B, U, KB, BB in configs:
+        assert PROBE.tiles("lstm", H, B, U, KB, BB)[0] <= 132  # co-resident on an H100
 
 
 def test_probe_aot_records_the_persistent_launch(monkeypatch):
