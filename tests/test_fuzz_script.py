@@ -27,6 +27,7 @@ def test_draws_are_reproducible_and_varied():
     assert {c["kernel"].get("_XJOIN_TILE") for c in cases} == {None, 16 * 64}
     assert {c["kernel"].get("_LATE_TILE") for c in cases} == {None, 16 * 64}
     assert 64 in {c["constraints"].get("block_b") for c in cases}
+    assert {c["split_k"] for c in cases} == {False, True}
     assert all(c["shape"]["proj"] < c["shape"]["H"] or c["shape"]["proj"] == 0 for c in cases)
 
 
@@ -47,6 +48,9 @@ def test_cases_run_clean(tmp_path):
     assert recs[-1]["kernel"] == FZ.draw(start)["kernel"]
     assert {k: os.environ.get(k) for k in FZ.SWITCHES} == before  # switches restored
     assert chunk == pg._MAX_CHUNK  # and the kernel module's chunk width
+    from tritonrnn.kernels import split_k
+
+    assert split_k._BWD_SPLIT_K is False  # and the split-K switch
 
 
 def test_a_failing_case_is_reported(tmp_path, monkeypatch, capsys):
