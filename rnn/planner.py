@@ -1410,10 +1410,18 @@ class Plan:
 
     def _backward_exchange(self, lp: LayerPlan) -> str:
         """How a grid-kernel layer's backward exchanges its carry product, for `explain`:
-        partial products where the launch runs them (`persistent_grid._bwd_partials`, the
-        opt-in TRITONRNN_BWD_PARTIALS), else dph with its gates' operands paired or not."""
+        the split-K kernel's tiles where the opt-in TRITONRNN_BWD_SPLIT_K gives it this
+        backward (`kernels.split_k.split_k_applies`), partial products where the launch runs
+        them (`persistent_grid._bwd_partials`, the opt-in TRITONRNN_BWD_PARTIALS), else dph
+        with its gates' operands paired or not."""
         from tritonrnn.kernels.persistent_grid import _bwd_partials
+        from tritonrnn.kernels.split_k import split_k_applies
 
+        split = split_k_applies(self.rnn_mode, self.num_units, self.num_proj, self.batch,
+                                getattr(torch, self.dtype), lp.family, self.device.sm_count,
+                                _smem_budget(self.device))
+        if split is not None:
+            return " backward split-K {} x {} x {}".format(*split)
         if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
                 self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.backward_block_b,
                 lp.backward_warps):

@@ -320,3 +320,17 @@ def test_split_k_backward_switch(family, mode, bidirectional, proj, on, want, mo
         compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
                            H=64, T=4, proj=proj, backend="triton", **FP32)
     assert seen == want
+
+
+def test_split_k_backward_switch_shows_in_explain(monkeypatch):
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import plan_for
+
+    def explain():
+        with plan_constraints(family="persistent_grid"):
+            return plan_for(rnn_mode="lstm", num_units=64, input_size=64, batch=16,
+                            max_time=8, dtype=torch.bfloat16, device_properties="h100").explain()
+
+    assert "split-K" not in explain()
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    assert "backward split-K 16 x 64 x 16" in explain()
