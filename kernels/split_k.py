@@ -345,6 +345,9 @@ def split_k_backward(
     programs, nk, us = tiles(cell, H, B, units, kblock, btile)
     dev = dy.device
     interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if 2 * (S + 1) * programs > 2**31 - 1:  # the barrier counter is an int32
+        raise ValueError(f"split_k: {S} steps on {programs} programs pass the grid barrier's "
+                         f"int32 counter (2 * (steps + 1) * programs <= 2**31 - 1)")
     if persistent and not interp:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
