@@ -61,7 +61,7 @@ def _mm(a, b, acc, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _product(DPH, rows, act, kb, R, r0, r1, r2, r3, BB: tl.constexpr, U: tl.constexpr,
+def _product(DPH, rows, act, kb, r0, r1, r2, r3, BB: tl.constexpr, U: tl.constexpr,
              KC: tl.constexpr, G: tl.constexpr, H: tl.constexpr, SPLIT: tl.constexpr,
              FP32_DOT: tl.constexpr):
     """Phase A's [BB, U] partial: the rows' dph over this program's K block (rows not active:
@@ -175,7 +175,7 @@ def _split_k_bwd_kernel(
         s = S - 1 - q
         if do_a != 0:
             act_n, rows_n = _step_rows(OFFS, lens, jb64, b_ok, s + 1, 0, REVERSE, 1)
-            acc = _product(DPH, rows_n, act_n, kb, R, r0, r1, r2, r3, BB, U, KC, G, H, SPLIT,
+            acc = _product(DPH, rows_n, act_n, kb, r0, r1, r2, r3, BB, U, KC, G, H, SPLIT,
                            FP32_DOT)
             tl.store(PART + (kb * bpad + jb64)[:, None] * H + cols[None, :], acc)
             if BARRIER:
