@@ -1602,10 +1602,12 @@ def plan_for(
     )
     constraints = _constraints.get()
     automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
+    from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import barrier_check_mode
 
     return _plan_cached(cfg, batch, max_time, dtype, props, constraints, _tuning_cache_stamp(),
-                        automatic, barrier_check_mode(), triton.__version__)
+                        automatic, barrier_check_mode(), triton.__version__,
+                        split_k._BWD_SPLIT_K)
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -1629,12 +1631,13 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
-                 automatic: bool, barrier_check: str, _triton: str) -> Plan:
+                 automatic: bool, barrier_check: str, _triton: str, _split_k: bool) -> Plan:
     """plan_for's Plan, cached by everything it depends on: the tuning cache's file and
     version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
     is freed: a plan made without a cache was returned for a tuned key), the barrier check
-    mode (the buffers: `backward_writes_over_preacts`) and the Triton release whose entries
-    count (_triton) among them."""
+    mode (the buffers: `backward_writes_over_preacts`), the Triton release whose entries
+    count (_triton) among them, and the opt-in split-K backward's switch (its workspace:
+    `_split_k_buffers`)."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(
@@ -1649,9 +1652,29 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
         layers=layers, source=source,
         buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0,
-                         barrier_check),
+                         barrier_check) + _split_k_buffers(cfg, batch, dtype, props, choice),
         pipeline=pipe,
     )
+
+
+def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DeviceProperties,
+                     lp: LayerPlan) -> tuple[Buffer, ...]:
+    """The workspace `kernels.split_k.split_k_backward` allocates per call where the opt-in
+    TRITONRNN_BWD_SPLIT_K gives it the layers' backward (`split_k_applies`; one direction
+    at a time): the fp32 partials [NK, Bpad, H] and the two carries [2, Bpad, H], Bpad the
+    batch rounded up to the batch tile."""
+    from tritonrnn.kernels.split_k import split_k_applies, tiles
+
+    split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,
+                            lp.family, props.sm_count, _smem_budget(props))
+    if split is None:
+        return ()
+    U, KB, BB = split
+    H = cfg.num_units
+    nk = tiles(cfg.rnn_mode, H, batch, U, KB, BB)[1]
+    bpad = -(-max(batch, 1) // BB) * BB
+    return (Buffer("split_k.partials", (nk, bpad, H), "float32", 4 * nk * bpad * H, "backward"),
+            Buffer("split_k.carries", (2, bpad, H), "float32", 8 * bpad * H, "backward"))
 
 
 def candidates(plan: Plan) -> list[dict]:
