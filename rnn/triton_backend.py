@@ -115,9 +115,10 @@ class TritonRecurrence:
                 from tritonrnn.kernels.split_k import split_k_backward
 
                 U, KB, BB = tiles
-                split_k_backward(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
-                                 info, reverse, dpre_x, dpre_h, dh0, dc0, units=U, kblock=KB,
-                                 btile=BB, persistent=lp.family == "persistent_grid")
+                _persistent_or_stepwise(lambda persistent: split_k_backward(
+                    cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
+                    reverse, dpre_x, dpre_h, dh0, dc0, units=U, kblock=KB, btile=BB,
+                    persistent=persistent), lp.family)
             else:
                 from tritonrnn.kernels.persistent_grid import grid_backward
 
@@ -238,17 +239,25 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
         tiles.update(block_h=lp.backward_block_h, block_b=lp.backward_block_b,
                      num_warps=lp.backward_warps, num_stages=lp.backward_stages,
                      pair_gates=lp.pair_gates)
-    if lp.family != "persistent_grid":
-        launch(*args, persistent=False, **tiles)
+    _persistent_or_stepwise(lambda persistent: launch(*args, persistent=persistent, **tiles),
+                            lp.family)
+
+
+def _persistent_or_stepwise(run: Callable[[bool], None], family: str) -> None:
+    """run(persistent) for a grid-family plan: stepwise for the stepwise family; persistent
+    for persistent_grid, rerun stepwise where it raises RuntimeError (`_with_stepwise_fallback`
+    says when), an earlier launch's barrier timeout excepted."""
+    if family != "persistent_grid":
+        run(False)
         return
     try:
-        launch(*args, persistent=True, **tiles)
+        run(True)
     except RuntimeError as err:
         if getattr(err, "earlier", False):  # grid_barrier.BarrierTimeoutError of another launch
             raise
         warnings.warn(f"tritonrnn: persistent-grid launch failed ({err}); rerunning stepwise",
-                      RuntimeWarning, stacklevel=3)
-        launch(*args, persistent=False, **tiles)
+                      RuntimeWarning, stacklevel=4)
+        run(False)
 
 
 _BACKEND = TritonRecurrence()

@@ -334,3 +334,26 @@ def test_split_k_backward_switch_shows_in_explain(monkeypatch):
     assert "split-K" not in explain()
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
     assert "backward split-K 16 x 64 x 16" in explain()
+
+
+def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch):
+    """As the grid launches (`_with_stepwise_fallback`): a persistent split-K launch that
+    raises RuntimeError (a refused cooperative launch, a barrier timeout in sync mode) is
+    rerun stepwise, with a warning, and the layer still matches the oracle."""
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    calls, run = [], split_k.split_k_backward
+
+    def flaky(*args, **kw):
+        calls.append(kw["persistent"])
+        if kw["persistent"]:
+            raise RuntimeError("cooperative launch refused")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", flaky)
+    with plan_constraints(family="persistent_grid", block_h=16), pytest.warns(
+            RuntimeWarning, match="cooperative launch refused.*rerunning stepwise"):
+        compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=64, T=4, backend="triton",
+                           **FP32)
+    assert calls == [True, False]
