@@ -104,7 +104,8 @@ import torch
 
 # Modules whose @triton.jit objects are replaced by recorders during a capture (the launchers
 # look their kernels up in these modules' globals).
-KERNEL_MODULES = ("tritonrnn.kernels.persistent_cta", "tritonrnn.kernels.persistent_grid")
+KERNEL_MODULES = ("tritonrnn.kernels.persistent_cta", "tritonrnn.kernels.persistent_grid",
+                  "tritonrnn.kernels.split_k")
 # Target warp size of every NVIDIA GPU.
 _WARP = 32
 # Time steps of the dummy batch: the step count is a runtime argument of every kernel.

@@ -849,6 +849,20 @@ def test_backward_partials_compile_without_spills(monkeypatch):
         assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
+@pytest.mark.compiler_specific
+def test_split_k_backward_compiles_where_switched_on(monkeypatch):
+    """TRITONRNN_BWD_SPLIT_K=on: the captured backward is the split-K kernel's (with the
+    barrier: one persistent launch), and its sm_90 compile at LSTM H=1024 B=64 (64 x 512 x 64
+    tiles, a 64 KiB R block) uses wgmma and keeps its step loop free of spills."""
+    monkeypatch.setenv("TRITONRNN_BWD_SPLIT_K", "on")
+    got = _compile_named([("lstm1024-b64", WIDE["lstm1024-b64"])])["lstm1024-b64"]
+    fwd, bwd = _kernels(got)
+    assert fwd["kernel"] == "_grid_fwd_kernel" and bwd["kernel"] == "_split_k_bwd_kernel"
+    assert bwd["constexprs"]["BARRIER"] == "1" and "wgmma" in bwd["mma"]
+    assert bwd["constexprs"]["U"] == "64" and bwd["constexprs"]["KC"] == "128"
+    assert _local_ops(bwd)[0] == 0 and bwd["fits"], bwd["profile"]
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text
