@@ -15,7 +15,7 @@ split across programs as well:
 so a program keeps a [KB, U] block of R on chip and reads only its K range of dph: at LSTM
 H=1024 B=256 (U = 128, KB = 512, BB = 128, 128 programs) about a third of the streamed grid's
 bytes per step, at B = 64 (U = 64) a quarter of the resident grid's; for two grid barriers a
-step instead of one (kernels/NOTES.md, "Large batches: a split-K backward").
+step instead of one (kernels/NOTES.md, "A split-K backward").
 `scripts/split_k_probe.py` times it against the library's backward and cuDNN's.
 
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
@@ -43,7 +43,7 @@ from .grid_barrier import (
     grid_arrive,
     grid_wait,
 )
-from .persistent_grid import _env_on_off, _step_rows
+from .persistent_grid import _env_on_off, _step_rows, grid_smem_budget
 
 # TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the Triton
 # backend runs a persistent-grid or stepwise plan's backward without a projection here where
@@ -248,10 +248,12 @@ _R_BLOCK = 128 * 1024
 _MAX_BTILE = 128
 
 
-def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype, sm_count: int,
-                  smem: int) -> tuple[int, int, int] | None:
-    """(units, kblock, btile) of the split-K backward for a layer, or None where no tiling
-    is co-resident on `sm_count` SMs within `smem` bytes per program: the batch tile the
+def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
+                  props) -> tuple[int, int, int] | None:
+    """(units, kblock, btile) of the split-K backward for a layer on a device (`props`: the
+    planner's DeviceProperties, its sm_count and smem_per_program), or None where no tiling
+    is co-resident on its SMs within a grid program's shared-memory budget
+    (`grid_smem_budget`): the batch tile the
     batch's power of two up to _MAX_BTILE, then of the unit blocks and K blocks whose R
     block stays within _R_BLOCK (and, with the staged dph chunks and the partials, within
     smem) and whose programs fit the SMs, the one that moves the fewest bytes per program
@@ -262,6 +264,7 @@ def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype, sm_count: int,
     Untimed (scripts/split_k_probe.py)."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
+    sm_count, smem = props.sm_count, grid_smem_budget(props.smem_per_program)
     bb = min(_MAX_BTILE, max(16, triton.next_power_of_2(max(B, 1))))
     best = None
     for U in (16, 32, 64, 128, 256):
@@ -283,12 +286,22 @@ def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype, sm_count: int,
 
 
 def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, family: str,
-                    sm_count: int, smem: int) -> tuple[int, int, int] | None:
+                    props) -> tuple[int, int, int] | None:
     """The split-K tiles where the switch is on and a backward of `family` without a
-    projection (P = 0) has them (`split_k_tiles`), else None: the plan's own backward."""
+    projection (P = 0) has them on the device `props` (`split_k_tiles`), else None: the
+    plan's own backward."""
     if not _BWD_SPLIT_K or P or family not in ("persistent_grid", "stepwise"):
         return None
-    return split_k_tiles(cell, H, B, dtype, sm_count, smem)
+    return split_k_tiles(cell, H, B, dtype, props)
+
+
+def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int) -> dict[str, tuple]:
+    """The fp32 workspace `split_k_backward` allocates per call, by name: the partials
+    [NK, Bpad, H] and the carries of dh's direct term and of dc [Bpad, H] each, Bpad the batch
+    rounded up to the batch tile (the kernel's programs cover whole tiles)."""
+    nk = tiles(cell, H, B, U, KB, BB)[1]
+    bpad = triton.cdiv(max(B, 1), BB) * BB
+    return {"partials": (nk, bpad, H), "dh_carry": (bpad, H), "dc_carry": (bpad, H)}
 
 
 def split_k_backward(
@@ -353,11 +366,11 @@ def split_k_backward(
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "
                              f"SMs (units={units}, kblock={kblock}, btile={btile})")
-    bpad = triton.cdiv(max(B, 1), btile) * btile
-    part = torch.empty(nk, bpad, H, dtype=torch.float32, device=dev)
-    hc = torch.zeros(bpad, H, dtype=torch.float32, device=dev)
+    ws = workspace(cell, H, B, units, kblock, btile)
+    part = torch.empty(ws["partials"], dtype=torch.float32, device=dev)
+    hc = torch.zeros(ws["dh_carry"], dtype=torch.float32, device=dev)
     hc[:B] = dhT
-    dcc = torch.zeros(bpad, H, dtype=torch.float32, device=dev)
+    dcc = torch.zeros(ws["dc_carry"], dtype=torch.float32, device=dev)
     if dcT is not None:
         dcc[:B] = dcT
     sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)

@@ -33,6 +33,7 @@ import contextvars
 import functools
 import itertools
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -1418,8 +1419,7 @@ class Plan:
         from tritonrnn.kernels.split_k import split_k_applies
 
         split = split_k_applies(self.rnn_mode, self.num_units, self.num_proj, self.batch,
-                                getattr(torch, self.dtype), lp.family, self.device.sm_count,
-                                _smem_budget(self.device))
+                                getattr(torch, self.dtype), lp.family, self.device)
         if split is not None:
             return " backward split-K {} x {} x {}".format(*split)
         if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
@@ -1661,20 +1661,19 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
                      lp: LayerPlan) -> tuple[Buffer, ...]:
     """The workspace `kernels.split_k.split_k_backward` allocates per call where the opt-in
     TRITONRNN_BWD_SPLIT_K gives it the layers' backward (`split_k_applies`; one direction
-    at a time): the fp32 partials [NK, Bpad, H] and the two carries [2, Bpad, H], Bpad the
-    batch rounded up to the batch tile."""
-    from tritonrnn.kernels.split_k import split_k_applies, tiles
+    at a time): `kernels.split_k.workspace`, the fp32 partials and the two carries (dh's
+    direct term and dc), listed together as [2, Bpad, H]."""
+    from tritonrnn.kernels.split_k import split_k_applies, workspace
 
     split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,
-                            lp.family, props.sm_count, _smem_budget(props))
+                            lp.family, props)
     if split is None:
         return ()
-    U, KB, BB = split
-    H = cfg.num_units
-    nk = tiles(cfg.rnn_mode, H, batch, U, KB, BB)[1]
-    bpad = -(-max(batch, 1) // BB) * BB
-    return (Buffer("split_k.partials", (nk, bpad, H), "float32", 4 * nk * bpad * H, "backward"),
-            Buffer("split_k.carries", (2, bpad, H), "float32", 8 * bpad * H, "backward"))
+    ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split)
+    partials, carry = ws["partials"], (2, *ws["dh_carry"])
+    return tuple(Buffer(name, shape, "float32", 4 * math.prod(shape), "backward")
+                 for name, shape in (("split_k.partials", partials),
+                                     ("split_k.carries", carry)))
 
 
 def candidates(plan: Plan) -> list[dict]:

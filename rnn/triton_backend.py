@@ -202,14 +202,11 @@ def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
     """The split-K backward's tiles (kernels/split_k.py) where TRITONRNN_BWD_SPLIT_K=on and
     the plan's grid-family backward has no projection, else None."""
     from tritonrnn.kernels import split_k
-    from tritonrnn.kernels.persistent_grid import grid_smem_budget
 
     if not split_k._BWD_SPLIT_K:
         return None
-    props = device_properties(R.device)
     return split_k.split_k_applies(cell, R.shape[1], 0 if Pw is None else Pw.shape[0], batch,
-                                   R.dtype, lp.family, props.sm_count,
-                                   grid_smem_budget(props.smem_per_program))
+                                   R.dtype, lp.family, device_properties(R.device))
 
 
 def _tiles(lp: LayerPlan) -> str:

@@ -39,8 +39,8 @@ import time
 import torch
 import triton
 
+from tritonrnn.bench.timing import TimingConfig, measure
 from tritonrnn.kernels import cells
-from tritonrnn.kernels.persistent_grid import grid_smem_budget
 from tritonrnn.kernels.split_k import split_k_backward, split_k_tiles, tiles
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.reference import recurrence_backward
@@ -120,21 +120,6 @@ def _aot(cell: str, H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype
     return dataclasses.asdict(rep)
 
 
-def _time(fn, reps: int) -> float:
-    """Median ms of `reps` calls of fn (CUDA events; one warm-up call first)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 # (H, B) timed by default, on `split_k_tiles`' tiles (what TRITONRNN_BWD_SPLIT_K=on runs):
 # the B = 256 shapes whose streamed backward lost to cuDNN, and B = 64 / 16, where the layer
 # stays under 2x cuDNN's CUDA graph; then H=1024 B=16 on 64 programs with a 128 KiB R block,
@@ -143,12 +128,13 @@ SHAPES = ((1024, 256), (768, 256), (1024, 64), (768, 64), (1024, 16))
 EXTRA = ((1024, 16, 64, 1024, 16),)
 
 
-def default_configs(cell: str, dtype: torch.dtype, sm_count: int,
-                    smem: int) -> list[tuple[int, int, int, int, int]]:
-    """(H, B, U, KB, BB) of SHAPES on `split_k_tiles`' tiles (those it has), then EXTRA."""
+def default_configs(cell: str, dtype: torch.dtype,
+                    props) -> list[tuple[int, int, int, int, int]]:
+    """(H, B, U, KB, BB) of SHAPES on `split_k_tiles`' tiles on the device `props` (those
+    it has), then EXTRA."""
     out = []
     for H, B in SHAPES:
-        t = split_k_tiles(cell, H, B, dtype, sm_count, smem)
+        t = split_k_tiles(cell, H, B, dtype, props)
         if t is not None:
             out.append((H, B, *t))
     return out + [c for c in EXTRA if c not in out]
@@ -178,29 +164,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warps", type=int, default=8, choices=(4, 8),
                     help="warps per program (the sm_90 compiles of the default configs: "
                          "fewer step-loop instructions on 8, and no spills)")
-    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--aot", action="store_true", help="report the sm_90 compiles instead")
     ap.add_argument("--json", help="write the results there (rewritten after each config)")
     return ap
 
 
 def _timed(cell: str, H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: torch.dtype,
-           num_warps: int, reps: int) -> dict:
+           num_warps: int) -> dict:
     """One config on the GPU: its error against the reference (T = 64), the whole
     recurrence's time, the bare barriers' (2T, the same programs) and the GEMMs a layer
     backward runs outside the recurrence (input size H: dx = dpre @ W, dW = dpre^T @ x,
-    dR = dpre^T @ h, the bias sums)."""
+    dR = dpre^T @ h, the bias sums); medians in ms, as `tritonrnn bench` times
+    (`bench.timing.measure`)."""
     from tritonrnn.kernels.grid_barrier import check_barriers, run_bare_barriers
 
     dev = torch.device("cuda")
     programs = tiles(cell, H, B, U, KB, BB)[0]
     err = check(cell, H, B, min(T, 64), U, KB, BB, dtype, dev, num_warps)
     x = inputs(cell, H, B, T, dtype, dev)
-    ms = _time(lambda: run(cell, x, U, KB, BB, num_warps), reps)
-    bare = _time(lambda: run_bare_barriers(2 * T, programs, dev, num_warps=num_warps), reps)
+    cfg = TimingConfig()
+
+    def median(fn):
+        return measure(fn, "cuda", cfg).ms
+
+    ms = median(lambda: run(cell, x, U, KB, BB, num_warps))
+    bare = median(lambda: run_bare_barriers(2 * T, programs, dev, num_warps=num_warps))
     check_barriers()
     dpre, w, h = x["dpre_x"], x["R"], x["h_prev"]
-    gemm = _time(lambda: (dpre @ w, dpre.t() @ h, dpre.t() @ h, dpre.sum(0)), reps)
+    gemm = median(lambda: (dpre @ w, dpre.t() @ h, dpre.t() @ h, dpre.sum(0)))
     return {"programs": programs, "rel_error_vs_reference": err, "ms": ms,
             "step_us": 1e3 * ms / T, "bare_barriers_ms": bare, "bare_step_us": 1e3 * bare / T,
             "gemms_ms": gemm, "layer_estimate_ms": ms + gemm}
@@ -215,18 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {"torch": torch.__version__, "triton": triton.__version__,
            "device": torch.cuda.get_device_name() if not a.aot else "sm_90 (aot, h100 preset)",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "cell": a.cell, "time": a.time,
-           "dtype": a.dtype, "warps": a.warps}
-    if a.aot:
-        from tritonrnn.rnn.planner import PRESETS
+           "dtype": a.dtype, "warps": a.warps,
+           "timing": None if a.aot else TimingConfig().describe("cuda")}
+    from tritonrnn.rnn.planner import PRESETS, device_properties
 
-        props = PRESETS["h100"]
-    else:
-        from tritonrnn.rnn.planner import device_properties
-
-        props = device_properties()
-    smem = grid_smem_budget(props.smem_per_program)
+    props = PRESETS["h100"] if a.aot else device_properties()
     results = []
-    for H, B, U, KB, BB in a.config or default_configs(a.cell, dtype, props.sm_count, smem):
+    for H, B, U, KB, BB in a.config or default_configs(a.cell, dtype, props):
         row = dict(hidden=H, batch=B, units=U, kblock=KB, btile=BB)
         try:
             if a.aot:
@@ -234,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 row.update({k: rep.get(k) for k in ("shared", "regs", "stack", "local", "mma",
                                                     "fits", "error", "profile")})
             else:
-                row.update(_timed(a.cell, H, B, U, KB, BB, a.time, dtype, a.warps, a.reps))
+                row.update(_timed(a.cell, H, B, U, KB, BB, a.time, dtype, a.warps))
         except Exception as e:  # a config that fails is a finding; the others still run
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         print(json.dumps(row), flush=True)

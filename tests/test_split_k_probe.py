@@ -44,7 +44,9 @@ def test_probe_configs_parse_and_are_checked():
     for bad in ("1024,64,64", "1024,64,96,512,64"):
         with pytest.raises(argparse.ArgumentTypeError):
             PROBE._config(bad)
-    configs = PROBE.default_configs("lstm", torch.bfloat16, 132, 227 * 1024 - 1024)
+    from tritonrnn.rnn.planner import PRESETS
+
+    configs = PROBE.default_configs("lstm", torch.bfloat16, PRESETS["h100"])
     assert configs == [(1024, 256, 128, 512, 128), (768, 256, 128, 512, 128),
                        (1024, 64, 64, 512, 64), (768, 64, 64, 512, 64), (1024, 16, 64, 512, 16),
                        (1024, 16, 64, 1024, 16)]
