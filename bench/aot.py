@@ -302,14 +302,18 @@ def device_preset(preset: str):
     return PRESETS[preset]
 
 
-def capture(shape: AotShape, layer_plan, whole_backward: bool = False) -> dict[str, Launch]:
+def capture(shape: AotShape, layer_plan, whole_backward: bool = False,
+            props=None) -> dict[str, Launch]:
     """{"forward": Launch, "backward": Launch}: the first kernel launch of one training step's
     forward and backward recurrence of layer 0, as the Triton backend issues them for
     `layer_plan` (LayerPlan). Runs the real engine and launchers on dummy CPU tensors of the
     shape's sizes (T = 2); the kernels themselves do not run, and the backward stops at its
     first launch (a one-layer backward launches the recurrence alone; the weight-gradient
     GEMMs after it took minutes on a CPU at B = 4096). whole_backward: the backward runs to
-    its end instead, and each pass must have launched exactly one kernel (the premise)."""
+    its end instead, and each pass must have launched exactly one kernel (the premise).
+    props: the device preset's DeviceProperties, for what the backend derives from the device
+    at launch rather than from the plan (the opt-in split-K backward's tiles); default, those
+    of the dummy tensors' device (the interpreter preset)."""
     from tritonrnn.rnn import engine
     from tritonrnn.rnn.config import make_config
     from tritonrnn.rnn.packing import make_pack_info
@@ -321,7 +325,11 @@ def capture(shape: AotShape, layer_plan, whole_backward: bool = False) -> dict[s
                          "is no Triton kernel to compile")
 
     class Planned(TritonRecurrence):
-        """The Triton backend with the recurrence choice fixed to `layer_plan`."""
+        """The Triton backend with the recurrence choice fixed to `layer_plan`, on the
+        preset's device properties."""
+
+        def properties(self, device):
+            return props if props is not None else super().properties(device)
 
         def plan_choice(self, shape):
             return layer_plan, "constrained"  # never replaced by a smaller plan
@@ -1117,7 +1125,7 @@ def _report(shape: AotShape, preset: str, constraints: dict | None, arch: int,
         out["note"] = "family reference (float64): no Triton kernel"
         return out
     ctx = GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
-    launches = capture(shape, lp)
+    launches = capture(shape, lp, props=props)
     for phase, launch in launches.items():
         sub = dump_dir / shape.label.replace(" ", "_") / phase if dump_dir else None
         rep = report_kernel(phase, launch, ctx, props, arch, sub, compile_options)

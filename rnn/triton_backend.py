@@ -21,7 +21,14 @@ from triton.runtime.errors import OutOfResources
 
 from . import reference
 from .config import GATES
-from .planner import LayerPlan, _bucket, device_properties, recurrence_choice, smaller_choice
+from .planner import (
+    DeviceProperties,
+    LayerPlan,
+    _bucket,
+    device_properties,
+    recurrence_choice,
+    smaller_choice,
+)
 
 
 def _dir(pair, d: int):
@@ -38,6 +45,12 @@ class TritonRecurrence:
         # kernel cache: a refused compile is never launched again.
         self._smaller: dict[tuple, LayerPlan] = {}
 
+    def properties(self, device: torch.device) -> DeviceProperties:
+        """The device properties this backend plans for (`planner.device_properties` of the
+        tensors' device). Tools that plan for another device (`tritonrnn aot`'s presets)
+        override this, and `plan_choice`."""
+        return device_properties(device)
+
     def plan_choice(self, shape: tuple) -> tuple[LayerPlan, str]:
         """(plan, source): the planner's choice for a recurrence given as `_shape` makes it
         (`recurrence_choice`; source is heuristic, tuned or constrained). Tools that fix the
@@ -47,7 +60,7 @@ class TritonRecurrence:
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
         """(plan, source, shape) for `_run`: the plan that runs `phase` of this recurrence is
         the planner's, or what replaced it after a launch needed more than the device has."""
-        shape = _shape(cell, R, Pw, batch, num_dirs)
+        shape = _shape(cell, R, Pw, batch, num_dirs, self.properties(R.device))
         lp, source = self.plan_choice(shape)
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
             lp = self._smaller[key]
@@ -103,6 +116,8 @@ class TritonRecurrence:
                  reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
         args = (cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                 reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
+        choice = self._choice(cell, R, Pw, info.B, 1, "backward")
+        props = choice[2][6]  # the split-K tiles' device: the plan's
 
         def launch(lp: LayerPlan) -> None:
             if lp.family == "reference":
@@ -111,7 +126,7 @@ class TritonRecurrence:
                 from tritonrnn.kernels.persistent_cta import cta_backward
 
                 cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-            elif (tiles := _split_k(lp, cell, R, Pw, info.B)) is not None:
+            elif (tiles := _split_k(lp, cell, R, Pw, info.B, props)) is not None:
                 from tritonrnn.kernels.split_k import split_k_backward
 
                 U, KB, BB = tiles
@@ -124,7 +139,7 @@ class TritonRecurrence:
 
                 _with_stepwise_fallback(grid_backward, args, lp, backward=True)
 
-        self._run("backward", self._choice(cell, R, Pw, info.B, 1, "backward"), launch)
+        self._run("backward", choice, launch)
 
     def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
         """Both directions of a bidirectional layer; every tensor argument is a pair
@@ -154,10 +169,12 @@ class TritonRecurrence:
         ins = (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT)
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         args = (cell, *ins, info, *outs)
+        choice = self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward")
+        props = choice[2][6]
 
         def launch(lp: LayerPlan) -> None:
             if (not self._shares_launch(lp)
-                    or _split_k(lp, cell, R[0], _dir(Pw, 0), info.B) is not None):
+                    or _split_k(lp, cell, R[0], _dir(Pw, 0), info.B, props) is not None):
                 for d in range(2):
                     self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
                                   *(_dir(t, d) for t in outs))
@@ -170,8 +187,7 @@ class TritonRecurrence:
 
                 _with_stepwise_fallback(grid_backward_pair, args, lp, backward=True)
 
-        self._run("backward", self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward"),
-                  launch)
+        self._run("backward", choice, launch)
 
     @staticmethod
     def _shares_launch(lp: LayerPlan) -> bool:
@@ -182,12 +198,13 @@ class TritonRecurrence:
         return lp.family != "reference" and lp.num_dirs == 2
 
 
-def _shape(cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int) -> tuple:
+def _shape(cell: str, R: torch.Tensor, Pw, batch: int, num_dirs: int,
+           props: DeviceProperties) -> tuple:
     """A recurrence as the planner takes it (`recurrence_choice`'s and `smaller_choice`'s
     arguments): (cell, H, Hout, P, dtype, batch, device properties, num_dirs)."""
     H = R.shape[0] // GATES[cell]
     P = Pw.shape[0] if Pw is not None else 0
-    return cell, H, R.shape[1], P, R.dtype, batch, device_properties(R.device), num_dirs
+    return cell, H, R.shape[1], P, R.dtype, batch, props, num_dirs
 
 
 def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
@@ -198,7 +215,7 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
 
 
 def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
-             batch: int) -> tuple[int, int, int] | None:
+             batch: int, props: DeviceProperties) -> tuple[int, int, int] | None:
     """The split-K backward's tiles (kernels/split_k.py) where TRITONRNN_BWD_SPLIT_K=on and
     the plan's grid-family backward has no projection, else None."""
     from tritonrnn.kernels import split_k
@@ -206,7 +223,7 @@ def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
     if not split_k._BWD_SPLIT_K:
         return None
     return split_k.split_k_applies(cell, R.shape[1], 0 if Pw is None else Pw.shape[0], batch,
-                                   R.dtype, lp.family, device_properties(R.device))
+                                   R.dtype, lp.family, props)
 
 
 def _tiles(lp: LayerPlan) -> str:

@@ -863,6 +863,25 @@ def test_split_k_backward_compiles_where_switched_on(monkeypatch):
     assert _local_ops(bwd)[0] == 0 and bwd["fits"], bwd["profile"]
 
 
+@pytest.mark.parametrize("preset, tiles", [("h100", (64, 512, 64)), ("a100", (256, 256, 64))])
+def test_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, preset, tiles):
+    """The split-K backward's tiles come from the device at launch, not from the plan: a
+    capture for a preset derives them from the preset's properties (an A100 has 108 SMs and
+    less shared memory than the interpreter preset's H100 figures), as a launch on that GPU
+    would (`split_k_tiles`)."""
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    shape = aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16)
+    lp, _ = aot.plan_layer(shape, preset)
+    assert split_k.split_k_tiles("lstm", 1024, 64, torch.bfloat16, PRESETS[preset]) == tiles
+    bwd = aot.capture(shape, lp, props=PRESETS[preset])["backward"]
+    U, KB, BB = tiles
+    assert bwd.name == "_split_k_bwd_kernel"
+    assert (bwd.kwargs["U"], 4 * bwd.kwargs["KC"], bwd.kwargs["BB"]) == tiles
+    assert bwd.grid == (split_k.tiles("lstm", 1024, 64, U, KB, BB)[0],)
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text
