@@ -552,6 +552,21 @@ def _store_gate(ptr, stride, rows, hs, val, mask, k: tl.constexpr, G: tl.constex
 
 
 @triton.jit
+def _program_tile(pid, LENS, B, H: tl.constexpr, HOUT: tl.constexpr, NH: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Program pid's tile of a grid launch (NH hidden slices, then batch tiles): its hidden
+    units hs and output units os_ (HOUT: h's width) with their masks, its batch rows jb (jb64)
+    with theirs, the rows' lengths and tile_len, the steps during which the tile has work."""
+    p = pid % NH
+    hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
+    os_ = p * BLOCK_O + tl.arange(0, BLOCK_O)
+    jb = (pid // NH) * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_ok = jb < B
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    return hs, hs < H, os_, os_ < HOUT, jb, b_ok, jb.to(tl.int64), lens, tl.max(lens, axis=0)
+
+
+@triton.jit
 def _step_rows(OFFS, lens, jb64, b_ok, s, rev, REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr):
     """Active mask and packed rows (int64) of the batch tile at step s. One direction: REVERSE
     (constexpr); two: the program's direction rev (0 or 1, runtime) selects the reversal."""
@@ -1027,16 +1042,8 @@ def _grid_fwd_kernel(
         CWS += d64 * B * H
         MWS += d64 * B * H
         SYNC += rev * 2
-    p = pid % NH
-    hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = hs < H
-    os_ = p * BLOCK_O + tl.arange(0, BLOCK_O)
-    o_ok = os_ < HOUT
-    jb = (pid // NH) * BLOCK_B + tl.arange(0, BLOCK_B)
-    b_ok = jb < B
-    jb64 = jb.to(tl.int64)
-    lens = tl.load(LENS + jb, mask=b_ok, other=0)
-    tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
+    hs, h_ok, os_, o_ok, jb, b_ok, jb64, lens, tile_len = _program_tile(
+        pid, LENS, B, H, HOUT, NH, BLOCK_H, BLOCK_O, BLOCK_B)
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
     if GATES > 0:  # one tile per chunk for all gates (wa0 / wb0); the rest unused
@@ -1518,16 +1525,9 @@ def _grid_bwd_kernel(
         DCWS += d64 * B * H
         DHWS += d64 * B * P
         SYNC += rev * 2
-    p = pid % NH
-    hs = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = hs < H
-    os_ = p * BLOCK_O + tl.arange(0, BLOCK_O)
-    o_ok = os_ < HOUT
-    jb = (pid // NH) * BLOCK_B + tl.arange(0, BLOCK_B)
-    b_ok = jb < B
-    jb64 = jb.to(tl.int64)
-    lens = tl.load(LENS + jb, mask=b_ok, other=0)
-    tile_len = tl.max(lens, axis=0)  # steps during which the batch tile has work
+    hs, h_ok, os_, o_ok, jb, b_ok, jb64, lens, tile_len = _program_tile(
+        pid, LENS, B, H, HOUT, NH, BLOCK_H, BLOCK_O, BLOCK_B)
+    p = pid % NH  # the hidden slice (the partial products' rows and slot)
 
     # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
