@@ -186,13 +186,13 @@ DEFAULT_STAGES = 3
 
 
 @triton.jit
-def _mm(a, b, FP32_DOT: tl.constexpr):
-    """[S, M, K] @ [S, K, N] -> [S, M, N] with fp32 accumulation; fp32 operands in IEEE
-    precision (no tf32). (Vector tiles, batch tiles narrower than an MMA, use `_vdot`.)"""
+def _mm(a, b, FP32_DOT: tl.constexpr, acc=None):
+    """[S, M, K] @ [S, K, N] (+ acc) -> [S, M, N] with fp32 accumulation; fp32 operands in
+    IEEE precision (no tf32). (Vector tiles, batch tiles narrower than an MMA, use `_vdot`.)"""
     if FP32_DOT:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, acc, input_precision="ieee")
     else:
-        return tl.dot(a, b)
+        return tl.dot(a, b, acc)
 
 
 @triton.jit

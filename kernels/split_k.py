@@ -43,21 +43,12 @@ from .grid_barrier import (
     grid_arrive,
     grid_wait,
 )
-from .persistent_grid import _env_on_off, _step_rows, grid_smem_budget
+from .persistent_grid import _env_on_off, _mm, _step_rows, grid_smem_budget
 
 # TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the Triton
 # backend runs a persistent-grid or stepwise plan's backward without a projection here where
 # `split_k_tiles` finds co-resident tiles (`rnn.triton_backend`). Off by default: untimed.
 _BWD_SPLIT_K = _env_on_off("TRITONRNN_BWD_SPLIT_K")
-
-
-@triton.jit
-def _mm(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b in fp32; fp32 operands in IEEE precision (no tf32)."""
-    if FP32_DOT:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -70,21 +61,20 @@ def _product(DPH, rows, act, kb, r0, r1, r2, r3, BB: tl.constexpr, U: tl.constex
     kk = tl.arange(0, KC)
     a = DPH + rows[:, None] * (G * H) + kb * (4 * KC) + kk[None, :]
     m = act[:, None]
-    zero = tl.zeros((BB, U), dtype=tl.float32)
-    acc = _mm(tl.load(a, mask=m, other=0.0), r0, zero, FP32_DOT)
+    acc = _mm(tl.load(a, mask=m, other=0.0), r0, FP32_DOT)
     if SPLIT == 4:
-        acc1 = _mm(tl.load(a + KC, mask=m, other=0.0), r1, zero, FP32_DOT)
-        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, zero, FP32_DOT)
-        acc3 = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, zero, FP32_DOT)
+        acc1 = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT)
+        acc3 = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT)
         acc = (acc + acc1) + (acc2 + acc3)
     elif SPLIT == 2:
-        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, acc, FP32_DOT)
-        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, zero, FP32_DOT)
-        acc = acc + _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, acc2, FP32_DOT)
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT, acc)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT)
+        acc = acc + _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT, acc2)
     else:
-        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, acc, FP32_DOT)
-        acc = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, acc, FP32_DOT)
-        acc = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, acc, FP32_DOT)
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT, acc)
+        acc = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT, acc)
+        acc = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT, acc)
     return acc
 
 
