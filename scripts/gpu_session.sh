@@ -19,7 +19,7 @@
 # Triton's default 3 (`st3`: LSTM / GRU H=1024 B=256, LSTM H=1408 B=1) and against 8
 # (`st8`, LSTM H=1024 B=256), the 4-warp backward the too-large-to-hoist rule replaced
 # (`bw4`), the 16 x 32 forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64
-# tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 460):
+# tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 480):
 # the split-K backward (kernels/split_k.py, off by default: a third of the streamed grid's L2
 # bytes per step at LSTM H=1024 B=256, a quarter of the resident grid's at B=64 and B=16,
 # for a second grid barrier) against the plan's backward and cuDNN's; `tests` runs its GPU
@@ -261,11 +261,12 @@ case "$stage" in
   splitk)
     # The split-K backward (kernels/split_k.py, TRITONRNN_BWD_SPLIT_K; two grid barriers a
     # step, R resident in blocks): the layer with and without it (step_ablation set splitk:
-    # LSTM H = 1024 / 768 at B = 256 and 64, H = 1024 at B = 16, GRU H = 1024 B = 64), then the
-    # library's backward and cuDNN's at those shapes (preset split-k, the plan's kernels
-    # compiled by the ablation already), then the kernel alone (scripts/split_k_probe.py:
-    # its step against the bare barriers, the GEMMs outside the recurrence).
-    ablate 150 splitk
+    # LSTM H = 1024 / 768 at B = 256 and 64, H = 1024 at B = 16, GRU H = 1024 B = 64 and
+    # H = 1536 B = 16), then the library's backward and cuDNN's at the LSTM shapes (preset
+    # split-k, the plan's kernels compiled by the ablation already), then the kernel alone
+    # (scripts/split_k_probe.py: its step against the bare barriers, the GEMMs outside the
+    # recurrence).
+    ablate 170 splitk
     box 130 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
       --no-tune --no-progress --out "$out"
     box 150 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"

@@ -160,8 +160,8 @@ SETS = {
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
     # The split-K backward (kernels/split_k.py) against the plan's at the shapes where the
     # layer stays under 2x cuDNN's CUDA graph (B = 16 / 64) or under cuDNN (B = 256).
-    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;lstm,1024,16;gru,1024,64",
-               "layer;splitk,layer"),
+    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;lstm,1024,16;gru,1024,64;"
+               "gru,1536,16", "layer;splitk,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
     # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
