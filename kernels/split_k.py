@@ -18,6 +18,11 @@ bytes per step, at B = 64 (U = 64) a quarter of the resident grid's; for two gri
 step instead of one (kernels/NOTES.md, "A split-K backward").
 `scripts/split_k_probe.py` times it against the library's backward and cuDNN's.
 
+A second form, `one_barrier=True` (`_split_k1_bwd_kernel`, small batches): a K block is all
+gates of KB / G units, and each program of a K block runs those units' cells itself
+(redundantly with the K block's other programs), so dpre never crosses programs and a step
+meets one grid barrier, for H * BB fp32 partials read by every program (kernels/NOTES.md).
+
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
 every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
 Under TRITON_INTERPRET=1 (or persistent=False) each phase of each step is its own launch and
@@ -213,6 +218,121 @@ def _split_k_bwd_kernel(
     tl.store(DCC + state, dcc, mask=own)
 
 
+@triton.jit
+def _r_gate(R, ku, cols, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr):
+    """Gate k's rows of the K block's units in R, columns `cols`: [KU, U] (gate 0's rows past
+    G: never multiplied)."""
+    return tl.load(R + ((k if k < G else 0) * H + ku)[:, None] * H + cols[None, :])
+
+
+@triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "max_spin"])
+def _split_k1_bwd_kernel(
+    PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, OFFS, LENS,
+    DPX, DPH, DH0, DC0, PART, HC, DCC, SYNC,
+    B, S, q_begin, q_end, max_spin,
+    CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
+    KU: tl.constexpr, BB: tl.constexpr, NK: tl.constexpr, REVERSE: tl.constexpr,
+    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
+):
+    """The one-barrier form (`split_k_backward(one_barrier=True)`): iterations q in
+    [q_begin, q_end) of q = 0..S. Program (ub, kb, bt) runs the cells of its K block's KU
+    units (kb) for its batch tile, redundantly with the other unit blocks of that K block:
+    dh = dy + the carried direct term + the NK partials of iteration q - 1 (slot q % 2 of
+    PART [2, NK, Bpad, H] fp32; zeros at q = 0), the cell's backward, then the product of
+    the resulting gate gradients (h side: all G gates of the KU units) with its R block
+    [G x KU, U] into its partial, slot (q + 1) % 2, and one grid barrier. It stores its
+    share of the K block's dpre (units kk with kk * NU // KU == ub) and, at q = S, of dh0 /
+    dc0. HC / DCC [2, Bpad, H]: the carries at launch boundaries (every program of a K block
+    holds the same values; each stores its share)."""
+    NU: tl.constexpr = H // U
+    pid = tl.program_id(0)
+    ub = pid % NU
+    kb = (pid // NU) % NK
+    bt = pid // (NU * NK)
+    jb = bt * BB + tl.arange(0, BB)
+    b_ok = jb < B
+    jb64 = jb.to(tl.int64)
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    cols = ub * U + tl.arange(0, U)
+    kk = tl.arange(0, KU)
+    ku = kb * KU + kk
+    r0 = _r_gate(R, ku, cols, 0, G, H)
+    r1 = _r_gate(R, ku, cols, 1, G, H)
+    r2 = _r_gate(R, ku, cols, 2, G, H)
+    r3 = _r_gate(R, ku, cols, 3, G, H)
+    own = b_ok[:, None] & (kk >= 0)[None, :]
+    mine = own & ((kk * NU) // KU == ub)[None, :]  # this program's share of the stores
+    state = jb64[:, None] * H + ku[None, :]
+    nprog = tl.num_programs(0)
+    bpad = nprog // (NU * NK) * BB  # PART's batch rows
+    slot = NK * bpad * H
+    # The carries: slot q_begin % 2 in, q_end % 2 out (a K block's programs all read them at
+    # the start of a launch, and a stepwise launch's programs run in any order).
+    c_in = (q_begin % 2).to(tl.int64) * bpad * H + state
+    hc = tl.load(HC + c_in, mask=own, other=0.0)
+    dcc = tl.load(DCC + c_in, mask=own, other=0.0)
+    act, rows = _step_rows(OFFS, lens, jb64, b_ok, S - 1 - q_begin, 0, REVERSE, 1)
+    m = act[:, None] & own
+    dy, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp = _cell_inputs(
+        PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, ku, m, CELL, G, H)
+    failed = q_begin * 0
+    q = q_begin
+    while (q < q_end) & (failed == 0):
+        s = S - 1 - q
+        # Nested: the constexpr test must compile the barrier out entirely (interpreter).
+        if BARRIER:  # noqa: SIM102 (iteration q - 1's partials, every program's, are stored)
+            if q > q_begin:
+                failed = grid_wait(SYNC, (q - q_begin) * nprog, max_spin)
+        part = hc
+        if q > 0:
+            src = PART + (q % 2).to(tl.int64) * slot + jb64[:, None] * H + ku[None, :]
+            for k in tl.static_range(NK):
+                part += tl.load(src + k * bpad * H)
+        if s >= 0:
+            dx0, dx1, dx2, dx3, dh2, direct, dcp, _m = cells.cell_backward(
+                CELL, x0, x1, x2, x3, h0, h1, h2, h3, dy + part, y, hp, c, cp, dcc)
+            # The product with R: the h side's gate gradients, zero on rows not active.
+            ty = R.dtype.element_ty
+            acc = _mm(tl.where(m, dx0, 0.0).to(ty), r0, FP32_DOT)
+            if G > 1:
+                acc = _mm(tl.where(m, dx1, 0.0).to(ty), r1, FP32_DOT, acc)
+                acc = _mm(tl.where(m, dh2, 0.0).to(ty), r2, FP32_DOT, acc)
+            if G > 3:
+                acc = _mm(tl.where(m, dx3, 0.0).to(ty), r3, FP32_DOT, acc)
+            dst = PART + ((q + 1) % 2).to(tl.int64) * slot + kb * bpad * H
+            tl.store(dst + jb64[:, None] * H + cols[None, :], acc)
+            if BARRIER:
+                grid_arrive(SYNC)
+            # Work nobody waits for: this program's share of dpre, the next step's inputs.
+            sm = act[:, None] & mine
+            ty = DPX.dtype.element_ty
+            g_at = rows[:, None] * (G * H) + ku[None, :]
+            tl.store(DPX + g_at, dx0.to(ty), mask=sm)
+            if G > 1:
+                tl.store(DPX + g_at + H, dx1.to(ty), mask=sm)
+                tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=sm)
+            if G > 3:
+                tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=sm)
+            if CELL == 1:  # GRU: the h side's gradients, n gate times r
+                tl.store(DPH + g_at, dx0.to(ty), mask=sm)
+                tl.store(DPH + g_at + H, dx1.to(ty), mask=sm)
+                tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=sm)
+            hc = tl.where(m, direct, hc)
+            dcc = tl.where(m, dcp, dcc)
+            act, rows = _step_rows(OFFS, lens, jb64, b_ok, s - 1, 0, REVERSE, 1)
+            m = act[:, None] & own
+            dy, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp = _cell_inputs(
+                PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, ku, m, CELL, G, H)
+        else:  # q = S: the carries into step -1 are dh0, dc0
+            tl.store(DH0 + state, part.to(DH0.dtype.element_ty), mask=mine)
+            if CELL == 0:
+                tl.store(DC0 + state, dcc.to(DC0.dtype.element_ty), mask=mine)
+        q += 1
+    c_out = (q_end % 2).to(tl.int64) * bpad * H + state
+    tl.store(HC + c_out, hc, mask=mine)
+    tl.store(DCC + c_out, dcc, mask=mine)
+
+
 def split(U: int, BB: int) -> int:
     """Independent accumulators of phase A's product: 4 for [BB, U] tiles of up to 1024
     elements, 2 up to 4096, else 1 (a [128, 128] fp32 accumulator is 64 registers a thread on
@@ -220,11 +340,21 @@ def split(U: int, BB: int) -> int:
     return 4 if BB * U <= 1024 else 2 if BB * U <= 4096 else 1
 
 
-def tiles(cell: str, H: int, B: int, U: int, KB: int, BB: int) -> tuple[int, int, int]:
+def tiles(cell: str, H: int, B: int, U: int, KB: int, BB: int,
+          one_barrier: bool = False) -> tuple[int, int, int]:
     """(programs, NK K blocks, US cell units per program); ValueError naming what does not
-    divide or is not a power of two."""
+    divide or is not a power of two. one_barrier: a K block is all G gates of KB / G units
+    (a power of two, at least 16), whose cells each of its programs runs (US = KB / G)."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (U, KB, BB))
+    pow2 = all(v > 0 and v & (v - 1) == 0 for v in (U, KB // G if one_barrier else KB, BB))
+    if one_barrier:
+        ku = KB // G
+        if not pow2 or KB % G or H % U or H % ku or ku < 16 or U < 16 or BB < 16:
+            raise ValueError(f"split_k: expected powers of two units | H (>= 16), kblock = "
+                             f"{G} * a power of two >= 16 dividing H, and btile >= 16, got "
+                             f"cell {cell!r}, H={H}, units={U}, kblock={KB}, btile={BB}")
+        nk = H // ku
+        return (H // U) * nk * triton.cdiv(max(B, 1), BB), nk, ku
     if not pow2 or H % U or (G * H) % KB or KB < 64 or BB < 16:
         raise ValueError(f"split_k: expected powers of two units | H, 64 <= kblock | G*H and "
                          f"btile >= 16, got cell {cell!r}, H={H}, units={U}, kblock={KB}, "
@@ -275,6 +405,51 @@ def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     return None if best is None else best[1]
 
 
+# The one-barrier form's cell tile [BB, KU] (elements): a program holds its cells' 13 inputs
+# across the wait; the sm_90 compiles (Triton 3.6, LSTM H=1024, 8 warps) of [64, 64] spilled
+# (134 local loads per step), [16, 64] did not.
+_CELL_TILE = 2048
+# The largest batch the one-barrier form takes: at B = 64 (LSTM H=1024, 256 x 128 x 64, the
+# rule's tiles without this cap) its step loop spilled (4 local loads, 2 stores per step) and
+# ran 2181 instructions against 949 at B = 16.
+_ONE_BARRIER_BATCH = 32
+
+
+def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
+                   props) -> tuple[int, int, int] | None:
+    """(units, kblock, btile) of the one-barrier form (`split_k_backward(one_barrier=True)`)
+    on a device, or None (always past _ONE_BARRIER_BATCH): the batch tile the batch's power
+    of two (every program reads H * btile fp32 partials a step, whatever its tiles), then
+    of the unit blocks and K blocks (kblock = G x K-block units) whose R block stays within
+    _R_BLOCK and smem, whose cell tile [BB, KU] within _CELL_TILE and whose programs fit the
+    SMs, the most programs (the least product each), then the fewest bytes of its partial
+    stored (4 * U * BB, weighted 4: before the barrier's fence) and of the cells' inputs
+    read ((2 G + 3) * KU * BB, before the wait), ties to fewer units. LSTM bf16 on 132
+    SMs: H=1024 B=16 128 x 256 x 16 (K blocks of 64 units, 128 programs), B=32 128 x 256 x
+    32. Untimed (scripts/split_k_probe.py --one-barrier)."""
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    e = torch.empty(0, dtype=dtype).element_size()
+    sm_count, smem = props.sm_count, grid_smem_budget(props.smem_per_program)
+    if B > _ONE_BARRIER_BATCH:
+        return None
+    bb = max(16, triton.next_power_of_2(max(B, 1)))
+    best = None
+    for U in (16, 32, 64, 128, 256):
+        for ku in (16, 32, 64, 128, 256):
+            try:
+                programs, _, _ = tiles(cell, H, B, U, G * ku, bb, one_barrier=True)
+            except ValueError:
+                continue
+            block = G * ku * U * e
+            if (programs > sm_count or block > _R_BLOCK or block > smem or bb * U > 128 * 128
+                    or ku * bb > _CELL_TILE):
+                continue
+            key = (-programs, 16 * U * bb + (2 * G + 3) * ku * bb * e, U)
+            if best is None or key < best[0]:
+                best = (key, (U, G * ku, bb))
+    return None if best is None else best[1]
+
+
 def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, family: str,
                     props) -> tuple[int, int, int] | None:
     """The split-K tiles where the switch is on and a backward of `family` without a
@@ -285,13 +460,44 @@ def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, famil
     return split_k_tiles(cell, H, B, dtype, props)
 
 
-def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int) -> dict[str, tuple]:
+def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,
+              one_barrier: bool = False) -> dict[str, tuple]:
     """The fp32 workspace `split_k_backward` allocates per call, by name: the partials
     [NK, Bpad, H] and the carries of dh's direct term and of dc [Bpad, H] each, Bpad the batch
-    rounded up to the batch tile (the kernel's programs cover whole tiles)."""
-    nk = tiles(cell, H, B, U, KB, BB)[1]
+    rounded up to the batch tile (the kernel's programs cover whole tiles); one_barrier: two
+    slots of each ([2, ...]: iteration q reads one and writes the other)."""
+    nk = tiles(cell, H, B, U, KB, BB, one_barrier)[1]
     bpad = triton.cdiv(max(B, 1), BB) * BB
-    return {"partials": (nk, bpad, H), "dh_carry": (bpad, H), "dc_carry": (bpad, H)}
+    two = (2,) if one_barrier else ()
+    return {"partials": (*two, nk, bpad, H), "dh_carry": (*two, bpad, H),
+            "dc_carry": (*two, bpad, H)}
+
+
+def _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, dpre_x,
+                 dpre_h, dh0, dc0) -> tuple[int, int, int]:
+    """(cell id, G, H) of a split-K backward's arguments; ValueError naming the first that is
+    not what the contract asks for."""
+    cid = cells.CELL_IDS.get(cell)
+    if cid is None:
+        raise ValueError(f"cell: expected one of {list(cells.CELL_IDS)}, got {cell!r}")
+    G = cells.NUM_GATES[cid]
+    GH, H = R.shape
+    if GH != G * H:
+        raise ValueError(f"R: expected shape [{G} * H, H] for cell {cell!r}, got {list(R.shape)}")
+    B, N = info.B, info.N
+    check_backward_preacts(cell, pre_x, pre_h, (N, GH))
+    expect = {"y": (y, (N, H)), "h_prev": (h_prev, (N, H)), "dy": (dy, (N, H)),
+              "dhT": (dhT, (B, H)), "dh0": (dh0, (B, H)), "dpre_x": (dpre_x, (N, GH))}
+    if cid == cells.CELL_LSTM:
+        expect.update(c_seq=(c_seq, (N, H)), c_prev=(c_prev, (N, H)), dcT=(dcT, (B, H)),
+                      dc0=(dc0, (B, H)))
+    if cid == cells.CELL_GRU:
+        expect["dpre_h"] = (dpre_h, (N, GH))
+    for name, (x, shape) in expect.items():
+        if x is None or tuple(x.shape) != shape:
+            raise ValueError(f"{name}: expected shape {list(shape)}, got "
+                             f"{None if x is None else list(x.shape)}")
+    return cid, G, H
 
 
 def split_k_backward(
@@ -318,51 +524,38 @@ def split_k_backward(
     btile: int,
     num_warps: int = 8,
     persistent: bool = True,
+    one_barrier: bool = False,
     _max_spin: int = DEFAULT_MAX_SPIN,
 ) -> None:
     """Backward recurrence of one layer/direction without a projection, the contract of
     `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU), dh0
     [B, H], dc0 [B, H] (LSTM) in place). units / kblock / btile: U, KB, BB of the module
     docstring (`tiles`). persistent (a GPU): one launch, every program co-resident; else
-    (and in the interpreter) two launches per step. No atomics on results."""
-    cid = cells.CELL_IDS.get(cell)
-    if cid is None:
-        raise ValueError(f"cell: expected one of {list(cells.CELL_IDS)}, got {cell!r}")
-    G = cells.NUM_GATES[cid]
-    GH, H = R.shape
-    if GH != G * H:
-        raise ValueError(f"R: expected shape [{G} * H, H] for cell {cell!r}, got {list(R.shape)}")
-    B, N, S = info.B, info.N, info.max_len
-    check_backward_preacts(cell, pre_x, pre_h, (N, GH))
-    expect = {"y": (y, (N, H)), "h_prev": (h_prev, (N, H)), "dy": (dy, (N, H)),
-              "dhT": (dhT, (B, H)), "dh0": (dh0, (B, H)), "dpre_x": (dpre_x, (N, GH))}
-    if cid == cells.CELL_LSTM:
-        expect.update(c_seq=(c_seq, (N, H)), c_prev=(c_prev, (N, H)), dcT=(dcT, (B, H)),
-                      dc0=(dc0, (B, H)))
-    if cid == cells.CELL_GRU:
-        expect["dpre_h"] = (dpre_h, (N, GH))
-    for name, (x, shape) in expect.items():
-        if x is None or tuple(x.shape) != shape:
-            raise ValueError(f"{name}: expected shape {list(shape)}, got "
-                             f"{None if x is None else list(x.shape)}")
-    programs, nk, us = tiles(cell, H, B, units, kblock, btile)
+    (and in the interpreter) two launches per step (one_barrier: one). No atomics on
+    results. one_barrier: `_split_k1_bwd_kernel`, a K block all gates of kblock / G units
+    whose cells its programs run redundantly, one grid barrier a step."""
+    cid, G, H = _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
+                             info, dpre_x, dpre_h, dh0, dc0)
+    B, S = info.B, info.max_len
+    programs, nk, us = tiles(cell, H, B, units, kblock, btile, one_barrier)
     dev = dy.device
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    if 2 * (S + 1) * programs > 2**31 - 1:  # the barrier counter is an int32
+    barriers = S if one_barrier else 2 * (S + 1)
+    if barriers * programs > 2**31 - 1:  # the barrier counter is an int32
         raise ValueError(f"split_k: {S} steps on {programs} programs pass the grid barrier's "
-                         f"int32 counter (2 * (steps + 1) * programs <= 2**31 - 1)")
+                         f"int32 counter ({barriers} barriers * programs <= 2**31 - 1)")
     if persistent and not interp:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "
                              f"SMs (units={units}, kblock={kblock}, btile={btile})")
-    ws = workspace(cell, H, B, units, kblock, btile)
+    ws = workspace(cell, H, B, units, kblock, btile, one_barrier)
     part = torch.empty(ws["partials"], dtype=torch.float32, device=dev)
     hc = torch.zeros(ws["dh_carry"], dtype=torch.float32, device=dev)
-    hc[:B] = dhT
+    (hc[0] if one_barrier else hc)[:B] = dhT
     dcc = torch.zeros(ws["dc_carry"], dtype=torch.float32, device=dev)
     if dcT is not None:
-        dcc[:B] = dcT
+        (dcc[0] if one_barrier else dcc)[:B] = dcT
     sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)
     # The kernel reads and writes rows of stride H / G*H: strided inputs are copied, strided
     # outputs written through contiguous stand-ins and copied back.
@@ -378,17 +571,21 @@ def split_k_backward(
             h_prev, c_seq if c_seq is not None else y, c_prev if c_prev is not None else y, dy,
             info.offsets, info.lengths_sorted, dpx,
             dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc, sync, B, S)
-    meta = dict(CELL=cid, G=G, H=H, U=units, KC=kblock // 4, BB=btile, NK=nk, US=us,
-                SPLIT=split(units, btile), REVERSE=reverse,
-                FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
     grid = (programs,)
+    common = dict(CELL=cid, G=G, H=H, U=units, BB=btile, NK=nk, REVERSE=reverse,
+                  FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
+    if one_barrier:  # (q_begin, q_end) alone; one launch per step without the barrier
+        kernel, meta, whole, per_step = _split_k1_bwd_kernel, dict(KU=us), (), ((),)
+    else:  # then which phases run: both, or one per launch without the barrier
+        kernel, meta = _split_k_bwd_kernel, dict(KC=kblock // 4, US=us, SPLIT=split(units, btile))
+        whole, per_step = (1, 1), ((1, 0), (0, 1))
     if persistent and not interp:
-        _split_k_bwd_kernel[grid](*args, 0, S + 1, 1, 1, _max_spin, BARRIER=1, **meta,
-                                  **cooperative_launch_options())
+        kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=1, **common, **meta,
+                     **cooperative_launch_options())
         check_flags(sync, "split_k_backward")
     else:
         for q in range(S + 1):
-            for a, b in ((1, 0), (0, 1)):
-                _split_k_bwd_kernel[grid](*args, q, q + 1, a, b, _max_spin, BARRIER=0, **meta)
+            for phases in per_step:
+                kernel[grid](*args, q, q + 1, *phases, _max_spin, BARRIER=0, **common, **meta)
     for o in outs:
         o.copy_(stand_in[id(o)])

@@ -19,11 +19,12 @@
 # Triton's default 3 (`st3`: LSTM / GRU H=1024 B=256, LSTM H=1408 B=1) and against 8
 # (`st8`, LSTM H=1024 B=256), the 4-warp backward the too-large-to-hoist rule replaced
 # (`bw4`), the 16 x 32 forward on 4 warps where 8 was not timed (`fw4`), a resident 32 x 64
-# tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 480):
+# tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 500):
 # the split-K backward (kernels/split_k.py, off by default: a third of the streamed grid's L2
 # bytes per step at LSTM H=1024 B=256, a quarter of the resident grid's at B=64 and B=16,
-# for a second grid barrier) against the plan's backward and cuDNN's; `tests` runs its GPU
-# test (test_gpu_split_k_backward) first.
+# for a second grid barrier) against the plan's backward and cuDNN's, then the kernel alone in
+# both its forms (two grid barriers a step, and one with each K block's cells run by all
+# its programs); `tests` runs their GPU test (test_gpu_split_k_backward) first.
 # A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
@@ -265,12 +266,15 @@ case "$stage" in
     # H = 1536 B = 16), then the library's backward and cuDNN's at the LSTM shapes (preset
     # split-k, the plan's kernels compiled by the ablation already), then the kernel alone
     # (scripts/split_k_probe.py: its step against the bare barriers, the GEMMs outside the
-    # recurrence).
-    ablate 170 splitk
-    box 130 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
+    # recurrence), and its one-barrier form (--one-barrier: LSTM H = 1024 / 768 at B = 16,
+    # H = 1024 at B = 32; kernels/NOTES.md, "A split-K backward").
+    ablate 160 splitk
+    box 110 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
       --no-tune --no-progress --out "$out"
-    box 150 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
-    tail -n 12 "$out/bench-split-k.log"; cat "$out/splitk.log" ;;
+    box 130 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
+    box 70 splitk1 python scripts/split_k_probe.py --one-barrier \
+      --json "$out/split-k-probe-one-barrier.json"
+    tail -n 12 "$out/bench-split-k.log"; cat "$out/splitk.log" "$out/splitk1.log" ;;
   profile)
     NCU_SECONDS=85 OUT="$out" bash scripts/gpu_profile.sh lstm,768,16 lstm,1024,64 ;;
   all)

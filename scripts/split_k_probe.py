@@ -18,12 +18,13 @@ For each config this times the whole recurrence (full lengths, T steps) and repo
 `layer_estimate_ms`, the recurrence and the GEMMs a layer backward runs outside it, to
 compare with the library's backward and cuDNN's at the same shapes in the same session
 (`tritonrnn bench --preset split-k --pass bwd`, gpu_session.sh `splitk`), and `step_us`
-against the bare barriers' (`bare_step_us`, two per step). A GPU run first checks the kernel
-against `rnn.reference.recurrence_backward` (T = 64, the reference's fp32 math) and reports
-the error.
+against the bare barriers' (`bare_step_us`, two per step; one with --one-barrier). A GPU
+run first checks the kernel against `rnn.reference.recurrence_backward` (T = 64, the
+reference's fp32 math) and reports the error.
 
     python scripts/split_k_probe.py [--cell lstm] [--config H,B,U,KB,BB ...] [--json F]
     python scripts/split_k_probe.py --aot          # no GPU: the sm_90 compiles' reports
+    python scripts/split_k_probe.py --one-barrier  # the one-barrier form (B <= 64 shapes)
 
 The sm_90 compiles (`--aot`, LSTM, bf16, 8 warps, Triton 3.6): see kernels/NOTES.md.
 """
@@ -41,7 +42,7 @@ import triton
 
 from tritonrnn.bench.timing import TimingConfig, measure
 from tritonrnn.kernels import cells
-from tritonrnn.kernels.split_k import split_k_backward, split_k_tiles, tiles
+from tritonrnn.kernels.split_k import split_k1_tiles, split_k_backward, split_k_tiles, tiles
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.reference import recurrence_backward
 
@@ -78,18 +79,19 @@ _ORDER = ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq", "c_prev", "dy", "dhT", 
 _OUTS = ("dpre_x", "dpre_h", "dh0", "dc0")
 
 
-def run(cell: str, x: dict, U: int, KB: int, BB: int, num_warps: int = 8) -> dict:
+def run(cell: str, x: dict, U: int, KB: int, BB: int, num_warps: int = 8,
+        one_barrier: bool = False) -> dict:
     """split_k_backward on `x` (forward time order); returns the outputs."""
     split_k_backward(cell, *(x[k] for k in _ORDER), False, *(x[k] for k in _OUTS), units=U,
-                     kblock=KB, btile=BB, num_warps=num_warps)
+                     kblock=KB, btile=BB, num_warps=num_warps, one_barrier=one_barrier)
     return {k: x[k] for k in _OUTS if x[k] is not None}
 
 
 def check(cell: str, H: int, B: int, T: int, U: int, KB: int, BB: int, dtype: torch.dtype,
-          device, num_warps: int = 8) -> dict:
+          device, num_warps: int = 8, one_barrier: bool = False) -> dict:
     """max |error| / max |reference| of each output against the reference engine."""
     x = inputs(cell, H, B, T, dtype, device, seed=1)
-    got = run(cell, x, U, KB, BB, num_warps)
+    got = run(cell, x, U, KB, BB, num_warps, one_barrier)
     want = {k: torch.empty_like(v) for k, v in got.items()}
     recurrence_backward(cell, x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
                         x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
@@ -100,7 +102,7 @@ def check(cell: str, H: int, B: int, T: int, U: int, KB: int, BB: int, dtype: to
 
 
 def _aot(cell: str, H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype,
-         num_warps: int = 8) -> dict:
+         num_warps: int = 8, one_barrier: bool = False) -> dict:
     """The sm_90 compile of the kernel's persistent launch on the h100 preset (no GPU needed:
     `tritonrnn.bench.aot`): its launch recorded on CPU tensors, then given the GPU's barrier,
     step range and both phases."""
@@ -110,10 +112,14 @@ def _aot(cell: str, H: int, B: int, U: int, KB: int, BB: int, dtype: torch.dtype
 
     x = inputs(cell, H, B, 8, dtype, "cpu")
     with recording(("tritonrnn.kernels.split_k",)) as sink:
-        run(cell, x, U, KB, BB, num_warps)
+        run(cell, x, U, KB, BB, num_warps, one_barrier)
     (call,) = sink.values()
     args = list(call.args)
-    args[-5:-1] = [0, x["info"].max_len + 1, 1, 1]  # q_begin, q_end, do_a, do_b
+    S = x["info"].max_len
+    if one_barrier:
+        args[-3:-1] = [0, S + 1]  # q_begin, q_end
+    else:
+        args[-5:-1] = [0, S + 1, 1, 1]  # q_begin, q_end, do_a, do_b
     kwargs = {**call.kwargs, "BARRIER": 1, **cooperative_launch_options()}
     call = dataclasses.replace(call, args=tuple(args), kwargs=kwargs)
     rep = report_kernel("backward", call, GpuContext(dtype, True), PRESETS["h100"])
@@ -128,16 +134,22 @@ SHAPES = ((1024, 256), (768, 256), (1024, 64), (768, 64), (1024, 16))
 EXTRA = ((1024, 16, 64, 1024, 16),)
 
 
-def default_configs(cell: str, dtype: torch.dtype,
-                    props) -> list[tuple[int, int, int, int, int]]:
+# The one-barrier form's (a small-batch design: every program reads H * btile fp32 partials a
+# step and holds its cells' inputs, `split_k1_tiles`): B = 16 and 32.
+ONE_BARRIER_SHAPES = ((1024, 16), (768, 16), (1024, 32))
+
+
+def default_configs(cell: str, dtype: torch.dtype, props,
+                    one_barrier: bool = False) -> list[tuple[int, int, int, int, int]]:
     """(H, B, U, KB, BB) of SHAPES on `split_k_tiles`' tiles on the device `props` (those
-    it has), then EXTRA."""
+    it has), then EXTRA; one_barrier: ONE_BARRIER_SHAPES on `split_k1_tiles`'."""
     out = []
-    for H, B in SHAPES:
-        t = split_k_tiles(cell, H, B, dtype, props)
+    rule = split_k1_tiles if one_barrier else split_k_tiles
+    for H, B in ONE_BARRIER_SHAPES if one_barrier else SHAPES:
+        t = rule(cell, H, B, dtype, props)
         if t is not None:
             out.append((H, B, *t))
-    return out + [c for c in EXTRA if c not in out]
+    return out if one_barrier else out + [c for c in EXTRA if c not in out]
 
 
 def _config(text: str) -> tuple[int, int, int, int, int]:
@@ -146,11 +158,17 @@ def _config(text: str) -> tuple[int, int, int, int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected H,B,U,KB,BB (five ints), got {text!r}") from None
-    try:
-        tiles("lstm", H, B, U, KB, BB)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
     return H, B, U, KB, BB
+
+
+def config_problem(cell: str, config: tuple[int, int, int, int, int],
+                   one_barrier: bool) -> str | None:
+    """Why `config` has no tiling for the cell and form (`tiles`' message), or None."""
+    try:
+        tiles(cell, *config, one_barrier=one_barrier)
+    except ValueError as e:
+        return f"--config {','.join(map(str, config))}: {e}"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,31 +182,36 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warps", type=int, default=8, choices=(4, 8),
                     help="warps per program (the sm_90 compiles of the default configs: "
                          "fewer step-loop instructions on 8, and no spills)")
+    ap.add_argument("--one-barrier", action="store_true",
+                    help="the one-barrier form (split_k_backward(one_barrier=True); KB = G x "
+                         "the K block's units; default configs: ONE_BARRIER_SHAPES)")
     ap.add_argument("--aot", action="store_true", help="report the sm_90 compiles instead")
     ap.add_argument("--json", help="write the results there (rewritten after each config)")
     return ap
 
 
 def _timed(cell: str, H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: torch.dtype,
-           num_warps: int) -> dict:
+           num_warps: int, one_barrier: bool = False) -> dict:
     """One config on the GPU: its error against the reference (T = 64), the whole
-    recurrence's time, the bare barriers' (2T, the same programs) and the GEMMs a layer
+    recurrence's time, the bare barriers' (2T, T for one_barrier; the same programs) and the
+    GEMMs a layer
     backward runs outside the recurrence (input size H: dx = dpre @ W, dW = dpre^T @ x,
     dR = dpre^T @ h, the bias sums); medians in ms, as `tritonrnn bench` times
     (`bench.timing.measure`)."""
     from tritonrnn.kernels.grid_barrier import check_barriers, run_bare_barriers
 
     dev = torch.device("cuda")
-    programs = tiles(cell, H, B, U, KB, BB)[0]
-    err = check(cell, H, B, min(T, 64), U, KB, BB, dtype, dev, num_warps)
+    programs = tiles(cell, H, B, U, KB, BB, one_barrier)[0]
+    err = check(cell, H, B, min(T, 64), U, KB, BB, dtype, dev, num_warps, one_barrier)
     x = inputs(cell, H, B, T, dtype, dev)
     cfg = TimingConfig()
 
     def median(fn):
         return measure(fn, "cuda", cfg).ms
 
-    ms = median(lambda: run(cell, x, U, KB, BB, num_warps))
-    bare = median(lambda: run_bare_barriers(2 * T, programs, dev, num_warps=num_warps))
+    ms = median(lambda: run(cell, x, U, KB, BB, num_warps, one_barrier))
+    barriers = T if one_barrier else 2 * T
+    bare = median(lambda: run_bare_barriers(barriers, programs, dev, num_warps=num_warps))
     check_barriers()
     dpre, w, h = x["dpre_x"], x["R"], x["h_prev"]
     gemm = median(lambda: (dpre @ w, dpre.t() @ h, dpre.t() @ h, dpre.sum(0)))
@@ -198,7 +221,11 @@ def _timed(cell: str, H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: t
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    for config in a.config or ():
+        if (problem := config_problem(a.cell, config, a.one_barrier)) is not None:
+            ap.error(problem)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     if not a.aot and not torch.cuda.is_available():
         print("split_k_probe: timing needs a GPU (--aot compiles without one)", file=sys.stderr)
@@ -206,21 +233,22 @@ def main(argv: list[str] | None = None) -> int:
     env = {"torch": torch.__version__, "triton": triton.__version__,
            "device": torch.cuda.get_device_name() if not a.aot else "sm_90 (aot, h100 preset)",
            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "cell": a.cell, "time": a.time,
-           "dtype": a.dtype, "warps": a.warps,
+           "dtype": a.dtype, "warps": a.warps, "one_barrier": a.one_barrier,
            "timing": None if a.aot else TimingConfig().describe("cuda")}
     from tritonrnn.rnn.planner import PRESETS, device_properties
 
     props = PRESETS["h100"] if a.aot else device_properties()
     results = []
-    for H, B, U, KB, BB in a.config or default_configs(a.cell, dtype, props):
+    for H, B, U, KB, BB in a.config or default_configs(a.cell, dtype, props, a.one_barrier):
         row = dict(hidden=H, batch=B, units=U, kblock=KB, btile=BB)
         try:
             if a.aot:
-                rep = _aot(a.cell, H, B, U, KB, BB, dtype, a.warps)
+                rep = _aot(a.cell, H, B, U, KB, BB, dtype, a.warps, a.one_barrier)
                 row.update({k: rep.get(k) for k in ("shared", "regs", "stack", "local", "mma",
                                                     "fits", "error", "profile")})
             else:
-                row.update(_timed(a.cell, H, B, U, KB, BB, a.time, dtype, a.warps))
+                row.update(_timed(a.cell, H, B, U, KB, BB, a.time, dtype, a.warps,
+                                  a.one_barrier))
         except Exception as e:  # a config that fails is a finding; the others still run
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         print(json.dumps(row), flush=True)

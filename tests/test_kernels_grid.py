@@ -1427,22 +1427,26 @@ def test_gpu_streamed_loops_on_deep_stages(cell, P, H, block_h, block_b, num_sta
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cell,H,units,kblock,btile,dtype", [
-    ("lstm", 128, 64, 128, 16, torch.bfloat16),  # four accumulators (`split`)
-    ("lstm", 128, 64, 128, 16, torch.float32),  # the FMA dots
-    ("gru", 128, 64, 128, 64, torch.bfloat16),  # two; a program per unit block without cells
-    ("rnn_tanh", 256, 64, 64, 32, torch.float32),
-    ("lstm", 256, 128, 512, 128, torch.bfloat16),  # one: the B = 256 configuration's tiles
-], ids=["lstm-bf16", "lstm-fp32", "gru-bf16", "tanh-fp32", "lstm-128x128-bf16"])
-def test_gpu_split_k_backward(cell, H, units, kblock, btile, dtype):
-    # kernels/split_k.py's persistent launch (two grid barriers a step, wgmma / mma.sync with
-    # the R block resident), which the interpreter runs as two launches a step.
+@pytest.mark.parametrize("cell,H,units,kblock,btile,dtype,one", [
+    ("lstm", 128, 64, 128, 16, torch.bfloat16, False),  # four accumulators (`split`)
+    ("lstm", 128, 64, 128, 16, torch.float32, False),  # the FMA dots
+    ("gru", 128, 64, 128, 64, torch.bfloat16, False),  # two; a unit block's program w/o cells
+    ("rnn_tanh", 256, 64, 64, 32, torch.float32, False),
+    ("lstm", 256, 128, 512, 128, torch.bfloat16, False),  # one: the B = 256 config's tiles
+    ("lstm", 256, 128, 256, 16, torch.bfloat16, True),  # one barrier: the B = 16 rule's tiles
+    ("gru", 128, 32, 96, 32, torch.float32, True),  # one barrier, units narrower than a block
+], ids=["lstm-bf16", "lstm-fp32", "gru-bf16", "tanh-fp32", "lstm-128x128-bf16",
+        "one-barrier-lstm-bf16", "one-barrier-gru-fp32"])
+def test_gpu_split_k_backward(cell, H, units, kblock, btile, dtype, one):
+    # kernels/split_k.py's persistent launch (two grid barriers a step, or one, wgmma /
+    # mma.sync with the R block resident), which the interpreter runs as one launch per phase
+    # of a step.
     from tritonrnn.kernels.split_k import split_k_backward
 
     ins, outs = _backward_problem(cell, H, 0, *_swap_lengths(), dtype=dtype)
     split_k_backward(ins["cell"], *(ins[k] for k in _BWD_IN if k != "Pw"), ins["info"], True,
                      *(outs[k] for k in _BWD_OUT[:4]), units=units, kblock=kblock,
-                     btile=btile)
+                     btile=btile, one_barrier=one)
     _check_backward(ins, outs, True, dtype)
 
 

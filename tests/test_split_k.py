@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tritonrnn.kernels import cells
-from tritonrnn.kernels.split_k import split, split_k_backward, tiles
+from tritonrnn.kernels.split_k import split, split_k1_tiles, split_k_backward, tiles
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.reference import recurrence_backward
 
@@ -26,6 +26,20 @@ CASES = [
     ("rnn_relu", 64, [2, 4, 4, 1], 64, 64, 32),
     ("lstm", 16, [3, 0, 2], 16, 64, 32),
     ("lstm", 128, [2, 1, 2], 128, 128, 64),
+]
+
+
+# The one-barrier form (`one_barrier=True`; kblock = G x the K block's units): unit blocks
+# both wider and narrower than the K blocks (each program storing several units of a K
+# block's dpre, or only some programs storing one), K blocks of 16 and 32 units, GRU's 3 x 16
+# rows, two batch tiles (the second partial), a 32-row tile over 3 rows.
+ONE_BARRIER_CASES = [
+    ("lstm", 32, [5, 0, 3, 5, 1, 4, 2, 5, 0, 3, 3, 1, 5, 2, 4, 5, 3, 2], 16, 64, 16),
+    ("lstm", 64, [4, 1, 0, 4, 2, 3], 64, 64, 16),
+    ("gru", 64, [4, 1, 0, 4, 2, 3], 16, 48, 16),
+    ("rnn_tanh", 64, [3, 3, 1, 0, 2], 32, 16, 16),
+    ("rnn_relu", 64, [2, 4, 4, 1], 64, 32, 32),
+    ("lstm", 16, [3, 0, 2], 16, 64, 32),
 ]
 
 
@@ -64,6 +78,17 @@ def _outputs(cell: str, H: int, info) -> dict:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-H{c[1]}-B{len(c[2])}-U{c[3]}"
                                                      f"-KB{c[4]}-BB{c[5]}")
 def test_split_k_backward_matches_the_reference(case, reverse):
+    _check_against_the_reference(case, reverse, one_barrier=False)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd-time", "reversed"])
+@pytest.mark.parametrize("case", ONE_BARRIER_CASES,
+                         ids=lambda c: f"{c[0]}-H{c[1]}-B{len(c[2])}-U{c[3]}-KB{c[4]}-BB{c[5]}")
+def test_one_barrier_split_k_backward_matches_the_reference(case, reverse):
+    _check_against_the_reference(case, reverse, one_barrier=True)
+
+
+def _check_against_the_reference(case, reverse: bool, one_barrier: bool) -> None:
     cell, H, lengths, U, KB, BB = case
     x = _inputs(cell, H, lengths, seed=len(lengths) + H)
     want, got = _outputs(cell, H, x["info"]), _outputs(cell, H, x["info"])
@@ -74,7 +99,7 @@ def test_split_k_backward_matches_the_reference(case, reverse):
     split_k_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], x["y"], x["h_prev"],
                      x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], reverse,
                      got["dpre_x"], got["dpre_h"], got["dh0"], got["dc0"], units=U, kblock=KB,
-                     btile=BB)
+                     btile=BB, one_barrier=one_barrier)
     for name, w in want.items():
         if w is None:
             assert got[name] is None
@@ -84,7 +109,8 @@ def test_split_k_backward_matches_the_reference(case, reverse):
     assert want["dh0"].abs().max() > 0.1
 
 
-def test_split_k_backward_takes_strided_tensors_and_empty_batches():
+@pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
+def test_split_k_backward_takes_strided_tensors_and_empty_batches(one_barrier):
     """A column view for dy and a strided dh0 (the layer's time-major views), and a batch
     whose sequences are all empty (dh0 = dhT, dc0 = dcT)."""
     x = _inputs("lstm", 16, [3, 1, 2], seed=4)
@@ -98,7 +124,8 @@ def test_split_k_backward_takes_strided_tensors_and_empty_batches():
                         x["info"], True, want["dpre_x"], None, want["dh0"], want["dc0"], None,
                         None)
     split_k_backward("lstm", *args, dy, x["dhT"], x["dcT"], x["info"], True, got["dpre_x"],
-                     None, got["dh0"], got["dc0"], units=16, kblock=64, btile=16)
+                     None, got["dh0"], got["dc0"], units=16, kblock=64, btile=16,
+                     one_barrier=one_barrier)
     for k in ("dpre_x", "dh0", "dc0"):
         torch.testing.assert_close(got[k], want[k], rtol=2e-5, atol=2e-5, msg=k)
     empty = _inputs("lstm", 16, [0, 0], seed=5)
@@ -106,12 +133,13 @@ def test_split_k_backward_takes_strided_tensors_and_empty_batches():
     split_k_backward("lstm", *(empty[k] for k in ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq",
                                                    "c_prev", "dy", "dhT", "dcT", "info")),
                      False, out["dpre_x"], None, out["dh0"], out["dc0"], units=16, kblock=64,
-                     btile=16)
+                     btile=16, one_barrier=one_barrier)
     torch.testing.assert_close(out["dh0"], empty["dhT"], rtol=0, atol=0)
     torch.testing.assert_close(out["dc0"], empty["dcT"], rtol=0, atol=0)
 
 
-def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm():
+@pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
+def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm(one_barrier):
     """A second oracle: the gradients of an LSTM unrolled in torch in float64 (lengths 4, 2,
     3: each sequence's state frozen past its end) at every step's pre-activations and at h0 /
     c0, against the kernel on the same values in float32."""
@@ -169,7 +197,8 @@ def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm():
     f32 = {k: v.float() for k, v in packed.items()}
     split_k_backward("lstm", px.float(), ph.float(), R.float(), f32["y"], f32["hp"], f32["cs"],
                      f32["cp"], f32["dy"], zeros, zeros, info, False, out["dpre_x"], None,
-                     out["dh0"], out["dc0"], units=16, kblock=64, btile=16)
+                     out["dh0"], out["dc0"], units=16, kblock=64, btile=16,
+                     one_barrier=one_barrier)
     tol = dict(rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(out["dpre_x"].double(), grads, **tol)
     torch.testing.assert_close(out["dh0"].double(), h0.grad[info.perm], **tol)
@@ -186,6 +215,35 @@ def test_split_k_tiles_and_accumulators():
     assert tiles("gru", 1024, 64, 64, 512, 64) == (96, 6, 16)
     assert tiles("lstm", 1024, 200, 128, 512, 128) == (128, 8, 16)  # a partial batch tile
     assert [split(U, BB) for U, BB in ((64, 16), (64, 64), (128, 128))] == [4, 2, 1]
+
+
+def test_one_barrier_tiles():
+    """The one-barrier form's tiling: NK = H / K-block units, every program runs its K
+    block's cells (US = K-block units); the rule's tiles on an H100 (the most programs, then
+    the fewest bytes stored and read before the barrier) and None where no R block fits."""
+    from tritonrnn.rnn.planner import PRESETS
+
+    assert tiles("lstm", 1024, 16, 128, 256, 16, one_barrier=True) == (128, 16, 64)
+    assert tiles("gru", 1024, 16, 128, 192, 16, one_barrier=True) == (128, 16, 64)
+    assert tiles("lstm", 64, 40, 16, 64, 32, one_barrier=True) == (4 * 4 * 2, 4, 16)
+    h100 = PRESETS["h100"]
+    assert split_k1_tiles("lstm", 1024, 16, torch.bfloat16, h100) == (128, 256, 16)
+    assert split_k1_tiles("lstm", 1024, 32, torch.bfloat16, h100) == (128, 256, 32)
+    assert split_k1_tiles("lstm", 1024, 64, torch.bfloat16, h100) is None  # past B = 32
+    assert split_k1_tiles("gru", 1024, 16, torch.bfloat16, h100) == (128, 192, 16)
+    assert split_k1_tiles("gru", 1536, 16, torch.bfloat16, h100) is None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("lstm", 1024, 16, 128, 32, 16), "kblock = 4 \\* a power of two >= 16"),  # 8 units
+    (("lstm", 1024, 16, 128, 96, 16), "kblock = 4"),  # 24 units
+    (("gru", 1024, 16, 128, 64, 16), "kblock = 3"),  # not a multiple of 3
+    (("lstm", 1024, 16, 8, 256, 16), "units \\| H \\(>= 16\\)"),
+    (("lstm", 96, 16, 32, 256, 16), "dividing H"),  # 64-unit K blocks do not divide 96
+])
+def test_one_barrier_tiles_refuse_what_does_not_divide(args, message):
+    with pytest.raises(ValueError, match=message):
+        tiles(*args, one_barrier=True)
 
 
 @pytest.mark.parametrize(("args", "message"), [

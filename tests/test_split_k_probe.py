@@ -29,6 +29,12 @@ def test_probe_check_runs_the_kernel_against_the_reference(cell, H, U, KB):
     assert max(err.values()) < 1e-5, err
 
 
+@pytest.mark.parametrize(("cell", "H", "U", "KB"), [("lstm", 32, 16, 64), ("gru", 64, 32, 48)])
+def test_probe_check_runs_the_one_barrier_form_against_the_reference(cell, H, U, KB):
+    err = PROBE.check(cell, H, 20, 4, U, KB, 16, torch.float32, "cpu", one_barrier=True)
+    assert max(err.values()) < 1e-5, err
+
+
 def test_probe_inputs_are_a_full_length_batch():
     x = PROBE.inputs("lstm", 16, 3, 5, torch.float32, "cpu")
     assert x["info"].lengths == (5, 5, 5) and x["info"].N == 15
@@ -41,9 +47,15 @@ def test_probe_configs_parse_and_are_checked():
     args = ap.parse_args(["--config", "1024,64,64,512,64", "--cell", "gru"])
     assert args.config == [(1024, 64, 64, 512, 64)] and args.cell == "gru"
     assert ap.parse_args([]).config is None  # the defaults: CONFIGS
-    for bad in ("1024,64,64", "1024,64,96,512,64"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            PROBE._config(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        PROBE._config("1024,64,64")
+    # Checked against the cell and the form: GRU's one-barrier K blocks of 3 x 64 rows have
+    # no two-barrier tiling; 96 units none at all.
+    assert PROBE.config_problem("gru", (1024, 16, 128, 192, 16), True) is None
+    assert "kblock | G*H" in PROBE.config_problem("gru", (1024, 16, 128, 192, 16), False)
+    assert "powers of two" in PROBE.config_problem("lstm", (1024, 64, 96, 512, 64), False)
+    with pytest.raises(SystemExit):
+        PROBE.main(["--aot", "--config", "1024,64,96,512,64"])
     from tritonrnn.rnn.planner import PRESETS
 
     configs = PROBE.default_configs("lstm", torch.bfloat16, PRESETS["h100"])
@@ -52,6 +64,10 @@ def test_probe_configs_parse_and_are_checked():
                        (1024, 16, 64, 1024, 16)]
     for H, B, U, KB, BB in configs:
         assert PROBE.tiles("lstm", H, B, U, KB, BB)[0] <= 132  # co-resident on an H100
+    one = PROBE.default_configs("lstm", torch.bfloat16, PRESETS["h100"], one_barrier=True)
+    assert one == [(1024, 16, 128, 256, 16), (768, 16, 128, 256, 16), (1024, 32, 128, 256, 32)]
+    for H, B, U, KB, BB in one:
+        assert PROBE.tiles("lstm", H, B, U, KB, BB, one_barrier=True)[0] <= 132
 
 
 def test_probe_aot_records_the_persistent_launch(monkeypatch):
@@ -74,3 +90,8 @@ def test_probe_aot_records_the_persistent_launch(monkeypatch):
     q_begin, q_end, do_a, do_b = call.args[-5:-1]
     assert (q_begin, q_end, do_a, do_b) == (0, 9, 1, 1)  # T = 8 steps and the dh0 step
     assert seen["ctx"].persistent and rep["programs"] == call.grid[0]
+    PROBE._aot("lstm", 32, 20, 16, 64, 16, torch.bfloat16, one_barrier=True)
+    call = seen["call"]
+    assert call.name == "_split_k1_bwd_kernel" and call.kwargs["BARRIER"] == 1
+    assert call.args[-3:-1] == (0, 9) and call.kwargs["KU"] == 16
+    assert call.grid == (2 * 2 * 2,)  # 2 unit blocks x 2 K blocks x 2 batch tiles
