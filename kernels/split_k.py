@@ -122,6 +122,25 @@ def _cell_inputs(PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, su, m, CELL: tl.co
     return dy, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp
 
 
+@triton.jit
+def _store_dpre(DPX, DPH, rows, units, m, dx0, dx1, dx2, dx3, dh2, CELL: tl.constexpr,
+                G: tl.constexpr, H: tl.constexpr):
+    """The cells' gate gradients of the rows' `units`, where m: dpre_x's G gates and GRU's
+    h side (dpre_h: the n gate's is dh2, times r)."""
+    ty = DPX.dtype.element_ty
+    g_at = rows[:, None] * (G * H) + units[None, :]
+    tl.store(DPX + g_at, dx0.to(ty), mask=m)
+    if G > 1:
+        tl.store(DPX + g_at + H, dx1.to(ty), mask=m)
+        tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=m)
+    if G > 3:
+        tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=m)
+    if CELL == 1:
+        tl.store(DPH + g_at, dx0.to(ty), mask=m)
+        tl.store(DPH + g_at + H, dx1.to(ty), mask=m)
+        tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=m)
+
+
 @triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "do_a", "do_b", "max_spin"])
 def _split_k_bwd_kernel(
     PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, OFFS, LENS,
@@ -192,18 +211,7 @@ def _split_k_bwd_kernel(
             if s >= 0:
                 dx0, dx1, dx2, dx3, dh2, direct, dcp, _m = cells.cell_backward(
                     CELL, x0, x1, x2, x3, h0, h1, h2, h3, dh + part, y, hp, c, cp, dcc)
-                ty = DPX.dtype.element_ty
-                g_at = rows[:, None] * (G * H) + su[None, :]
-                tl.store(DPX + g_at, dx0.to(ty), mask=m)
-                if G > 1:
-                    tl.store(DPX + g_at + H, dx1.to(ty), mask=m)
-                    tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=m)
-                if G > 3:
-                    tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=m)
-                if CELL == 1:  # GRU: the h side's gradients, n gate times r
-                    tl.store(DPH + g_at, dx0.to(ty), mask=m)
-                    tl.store(DPH + g_at + H, dx1.to(ty), mask=m)
-                    tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=m)
+                _store_dpre(DPX, DPH, rows, su, m, dx0, dx1, dx2, dx3, dh2, CELL, G, H)
                 hc = tl.where(m, direct, hc)
                 dcc = tl.where(m, dcp, dcc)
             else:  # q = S: the carries into step -1 are dh0, dc0
@@ -304,19 +312,8 @@ def _split_k1_bwd_kernel(
             if BARRIER:
                 grid_arrive(SYNC)
             # Work nobody waits for: this program's share of dpre, the next step's inputs.
-            sm = act[:, None] & mine
-            ty = DPX.dtype.element_ty
-            g_at = rows[:, None] * (G * H) + ku[None, :]
-            tl.store(DPX + g_at, dx0.to(ty), mask=sm)
-            if G > 1:
-                tl.store(DPX + g_at + H, dx1.to(ty), mask=sm)
-                tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=sm)
-            if G > 3:
-                tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=sm)
-            if CELL == 1:  # GRU: the h side's gradients, n gate times r
-                tl.store(DPH + g_at, dx0.to(ty), mask=sm)
-                tl.store(DPH + g_at + H, dx1.to(ty), mask=sm)
-                tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=sm)
+            _store_dpre(DPX, DPH, rows, ku, act[:, None] & mine, dx0, dx1, dx2, dx3, dh2, CELL,
+                        G, H)
             hc = tl.where(m, direct, hc)
             dcc = tl.where(m, dcp, dcc)
             act, rows = _step_rows(OFFS, lens, jb64, b_ok, s - 1, 0, REVERSE, 1)
