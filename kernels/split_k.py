@@ -123,6 +123,19 @@ def _cell_inputs(PREX, PREH, Y, HPREV, CSEQ, CPREV, DY, rows, su, m, CELL: tl.co
 
 
 @triton.jit
+def _program_block(LENS, B, NU: tl.constexpr, NK: tl.constexpr, U: tl.constexpr,
+                   BB: tl.constexpr):
+    """This program's unit block ub, K block kb and batch tile (rows jb, their mask, int64
+    rows, lengths) and its unit block's columns."""
+    pid = tl.program_id(0)
+    ub = pid % NU
+    jb = pid // (NU * NK) * BB + tl.arange(0, BB)
+    b_ok = jb < B
+    lens = tl.load(LENS + jb, mask=b_ok, other=0)
+    return ub, (pid // NU) % NK, jb, b_ok, jb.to(tl.int64), lens, ub * U + tl.arange(0, U)
+
+
+@triton.jit
 def _store_dpre(DPX, DPH, rows, units, m, dx0, dx1, dx2, dx3, dh2, CELL: tl.constexpr,
                 G: tl.constexpr, H: tl.constexpr):
     """The cells' gate gradients of the rows' `units`, where m: dpre_x's G gates and GRU's
@@ -159,15 +172,7 @@ def _split_k_bwd_kernel(
     do_a / do_b: run phase A / B (both on a GPU; one per launch without a barrier)."""
     NU: tl.constexpr = H // U
     KB: tl.constexpr = 4 * KC
-    pid = tl.program_id(0)
-    ub = pid % NU
-    kb = (pid // NU) % NK
-    bt = pid // (NU * NK)
-    jb = bt * BB + tl.arange(0, BB)
-    b_ok = jb < B
-    jb64 = jb.to(tl.int64)
-    lens = tl.load(LENS + jb, mask=b_ok, other=0)
-    cols = ub * U + tl.arange(0, U)
+    ub, kb, jb, b_ok, jb64, lens, cols = _program_block(LENS, B, NU, NK, U, BB)
     kk = tl.arange(0, KC)
     # The resident R block [KB, U] as four [KC, U] chunks.
     r_at = R + (kb * KB + kk)[:, None] * H + cols[None, :]
@@ -253,15 +258,7 @@ def _split_k1_bwd_kernel(
     dc0. HC / DCC [2, Bpad, H]: the carries at launch boundaries (every program of a K block
     holds the same values; each stores its share)."""
     NU: tl.constexpr = H // U
-    pid = tl.program_id(0)
-    ub = pid % NU
-    kb = (pid // NU) % NK
-    bt = pid // (NU * NK)
-    jb = bt * BB + tl.arange(0, BB)
-    b_ok = jb < B
-    jb64 = jb.to(tl.int64)
-    lens = tl.load(LENS + jb, mask=b_ok, other=0)
-    cols = ub * U + tl.arange(0, U)
+    ub, kb, jb, b_ok, jb64, lens, cols = _program_block(LENS, B, NU, NK, U, BB)
     kk = tl.arange(0, KU)
     ku = kb * KU + kk
     r0 = _r_gate(R, ku, cols, 0, G, H)
