@@ -95,3 +95,24 @@ def test_probe_aot_records_the_persistent_launch(monkeypatch):
     assert call.name == "_split_k1_bwd_kernel" and call.kwargs["BARRIER"] == 1
     assert call.args[-3:-1] == (0, 9) and call.kwargs["KU"] == 16
     assert call.grid == (2 * 2 * 2,)  # 2 unit blocks x 2 K blocks x 2 batch tiles
+
+
+def test_one_barrier_form_compiles_for_sm90_without_spills(tmp_path):
+    """The one-barrier kernel's persistent launch at LSTM H=1024 B=16 on the rule's tiles
+    (128 x 256 x 16), compiled for sm_90 by Triton's ptxas in a fresh process (no
+    TRITON_INTERPRET: an interpreted process cannot compile): it fits, on mma.sync, with no
+    local memory in its step loop (kernels/NOTES.md, "A split-K backward")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "aot.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "split_k_probe.py"), "--aot",
+                          "--one-barrier", "--config", "1024,16,128,256,16", "--json",
+                          str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["error"] is None and row["fits"] and row["mma"] == "mma", row
+    assert row["profile"]["LDL"] == 0 and row["profile"]["STL"] == 0, row["profile"]
