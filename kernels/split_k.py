@@ -421,11 +421,11 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     read ((2 G + 3) * KU * BB, before the wait), ties to fewer units. LSTM bf16 on 132
     SMs: H=1024 B=16 128 x 256 x 16 (K blocks of 64 units, 128 programs), B=32 128 x 256 x
     32. Untimed (scripts/split_k_probe.py --one-barrier)."""
+    if B > _ONE_BARRIER_BATCH:
+        return None
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
     sm_count, smem = props.sm_count, grid_smem_budget(props.smem_per_program)
-    if B > _ONE_BARRIER_BATCH:
-        return None
     bb = max(16, triton.next_power_of_2(max(B, 1)))
     best = None
     for U in (16, 32, 64, 128, 256):

@@ -24,7 +24,7 @@ reference's fp32 math) and reports the error.
 
     python scripts/split_k_probe.py [--cell lstm] [--config H,B,U,KB,BB ...] [--json F]
     python scripts/split_k_probe.py --aot          # no GPU: the sm_90 compiles' reports
-    python scripts/split_k_probe.py --one-barrier  # the one-barrier form (B <= 64 shapes)
+    python scripts/split_k_probe.py --one-barrier  # the one-barrier form (B = 16 / 32)
 
 The sm_90 compiles (`--aot`, LSTM, bf16, 8 warps, Triton 3.6): see kernels/NOTES.md.
 """
@@ -194,9 +194,8 @@ def _timed(cell: str, H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: t
            num_warps: int, one_barrier: bool = False) -> dict:
     """One config on the GPU: its error against the reference (T = 64), the whole
     recurrence's time, the bare barriers' (2T, T for one_barrier; the same programs) and the
-    GEMMs a layer
-    backward runs outside the recurrence (input size H: dx = dpre @ W, dW = dpre^T @ x,
-    dR = dpre^T @ h, the bias sums); medians in ms, as `tritonrnn bench` times
+    GEMMs a layer backward runs outside the recurrence (input size H: dx = dpre @ W, dW =
+    dpre^T @ x, dR = dpre^T @ h, the bias sums); medians in ms, as `tritonrnn bench` times
     (`bench.timing.measure`)."""
     from tritonrnn.kernels.grid_barrier import check_barriers, run_bare_barriers
 
