@@ -22,6 +22,10 @@ A second form, `one_barrier=True` (`_split_k1_bwd_kernel`, small batches): a K b
 gates of KB / G units, and each program of a K block runs those units' cells itself
 (redundantly with the K block's other programs), so dpre never crosses programs and a step
 meets one grid barrier, for H * BB fp32 partials read by every program (kernels/NOTES.md).
+Its programs of a K block all read its cells' pre-activations, so it cannot write the
+gradients over them as the two-barrier form can (`rnn.planner.backward_writes_over_preacts`).
+The Triton backend runs either form only where its switch is on (TRITONRNN_BWD_SPLIT_K,
+TRITONRNN_BWD_SPLIT_K1; `split_k_applies`).
 
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
 every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
@@ -32,6 +36,7 @@ the carries go through global memory between launches: the same kernel code, no 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -54,6 +59,10 @@ from .persistent_grid import _env_on_off, _mm, _step_rows, grid_smem_budget
 # backend runs a persistent-grid or stepwise plan's backward without a projection here where
 # `split_k_tiles` finds co-resident tiles (`rnn.triton_backend`). Off by default: untimed.
 _BWD_SPLIT_K = _env_on_off("TRITONRNN_BWD_SPLIT_K")
+# TRITONRNN_BWD_SPLIT_K1=on (the ablation variant `splitk1`): the same for the one-barrier
+# form where `split_k1_tiles` has tiles (B <= 32), ahead of the two-barrier form where both
+# switches are on. Off by default: untimed.
+_BWD_SPLIT_K1 = _env_on_off("TRITONRNN_BWD_SPLIT_K1")
 
 
 @triton.jit
@@ -444,14 +453,34 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     return None if best is None else best[1]
 
 
+class SplitK(NamedTuple):
+    """A split-K backward's launch: `split_k_backward`'s units, kblock, btile and
+    one_barrier (also `workspace`'s last four arguments, in that order)."""
+
+    units: int
+    kblock: int
+    btile: int
+    one_barrier: bool
+
+    def describe(self) -> str:
+        """The tiles in a few words, for messages and `Plan.explain`."""
+        form = "one barrier" if self.one_barrier else "two barriers"
+        return f"{self.units} x {self.kblock} x {self.btile}, {form}"
+
+
 def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, family: str,
-                    props) -> tuple[int, int, int] | None:
-    """The split-K tiles where the switch is on and a backward of `family` without a
-    projection (P = 0) has them on the device `props` (`split_k_tiles`), else None: the
-    plan's own backward."""
-    if not _BWD_SPLIT_K or P or family not in ("persistent_grid", "stepwise"):
+                    props) -> SplitK | None:
+    """The split-K backward a backward of `family` without a projection (P = 0) runs on the
+    device `props`: the one-barrier form where its switch (_BWD_SPLIT_K1) is on and
+    `split_k1_tiles` has tiles, else the two-barrier form where its switch (_BWD_SPLIT_K) is
+    on and `split_k_tiles` has tiles, else None: the plan's own backward."""
+    if P or family not in ("persistent_grid", "stepwise"):
         return None
-    return split_k_tiles(cell, H, B, dtype, props)
+    if _BWD_SPLIT_K1 and (t := split_k1_tiles(cell, H, B, dtype, props)) is not None:
+        return SplitK(*t, one_barrier=True)
+    if _BWD_SPLIT_K and (t := split_k_tiles(cell, H, B, dtype, props)) is not None:
+        return SplitK(*t, one_barrier=False)
+    return None
 
 
 def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,
@@ -530,6 +559,17 @@ def split_k_backward(
     whose cells its programs run redundantly, one grid barrier a step."""
     cid, G, H = _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                              info, dpre_x, dpre_h, dh0, dc0)
+    if one_barrier:
+        # A K block's programs each read its cells' pre-activations of a step after their
+        # barrier arrival of the step before; another may write its share of that step's
+        # gradients by then.
+        for out, src, names in ((dpre_x, pre_x, "dpre_x / pre_x"),
+                                (dpre_h, pre_h, "dpre_h / pre_h")):
+            if (out is not None and src is not None and out.numel() and src.numel()
+                    and out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()):
+                raise ValueError(f"{names}: expected separate storage with one_barrier=True "
+                                 "(its programs read the pre-activations other programs "
+                                 "write gradients over), got one tensor's")
     B, S = info.B, info.max_len
     programs, nk, us = tiles(cell, H, B, units, kblock, btile, one_barrier)
     dev = dy.device

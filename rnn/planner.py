@@ -1411,17 +1411,17 @@ class Plan:
 
     def _backward_exchange(self, lp: LayerPlan) -> str:
         """How a grid-kernel layer's backward exchanges its carry product, for `explain`:
-        the split-K kernel's tiles where the opt-in TRITONRNN_BWD_SPLIT_K gives it this
-        backward (`kernels.split_k.split_k_applies`), partial products where the launch runs
-        them (`persistent_grid._bwd_partials`, the opt-in TRITONRNN_BWD_PARTIALS), else dph
-        with its gates' operands paired or not."""
+        the split-K kernel's tiles and form where the opt-in TRITONRNN_BWD_SPLIT_K or
+        TRITONRNN_BWD_SPLIT_K1 gives it this backward (`kernels.split_k.split_k_applies`),
+        partial products where the launch runs them (`persistent_grid._bwd_partials`, the
+        opt-in TRITONRNN_BWD_PARTIALS), else dph with its gates' operands paired or not."""
         from tritonrnn.kernels.persistent_grid import _bwd_partials
         from tritonrnn.kernels.split_k import split_k_applies
 
         split = split_k_applies(self.rnn_mode, self.num_units, self.num_proj, self.batch,
                                 getattr(torch, self.dtype), lp.family, self.device)
         if split is not None:
-            return " backward split-K {} x {} x {}".format(*split)
+            return f" backward split-K {split.describe()}"
         if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
                 self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.backward_block_b,
                 lp.backward_warps):
@@ -1455,13 +1455,18 @@ def backward_writes_over_preacts(rnn_mode: str, barrier_check: str | None = None
     direction reads it. Not with TRITONRNN_BARRIER_CHECK=sync, where a persistent launch
     whose barrier timed out is rerun stepwise and needs its inputs as they were; not in the
     layer pipeline, whose pre-activation rows are shared by the layers in flight while each
-    keeps its gradients for its weight GEMMs; not for tanh / relu, which have no
-    pre-activation to write over (`reference.backward_preacts`). barrier_check: the mode
-    (default: TRITONRNN_BARRIER_CHECK's, read now)."""
+    keeps its gradients for its weight GEMMs; not with the one-barrier split-K backward
+    switched on (TRITONRNN_BWD_SPLIT_K1), whose programs of a K block all read its cells'
+    pre-activations, each loading a step's after its barrier arrival of the step before,
+    while each writes its share of that step's gradients once its own wait is over
+    (kernels/split_k.py: a slow program would read a gradient); not for tanh / relu, which
+    have no pre-activation to write over (`reference.backward_preacts`). barrier_check: the
+    mode (default: TRITONRNN_BARRIER_CHECK's, read now)."""
+    from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import barrier_check_mode
 
     check = barrier_check or barrier_check_mode()
-    return backward_preacts(rnn_mode)[0] and check != "sync"
+    return backward_preacts(rnn_mode)[0] and check != "sync" and not split_k._BWD_SPLIT_K1
 
 
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
@@ -1607,7 +1612,7 @@ def plan_for(
 
     return _plan_cached(cfg, batch, max_time, dtype, props, constraints, _tuning_cache_stamp(),
                         automatic, barrier_check_mode(), triton.__version__,
-                        split_k._BWD_SPLIT_K)
+                        (split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1))
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -1631,13 +1636,14 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
-                 automatic: bool, barrier_check: str, _triton: str, _split_k: bool) -> Plan:
+                 automatic: bool, barrier_check: str, _triton: str,
+                 _split_k: tuple[bool, bool]) -> Plan:
     """plan_for's Plan, cached by everything it depends on: the tuning cache's file and
     version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
     is freed: a plan made without a cache was returned for a tuned key), the barrier check
     mode (the buffers: `backward_writes_over_preacts`), the Triton release whose entries
-    count (_triton) among them, and the opt-in split-K backward's switch (its workspace:
-    `_split_k_buffers`)."""
+    count (_triton) among them, and the opt-in split-K backward's two switches (its
+    workspace: `_split_k_buffers`)."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(
@@ -1660,9 +1666,10 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
 def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DeviceProperties,
                      lp: LayerPlan) -> tuple[Buffer, ...]:
     """The workspace `kernels.split_k.split_k_backward` allocates per call where the opt-in
-    TRITONRNN_BWD_SPLIT_K gives it the layers' backward (`split_k_applies`; one direction
-    at a time): `kernels.split_k.workspace`, the fp32 partials and the two carries (dh's
-    direct term and dc), listed together as [2, Bpad, H]."""
+    TRITONRNN_BWD_SPLIT_K or TRITONRNN_BWD_SPLIT_K1 gives it the layers' backward
+    (`split_k_applies`; one direction at a time): `kernels.split_k.workspace`, the fp32
+    partials and the two carries (dh's direct term and dc), listed together as [2, Bpad, H]
+    ([2, 2, Bpad, H] for the one-barrier form's two slots of each)."""
     from tritonrnn.kernels.split_k import split_k_applies, workspace
 
     split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,

@@ -126,13 +126,13 @@ class TritonRecurrence:
                 from tritonrnn.kernels.persistent_cta import cta_backward
 
                 cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-            elif (tiles := _split_k(lp, cell, R, Pw, info.B, props)) is not None:
+            elif (split := _split_k(lp, cell, R, Pw, info.B, props)) is not None:
                 from tritonrnn.kernels.split_k import split_k_backward
 
-                U, KB, BB = tiles
                 _persistent_or_stepwise(lambda persistent: split_k_backward(
                     cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
-                    reverse, dpre_x, dpre_h, dh0, dc0, units=U, kblock=KB, btile=BB,
+                    reverse, dpre_x, dpre_h, dh0, dc0, units=split.units,
+                    kblock=split.kblock, btile=split.btile, one_barrier=split.one_barrier,
                     persistent=persistent), lp.family)
             else:
                 from tritonrnn.kernels.persistent_grid import grid_backward
@@ -215,13 +215,12 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
 
 
 def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
-             batch: int, props: DeviceProperties) -> tuple[int, int, int] | None:
-    """The split-K backward's tiles (kernels/split_k.py) where TRITONRNN_BWD_SPLIT_K=on and
-    the plan's grid-family backward has no projection, else None."""
+             batch: int, props: DeviceProperties):
+    """The split-K backward (kernels/split_k.py, a `SplitK`) where TRITONRNN_BWD_SPLIT_K=on
+    or TRITONRNN_BWD_SPLIT_K1=on gives it the plan's grid-family backward without a
+    projection (`split_k_applies`), else None."""
     from tritonrnn.kernels import split_k
 
-    if not split_k._BWD_SPLIT_K:
-        return None
     return split_k.split_k_applies(cell, R.shape[1], 0 if Pw is None else Pw.shape[0], batch,
                                    R.dtype, lp.family, props)
 

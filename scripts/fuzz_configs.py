@@ -4,8 +4,8 @@ development tool: the test suite's shapes are chosen; these are drawn).
 Each case draws a cell, layers, direction, batch-major or time-major, a projection, input and
 hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family and its tiles
 (plan_constraints: block_h, block_b, block_k, warps), the experiment switch
-(TRITONRNN_HOIST_WEIGHTS), the split-K backward (TRITONRNN_BWD_SPLIT_K) and the widest single
-resident chunk
+(TRITONRNN_HOIST_WEIGHTS), the split-K backward's two forms (TRITONRNN_BWD_SPLIT_K,
+TRITONRNN_BWD_SPLIT_K1) and the widest single resident chunk
 (`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
 their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU;
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
@@ -86,8 +86,11 @@ def draw(i: int) -> dict:
     # The split-K backward (TRITONRNN_BWD_SPLIT_K; where `split_k_tiles` has tiles: H a
     # multiple of 16 whose G*H rows split in blocks of 64 or more), drawn after the rest.
     split = rng.random() < 0.25
+    # Its one-barrier form (TRITONRNN_BWD_SPLIT_K1; where `split_k1_tiles` has tiles, B <=
+    # 32, ahead of the two-barrier form), drawn last.
+    split1 = rng.random() < 0.25
     return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel,
-            "split_k": split}
+            "split_k": split, "split_k1": split1}
 
 
 def run_case(case: dict) -> dict:
@@ -107,8 +110,9 @@ def run_case(case: dict) -> dict:
     saved_kernel = {k: getattr(pg, k) for k in kernel}
     for k, v in kernel.items():
         setattr(pg, k, v)
-    saved_split = split_k._BWD_SPLIT_K
+    saved_split = split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1
     split_k._BWD_SPLIT_K = case.get("split_k", False)
+    split_k._BWD_SPLIT_K1 = case.get("split_k1", False)
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
@@ -132,7 +136,7 @@ def run_case(case: dict) -> dict:
                 os.environ[k] = v
         for k, v in saved_kernel.items():
             setattr(pg, k, v)
-        split_k._BWD_SPLIT_K = saved_split
+        split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1 = saved_split
         helpers.LENGTHS.pop("_fuzz", None)
     out["seconds"] = round(time.time() - t0, 2)
     return out

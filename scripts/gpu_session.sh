@@ -22,9 +22,10 @@
 # tile (`bk0`); then `barrier` (timeout_s 230). Or `tests`, then `splitk` (timeout_s 500):
 # the split-K backward (kernels/split_k.py, off by default: a third of the streamed grid's L2
 # bytes per step at LSTM H=1024 B=256, a quarter of the resident grid's at B=64 and B=16,
-# for a second grid barrier) against the plan's backward and cuDNN's, then the kernel alone in
-# both its forms (two grid barriers a step, and one with each K block's cells run by all
-# its programs); `tests` runs their GPU test (test_gpu_split_k_backward) first.
+# for a second grid barrier) in the layer in both its forms (two grid barriers a step, and
+# one with each K block's cells run by all its programs, at B = 16) against the plan's
+# backward, then against cuDNN's, then the kernel alone in both forms; `tests` runs their
+# GPU test (test_gpu_split_k_backward) first.
 # A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
@@ -108,8 +109,9 @@
 #                                         (nolate: LSTM 494 / 476 local loads per step
 #                                         instead of 70 / 73)
 #   bash scripts/gpu_session.sh splitk    the split-K backward against the plan's (the layer,
-#                                         step_ablation set splitk), cuDNN's backward (preset
-#                                         split-k), the kernel alone (scripts/split_k_probe.py)
+#                                         step_ablation sets splitk1, splitk), cuDNN's backward
+#                                         (preset split-k), the kernel alone in both its forms
+#                                         (scripts/split_k_probe.py)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, forward and
 #                                         backward: the anchor, LSTM H=1024 B=64), each ncu
 #                                         run cut at 85 s
@@ -260,19 +262,22 @@ case "$stage" in
     box 150 barrier python -m tritonrnn.bench barrier --out "$out"
     tail -22 "$out/barrier.log" ;;
   splitk)
-    # The split-K backward (kernels/split_k.py, TRITONRNN_BWD_SPLIT_K; two grid barriers a
-    # step, R resident in blocks): the layer with and without it (step_ablation set splitk:
-    # LSTM H = 1024 / 768 at B = 256 and 64, H = 1024 at B = 16, GRU H = 1024 B = 64 and
-    # H = 1536 B = 16), then the library's backward and cuDNN's at the LSTM shapes (preset
-    # split-k, the plan's kernels compiled by the ablation already), then the kernel alone
-    # (scripts/split_k_probe.py: its step against the bare barriers, the GEMMs outside the
-    # recurrence), and its one-barrier form (--one-barrier: LSTM H = 1024 / 768 at B = 16,
-    # H = 1024 at B = 32; kernels/NOTES.md, "A split-K backward").
-    ablate 160 splitk
-    box 110 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
+    # The split-K backward (kernels/split_k.py; R resident in blocks): the layer on the
+    # plan's backward, on the two-barrier form (TRITONRNN_BWD_SPLIT_K) and on the one-barrier
+    # form (TRITONRNN_BWD_SPLIT_K1) at LSTM / GRU H = 1024 B = 16 (step_ablation set
+    # splitk1), then with and without the two-barrier form (set splitk: LSTM H = 1024 / 768
+    # at B = 256 and 64, GRU H = 1024 B = 64 and H = 1536 B = 16), then the library's
+    # backward and cuDNN's at the LSTM shapes (preset split-k, the plan's kernels compiled
+    # by the ablation already), then the kernel alone (scripts/split_k_probe.py: its step
+    # against the bare barriers, the GEMMs outside the recurrence), and its one-barrier form
+    # (--one-barrier: LSTM H = 1024 / 768 at B = 16, H = 1024 at B = 32; kernels/NOTES.md,
+    # "A split-K backward").
+    ablate 70 splitk1
+    ablate 140 splitk
+    box 100 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
       --no-tune --no-progress --out "$out"
-    box 130 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
-    box 70 splitk1 python scripts/split_k_probe.py --one-barrier \
+    box 110 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
+    box 50 splitk1 python scripts/split_k_probe.py --one-barrier \
       --json "$out/split-k-probe-one-barrier.json"
     tail -n 12 "$out/bench-split-k.log"; cat "$out/splitk.log" "$out/splitk1.log" ;;
   profile)

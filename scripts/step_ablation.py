@@ -65,6 +65,8 @@ Variants (comma-joined in one process):
     splitk    the layer's backward on the split-K kernel (kernels/split_k.py, TRITONRNN_BWD_
               SPLIT_K; no projection): R in blocks, each program its K range of dph, two
               grid barriers a step (seen in `layer` times)
+    splitk1   the same in its one-barrier form where it has tiles (TRITONRNN_BWD_SPLIT_K1,
+              B <= 32): each K block's programs all run its cells, one grid barrier a step
     samebwd   the backward on the forward's tiles where the planner gives it its own 32 x 16
               tiles under a 16 x 32 forward (rnn.planner._taller_backward)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
@@ -160,8 +162,11 @@ SETS = {
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
     # The split-K backward (kernels/split_k.py) against the plan's at the shapes where the
     # layer stays under 2x cuDNN's CUDA graph (B = 16 / 64) or under cuDNN (B = 256).
-    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;lstm,1024,16;gru,1024,64;"
-               "gru,1536,16", "layer;splitk,layer"),
+    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;gru,1024,64;gru,1536,16",
+               "layer;splitk,layer"),
+    # Its one-barrier form against both at B = 16, where it has tiles (`split_k1_tiles`;
+    # not at GRU H=1536).
+    "splitk1": ("lstm,1024,16;gru,1024,16", "layer;splitk,layer;splitk1,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
     # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
@@ -441,6 +446,7 @@ def swaps() -> dict:
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
         "partials": [(pg, "_BWD_PARTIALS", True)],
         "splitk": [(split_k, "_BWD_SPLIT_K", True)],
+        "splitk1": [(split_k, "_BWD_SPLIT_K1", True)],
         # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).
         "samebwd": [(planner, "_taller_backward", lambda lp, *_a: lp)],
         "reducesum": [(pg, "_HALVED_SUMS", False)],

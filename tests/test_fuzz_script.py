@@ -50,7 +50,8 @@ def test_cases_run_clean(tmp_path):
     assert chunk == pg._MAX_CHUNK  # and the kernel module's chunk width
     from tritonrnn.kernels import split_k
 
-    assert split_k._BWD_SPLIT_K is False  # and the split-K switch
+    assert split_k._BWD_SPLIT_K is False  # and the split-K switches
+    assert split_k._BWD_SPLIT_K1 is False
 
 
 def test_a_failing_case_is_reported(tmp_path, monkeypatch, capsys):

@@ -120,8 +120,8 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
             "confirm": {"gpu.txt", "warm-grid.log", "bench-grid.log", "ablation-confirm.log",
                         "check.log"},
             "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
-            "splitk": {"gpu.txt", "ablation-splitk.log", "bench-split-k.log", "splitk.log",
-                       "splitk1.log"},
+            "splitk": {"gpu.txt", "ablation-splitk1.log", "ablation-splitk.log",
+                       "bench-split-k.log", "splitk.log", "splitk1.log"},
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names

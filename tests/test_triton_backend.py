@@ -4,6 +4,7 @@ float64, with each kernel family forced through plan_constraints."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -294,32 +295,69 @@ def test_backward_on_its_own_tiles(family, mode, bidirectional, proj, monkeypatc
     assert seen == {f"grid_forward{pair}": {(16, 32)}, f"grid_backward{pair}": {(32, 16)}}
 
 
-# TRITONRNN_BWD_SPLIT_K=on (kernels/split_k.py, off by default): a grid-family plan's backward
-# without a projection runs the split-K kernel on `split_k_tiles`' tiles, per direction of a
-# bidirectional layer (persistent for persistent_grid, two launches a step for stepwise), and
-# matches the oracle; with a projection, or the switch off, the plan's own backward runs.
-@pytest.mark.parametrize("family, mode, bidirectional, proj, on, want", [
-    ("persistent_grid", "lstm", False, 0, True, {(16, 64, 16, True)}),
-    ("persistent_grid", "gru", True, 0, True, {(16, 64, 16, True)}),
-    ("stepwise", "rnn_tanh", False, 0, True, {(16, 64, 16, False)}),
-    ("persistent_grid", "lstm", False, 8, True, set()),
-    ("persistent_grid", "rnn_relu", False, 0, False, set()),
+# TRITONRNN_BWD_SPLIT_K=on / TRITONRNN_BWD_SPLIT_K1=on (kernels/split_k.py, both off by
+# default): a grid-family plan's backward without a projection runs the split-K kernel, its
+# one-barrier form where that switch is on and `split_k1_tiles` has tiles (B <= 32), else its
+# two-barrier form where that switch is on, per direction of a bidirectional layer
+# (persistent for persistent_grid, stepwise launches for stepwise), and matches the oracle;
+# with a projection, past the one-barrier form's batch with only its switch on, or with
+# both off, the plan's own backward runs. Seen: (units, kblock, btile, one_barrier,
+# persistent).
+@pytest.mark.parametrize("family, mode, bidirectional, proj, lengths, two, one, want", [
+    ("persistent_grid", "lstm", False, 0, "varlen", True, False, {(16, 64, 16, False, True)}),
+    ("persistent_grid", "lstm", False, 0, "varlen", False, True, {(16, 64, 16, True, True)}),
+    ("persistent_grid", "gru", True, 0, "varlen", True, False, {(16, 64, 16, False, True)}),
+    ("persistent_grid", "gru", True, 0, "varlen", True, True, {(16, 48, 16, True, True)}),
+    ("stepwise", "rnn_tanh", False, 0, "varlen", True, False, {(16, 64, 16, False, False)}),
+    ("stepwise", "rnn_relu", False, 0, "zero", False, True, {(16, 16, 16, True, False)}),
+    ("persistent_grid", "lstm", False, 0, "batch70", True, True, {(16, 64, 128, False, True)}),
+    ("persistent_grid", "lstm", False, 0, "batch70", False, True, set()),
+    ("persistent_grid", "lstm", False, 8, "varlen", True, True, set()),
+    ("persistent_grid", "rnn_relu", False, 0, "varlen", False, False, set()),
 ])
-def test_split_k_backward_switch(family, mode, bidirectional, proj, on, want, monkeypatch):
+def test_split_k_backward_switch(family, mode, bidirectional, proj, lengths, two, one, want,
+                                 monkeypatch):
     from tritonrnn.kernels import split_k
 
-    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", on)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", two)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", one)
     seen, run = set(), split_k.split_k_backward
 
     def spy(*args, **kw):
-        seen.add((kw["units"], kw["kblock"], kw["btile"], kw["persistent"]))
+        seen.add((kw["units"], kw["kblock"], kw["btile"], kw["one_barrier"], kw["persistent"]))
         return run(*args, **kw)
 
     monkeypatch.setattr(split_k, "split_k_backward", spy)
     with plan_constraints(family=family, block_h=16):
-        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
+        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths=lengths, I=4,
                            H=64, T=4, proj=proj, backend="triton", **FP32)
     assert seen == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("two, one", [(True, False), (False, True)],
+                         ids=["two-barriers", "one-barrier"])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gpu_split_k_backward_in_the_layer(mode, two, one, monkeypatch):
+    """On CUDA each split-K form runs a bidirectional layer's backward as one persistent
+    launch per direction (its grid barriers, the one-barrier form's buffers apart from the
+    pre-activations) and the layer matches the float64 oracle in fp32 (IEEE dots)."""
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", two)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", one)
+    seen, run = [], split_k.split_k_backward
+
+    def spy(*args, **kw):
+        seen.append((kw["one_barrier"], kw["persistent"]))
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", spy)
+    with plan_constraints(family="persistent_grid", block_h=16):
+        compare_with_torch(mode, L=1, bidirectional=True, lengths="zero", I=8, H=64, T=16,
+                           backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5,
+                           device="cuda")
+    assert seen == [(one, True)] * 2
 
 
 def test_split_k_backward_switch_shows_in_explain(monkeypatch):
@@ -333,7 +371,37 @@ def test_split_k_backward_switch_shows_in_explain(monkeypatch):
 
     assert "split-K" not in explain()
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
-    assert "backward split-K 16 x 64 x 16" in explain()
+    assert "backward split-K 16 x 64 x 16, two barriers" in explain()
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
+    assert "backward split-K 16 x 64 x 16, one barrier" in explain()
+
+
+@pytest.mark.parametrize("two, one, want", [
+    (False, False, {}),
+    (True, False, {"split_k.partials": (4, 16, 64), "split_k.carries": (2, 16, 64)}),
+    (False, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64)}),
+    (True, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64)}),
+])
+def test_split_k_workspace_is_in_the_plans_buffers(two, one, want, monkeypatch):
+    """The plan lists the workspace the split-K backward allocates (`split_k.workspace`),
+    in the form its switches give (LSTM H=64 B=16 on an H100: 16 x 64 x 16 tiles, 4 K
+    blocks; the one-barrier form's two slots of each), and its cache keeps the switches
+    apart: a plan made under one setting does not answer for another. With the one-barrier
+    form's switch on, dpre_x has a buffer of its own (`backward_writes_over_preacts`)."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import plan_for
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", two)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", one)
+    with plan_constraints(family="persistent_grid"):
+        plan = plan_for(rnn_mode="lstm", num_units=64, input_size=64, batch=16, max_time=8,
+                        dtype=torch.bfloat16, device_properties="h100")
+    got = {b.name: b.shape for b in plan.buffers if b.name.startswith("split_k.")}
+    assert got == want
+    pre = {b.name for b in plan.buffers if b.phase == "backward" and "pre_" in b.name}
+    assert pre == ({"pre_x", "pre_h", "dpre_x"} if one else {"pre_x / dpre_x", "pre_h"})
+    assert all(b.dtype == "float32" and b.nbytes == 4 * math.prod(b.shape)
+               for b in plan.buffers if b.name.startswith("split_k."))
 
 
 def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch):
