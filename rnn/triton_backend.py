@@ -117,7 +117,7 @@ class TritonRecurrence:
         args = (cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                 reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         choice = self._choice(cell, R, Pw, info.B, 1, "backward")
-        props = choice[2][6]  # the split-K tiles' device: the plan's
+        props = self.properties(R.device)  # the split-K tiles' device, as the plan's
 
         def launch(lp: LayerPlan) -> None:
             if lp.family == "reference":
@@ -170,7 +170,7 @@ class TritonRecurrence:
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         args = (cell, *ins, info, *outs)
         choice = self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward")
-        props = choice[2][6]
+        props = self.properties(R[0].device)
 
         def launch(lp: LayerPlan) -> None:
             if (not self._shares_launch(lp)
