@@ -425,11 +425,14 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     of two (every program reads H * btile fp32 partials a step, whatever its tiles), then
     of the unit blocks and K blocks (kblock = G x K-block units) whose R block stays within
     _R_BLOCK and smem, whose cell tile [BB, KU] within _CELL_TILE and whose programs fit the
-    SMs, the most programs (the least product each), then the fewest bytes of its partial
-    stored (4 * U * BB, weighted 4: before the barrier's fence) and of the cells' inputs
-    read ((2 G + 3) * KU * BB, before the wait), ties to fewer units. LSTM bf16 on 132
-    SMs: H=1024 B=16 128 x 256 x 16 (K blocks of 64 units, 128 programs), B=32 128 x 256 x
-    32. Untimed (scripts/split_k_probe.py --one-barrier)."""
+    SMs, the most programs (the least product each), then the smallest cell tile (the cell
+    work every program of a K block repeats: the sm_90 compiles' step loops, Triton 3.6,
+    LSTM H=1024 B=16 128 x 256 x 16 -> 256 x 128 x 16 949 -> 723 instructions, B=32 1784
+    -> 1158, H=768 B=16 937 -> 724, GRU H=1024 B=16 769 -> 628), then the fewest bytes of
+    its partial stored (4 * U * BB, before the barrier's fence), ties to fewer units. LSTM
+    bf16 on 132 SMs: H=1024 B=16 256 x 128 x 16 (K blocks of 32 units, 128 programs), B=32
+    256 x 128 x 32. Untimed (scripts/split_k_probe.py --one-barrier times these and the
+    larger cell tiles the rule chose before)."""
     if B > _ONE_BARRIER_BATCH:
         return None
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
@@ -447,7 +450,7 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
             if (programs > sm_count or block > _R_BLOCK or block > smem or bb * U > 128 * 128
                     or ku * bb > _CELL_TILE):
                 continue
-            key = (-programs, 16 * U * bb + (2 * G + 3) * ku * bb * e, U)
+            key = (-programs, ku * bb, U * bb, U)
             if best is None or key < best[0]:
                 best = (key, (U, G * ku, bb))
     return None if best is None else best[1]

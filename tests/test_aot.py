@@ -866,8 +866,8 @@ def test_split_k_backward_compiles_where_switched_on(monkeypatch):
 @pytest.mark.compiler_specific
 def test_one_barrier_split_k_backward_compiles_where_switched_on(monkeypatch):
     """TRITONRNN_BWD_SPLIT_K1=on (with the two-barrier form's switch on too): the captured
-    backward at LSTM H=1024 B=16 is the one-barrier kernel's on `split_k1_tiles`' 128 x 256
-    x 16 tiles (K blocks of 64 units), persistent, and its sm_90 compile keeps its step loop
+    backward at LSTM H=1024 B=16 is the one-barrier kernel's on `split_k1_tiles`' 256 x 128
+    x 16 tiles (K blocks of 32 units), persistent, and its sm_90 compile keeps its step loop
     free of spills within the shared memory a grid program has."""
     monkeypatch.setenv("TRITONRNN_BWD_SPLIT_K", "on")
     monkeypatch.setenv("TRITONRNN_BWD_SPLIT_K1", "on")
@@ -876,7 +876,7 @@ def test_one_barrier_split_k_backward_compiles_where_switched_on(monkeypatch):
     fwd, bwd = _kernels(got)
     assert fwd["kernel"] == "_grid_fwd_kernel" and bwd["kernel"] == "_split_k1_bwd_kernel"
     c = bwd["constexprs"]
-    assert (c["BARRIER"], c["U"], c["KU"], c["BB"], c["NK"]) == ("1", "128", "64", "16", "16")
+    assert (c["BARRIER"], c["U"], c["KU"], c["BB"], c["NK"]) == ("1", "256", "32", "16", "32")
     assert _local_ops(bwd)[0] == 0 and bwd["fits"], bwd["profile"]
 
 
@@ -899,12 +899,12 @@ def test_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, preset, ti
     assert bwd.grid == (split_k.tiles("lstm", 1024, 64, U, KB, BB)[0],)
 
 
-@pytest.mark.parametrize("preset, tiles", [("h100", (128, 256, 16)), ("a100", (128, 512, 16))])
+@pytest.mark.parametrize("preset, tiles", [("h100", (256, 128, 16)), ("a100", (256, 256, 16))])
 def test_one_barrier_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, preset,
                                                                      tiles):
     """The same for the one-barrier form (TRITONRNN_BWD_SPLIT_K1): the capture launches
     `split_k1_tiles`' tiles for the preset, on (H / U) * (H / KU) programs (an A100's 108
-    SMs take 64 programs of 128-unit K blocks, an H100's 132 take 128 of 64-unit ones)."""
+    SMs take 64 programs of 64-unit K blocks, an H100's 132 take 128 of 32-unit ones)."""
     from tritonrnn.kernels import split_k
 
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)

@@ -1433,10 +1433,11 @@ def test_gpu_streamed_loops_on_deep_stages(cell, P, H, block_h, block_b, num_sta
     ("gru", 128, 64, 128, 64, torch.bfloat16, False),  # two; a unit block's program w/o cells
     ("rnn_tanh", 256, 64, 64, 32, torch.float32, False),
     ("lstm", 256, 128, 512, 128, torch.bfloat16, False),  # one: the B = 256 config's tiles
-    ("lstm", 256, 128, 256, 16, torch.bfloat16, True),  # one barrier: the B = 16 rule's tiles
+    ("lstm", 256, 256, 128, 16, torch.bfloat16, True),  # one barrier: the B = 16 rule's tiles
+    ("lstm", 256, 128, 256, 16, torch.bfloat16, True),  # and its wider cell tiles
     ("gru", 128, 32, 96, 32, torch.float32, True),  # one barrier, units narrower than a block
 ], ids=["lstm-bf16", "lstm-fp32", "gru-bf16", "tanh-fp32", "lstm-128x128-bf16",
-        "one-barrier-lstm-bf16", "one-barrier-gru-fp32"])
+        "one-barrier-lstm-bf16", "one-barrier-lstm-wide-cells-bf16", "one-barrier-gru-fp32"])
 def test_gpu_split_k_backward(cell, H, units, kblock, btile, dtype, one):
     # kernels/split_k.py's persistent launch (two grid barriers a step, or one, wgmma /
     # mma.sync with the R block resident), which the interpreter runs as one launch per phase

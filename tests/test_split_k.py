@@ -220,17 +220,20 @@ def test_split_k_tiles_and_accumulators():
 def test_one_barrier_tiles():
     """The one-barrier form's tiling: NK = H / K-block units, every program runs its K
     block's cells (US = K-block units); the rule's tiles on an H100 (the most programs, then
-    the fewest bytes stored and read before the barrier) and None where no R block fits."""
+    the smallest cell tile, then the fewest partial bytes stored) and None where no R block
+    fits."""
     from tritonrnn.rnn.planner import PRESETS
 
     assert tiles("lstm", 1024, 16, 128, 256, 16, one_barrier=True) == (128, 16, 64)
     assert tiles("gru", 1024, 16, 128, 192, 16, one_barrier=True) == (128, 16, 64)
     assert tiles("lstm", 64, 40, 16, 64, 32, one_barrier=True) == (4 * 4 * 2, 4, 16)
     h100 = PRESETS["h100"]
-    assert split_k1_tiles("lstm", 1024, 16, torch.bfloat16, h100) == (128, 256, 16)
-    assert split_k1_tiles("lstm", 1024, 32, torch.bfloat16, h100) == (128, 256, 32)
+    assert tiles("lstm", 1024, 16, 256, 128, 16, one_barrier=True) == (128, 32, 32)
+    assert split_k1_tiles("lstm", 1024, 16, torch.bfloat16, h100) == (256, 128, 16)
+    assert split_k1_tiles("lstm", 1024, 32, torch.bfloat16, h100) == (256, 128, 32)
+    assert split_k1_tiles("lstm", 768, 16, torch.bfloat16, h100) == (256, 128, 16)  # 72
     assert split_k1_tiles("lstm", 1024, 64, torch.bfloat16, h100) is None  # past B = 32
-    assert split_k1_tiles("gru", 1024, 16, torch.bfloat16, h100) == (128, 192, 16)
+    assert split_k1_tiles("gru", 1024, 16, torch.bfloat16, h100) == (256, 96, 16)
     assert split_k1_tiles("gru", 1536, 16, torch.bfloat16, h100) is None
 
 

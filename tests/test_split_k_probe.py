@@ -65,7 +65,8 @@ def test_probe_configs_parse_and_are_checked():
     for H, B, U, KB, BB in configs:
         assert PROBE.tiles("lstm", H, B, U, KB, BB)[0] <= 132  # co-resident on an H100
     one = PROBE.default_configs("lstm", torch.bfloat16, PRESETS["h100"], one_barrier=True)
-    assert one == [(1024, 16, 128, 256, 16), (768, 16, 128, 256, 16), (1024, 32, 128, 256, 32)]
+    assert one == [(1024, 16, 256, 128, 16), (768, 16, 256, 128, 16), (1024, 32, 256, 128, 32),
+                   (1024, 16, 128, 256, 16)]
     for H, B, U, KB, BB in one:
         assert PROBE.tiles("lstm", H, B, U, KB, BB, one_barrier=True)[0] <= 132
 
@@ -99,7 +100,7 @@ def test_probe_aot_records_the_persistent_launch(monkeypatch):
 
 def test_one_barrier_form_compiles_for_sm90_without_spills(tmp_path):
     """The one-barrier kernel's persistent launch at LSTM H=1024 B=16 on the rule's tiles
-    (128 x 256 x 16), compiled for sm_90 by Triton's ptxas in a fresh process (no
+    (256 x 128 x 16), compiled for sm_90 by Triton's ptxas in a fresh process (no
     TRITON_INTERPRET: an interpreted process cannot compile): it fits, on mma.sync, with no
     local memory in its step loop (kernels/NOTES.md, "A split-K backward")."""
     import json
@@ -110,7 +111,7 @@ def test_one_barrier_form_compiles_for_sm90_without_spills(tmp_path):
     out = tmp_path / "aot.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "split_k_probe.py"), "--aot",
-                          "--one-barrier", "--config", "1024,16,128,256,16", "--json",
+                          "--one-barrier", "--config", "1024,16,256,128,16", "--json",
                           str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (row,) = json.loads(out.read_text())["results"]
