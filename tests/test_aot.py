@@ -880,42 +880,31 @@ def test_one_barrier_split_k_backward_compiles_where_switched_on(monkeypatch):
     assert _local_ops(bwd)[0] == 0 and bwd["fits"], bwd["profile"]
 
 
-@pytest.mark.parametrize("preset, tiles", [("h100", (64, 512, 64)), ("a100", (256, 256, 64))])
-def test_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, preset, tiles):
+@pytest.mark.parametrize("one, preset, tiles", [
+    (False, "h100", (64, 512, 64)), (False, "a100", (256, 256, 64)),
+    (True, "h100", (256, 128, 16)), (True, "a100", (256, 256, 16)),
+], ids=["two-barriers-h100", "two-barriers-a100", "one-barrier-h100", "one-barrier-a100"])
+def test_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, one, preset, tiles):
     """The split-K backward's tiles come from the device at launch, not from the plan: a
     capture for a preset derives them from the preset's properties (an A100 has 108 SMs and
     less shared memory than the interpreter preset's H100 figures), as a launch on that GPU
-    would (`split_k_tiles`)."""
+    would: `split_k_tiles` at LSTM H=1024 B=64 (TRITONRNN_BWD_SPLIT_K), `split_k1_tiles` at
+    B=16 (TRITONRNN_BWD_SPLIT_K1; an A100 takes 64 programs of 64-unit K blocks, an H100 128
+    of 32-unit ones)."""
     from tritonrnn.kernels import split_k
 
-    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
-    shape = aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1" if one else "_BWD_SPLIT_K", True)
+    B = 16 if one else 64
+    shape = aot.AotShape("lstm", hidden=1024, batch=B, dtype=torch.bfloat16)
     lp, _ = aot.plan_layer(shape, preset)
-    assert split_k.split_k_tiles("lstm", 1024, 64, torch.bfloat16, PRESETS[preset]) == tiles
+    rule = split_k.split_k1_tiles if one else split_k.split_k_tiles
+    assert rule("lstm", 1024, B, torch.bfloat16, PRESETS[preset]) == tiles
     bwd = aot.capture(shape, lp, props=PRESETS[preset])["backward"]
     U, KB, BB = tiles
-    assert bwd.name == "_split_k_bwd_kernel"
-    assert (bwd.kwargs["U"], 4 * bwd.kwargs["KC"], bwd.kwargs["BB"]) == tiles
-    assert bwd.grid == (split_k.tiles("lstm", 1024, 64, U, KB, BB)[0],)
-
-
-@pytest.mark.parametrize("preset, tiles", [("h100", (256, 128, 16)), ("a100", (256, 256, 16))])
-def test_one_barrier_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, preset,
-                                                                     tiles):
-    """The same for the one-barrier form (TRITONRNN_BWD_SPLIT_K1): the capture launches
-    `split_k1_tiles`' tiles for the preset, on (H / U) * (H / KU) programs (an A100's 108
-    SMs take 64 programs of 64-unit K blocks, an H100's 132 take 128 of 32-unit ones)."""
-    from tritonrnn.kernels import split_k
-
-    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
-    shape = aot.AotShape("lstm", hidden=1024, batch=16, dtype=torch.bfloat16)
-    lp, _ = aot.plan_layer(shape, preset)
-    assert split_k.split_k1_tiles("lstm", 1024, 16, torch.bfloat16, PRESETS[preset]) == tiles
-    bwd = aot.capture(shape, lp, props=PRESETS[preset])["backward"]
-    U, KB, BB = tiles
-    assert bwd.name == "_split_k1_bwd_kernel"
-    assert (bwd.kwargs["U"], 4 * bwd.kwargs["KU"], bwd.kwargs["BB"]) == tiles
-    assert bwd.grid == ((1024 // U) * (1024 // (KB // 4)),)
+    assert bwd.name == ("_split_k1_bwd_kernel" if one else "_split_k_bwd_kernel")
+    kb = 4 * bwd.kwargs["KU" if one else "KC"]
+    assert (bwd.kwargs["U"], kb, bwd.kwargs["BB"]) == tiles
+    assert bwd.grid == (split_k.tiles("lstm", 1024, B, U, KB, BB, one_barrier=one)[0],)
 
 
 def test_report_table_and_json_round_trip(reports, tmp_path):
