@@ -113,6 +113,14 @@ def run_case(case: dict) -> dict:
     saved_split = split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1
     split_k._BWD_SPLIT_K = case.get("split_k", False)
     split_k._BWD_SPLIT_K1 = case.get("split_k1", False)
+    # Which split-K forms the case's backward ran (its launches, counted per form).
+    ran, split_run = {"one": 0, "two": 0}, split_k.split_k_backward
+
+    def counted(*args, **kw):
+        ran["one" if kw.get("one_barrier") else "two"] += 1
+        return split_run(*args, **kw)
+
+    split_k.split_k_backward = counted
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
@@ -123,7 +131,8 @@ def run_case(case: dict) -> dict:
                 time_major=s["time_major"], proj=s["proj"], I=s["I"], H=s["H"], T=s["T"],
                 backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5, seed=s["seed"],
                 device=device)
-        out = {"status": "ok", "max_error": max(errors.values())}
+        out = {"status": "ok", "max_error": max(errors.values()),
+               "split_k_launches": dict(ran)}
     except ValueError as e:  # a forced choice the planner refuses, with its reason
         out = {"status": "refused", "reason": str(e)[:300]}
     except Exception as e:  # noqa: BLE001 (any other error is the finding)
@@ -137,6 +146,7 @@ def run_case(case: dict) -> dict:
         for k, v in saved_kernel.items():
             setattr(pg, k, v)
         split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1 = saved_split
+        split_k.split_k_backward = split_run
         helpers.LENGTHS.pop("_fuzz", None)
     out["seconds"] = round(time.time() - t0, 2)
     return out

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("fuzz_configs", ROOT / "scripts" / "fuzz_configs.py")
 FZ = importlib.util.module_from_spec(_spec)
@@ -28,6 +30,7 @@ def test_draws_are_reproducible_and_varied():
     assert {c["kernel"].get("_LATE_TILE") for c in cases} == {None, 16 * 64}
     assert 64 in {c["constraints"].get("block_b") for c in cases}
     assert {c["split_k"] for c in cases} == {False, True}
+    assert {c["split_k1"] for c in cases} == {False, True}
     assert all(c["shape"]["proj"] < c["shape"]["H"] or c["shape"]["proj"] == 0 for c in cases)
 
 
@@ -63,3 +66,23 @@ def test_a_failing_case_is_reported(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(helpers, "compare_with_torch", wrong)
     assert FZ.main(["--cases", "1", "--start", "1"]) == 1
     assert "case 1 FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("two, one, want", [(True, True, {"one": 1, "two": 0}),
+                                            (True, False, {"one": 0, "two": 1}),
+                                            (False, False, {"one": 0, "two": 0})])
+def test_a_case_records_the_split_k_launches_its_backward_made(two, one, want):
+    """A grid-family LSTM layer without a projection at B = 3: the one-barrier form where its
+    switch is on (ahead of the two-barrier form), else the two-barrier form, else neither;
+    the launcher is put back after the case."""
+    from tritonrnn.kernels import split_k
+
+    run = split_k.split_k_backward
+    case = {"shape": {"mode": "lstm", "L": 1, "bidirectional": False, "lengths": [3, 1, 2],
+                      "time_major": True, "proj": 0, "I": 4, "H": 32, "T": 3, "seed": 0},
+            "constraints": {"family": "persistent_grid", "block_h": 16}, "env": {},
+            "kernel": {}, "split_k": two, "split_k1": one}
+    rec = FZ.run_case(case)
+    assert rec["status"] == "ok", rec
+    assert rec["split_k_launches"] == want
+    assert split_k.split_k_backward is run
