@@ -17,10 +17,13 @@ backward in float32 and compares every output and gradient with the float64 orac
 tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
 recorded as `refused` (the planner's ValueError names it), not as a failure.
 
-    python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl]
+    python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl] [--split-k]
 
-Case i is drawn from seed i, so `--start i --cases 1` replays it. Exit status 1 if a case
-failed. Runs on the GPU when there is one, else in the Triton interpreter.
+Case i is drawn from seed i, so `--start i --cases 1` replays it (with --split-k if it was
+drawn so). --split-k: cases the split-K backward runs on where it has tiles (a grid family
+without a projection, H a multiple of 16, one switch or both on; `focus_split_k`), which the
+plain draws reach in about one case in a hundred. Exit status 1 if a case failed. Runs on
+the GPU when there is one, else in the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -93,6 +96,21 @@ def draw(i: int) -> dict:
             "split_k": split, "split_k1": split1}
 
 
+def focus_split_k(case: dict, i: int) -> dict:
+    """Case i (`draw`) turned into one the split-K backward may run on: H one of 16 / 32 / 48
+    / 64 (the unit and K blocks are multiples of 16), no projection, a persistent-grid or
+    stepwise plan (the drawn family where it is one), the two-barrier switch, the
+    one-barrier switch or both; the rest as drawn. Whether the planner's forced tiles fit,
+    and which form has tiles (the one-barrier form up to B = 32), stays the case's own."""
+    rng = random.Random(i * 7919 + 17)
+    shape = dict(case["shape"], H=rng.choice([16, 32, 48, 64]), proj=0)
+    cons = dict(case["constraints"])
+    if cons.get("family") not in ("persistent_grid", "stepwise"):
+        cons["family"] = rng.choice(["persistent_grid", "stepwise"])
+    two, one = rng.choice([(True, False), (False, True), (True, True)])
+    return {**case, "shape": shape, "constraints": cons, "split_k": two, "split_k1": one}
+
+
 def run_case(case: dict) -> dict:
     """Runs one drawn case; returns {"status": "ok" | "refused" | "failed", ...}."""
     if str(ROOT / "tests") not in sys.path:
@@ -157,10 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=100, help="how many cases (default 100)")
     ap.add_argument("--start", type=int, default=0, help="first case index (its seed)")
     ap.add_argument("--out", type=Path, help="append one JSON line per case here")
+    ap.add_argument("--split-k", action="store_true",
+                    help="cases the split-K backward may run on (`focus_split_k`)")
     args = ap.parse_args(argv)
     counts = {"ok": 0, "refused": 0, "failed": 0}
     for i in range(args.start, args.start + args.cases):
-        case = draw(i)
+        case = focus_split_k(draw(i), i) if args.split_k else draw(i)
         rec = {"case": i, **case, **run_case(case)}
         counts[rec["status"]] += 1
         if args.out:

@@ -86,3 +86,23 @@ def test_a_case_records_the_split_k_launches_its_backward_made(two, one, want):
     assert rec["status"] == "ok", rec
     assert rec["split_k_launches"] == want
     assert split_k.split_k_backward is run
+
+
+def test_split_k_focus_draws_cases_the_split_k_backward_can_run_on(tmp_path):
+    """--split-k: every case a grid family without a projection at H a multiple of 16 with
+    one split-K switch or both on, each setting drawn, the rest of the case as drawn; the
+    flag reaches the cases main runs."""
+    cases = [FZ.focus_split_k(FZ.draw(i), i) for i in range(60)]
+    assert all(c["shape"]["H"] in (16, 32, 48, 64) and c["shape"]["proj"] == 0
+               and c["constraints"]["family"] in ("persistent_grid", "stepwise")
+               for c in cases)
+    assert {(c["split_k"], c["split_k1"]) for c in cases} == {(True, False), (False, True),
+                                                             (True, True)}
+    plain = FZ.draw(7)
+    focused = FZ.focus_split_k(plain, 7)
+    assert focused["shape"]["lengths"] == plain["shape"]["lengths"]
+    assert focused["kernel"] == plain["kernel"] and focused["env"] == plain["env"]
+    out = tmp_path / "fuzz.jsonl"
+    assert FZ.main(["--split-k", "--cases", "1", "--start", "7", "--out", str(out)]) == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["shape"] == focused["shape"] and rec["split_k1"] == focused["split_k1"]
