@@ -22,10 +22,11 @@ A second form, `one_barrier=True` (`_split_k1_bwd_kernel`, small batches): a K b
 gates of KB / G units, and each program of a K block runs those units' cells itself
 (redundantly with the K block's other programs), so dpre never crosses programs and a step
 meets one grid barrier, for H * BB fp32 partials read by every program (kernels/NOTES.md).
-Its programs of a K block all read its cells' pre-activations, so it cannot write the
-gradients over them as the two-barrier form can (`rnn.planner.backward_writes_over_preacts`).
-The Triton backend runs either form only where its switch is on (TRITONRNN_BWD_SPLIT_K,
-TRITONRNN_BWD_SPLIT_K1; `split_k_applies`).
+Its programs of a K block all read its cells' pre-activations, so each stores its share of
+a step's gradients one iteration late, once every one of them has read that step's: the
+gradients may then be written over the pre-activations, as the backend does
+(`rnn.planner.backward_writes_over_preacts`). The Triton backend runs either form only
+where its switch is on (TRITONRNN_BWD_SPLIT_K, TRITONRNN_BWD_SPLIT_K1; `split_k_applies`).
 
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
 every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
@@ -35,6 +36,7 @@ the carries go through global memory between launches: the same kernel code, no 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -247,10 +249,49 @@ def _r_gate(R, ku, cols, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr):
     return tl.load(R + ((k if k < G else 0) * H + ku)[:, None] * H + cols[None, :])
 
 
+@triton.jit
+def _held_load(HELD, state, hs, m, CELL: tl.constexpr, G: tl.constexpr):
+    """The gate gradients a launch left in HELD (`_split_k1_bwd_kernel`; slots of hs elements:
+    dpre_x's G gates, then GRU's dpre_h n gate), where m: (g0, g1, g2, g3, gn), the absent
+    ones g0."""
+    g0 = tl.load(HELD + state, mask=m, other=0.0)
+    g1, g2, g3, gn = g0, g0, g0, g0
+    if G > 1:
+        g1 = tl.load(HELD + hs + state, mask=m, other=0.0)
+        g2 = tl.load(HELD + 2 * hs + state, mask=m, other=0.0)
+    if G > 3:
+        g3 = tl.load(HELD + 3 * hs + state, mask=m, other=0.0)
+    if CELL == 1:
+        gn = tl.load(HELD + G * hs + state, mask=m, other=0.0)
+    return g0, g1, g2, g3, gn
+
+
+@triton.jit
+def _held_store(HELD, state, hs, m, g0, g1, g2, g3, gn, CELL: tl.constexpr, G: tl.constexpr):
+    """`_held_load`'s inverse."""
+    tl.store(HELD + state, g0, mask=m)
+    if G > 1:
+        tl.store(HELD + hs + state, g1, mask=m)
+        tl.store(HELD + 2 * hs + state, g2, mask=m)
+    if G > 3:
+        tl.store(HELD + 3 * hs + state, g3, mask=m)
+    if CELL == 1:
+        tl.store(HELD + G * hs + state, gn, mask=m)
+
+
+@triton.jit
+def _store_held(DPX, DPH, OFFS, lens, jb64, b_ok, s, units, mine, g0, g1, g2, g3, gn,
+                CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, REVERSE: tl.constexpr):
+    """`_store_dpre` of gradients held since step s (their rows and mask found again, rather
+    than carried across the step loop in registers)."""
+    act, rows = _step_rows(OFFS, lens, jb64, b_ok, s, 0, REVERSE, 1)
+    _store_dpre(DPX, DPH, rows, units, act[:, None] & mine, g0, g1, g2, g3, gn, CELL, G, H)
+
+
 @triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "max_spin"])
 def _split_k1_bwd_kernel(
     PREX, PREH, R, Y, HPREV, CSEQ, CPREV, DY, OFFS, LENS,
-    DPX, DPH, DH0, DC0, PART, HC, DCC, SYNC,
+    DPX, DPH, DH0, DC0, PART, HC, DCC, HELD, SYNC,
     B, S, q_begin, q_end, max_spin,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
     KU: tl.constexpr, BB: tl.constexpr, NK: tl.constexpr, REVERSE: tl.constexpr,
@@ -263,9 +304,18 @@ def _split_k1_bwd_kernel(
     PART [2, NK, Bpad, H] fp32; zeros at q = 0), the cell's backward, then the product of
     the resulting gate gradients (h side: all G gates of the KU units) with its R block
     [G x KU, U] into its partial, slot (q + 1) % 2, and one grid barrier. It stores its
-    share of the K block's dpre (units kk with kk * NU // KU == ub) and, at q = S, of dh0 /
-    dc0. HC / DCC [2, Bpad, H]: the carries at launch boundaries (every program of a K block
-    holds the same values; each stores its share)."""
+    share of the K block's dpre (units kk with kk * NU // KU == ub) one iteration late, and
+    at q = S its share of dh0 / dc0. HC / DCC [2, Bpad, H]: the carries at launch boundaries
+    (every program of a K block holds the same values; each stores its share).
+
+    Why late: dpre_x / dpre_h may be pre_x / pre_h (the backend writes the gradients over
+    the pre-activations), and every program of a K block reads a step's pre-activations of
+    its units, consuming them before its barrier arrival of that step. So a program keeps
+    its share of step s's gradients in registers until it is past the next iteration's
+    wait, by when every program has arrived after reading them, and stores them after that
+    iteration's arrival (off its fence's path). A launch ending before q = S leaves them in
+    HELD [G (+1: GRU's dpre_h n gate), Bpad, H] of dpre_x's dtype, and the next launch, whose
+    start is the barrier, stores them."""
     NU: tl.constexpr = H // U
     ub, kb, jb, b_ok, jb64, lens, cols = _program_block(LENS, B, NU, NK, U, BB)
     kk = tl.arange(0, KU)
@@ -285,6 +335,11 @@ def _split_k1_bwd_kernel(
     c_in = (q_begin % 2).to(tl.int64) * bpad * H + state
     hc = tl.load(HC + c_in, mask=own, other=0.0)
     dcc = tl.load(DCC + c_in, mask=own, other=0.0)
+    # The gradients held from iteration q_begin - 1, of step S - q_begin (none at q_begin = 0:
+    # no row is active at step S).
+    act, _rows = _step_rows(OFFS, lens, jb64, b_ok, S - q_begin, 0, REVERSE, 1)
+    hs = bpad.to(tl.int64) * H  # a HELD slot
+    g0, g1, g2, g3, gn = _held_load(HELD, state, hs, act[:, None] & mine, CELL, G)
     act, rows = _step_rows(OFFS, lens, jb64, b_ok, S - 1 - q_begin, 0, REVERSE, 1)
     m = act[:, None] & own
     dy, x0, x1, x2, x3, h0, h1, h2, h3, y, hp, c, cp = _cell_inputs(
@@ -317,9 +372,13 @@ def _split_k1_bwd_kernel(
             tl.store(dst + jb64[:, None] * H + cols[None, :], acc)
             if BARRIER:
                 grid_arrive(SYNC)
-            # Work nobody waits for: this program's share of dpre, the next step's inputs.
-            _store_dpre(DPX, DPH, rows, ku, act[:, None] & mine, dx0, dx1, dx2, dx3, dh2, CELL,
-                        G, H)
+            # Work nobody waits for: this program's share of step s + 1's gradients (every
+            # program has read that step's pre-activations: this iteration's wait is over),
+            # the next step's inputs.
+            _store_held(DPX, DPH, OFFS, lens, jb64, b_ok, s + 1, ku, mine, g0, g1, g2, g3, gn,
+                        CELL, G, H, REVERSE)
+            dt = DPX.dtype.element_ty
+            g0, g1, g2, g3, gn = dx0.to(dt), dx1.to(dt), dx2.to(dt), dx3.to(dt), dh2.to(dt)
             hc = tl.where(m, direct, hc)
             dcc = tl.where(m, dcp, dcc)
             act, rows = _step_rows(OFFS, lens, jb64, b_ok, s - 1, 0, REVERSE, 1)
@@ -334,6 +393,14 @@ def _split_k1_bwd_kernel(
     c_out = (q_end % 2).to(tl.int64) * bpad * H + state
     tl.store(HC + c_out, hc, mask=mine)
     tl.store(DCC + c_out, dcc, mask=mine)
+    # The gradients still held: step 0's after q = S (the wait of q = S is over), stored;
+    # else step S - q_end's, left in HELD for the next launch.
+    if q_end > S:
+        _store_held(DPX, DPH, OFFS, lens, jb64, b_ok, 0, ku, mine, g0, g1, g2, g3, gn, CELL,
+                    G, H, REVERSE)
+    else:
+        act, _rows = _step_rows(OFFS, lens, jb64, b_ok, S - q_end, 0, REVERSE, 1)
+        _held_store(HELD, state, hs, act[:, None] & mine, g0, g1, g2, g3, gn, CELL, G)
 
 
 def split(U: int, BB: int) -> int:
@@ -371,6 +438,7 @@ _R_BLOCK = 128 * 1024
 _MAX_BTILE = 128
 
 
+@functools.cache  # (the backend asks at each backward call, per direction)
 def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
                   props) -> tuple[int, int, int] | None:
     """(units, kblock, btile) of the split-K backward for a layer on a device (`props`: the
@@ -418,6 +486,7 @@ _CELL_TILE = 2048
 _ONE_BARRIER_BATCH = 32
 
 
+@functools.cache
 def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
                    props) -> tuple[int, int, int] | None:
     """(units, kblock, btile) of the one-barrier form (`split_k_backward(one_barrier=True)`)
@@ -488,15 +557,21 @@ def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, famil
 
 def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,
               one_barrier: bool = False) -> dict[str, tuple]:
-    """The fp32 workspace `split_k_backward` allocates per call, by name: the partials
-    [NK, Bpad, H] and the carries of dh's direct term and of dc [Bpad, H] each, Bpad the batch
-    rounded up to the batch tile (the kernel's programs cover whole tiles); one_barrier: two
-    slots of each ([2, ...]: iteration q reads one and writes the other)."""
+    """The workspace `split_k_backward` allocates per call, by name: the fp32 partials
+    [NK, Bpad, H] and the fp32 carries of dh's direct term and of dc [Bpad, H] each, Bpad the
+    batch rounded up to the batch tile (the kernel's programs cover whole tiles); one_barrier:
+    two slots of each ([2, ...]: iteration q reads one and writes the other), and "held"
+    [G (+1 for GRU), Bpad, H] in dpre_x's dtype, the gate gradients a launch leaves for the
+    next to store (`_split_k1_bwd_kernel`)."""
     nk = tiles(cell, H, B, U, KB, BB, one_barrier)[1]
     bpad = triton.cdiv(max(B, 1), BB) * BB
     two = (2,) if one_barrier else ()
-    return {"partials": (*two, nk, bpad, H), "dh_carry": (*two, bpad, H),
-            "dc_carry": (*two, bpad, H)}
+    out = {"partials": (*two, nk, bpad, H), "dh_carry": (*two, bpad, H),
+           "dc_carry": (*two, bpad, H)}
+    if one_barrier:
+        G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+        out["held"] = (G + (cell == "gru"), bpad, H)
+    return out
 
 
 def _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, dpre_x,
@@ -562,17 +637,6 @@ def split_k_backward(
     whose cells its programs run redundantly, one grid barrier a step."""
     cid, G, H = _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                              info, dpre_x, dpre_h, dh0, dc0)
-    if one_barrier:
-        # A K block's programs each read its cells' pre-activations of a step after their
-        # barrier arrival of the step before; another may write its share of that step's
-        # gradients by then.
-        for out, src, names in ((dpre_x, pre_x, "dpre_x / pre_x"),
-                                (dpre_h, pre_h, "dpre_h / pre_h")):
-            if (out is not None and src is not None and out.numel() and src.numel()
-                    and out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()):
-                raise ValueError(f"{names}: expected separate storage with one_barrier=True "
-                                 "(its programs read the pre-activations other programs "
-                                 "write gradients over), got one tensor's")
     B, S = info.B, info.max_len
     programs, nk, us = tiles(cell, H, B, units, kblock, btile, one_barrier)
     dev = dy.device
@@ -581,6 +645,9 @@ def split_k_backward(
     if barriers * programs > 2**31 - 1:  # the barrier counter is an int32
         raise ValueError(f"split_k: {S} steps on {programs} programs pass the grid barrier's "
                          f"int32 counter ({barriers} barriers * programs <= 2**31 - 1)")
+    # One launch for all steps on a GPU, and in the interpreter where a single program
+    # meets no barrier (the in-kernel step loop, covered by the interpreter tests too).
+    whole_launch = persistent and (not interp or programs == 1)
     if persistent and not interp:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
@@ -607,7 +674,9 @@ def split_k_backward(
     args = (pre_x if pre_x is not None else dy, pre_h if pre_h is not None else dy, R, y,
             h_prev, c_seq if c_seq is not None else y, c_prev if c_prev is not None else y, dy,
             info.offsets, info.lengths_sorted, dpx,
-            dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc, sync, B, S)
+            dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc,
+            *((torch.empty(ws["held"], dtype=dpx.dtype, device=dev),) if one_barrier else ()),
+            sync, B, S)
     grid = (programs,)
     common = dict(CELL=cid, G=G, H=H, U=units, BB=btile, NK=nk, REVERSE=reverse,
                   FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
@@ -616,9 +685,10 @@ def split_k_backward(
     else:  # then which phases run: both, or one per launch without the barrier
         kernel, meta = _split_k_bwd_kernel, dict(KC=kblock // 4, US=us, SPLIT=split(units, btile))
         whole, per_step = (1, 1), ((1, 0), (0, 1))
-    if persistent and not interp:
-        kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=1, **common, **meta,
-                     **cooperative_launch_options())
+    if whole_launch:
+        options = cooperative_launch_options() if not interp else {}
+        kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp), **common,
+                     **meta, **options)
         check_flags(sync, "split_k_backward")
     else:
         for q in range(S + 1):

@@ -1455,18 +1455,15 @@ def backward_writes_over_preacts(rnn_mode: str, barrier_check: str | None = None
     direction reads it. Not with TRITONRNN_BARRIER_CHECK=sync, where a persistent launch
     whose barrier timed out is rerun stepwise and needs its inputs as they were; not in the
     layer pipeline, whose pre-activation rows are shared by the layers in flight while each
-    keeps its gradients for its weight GEMMs; not with the one-barrier split-K backward
-    switched on (TRITONRNN_BWD_SPLIT_K1), whose programs of a K block all read its cells'
-    pre-activations, each loading a step's after its barrier arrival of the step before,
-    while each writes its share of that step's gradients once its own wait is over
-    (kernels/split_k.py: a slow program would read a gradient); not for tanh / relu, which
-    have no pre-activation to write over (`reference.backward_preacts`). barrier_check: the
+    keeps its gradients for its weight GEMMs; not for tanh / relu, which have no
+    pre-activation to write over (`reference.backward_preacts`). The one-barrier split-K
+    backward, whose programs of a K block all read its cells' pre-activations, stores each
+    step's gradients only once every one of them has (`kernels.split_k`). barrier_check: the
     mode (default: TRITONRNN_BARRIER_CHECK's, read now)."""
-    from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import barrier_check_mode
 
     check = barrier_check or barrier_check_mode()
-    return backward_preacts(rnn_mode)[0] and check != "sync" and not split_k._BWD_SPLIT_K1
+    return backward_preacts(rnn_mode)[0] and check != "sync"
 
 
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
@@ -1669,7 +1666,8 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
     TRITONRNN_BWD_SPLIT_K or TRITONRNN_BWD_SPLIT_K1 gives it the layers' backward
     (`split_k_applies`; one direction at a time): `kernels.split_k.workspace`, the fp32
     partials and the two carries (dh's direct term and dc), listed together as [2, Bpad, H]
-    ([2, 2, Bpad, H] for the one-barrier form's two slots of each)."""
+    ([2, 2, Bpad, H] for the one-barrier form's two slots of each), and the one-barrier
+    form's gradients held between launches in the layer's dtype."""
     from tritonrnn.kernels.split_k import split_k_applies, workspace
 
     split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,
@@ -1678,9 +1676,14 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
         return ()
     ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split)
     partials, carry = ws["partials"], (2, *ws["dh_carry"])
-    return tuple(Buffer(name, shape, "float32", 4 * math.prod(shape), "backward")
-                 for name, shape in (("split_k.partials", partials),
-                                     ("split_k.carries", carry)))
+    out = tuple(Buffer(name, shape, "float32", 4 * math.prod(shape), "backward")
+                for name, shape in (("split_k.partials", partials),
+                                    ("split_k.carries", carry)))
+    if "held" in ws:
+        size = torch.empty(0, dtype=dtype).element_size()
+        out += (Buffer("split_k.held", ws["held"], str(dtype).removeprefix("torch."),
+                       size * math.prod(ws["held"]), "backward"),)
+    return out
 
 
 def candidates(plan: Plan) -> list[dict]:

@@ -275,32 +275,38 @@ def test_split_k_backward_names_a_wrong_argument():
                          None, units=16, kblock=64, btile=16)
 
 
+# (units, kblock per gate, btile): the two-barrier form (each cell run by one program), the
+# one-barrier form with 4 programs in each K block (the stepwise launches run them one after
+# another, so a gradient stored before every program of its K block has read that step's
+# pre-activations is read as one), and on one program (all steps in one launch: the
+# gradients held in registers across the in-kernel loop's iterations).
+OVER_FORMS = [(16, 16, False), (16, 16, True), (64, 64, True)]
+
+
+@pytest.mark.parametrize("form", OVER_FORMS, ids=["two-barriers", "one-barrier",
+                                                  "one-barrier-one-program"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_only_the_two_barrier_form_writes_over_the_preacts(cell):
+def test_split_k_backward_writes_over_the_preacts(cell, form):
     """The Triton backend writes the gradients over the pre-activations
-    (`planner.backward_writes_over_preacts`): the two-barrier form, each cell run by one
-    program, gives the reference's gradients so (dpre_x in pre_x, GRU's dpre_h in pre_h); the
-    one-barrier form, whose programs of a K block all read its cells' pre-activations, refuses
-    it, naming the pair."""
-    lengths = [4, 1, 0, 4, 2, 3]
-    x = _inputs(cell, 64, lengths, seed=3)
-    want = _outputs(cell, 64, x["info"])
+    (`planner.backward_writes_over_preacts`): dpre_x into pre_x, GRU's dpre_h into pre_h.
+    Both forms give the reference's gradients so; the one-barrier form stores each step's
+    gradients one iteration late, once every program of a K block has read them."""
+    units, kb, one_barrier = form
+    H = 64 if units < 64 else units
+    lengths = [4, 1, 0, 4, 2, 3] if units < 64 else [4, 1, 0, 4, 2, 3, 4, 4]
+    x = _inputs(cell, H, lengths, seed=3)
+    want = _outputs(cell, H, x["info"])
     recurrence_backward(cell, x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
                         x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
                         want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"], None, None)
     pre_x, pre_h = x["pre_x"].clone(), x["pre_h"].clone()
-    got = _outputs(cell, 64, x["info"])
-    dpre_h = pre_h if cell == "gru" else None
-    kb1 = 16 * cells.NUM_GATES[cells.CELL_IDS[cell]]  # the one-barrier form's 16-unit K blocks
-    args = (cell, pre_x, pre_h, x["R"], x["y"], x["h_prev"], x["c_seq"], x["c_prev"], x["dy"],
-            x["dhT"], x["dcT"], x["info"], False, pre_x, dpre_h, got["dh0"], got["dc0"])
-    with pytest.raises(ValueError, match="dpre_x / pre_x: expected separate storage"):
-        split_k_backward(*args, units=16, kblock=kb1, btile=16, one_barrier=True)
-    if cell == "gru":
-        with pytest.raises(ValueError, match="dpre_h / pre_h: expected separate storage"):
-            split_k_backward(*args[:13], got["dpre_x"], dpre_h, *args[15:], units=16,
-                             kblock=kb1, btile=16, one_barrier=True)
-    split_k_backward(*args, units=16, kblock=64, btile=16)
+    got = _outputs(cell, H, x["info"])
+    G = cells.NUM_GATES[cells.CELL_IDS[cell]]
+    kblock = G * kb if one_barrier else 4 * kb
+    split_k_backward(cell, pre_x, pre_h, x["R"], x["y"], x["h_prev"], x["c_seq"],
+                     x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False, pre_x,
+                     pre_h if cell == "gru" else None, got["dh0"], got["dc0"], units=units,
+                     kblock=kblock, btile=16, one_barrier=one_barrier)
     torch.testing.assert_close(pre_x, want["dpre_x"], rtol=2e-5, atol=2e-5)
     if cell == "gru":
         torch.testing.assert_close(pre_h, want["dpre_h"], rtol=2e-5, atol=2e-5)

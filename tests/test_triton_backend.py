@@ -340,7 +340,7 @@ def test_split_k_backward_switch(family, mode, bidirectional, proj, lengths, two
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_gpu_split_k_backward_in_the_layer(mode, two, one, monkeypatch):
     """On CUDA each split-K form runs a bidirectional layer's backward as one persistent
-    launch per direction (its grid barriers, the one-barrier form's buffers apart from the
+    launch per direction (its grid barriers; each form writing the gradients over the
     pre-activations) and the layer matches the float64 oracle in fp32 (IEEE dots)."""
     from tritonrnn.kernels import split_k
 
@@ -379,15 +379,18 @@ def test_split_k_backward_switch_shows_in_explain(monkeypatch):
 @pytest.mark.parametrize("two, one, want", [
     (False, False, {}),
     (True, False, {"split_k.partials": (4, 16, 64), "split_k.carries": (2, 16, 64)}),
-    (False, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64)}),
-    (True, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64)}),
+    (False, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64),
+                   "split_k.held": (4, 16, 64)}),
+    (True, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64),
+                  "split_k.held": (4, 16, 64)}),
 ])
 def test_split_k_workspace_is_in_the_plans_buffers(two, one, want, monkeypatch):
     """The plan lists the workspace the split-K backward allocates (`split_k.workspace`),
     in the form its switches give (LSTM H=64 B=16 on an H100: 16 x 64 x 16 tiles, 4 K
-    blocks; the one-barrier form's two slots of each), and its cache keeps the switches
-    apart: a plan made under one setting does not answer for another. With the one-barrier
-    form's switch on, dpre_x has a buffer of its own (`backward_writes_over_preacts`)."""
+    blocks; the one-barrier form's two slots of each and its held gradients, [G, Bpad, H] in
+    the layer's dtype), and its cache keeps the switches apart: a plan made under one setting
+    does not answer for another. Either form writes dpre_x over pre_x
+    (`backward_writes_over_preacts`)."""
     from tritonrnn.kernels import split_k
     from tritonrnn.rnn.planner import plan_for
 
@@ -399,9 +402,12 @@ def test_split_k_workspace_is_in_the_plans_buffers(two, one, want, monkeypatch):
     got = {b.name: b.shape for b in plan.buffers if b.name.startswith("split_k.")}
     assert got == want
     pre = {b.name for b in plan.buffers if b.phase == "backward" and "pre_" in b.name}
-    assert pre == ({"pre_x", "pre_h", "dpre_x"} if one else {"pre_x / dpre_x", "pre_h"})
-    assert all(b.dtype == "float32" and b.nbytes == 4 * math.prod(b.shape)
-               for b in plan.buffers if b.name.startswith("split_k."))
+    assert pre == {"pre_x / dpre_x", "pre_h"}
+    for b in plan.buffers:
+        if b.name.startswith("split_k."):
+            dtype = "bfloat16" if b.name == "split_k.held" else "float32"
+            assert (b.dtype, b.nbytes) == (dtype, (2 if b.name == "split_k.held" else 4)
+                                           * math.prod(b.shape)), b
 
 
 def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch):
