@@ -1452,6 +1452,44 @@ def test_gpu_split_k_backward(cell, H, units, kblock, btile, dtype, one):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cell,kblock", [("lstm", 64), ("gru", 48)])
+def test_gpu_one_barrier_split_k_writes_over_the_preacts(cell, kblock):
+    # The one-barrier form with its gradients written over the pre-activations (as the
+    # backend runs it): every program of a K block reads that block's pre-activations, each
+    # stores its share of a step's gradients one iteration late. H = 128 in 32-unit blocks
+    # and 16-unit K blocks (4 programs per K block), 3 batch tiles: 96 programs, T = 400. The
+    # gradients must match the reference and be bit-identical to those written into buffers
+    # of their own, run after run.
+    _one_barrier_over(cell, kblock, 400, runs=3, dtype=torch.bfloat16)
+
+
+def _one_barrier_over(cell: str, kblock: int, T: int, runs: int, dtype: torch.dtype) -> None:
+    from tritonrnn.kernels.split_k import split_k_backward
+
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(1, T + 1, (48,), generator=g).tolist()
+    lengths[0] = T
+    ins, outs = _backward_problem(cell, 128, 0, lengths, T, dtype=dtype)
+    args = [ins["cell"], *(ins[k] for k in _BWD_IN if k != "Pw"), ins["info"], True]
+    split_k_backward(*args, *(outs[k] for k in _BWD_OUT[:4]), units=32, kblock=kblock,
+                     btile=16, one_barrier=True)
+    _check_backward(ins, outs, True, dtype)
+    for _ in range(runs):
+        pre_x, pre_h = ins["pre_x"].clone(), ins["pre_h"].clone()
+        over = {k: torch.full_like(outs[k], float("nan")) if outs[k] is not None else None
+                for k in ("dh0", "dc0")}
+        args[1:3] = pre_x, pre_h
+        split_k_backward(*args, pre_x, pre_h if cell == "gru" else None, over["dh0"],
+                         over["dc0"], units=32, kblock=kblock, btile=16, one_barrier=True)
+        assert torch.equal(pre_x, outs["dpre_x"])
+        if cell == "gru":
+            assert torch.equal(pre_h, outs["dpre_h"])
+        for k, v in over.items():
+            if v is not None:
+                assert torch.equal(v, outs[k]), k
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cell,P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)])
 def test_gpu_stepwise_64_tiles(cell, P, dtype):
