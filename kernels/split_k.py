@@ -252,8 +252,8 @@ def _r_gate(R, ku, cols, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr):
 @triton.jit
 def _held_load(HELD, state, hs, m, CELL: tl.constexpr, G: tl.constexpr):
     """The gate gradients a launch left in HELD (`_split_k1_bwd_kernel`; slots of hs elements:
-    dpre_x's G gates, then GRU's dpre_h n gate), where m: (g0, g1, g2, g3, gn), the absent
-    ones g0."""
+    dpre_x's G gates, then GRU's dpre_h n gate): (g0, g1, g2, g3, gn) where m, else zeros; a
+    gate the cell lacks is g0 again."""
     g0 = tl.load(HELD + state, mask=m, other=0.0)
     g1, g2, g3, gn = g0, g0, g0, g0
     if G > 1:
