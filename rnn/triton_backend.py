@@ -117,7 +117,6 @@ class TritonRecurrence:
         args = (cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                 reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         choice = self._choice(cell, R, Pw, info.B, 1, "backward")
-        props = self.properties(R.device)  # the split-K tiles' device, as the plan's
 
         def launch(lp: LayerPlan) -> None:
             if lp.family == "reference":
@@ -126,7 +125,7 @@ class TritonRecurrence:
                 from tritonrnn.kernels.persistent_cta import cta_backward
 
                 cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-            elif (split := _split_k(lp, cell, R, Pw, info.B, props)) is not None:
+            elif (split := _split_k(lp, choice[2])) is not None:
                 from tritonrnn.kernels.split_k import split_k_backward
 
                 _persistent_or_stepwise(lambda persistent: split_k_backward(
@@ -170,11 +169,10 @@ class TritonRecurrence:
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         args = (cell, *ins, info, *outs)
         choice = self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward")
-        props = self.properties(R[0].device)
 
         def launch(lp: LayerPlan) -> None:
             if (not self._shares_launch(lp)
-                    or _split_k(lp, cell, R[0], _dir(Pw, 0), info.B, props) is not None):
+                    or _split_k(lp, choice[2]) is not None):
                 for d in range(2):
                     self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
                                   *(_dir(t, d) for t in outs))
@@ -214,15 +212,15 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
     return phase, cell, H, Hout, P, dtype, _bucket(batch), props, num_dirs, lp
 
 
-def _split_k(lp: LayerPlan, cell: str, R: torch.Tensor, Pw: torch.Tensor | None,
-             batch: int, props: DeviceProperties):
+def _split_k(lp: LayerPlan, shape: tuple):
     """The split-K backward (kernels/split_k.py, a `SplitK`) where TRITONRNN_BWD_SPLIT_K=on
     or TRITONRNN_BWD_SPLIT_K1=on gives it the plan's grid-family backward without a
-    projection (`split_k_applies`), else None."""
+    projection (`split_k_applies`), else None; shape: the recurrence as `_shape` gives it
+    (the plan's device properties among them)."""
     from tritonrnn.kernels import split_k
 
-    return split_k.split_k_applies(cell, R.shape[1], 0 if Pw is None else Pw.shape[0], batch,
-                                   R.dtype, lp.family, props)
+    cell, H, _, P, dtype, batch, props, _ = shape
+    return split_k.split_k_applies(cell, H, P, batch, dtype, lp.family, props)
 
 
 def _tiles(lp: LayerPlan) -> str:
