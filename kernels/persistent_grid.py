@@ -120,9 +120,7 @@ per direction, times D for a pair launch):
   forward  h exchange [2, B, Hout] (2e*B*Hout), h state [B, Hout] (4*B*Hout),
            c state [B, H] (4*B*H, LSTM), m exchange [B, H] (e*B*H, projection), sync int32 [2]
   backward dph exchange [2, B, G*H] (2e*B*G*H), dh_carry [B, Hout] (4*B*Hout), dc [B, H]
-           (4*B*H, LSTM), dh exchange [B, P] (e*B*P, projection), sync int32 [2]; with
-           the partial-product exchange (`_bwd_partials`, opt-in) [2, NB, NH, Hout,
-           BLOCK_B] (2e*NB*NH*Hout*BLOCK_B, zeroed) instead of dph's
+           (4*B*H, LSTM), dh exchange [B, P] (e*B*P, projection), sync int32 [2]
 Stepwise launches load the h / c / dh_carry / dc state tiles at launch start and store them at
 launch end (so they live in global memory between steps); the persistent launch does the same
 once, keeping them in registers for all T steps.
@@ -1241,83 +1239,6 @@ def _bwd_gate_mm(acc, wa, wb, xa, xb, KB: tl.constexpr, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _ptile(R, s_r, h0, g0: tl.constexpr, NG: tl.constexpr, k0: tl.constexpr,
-           KC: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, DT: tl.constexpr,
-           BLOCK_H: tl.constexpr):
-    """A resident weight chunk of the partial products (PARTIALS, `_bwd_partials`): the own
-    units' (h0 .. h0 + BLOCK_H) R rows of gates g0 .. g0 + NG, transposed, for the product's
-    output rows k0 .. k0 + KC, [KC, NG * BLOCK_H]: tile[i, k * BLOCK_H + u] =
-    R[(g0 + k)*H + h0 + u, k0 + i], zero past H and HOUT; a placeholder that is never read
-    for an empty chunk."""
-    if KC > 0:
-        ii = (k0 + tl.arange(0, KC))[:, None]
-        gu = tl.arange(0, NG * BLOCK_H)[None, :]
-        u = h0 + gu % BLOCK_H
-        ptr = R + ((g0 + gu // BLOCK_H) * H + u).to(tl.int64) * s_r + ii
-        return tl.load(ptr, mask=(u < H) & (ii < HOUT), other=0.0).to(DT)
-    else:
-        return tl.zeros([16, NG * BLOCK_H], DT)
-
-
-@triton.jit
-def _gate_rows(d0, d1, d2, d3, NG: tl.constexpr):
-    """[NG * BLOCK_H, BLOCK_B]: the first NG (2 or 4) of the [BLOCK_H, BLOCK_B] gate tiles
-    stacked, gate k's in rows k * BLOCK_H .. (k + 1) * BLOCK_H (the operand of a `_ptile`
-    chunk of NG gates)."""
-    if NG == 4:
-        j = tl.join(tl.join(d0, d1), tl.join(d2, d3))  # [u, b, x, y] = d_{2y + x}[u, b]
-        j = tl.permute(j, (3, 2, 0, 1))
-    else:
-        j = tl.permute(tl.join(d0, d1), (2, 0, 1))  # [u, b, k] = d_k[u, b]
-    return tl.reshape(j, [NG * d0.shape[0], d0.shape[1]])
-
-
-@triton.jit
-def _bwd_partial_rows(dst, w, d, w2, d2, k0: tl.constexpr, KC: tl.constexpr,
-                      G: tl.constexpr, HOUT: tl.constexpr, BLOCK_B: tl.constexpr,
-                      FP32_DOT: tl.constexpr):
-    """Rows k0 .. k0 + KC of the own partial product sum_k R[k*H + hs, :]^T @ dph_k, stored
-    to the program's block dst [HOUT, BLOCK_B] of the partials exchange: LSTM one dot of the
-    chunk's four-gate weight tile w (`_ptile`) and the gates' stacked gradients d
-    (`_gate_rows`, in the dot dtype); GRU gates 0-1 so, plus gate 2's w2 @ d2 (its three
-    gates are no power of two, and a padded fourth cost more than the extra dot)."""
-    acc = _mm(w, d, FP32_DOT)
-    if G == 3:
-        acc += _mm(w2, d2, FP32_DOT)
-    ii = (k0 + tl.arange(0, KC))[:, None]
-    tl.store(dst + ii * BLOCK_B + tl.arange(0, BLOCK_B)[None, :],
-             acc.to(dst.dtype.element_ty), mask=ii < HOUT)
-
-
-@triton.jit
-def _gather_tile(src, q0, os_, o_ok, NH: tl.constexpr, GQ: tl.constexpr, HOUT: tl.constexpr,
-                 BLOCK_B: tl.constexpr):
-    """Partials q0 .. q0 + GQ of the output slice os_, [BLOCK_O, GQ, BLOCK_B] in fp32 (zero
-    past NH). Not masked by the active rows, which vary along the contiguous batch axis and
-    would split the loads' vectors: every column was written (zero past the batch)."""
-    q = q0 + tl.arange(0, GQ)[None, :, None]
-    ptr = src + (q * HOUT + os_[:, None, None]) * BLOCK_B + tl.arange(0, BLOCK_B)[None, None, :]
-    ok = (q < NH) & o_ok[:, None, None]
-    return tl.load(ptr, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-
-
-@triton.jit
-def _bwd_gather(carry, src, os_, o_ok, act1, NH: tl.constexpr, GQ: tl.constexpr,
-                HOUT: tl.constexpr, BLOCK_B: tl.constexpr):
-    """dh_carry[os] += sum_q partials_q[os] (PARTIALS, `_bwd_partials`) for the rows active
-    at step s+1: src is the batch tile's [NH, HOUT, BLOCK_B] block of the exchange slot of
-    step s+1, one [HOUT, BLOCK_B] partial product per hidden slice q; carry already holds
-    GRU's direct term. The slices are read GQ at a time (`_gather_slices`, `_gather_tile`),
-    tiles whose slice axis the compiler lays over warps and registers, not lanes; the tiles
-    are added elementwise and their slice axis reduced once at the end: the sum is in-thread
-    but for one cross-warp step."""
-    acc = _gather_tile(src, 0, os_, o_ok, NH, GQ, HOUT, BLOCK_B)
-    for q0 in tl.static_range(GQ, NH, GQ):
-        acc += _gather_tile(src, q0, os_, o_ok, NH, GQ, HOUT, BLOCK_B)
-    return tl.where(act1[None, :], carry + tl.sum(acc, axis=1), carry)
-
-
-@triton.jit
 def _bwd_rows(OFFS, lens, jb64, b_ok, u, u_end, S, rev, NPH: tl.constexpr,
               REVERSE: tl.constexpr, NUM_DIRS: tl.constexpr):
     """Active mask and packed rows of backward sub-step u (step S-1-u//NPH; none past
@@ -1386,17 +1307,13 @@ def _bwd_fold(carry, dy, NPH: tl.constexpr, FOLD_DY: tl.constexpr):
 @triton.jit
 def _bwd_cell_phase(
     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH, s_dph, MSEQ,
-    s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok, pa, pa2, pb, pb2,
+    s_ms, dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, P: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, BARRIER: tl.constexpr,
-    PARTIALS: tl.constexpr = False, HOUT: tl.constexpr = 0, KA: tl.constexpr = 0,
-    KB: tl.constexpr = 0, DOT_DT: tl.constexpr = tl.float32, FP32_DOT: tl.constexpr = True,
 ):
     """Phase B: cell backward of the own hidden slice from the prefetched reserve tiles
-    (`_bwd_loads`); publishes dph to dst ([B, G*H]), or with PARTIALS (`_bwd_partials`) its
-    partial product with the own R rows to dst (the program's [HOUT, BLOCK_B] block; pa, pb:
-    the `_ptile` chunks of the first 4 or 2 gates, pa2, pb2: GRU's third; unread without
-    PARTIALS), arrives at the barrier, then writes dpre_x / dpre_h / m_seq.
+    (`_bwd_loads`); publishes dph to dst ([B, G*H]), arrives at the barrier, then writes
+    dpre_x / dpre_h / m_seq.
     Returns the carried (dh_carry, dc): dc updated, GRU's direct term as the carry's
     restart."""
     m2 = h_ok[:, None] & act[None, :]
@@ -1415,25 +1332,14 @@ def _bwd_cell_phase(
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
     # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
-    if PARTIALS:  # ... as its product with the own R rows
-        d0 = tl.where(m2, dx0, 0.0)
-        d1 = tl.where(m2, dx1, 0.0)
-        d2 = tl.where(m2, dh2, 0.0)
-        d3 = tl.where(m2, dx3, 0.0)
-        d = _gate_rows(d0, d1, d2, d3, 4 if G == 4 else 2).to(DOT_DT)
-        d2 = d2.to(DOT_DT)
-        _bwd_partial_rows(dst, pa, d, pa2, d2, 0, KA, G, HOUT, BLOCK_B, FP32_DOT)
-        if KB > 0:
-            _bwd_partial_rows(dst, pb, d, pb2, d2, KA, KB, G, HOUT, BLOCK_B, FP32_DOT)
-    else:
-        base = dst + jb64[None, :] * (G * H) + hs[:, None]
-        xdt = dst.dtype.element_ty
-        tl.store(base, dx0.to(xdt), mask=m2)
-        if G > 1:
-            tl.store(base + H, dx1.to(xdt), mask=m2)
-            tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
-        if G > 3:
-            tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
+    base = dst + jb64[None, :] * (G * H) + hs[:, None]
+    xdt = dst.dtype.element_ty
+    tl.store(base, dx0.to(xdt), mask=m2)
+    if G > 1:
+        tl.store(base + H, dx1.to(xdt), mask=m2)
+        tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
+    if G > 3:
+        tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
     _arrive(SYNC, u, u_end, BARRIER)
     _store_gate(DPREX, s_dpx, rows, hs, dx0, m2, 0, G, H)
     _store_gate(DPREX, s_dpx, rows, hs, dx1, m2, 1, G, H)
@@ -1473,7 +1379,7 @@ def _grid_bwd_kernel(
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
     HOIST: tl.constexpr = False, LATE: tl.constexpr = False, PAIRG: tl.constexpr = False,
-    HALVES: tl.constexpr = False, PARTIALS: tl.constexpr = False, GQ: tl.constexpr = 1,
+    HALVES: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1491,16 +1397,9 @@ def _grid_bwd_kernel(
     barrier each). LATE (`_late_loads`): a sub-step loads its own inputs after its product
     instead of the previous sub-step before the barrier's wait, so they are not live across
     the product.
-    PARTIALS (`_bwd_partials`; no projection, MMA tiles): DPHWS holds partial products
-    instead, [2, NB, NH, HOUT, BLOCK_B] (NB = cdiv(B, BLOCK_B)): each program keeps R's rows
-    of its own units (`_ptile`, the forward's slice transposed, in output-row chunks RKA +
-    RKB of HOUT), publishes their product with its own dph and sums its output slice of the
-    NH partials of its batch tile (`_bwd_gather`, GQ of them at a time).
     """
     pid = tl.program_id(0)
     dph_size = B * (G * H)
-    if PARTIALS:
-        dph_size = tl.cdiv(B, BLOCK_B) * (NH * HOUT * BLOCK_B)
     rev = 0
     if NUM_DIRS == 2:
         rev = tl.program_id(1)
@@ -1527,7 +1426,6 @@ def _grid_bwd_kernel(
         SYNC += rev * 2
     hs, h_ok, os_, o_ok, jb, b_ok, jb64, lens, tile_len = _program_tile(
         pid, LENS, B, H, HOUT, NH, BLOCK_H, BLOCK_O, BLOCK_B)
-    p = pid % NH  # the hidden slice (the partial products' rows and slot)
 
     # R columns of the own output slice, as [BLOCK_O, H] chunks per gate: tile[o, i] =
     # R[k*H + i, os[o]]; with a projection also Pw columns: tile[h, i] = Pw[i, hs[h]].
@@ -1544,32 +1442,21 @@ def _grid_bwd_kernel(
         r_gate = H * s_r
         pw_sa = 1
         pw_sb = s_pw
-    if PARTIALS:  # R's rows of the own units, transposed, in output-row chunks: LSTM's
-        # four gates in one tile (wa0, wb0), GRU's first two, and its third (wa1, wb1)
-        NG0: tl.constexpr = 4 if G == 4 else 2
-        wa0 = _ptile(R, s_r, p * BLOCK_H, 0, NG0, 0, RKA, H, HOUT, DOT_DT, BLOCK_H)
-        wb0 = _ptile(R, s_r, p * BLOCK_H, 0, NG0, RKA, RKB, H, HOUT, DOT_DT, BLOCK_H)
-        wa1 = _ptile(R, s_r, p * BLOCK_H, 2, 1, 0, RKA if G == 3 else 0, H, HOUT, DOT_DT,
-                     BLOCK_H)
-        wb1 = _ptile(R, s_r, p * BLOCK_H, 2, 1, RKA, RKB if G == 3 else 0, H, HOUT, DOT_DT,
-                     BLOCK_H)
-    else:
-        wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS,
-                      VW)
-        wa1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_O, RS, VW)
-        wa2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
-                      BLOCK_O, RS, VW)
-        wa3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
-                      BLOCK_O, RS, VW)
-        wb0 = _wchunk(R, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O,
-                      RS, VW)
-        wb1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_O, RS, VW)
-        wb2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 2, G, RESIDENT,
-                      DOT_DT, BLOCK_O, RS, VW)
-        wb3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 3, G, RESIDENT,
-                      DOT_DT, BLOCK_O, RS, VW)
+    wa0 = _wchunk(R, os_, o_ok, r_sa, r_sb, 0, RKA, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS, VW)
+    wa1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 1, G, RESIDENT, DOT_DT, BLOCK_O,
+                  RS, VW)
+    wa2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS, VW)
+    wa3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, 0, RKA, H, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS, VW)
+    wb0 = _wchunk(R, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 0, G, RESIDENT, DOT_DT, BLOCK_O, RS,
+                  VW)
+    wb1 = _wchunk(R + r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 1, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS, VW)
+    wb2 = _wchunk(R + 2 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS, VW)
+    wb3 = _wchunk(R + 3 * r_gate, os_, o_ok, r_sa, r_sb, RKA, RKB, H, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_O, RS, VW)
     pwa = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, 0, PKA, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
                   BLOCK_H, PS, VW)
     pwb = _wchunk(PW, hs, h_ok, pw_sa, pw_sb, PKA, PKB, HOUT, 0, (P > 0) * 1, RESIDENT, DOT_DT,
@@ -1585,9 +1472,6 @@ def _grid_bwd_kernel(
     else:
         dc = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
 
-    # The partials exchange: the batch tile's block of a slot, and the own part of it.
-    part_tile = (pid // NH).to(tl.int64) * (NH * HOUT * BLOCK_B)
-    part_own = part_tile + p * (HOUT * BLOCK_B)
     # Sub-step u's own inputs are loaded ahead (by the previous iteration, after its arrival),
     # or, LATE (`_late_loads`), by the sub-step itself once its product is formed: the carry
     # product (one phase, phase A) or Pw^T's (phase B, whose rows and mask come first).
@@ -1613,20 +1497,13 @@ def _grid_bwd_kernel(
             tile_on = s < tile_len
         dph_src = DPHWS + ((q + 1) % 2).to(tl.int64) * dph_size  # written at index q - 1
         dph_dst = DPHWS + (q % 2).to(tl.int64) * dph_size
-        if PARTIALS:
-            dph_src += part_tile
-            dph_dst += part_own
         # Every sub-step but the last (q == S, which writes dh0) arrives exactly once.
         if NPH == 1:
             if carry_on:
-                if PARTIALS:
-                    carry = _bwd_gather(carry, dph_src, os_, o_ok, act1, NH, GQ, HOUT,
-                                        BLOCK_B)
-                else:
-                    carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
-                                       wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS,
-                                       PAIRG, HALVES)
+                carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
+                                   wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
+                                   DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
+                                   HALVES)
             if LATE:
                 act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                     PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1641,8 +1518,7 @@ def _grid_bwd_kernel(
                 carry, dc = _bwd_cell_phase(
                     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx,
                     DPREH, s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs,
-                    h_ok, wa0, wa1, wb0, wb1, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER,
-                    PARTIALS, HOUT, RKA, RKB, DOT_DT, FP32_DOT)
+                    h_ok, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
             else:
                 tl.store(DH0 + jb64[None, :] * s_dh0 + os_[:, None],
                          carry.to(DH0.dtype.element_ty), mask=keep_o)
@@ -1686,7 +1562,7 @@ def _grid_bwd_kernel(
                 carry, dc = _bwd_cell_phase(
                     dm, carry, dc, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1, DPREX, s_dpx, DPREH,
                     s_dph, MSEQ, s_ms, dph_dst, SYNC, u, u_end, rows, act, jb64, hs, h_ok,
-                    wa0, wa1, wb0, wb1, CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
+                    CELL, G, H, P, BLOCK_H, BLOCK_B, BARRIER)
         if not LATE:
             act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                 PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY, s_dy,
@@ -2381,60 +2257,6 @@ def _late_loads(cell: str, block_h: int, block_b: int) -> bool:
     return gated and block_h * block_b >= _LATE_TILE
 
 
-# Values per thread of one `_bwd_gather` tile: 64 (bf16 partials, 128 B of registers)
-# keeps it clear of spills.
-_GATHER_VALUES = 64
-
-
-def _gather_slices(nh: int, block_o: int, block_b: int, num_warps: int) -> int:
-    """GQ: partial products `_bwd_gather` reads at a time, a power of two: the largest that
-    divides nh (no padded slice is read or added) and keeps its [block_o, GQ, block_b] tile
-    within _GATHER_VALUES per thread. The anchor (LSTM H=768 B=16, 48 slices, 8 warps): 16,
-    3 tiles; LSTM H=1024 B=16 (64 slices): 64; H=1024 B=64 (32-column tiles): 32, 2 tiles;
-    GRU H=1536 B=16 (96 slices) on 8 warps: 32."""
-    cap = max(1, _GATHER_VALUES * 32 * num_warps // (block_o * block_b))
-    return min(nh & -nh, 1 << (cap.bit_length() - 1))
-
-
-# The backward's exchange as partial products (`_bwd_partials`): an experiment, off unless
-# TRITONRNN_BWD_PARTIALS=on (read at import) or the ablation variant `partials`.
-_BWD_PARTIALS = _env_on_off("TRITONRNN_BWD_PARTIALS")
-
-
-def _bwd_partials(cell: str, H: int, P: int, block_k: int, block_b: int,
-                  num_warps: int) -> bool:
-    """Whether the backward exchanges partial products of dh instead of dph (PARTIALS):
-    with `_BWD_PARTIALS`, for gated cells without a projection on resident MMA tiles whose
-    product chunks (`_ksplit(H)`, its output rows) keep their accumulator within
-    _GATHER_VALUES fp32 values per thread (GRU H=1536 B=16 on 4 warps holds 1024 x 16 per
-    chunk, 128 per thread, and its sm_90 compile spilled 328 B: it keeps dph; on 8 warps
-    none).
-
-    dh_{s} = R^T @ dph_{s+1} sums over all G*H gate rows. By default each program holds
-    R's columns of its output slice (R^T's rows) and reads the whole dph of its batch tile
-    from the exchange every step: NH * G * H * B elements per step over the grid (NH =
-    H / block_h programs per batch tile), which at B = 64, H >= 768 is as much as L2
-    delivers (kernels/NOTES.md, "Where a step's time goes"). With PARTIALS each program
-    holds R's rows of its own units instead (the forward's slice, transposed: `_ptile`),
-    multiplies them with its own dph right after the cell (an ordinary dot over the gates'
-    stacked rows, no split K: `_bwd_partial_rows`), publishes that partial product of
-    all HOUT outputs, and after the barrier sums the NH partials of its own output slice
-    (`_bwd_gather`): NH * H * B elements written and as many read, in the tensors' dtype.
-    So the exchange's L2 traffic is 2 / G of the default's: LSTM half, GRU two thirds
-    (a one-gate cell's would double: they keep dph). The price: the fence before the
-    arrival waits for H * block_b stored elements instead of G * block_h * block_b, the
-    partials are rounded to the dtype (a bf16 rounding of each of the NH partial sums,
-    where the default rounds dph and sums exactly in fp32), and the exchange takes
-    2 * NH * H * B elements per direction instead of 2 * G * H * B (LSTM H=1024 B=64 bf16:
-    16.8 MB instead of 1 MB). An H200 timed it slower at every shape it ran (2026-11-27,
-    layer fwd + bwd 0.99 to 1.13x the default at B = 64, 1.19 / 1.21x at B = 16;
-    kernels/NOTES.md), so it stays opt-in."""
-    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
-    if not (_BWD_PARTIALS and gated and not P and not block_k and not vector_tiles(block_b)):
-        return False
-    return max(_ksplit(H, 0, block_b)) * block_b <= _GATHER_VALUES * 32 * num_warps
-
-
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
     """Split-K factor of the forward's gate dots (R's slice @ h): `_nsplit` capped at
     _FWD_GATE_SPLIT, or _FWD_GATE_SPLIT_HALVES where `_halved_sums`."""
@@ -3087,13 +2909,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
     f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
-    partials = _bwd_partials(cell, H, P, block_k, block_b, num_warps)
-    NH = triton.cdiv(H, block_h)
-    # The partials exchange is read whole, inactive columns included (`_bwd_gather`), and a
-    # hoisted first step reads the slot no step has written yet: zeroed, never garbage.
-    dph_ws = (torch.zeros(nd, 2, triton.cdiv(B, block_b), NH, Hout, block_b, dtype=dtype,
-                          device=dev) if partials
-              else torch.empty(nd, 2, B, G * H, dtype=dtype, device=dev))
+    dph_ws = torch.empty(nd, 2, B, G * H, dtype=dtype, device=dev)
     carry_ws = torch.empty(nd, B, Hout, **f32)
     carry_ws.copy_(_both(dhT, off.get("dhT")))
     dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
@@ -3124,7 +2940,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 B, S, n_sub, u0, u1, max_spin, barrier_extra,
                 *(dirs[k] for k in order),
                 CELL=cid, G=G, H=H, HOUT=Hout, P=P, REVERSE=bool(reverse), NUM_DIRS=nd,
-                NPH=nph, NH=NH, BLOCK_H=block_h,
+                NPH=nph, NH=triton.cdiv(H, block_h), BLOCK_H=block_h,
                 BLOCK_O=bo, BLOCK_B=block_b, RESIDENT=block_k == 0,
                 RKA=rka, RKB=rkb, PKA=pka, PKB=pkb, RS=rs,
                 PS=_nsplit(pka, pkb, num_warps, block_h, block_b), DOT_DT=dot_dt,
@@ -3133,13 +2949,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 CHAINS=_bwd_chains(bo, block_b, rs, num_warps, G, rka + rkb), WT=wt,
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
-                PAIRG=pair_gates and not partials,
+                PAIRG=pair_gates,
                 HALVES=_halved_sums(),
-                PARTIALS=partials,
-                GQ=_gather_slices(NH, bo, block_b, num_warps) if partials else 1,
-                # With PARTIALS the weights stay wgmma operands in shared memory; HOIST then
-                # only drops the runtime branches around the gather (sm_90, Triton 3.6: the
-                # anchor's backward 779 -> 695 step-loop instructions).
                 HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
                                  num_warps, persistent),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,

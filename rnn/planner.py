@@ -574,7 +574,6 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     the loops' shape (joint gate tile, transposed products) and their stages where the plan
     names them (`_stream_stages`)."""
     from tritonrnn.kernels.persistent_grid import (
-        _bwd_partials,
         _fwd_gates,
         _joint_gates,
         _swap_dots,
@@ -588,15 +587,11 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     if not lp.block_k:
         fma = dtype == torch.float32  # as a GPU runs it
         batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps, fma) == 2
-        # (The backward's partial products read their weights from shared memory.)
-        partials = grid and _bwd_partials(cell, H, P, 0, lp.backward_block_b,
-                                          lp.backward_warps)
         passes = (("fwd", lp.num_warps, lp.block_h, lp.block_b),
                   ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b))
         hoisted = [p for p, w, bh, bb in passes
                    if grid and hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
-                                          lp.family == "persistent_grid", fma)
-                   and not (p == "bwd" and partials)]
+                                          lp.family == "persistent_grid", fma)]
         notes = (["gate-batched forward"] if batched else []) + (
             [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
         return "resident" + (f" ({'; '.join(notes)})" if notes else "")
@@ -1413,19 +1408,13 @@ class Plan:
         """How a grid-kernel layer's backward exchanges its carry product, for `explain`:
         the split-K kernel's tiles and form where the opt-in TRITONRNN_BWD_SPLIT_K or
         TRITONRNN_BWD_SPLIT_K1 gives it this backward (`kernels.split_k.split_k_applies`),
-        partial products where the launch runs them (`persistent_grid._bwd_partials`, the
-        opt-in TRITONRNN_BWD_PARTIALS), else dph with its gates' operands paired or not."""
-        from tritonrnn.kernels.persistent_grid import _bwd_partials
+        else dph with its gates' operands paired or not."""
         from tritonrnn.kernels.split_k import split_k_applies
 
         split = split_k_applies(self.rnn_mode, self.num_units, self.num_proj, self.batch,
                                 getattr(torch, self.dtype), lp.family, self.device)
         if split is not None:
             return f" backward split-K {split.describe()}"
-        if lp.family in ("persistent_grid", "stepwise") and _bwd_partials(
-                self.rnn_mode, self.num_units, self.num_proj, lp.block_k, lp.backward_block_b,
-                lp.backward_warps):
-            return " backward partial products"
         return " backward gates paired" if lp.pair_gates else ""
 
     def _explain_pipeline(self) -> list[str]:

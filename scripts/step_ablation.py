@@ -57,11 +57,6 @@ Variants (comma-joined in one process):
     pairg32   the same on 16 x 32 tiles (the B = 32 / 64 plans; kernels'
               _BWD_PAIRED_GATES_WIDE, off by default; where the footprint fits: LSTM / GRU
               H=768 B=64 on an H100, 30 / 26 -> 18 BAR.SYNC per backward step)
-    partials  the backward exchanges partial products of dh (each program's own R rows times
-              its own dph, summed by the reader) instead of dph (kernels' _BWD_PARTIALS, off
-              by default; gated cells, resident MMA tiles, no projection): 2 / G of the
-              exchange's L2 bytes, more instructions (the anchor 617 -> 695); an H200 timed
-              it slower everywhere (2026-11-27)
     splitk    the layer's backward on the split-K kernel (kernels/split_k.py, TRITONRNN_BWD_
               SPLIT_K; no projection): R in blocks, each program its K range of dph, two
               grid barriers a step (seen in `layer` times)
@@ -269,9 +264,9 @@ SETS = {
 # plan): the 16 x 32 forward on 8 warps (fw8: 0.94 to 0.98x at LSTM / GRU H=768 / 1024
 # B=64, 0.97x at rnn_tanh H=1024) is the default since (planner `_split_k_on_8`); the
 # partial-product backward lost everywhere (1.06 to 1.13x at B = 64 but LSTM H=1024 0.99x;
-# 1.19 / 1.21x at B = 16) and stays opt-in; 32 x 16 tiles (bb16) won the backward at H=768
-# B=64 but not the layer against the new forward (0.99x LSTM, 0.94x GRU; 1.15 / 1.17x at
-# H=512), so the plan keeps 16 x 32; streamed 16 x 64 tiles lost (1.35 to 1.42x); rnn_tanh
+# 1.19 / 1.21x at B = 16; removed on 2026-11-28); 32 x 16 tiles (bb16) won the backward at
+# H=768 B=64 but not the layer against the new forward (0.99x LSTM, 0.94x GRU; 1.15 / 1.17x
+# at H=512), so the plan keeps 16 x 32; streamed 16 x 64 tiles lost (1.35 to 1.42x); rnn_tanh
 # H=1536 B=16 keeps 8 warps (w4 1.09x); LSTM H=256 B=16 keeps its hoisted weights and
 # joined sums (nohoist 1.02x, nosums 1.00x); resident tiles past 1024 elements stream since
 # (planner `_RESIDENT_TILE`; bk64 0.80x at LSTM H=512 B=512, resident bk0 1.22x at GRU H=512
@@ -444,7 +439,6 @@ def swaps() -> dict:
         "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
         "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
         "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
-        "partials": [(pg, "_BWD_PARTIALS", True)],
         "splitk": [(split_k, "_BWD_SPLIT_K", True)],
         "splitk1": [(split_k, "_BWD_SPLIT_K1", True)],
         # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).

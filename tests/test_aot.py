@@ -831,24 +831,6 @@ def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
         assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
-# The backward's partial-product exchange (PARTIALS, `persistent_grid._bwd_partials`,
-# opt-in, read at import: the compiles run in a fresh process) at the anchor and at LSTM
-# H=1024 B=64 (16 x 32 tiles): products as wgmma reading both operands from shared memory,
-# no local memory in the step loop, within the plans' shared memory (Triton 3.6: the
-# anchor's backward 695 step-loop instructions, 128 registers; 106496 B of the plan's
-# 147456).
-@pytest.mark.compiler_specific
-def test_backward_partials_compile_without_spills(monkeypatch):
-    monkeypatch.setenv("TRITONRNN_BWD_PARTIALS", "on")
-    got = _compile_named([("anchor", ANCHOR), ("lstm1024-b64", WIDE["lstm1024-b64"])])
-    for r in got.values():
-        lp = r["plan"]
-        bwd = _kernels(r)[1]
-        assert bwd["constexprs"]["PARTIALS"] == "True" and "wgmma" in bwd["mma"]
-        assert _local_ops(bwd)[0] == 0, bwd["profile"]
-        assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
-
-
 @pytest.mark.compiler_specific
 def test_split_k_backward_compiles_where_switched_on(monkeypatch):
     """TRITONRNN_BWD_SPLIT_K=on: the captured backward is the split-K kernel's (with the

@@ -256,15 +256,6 @@ def test_pair_launch_equals_per_direction_launches(kind, family, cell, H, P, lau
     _check_pair_launch(kind, family, cell, H, P, launches)
 
 
-# The persistent grid's backward with its partial-product exchange (`_bwd_partials`, opt-in),
-# whose workspace per direction is [2, NB, NH, Hout, block_b] rather than dph's.
-@pytest.mark.parametrize("cell,H", [("lstm", 33), ("gru", 20)])
-def test_backward_partials_pair_equals_per_direction(monkeypatch, cell, H, launches):
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    assert pg._bwd_partials(cell, H, 0, 0, 16, 4)
-    _check_pair_launch("bwd", "persistent_grid", cell, H, 0, launches)
-
-
 def _check_pair_launch(kind, family, cell, H, P, launches):
     make, make_outs = ((_forward_pairs, _forward_outs) if kind == "fwd"
                        else (_backward_pairs, _backward_outs))

@@ -670,73 +670,6 @@ def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
 
-# PARTIALS (`_bwd_partials`, opt-in): the backward exchanges each program's partial product
-# of dh over all Hout outputs (its own R rows times its own dph) instead of dph, and each
-# program sums its output slice of the NH partials (`_bwd_gather`). Gated cells, both
-# directions, two resident chunks of output rows (H = 40: 32 + 16, the second padded past
-# H; 3 hidden slices), 16- and 32-column batch tiles over 35 rows (the last tile partial,
-# lengths 0 to T), the gather reading 1, 2 or all 4 (one padded) slices at a time (forced:
-# `_gather_slices` takes divisors of the slice count, 1 here).
-@pytest.mark.parametrize("gq", [1, 2, 4])
-@pytest.mark.parametrize("block_b", [16, 32])
-@directed("cell", [("lstm",), ("gru",)])
-def test_backward_partials_match_reference(monkeypatch, cell, reverse, block_b, gq):
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    monkeypatch.setattr(pg, "_gather_slices", lambda *_a: gq)
-    assert pg._bwd_partials(cell, 40, 0, 0, block_b, 4)
-    lengths, T = [5] * 20 + [3, 0, 1, 5, 2] * 3, 5
-    ins, outs = _backward_problem(cell, 40, 0, lengths, T)
-    _run_backward(ins, outs, reverse, persistent=True, block_h=16, block_b=block_b,
-                  num_warps=4)
-    _check_backward(ins, outs, reverse)
-
-
-# One program (H = 16, 5 rows): the interpreter runs the whole step loop in one launch, so
-# the partials' ping-pong slots and the final dh0 step run in-kernel.
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_backward_partials_single_program_loop(monkeypatch, cell):
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    ins, outs = _backward_problem(cell, 16, 0, [4, 0, 6, 6, 1], 6)
-    _run_backward(ins, outs, True, persistent=True, block_h=16, block_b=16, num_warps=4)
-    _check_backward(ins, outs, True)
-
-
-# In bf16 the partials are rounded to bf16 in the exchange before they are summed (the
-# default rounds only dph): within the bf16 tolerance of the float64 reference. (The
-# interpreter's dots take the bf16-rounded operands in fp32, as a GPU's do.)
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_backward_partials_bf16_match_reference(monkeypatch, cell):
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    lengths, T = [12] * 14 + [7, 0, 5, 12, 9], 12
-    ins, outs = _backward_problem(cell, 64, 0, lengths, T, dtype=torch.bfloat16)
-    _run_backward(ins, outs, False, persistent=True, block_h=16, block_b=16, num_warps=8)
-    _check_backward(ins, outs, False, torch.bfloat16)
-
-
-def test_backward_partials_choice(monkeypatch):
-    assert not pg._bwd_partials("lstm", 768, 0, 0, 16, 8)  # off by default
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    assert pg._bwd_partials("lstm", 768, 0, 0, 16, 8) and pg._bwd_partials("gru", 1024, 0, 0,
-                                                                            32, 8)
-    assert not pg._bwd_partials("rnn_tanh", 768, 0, 0, 16, 8)  # one gate: twice the bytes
-    assert not pg._bwd_partials("rnn_relu", 768, 0, 0, 16, 8)
-    assert not pg._bwd_partials("lstm", 768, 256, 0, 16, 8)  # a projection
-    assert not pg._bwd_partials("lstm", 768, 0, 64, 16, 8)  # streamed weights
-    assert not pg._bwd_partials("lstm", 768, 0, 0, 2, 8)  # vector tiles
-    # A product chunk's accumulator within 64 values per thread: GRU H=1536's 1024 rows at
-    # 16 columns on 8 warps, not on 4; LSTM H=1024's 512 at 32 columns on 8.
-    assert pg._bwd_partials("gru", 1536, 0, 0, 16, 8)
-    assert not pg._bwd_partials("gru", 1536, 0, 0, 16, 4)
-    assert pg._bwd_partials("lstm", 1024, 0, 0, 32, 8)
-    assert not pg._bwd_partials("lstm", 1024, 0, 0, 32, 4)
-    # Slices gathered at a time: the largest power of two dividing their count within 64
-    # values per thread.
-    assert pg._gather_slices(48, 16, 16, 8) == 16 and pg._gather_slices(64, 16, 16, 8) == 64
-    assert pg._gather_slices(96, 16, 16, 4) == 32 and pg._gather_slices(64, 16, 32, 8) == 32
-    assert pg._gather_slices(40, 16, 16, 8) == 8 and pg._gather_slices(3, 16, 16, 4) == 1
-    assert pg._gather_slices(1, 16, 16, 4) == 1
-
-
 # The stepwise family's own tiles past the co-resident grid (`planner._stepwise_fit`): 64 x 64,
 # streamed in 64-column chunks, where XJOIN applies without lowering _XJOIN_TILE. H = 96: one
 # full and one ragged hidden slice and chunk; 70 rows: a full and a partial batch tile.
@@ -1356,22 +1289,6 @@ def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired, block_b):
     lengths, T = [9] * (block_b + 3) + [7, 0, 5, 2], 9
     _check_layer(cell, H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
                  block_h=16, block_b=block_b)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_b", [16, 32])
-@pytest.mark.parametrize("H", [40, 640])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_gpu_backward_partials(monkeypatch, cell, H, block_b):
-    """bf16 with the backward's partial-product exchange (PARTIALS, opt-in) as the GPU
-    compiles it (wgmma products from shared memory, 8 warps): two chunks of output rows (H =
-    640: 512 + 128; 40 hidden slices gathered 8 at a time), two batch tiles (the second
-    partial), varlen."""
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    assert pg._bwd_partials(cell, H, 0, 0, block_b, 8)
-    lengths, T = [9] * (block_b + 3) + [7, 0, 5, 2], 9
-    _check_layer(cell, H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
-                 block_h=16, block_b=block_b, num_warps=8)
 
 
 @pytest.mark.gpu

@@ -66,29 +66,6 @@ def test_explain_names_no_tiles_for_the_reference_family():
     assert "block_b" not in line and "warps" not in line and "weights" not in line
 
 
-# The backward's partial products (opt-in, `persistent_grid._bwd_partials`) change no plan:
-# explain names them instead of the paired gates (which the launch then drops), and leaves
-# the backward out of the passes with weights in registers (wgmma operands in shared
-# memory); a one-gate cell keeps dph.
-def test_explain_names_the_backward_partial_products(monkeypatch):
-    from tritonrnn.kernels import persistent_grid as pg
-
-    def line(mode):
-        text = _plan(mode=mode, H=768).explain()
-        return next(t for t in text.splitlines() if "layer 0 dir 0" in t)
-
-    before = {m: (_plan(mode=m, H=768).layer(0), line(m)) for m in ("lstm", "gru", "rnn_tanh")}
-    assert "backward gates paired" in before["lstm"][1]
-    assert "(in registers: fwd, bwd)" in before["lstm"][1]
-    monkeypatch.setattr(pg, "_BWD_PARTIALS", True)
-    for mode, (lp, _) in before.items():
-        assert _plan(mode=mode, H=768).layer(0) == lp, mode
-    for mode in ("lstm", "gru"):
-        assert "backward partial products" in line(mode) and "paired" not in line(mode)
-        assert "(in registers: fwd)" in line(mode)
-    assert line("rnn_tanh") == before["rnn_tanh"][1]
-
-
 # The backward's gate operands loaded ahead (PAIRG, `grid_pairs_gates`, the default) where
 # their larger footprint fits the device's budget, the gates apart where it does not: against
 # the gates always apart (TRITONRNN_BWD_PAIRED_GATES=off), it changes no plan's family, tiles
