@@ -37,9 +37,6 @@ from the launchers' own logic with "on GPU" instead of "interpreting":
   IEEE         recorded IEEE and the data is fp32 (interpreter: IEEE = not allow_tf32)
   HOST_STEPS   -1: the kernel bounds its step loop itself (an interpreter that cannot loop
                to a tensor gets the bound from the host, `persistent_cta._host_steps`)
-  GATES        the grid forward's gate layout: a GPU's exact fp32 dots keep per-gate dots
-               where the interpreter's fp32 dots are gate-batched (`persistent_grid._fwd_gates`)
-  RS           with GATES changed, the per-gate dots' split (`persistent_grid._gate_split`)
 plus the launch option of a persistent launch (`cooperative_launch_options()`). When a kernel
 gains another interpreter-dependent constexpr, add its rule there.
 
@@ -519,20 +516,6 @@ def _gpu_host_steps(recorded, ctx: GpuContext, gpu: dict):
     return -1
 
 
-def _gpu_gates(recorded, ctx: GpuContext, gpu: dict):
-    # Per-gate (0) where the data is fp32: the launcher's fma_dots on a GPU.
-    return 0 if recorded == 2 and ctx.dtype == torch.float32 else recorded
-
-
-def _gpu_rsplit(recorded, ctx: GpuContext, gpu: dict):
-    if "GATES" not in gpu["_changed"]:
-        return recorded
-    from tritonrnn.kernels.persistent_grid import _gate_split
-
-    c = gpu["_recorded"]
-    return _gate_split(c["RKA"], c["RKB"], gpu["_num_warps"], c["BLOCK_H"], c["BLOCK_B"])
-
-
 # Constexprs whose value the launchers choose from "am I in the interpreter?": name -> rule
 # (recorded value, context, GPU values decided so far) -> GPU value. Applied in this order to
 # every kernel that has the name.
@@ -544,8 +527,6 @@ INTERPRETER_CONSTEXPRS = {
     "UPCAST": _gpu_upcast,
     "IEEE": _gpu_ieee,
     "HOST_STEPS": _gpu_host_steps,
-    "GATES": _gpu_gates,
-    "RS": _gpu_rsplit,
 }
 
 
@@ -555,10 +536,7 @@ def gpu_signature(sig: Signature, ctx: GpuContext) -> tuple[Signature, dict]:
     where this Triton has it (as the launchers pass it)."""
     cons = dict(sig.constexprs)
     changed = {}
-    # What a rule may read besides the GPU values decided so far: the recorded constexprs,
-    # the launch's warps, the names changed so far.
-    gpu = {"_recorded": sig.constexprs_by_name(), "_num_warps": sig.options.get("num_warps", 4),
-           "_changed": changed, "_types": sig.signature}
+    gpu = {}  # the GPU values decided so far (what a rule may read)
     for name, rule in INTERPRETER_CONSTEXPRS.items():
         if name not in sig.names or sig.signature[name] != "constexpr":
             continue

@@ -76,14 +76,6 @@ barriers). Output tiles with at least one MMA tile per warp keep the plain dot (
 fewer slices than warps the extra warps compute copies again (the forward's gate dots used
 at most 2 slices while tl.sum added them, so 4 warps ran every MMA twice).
 
-Gate-batched forward (`_fwd_gates`, off by default: `_FWD_GATE_BATCH`): the gates of a
-chunk are one 3-D dot whose batch entries are (K slice, gate), [KS * 4, BLOCK_H, chunk / KS]
-@ [KS * 4, chunk / KS, BLOCK_B] with h's slices broadcast over the gates (`_batched_chunk`,
-`_batched_dot`): each warp forms whole gates (GRU computes a zero fourth), nothing twice,
-and with 4 warps a gate's KS slices are summed in-thread. The anchor's forward: 96
-mma.sync per warp per step instead of 192, and yet slower on an H200 than the per-gate
-split-K dots it replaced (measured there, see _FWD_GATE_BATCH).
-
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
            the exchange buffer), cell pointwise on the own slice; c and the own slice of h
@@ -642,45 +634,6 @@ def _split_gates(acc, GP: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
 
 
 @triton.jit
-def _batched_chunk(W, hs, h_ok, s_r, k0: tl.constexpr, KC: tl.constexpr, K: tl.constexpr,
-                   G: tl.constexpr, GP: tl.constexpr, H: tl.constexpr, KS: tl.constexpr,
-                   DT: tl.constexpr, BH: tl.constexpr):
-    """A resident chunk of the gate-batched forward (GATES = 2), [KS * GP, BH, KC // KS]:
-    entry s * GP + g holds gate g's rows R[g * H + hs] over the columns k0 + s * KC / KS ..
-    k0 + (s + 1) * KC / KS, zero for gates g >= G (GRU's padding) and past K; a placeholder
-    that is never read when the chunk is empty (KC == 0)."""
-    if KC > 0:
-        e = tl.arange(0, KS * GP)[:, None, None]
-        g = e % GP
-        rows = (g * H + hs[None, :, None]).to(tl.int64)
-        kk = k0 + (e // GP) * (KC // KS) + tl.arange(0, KC // KS)[None, None, :]
-        ok = (g < G) & h_ok[None, :, None] & (kk < K)
-        return tl.load(W + rows * s_r + kk, mask=ok, other=0.0).to(DT)
-    else:
-        return _zacc(1, BH, 16).to(DT)
-
-
-@triton.jit
-def _batched_dot(w, x, KC: tl.constexpr, KS: tl.constexpr, GP: tl.constexpr, BB: tl.constexpr,
-                 FP32_DOT: tl.constexpr):
-    """The gates' products [GP, BH, BB] of a gate-batched chunk w (`_batched_chunk`) with the
-    operand x of exchange columns k0 .. k0 + KC (`_kpart` split KS ways, [KC, BB] when KS is
-    1): one 3-D dot whose batch entries are (K slice, gate),
-    the operand read once per slice and broadcast over the gates, the KS slices' partial sums
-    added at the end. Triton lays a 3-D dot's warps along its batch entries, so each warp
-    forms whole gate products: none computes a tile another warp also computes (the split-K
-    dots of `_fwd_pre_split` run every MMA num_warps / S times over when S < num_warps) and
-    with KS * GP = 2 * num_warps a warp holds all the slices of its gate, so their sum stays
-    in-thread."""
-    if KS == 1:
-        x = tl.reshape(x, [1, KC, BB])
-    xg = tl.reshape(tl.broadcast_to(x[:, None, :, :], [KS, GP, KC // KS, BB]),
-                    [KS * GP, KC // KS, BB])
-    acc = _mm(w, xg, FP32_DOT)
-    return tl.sum(tl.reshape(acc, [KS, GP, acc.shape[1], BB]), axis=0)
-
-
-@triton.jit
 def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
              G: tl.constexpr, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
@@ -690,23 +643,13 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
-    GATES (`_fwd_gates`) says how the gates' products are formed: 0 one dot per gate
+    GATES (`_joint_gates`) says how the gates' products are formed: 0 one dot per gate
     (`_fwd_pre_split`); 1 (joint, S = 1) one [GP * BH, K] @ [K, BB] dot for all gates (wa0 /
     wb0 hold the joint tile; GP = 1 for a one-gate cell), then the gates are split out of
-    it: no cross-warp reduction; 2 (gate-batched, resident, GP = 4) one 3-D dot per chunk
-    whose batch entries are (K slice, gate) (`_batched_dot`; wa0 / wb0 hold
-    `_batched_chunk`s, S = its K slices KS). SWAP: the streamed dot formed transposed
-    (`_dot_w3`).
+    it: no cross-warp reduction. SWAP: the streamed dot formed transposed (`_dot_w3`).
     PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
     HALVES (`_halved_sums`): how the split-K dots' slices are added."""
-    if GATES == 2:
-        xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
-        acc = _batched_dot(wa0, xa, KA, S, GP, BB, FP32_DOT)
-        if KB > 0:
-            xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
-            acc = _sum2(acc, _batched_dot(wb0, xb, KB, S, GP, BB, FP32_DOT))
-        p0, p1, p2, p3 = _split_gates(tl.reshape(acc, [GP * BH, BB]), GP, BH, BB)
-    elif GATES == 1:
+    if GATES == 1:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
                      RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB, SWAP)
@@ -1044,17 +987,12 @@ def _grid_fwd_kernel(
         pid, LENS, B, H, HOUT, NH, BLOCK_H, BLOCK_O, BLOCK_B)
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    if GATES > 0:  # one tile per chunk for all gates (wa0 / wb0); the rest unused
-        if GATES == 2:  # gate-batched, in RS K slices
-            wa0 = _batched_chunk(R, hs, h_ok, s_r, 0, RKA, HOUT, G, GP, H, RS, DOT_DT, BLOCK_H)
-            wb0 = _batched_chunk(R, hs, h_ok, s_r, RKA, RKB, HOUT, G, GP, H, RS, DOT_DT,
-                                 BLOCK_H)
-        else:  # joint, [GP * BLOCK_H, K]
-            ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
-            wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT,
-                          GP * BLOCK_H, 1)
-            wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT,
-                          GP * BLOCK_H, 1)
+    if GATES > 0:  # the joint tile [GP * BLOCK_H, K] per chunk (wa0 / wb0); the rest unused
+        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
+        wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
+                      1)
+        wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
+                      1)
         wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
         wa2 = wa1
         wa3 = wa1
@@ -1793,22 +1731,6 @@ def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
     return _FWD_JOINT_GATES and gated
 
 
-# The forward's gate-batched product (`_fwd_gates`, `_batched_dot`) where the split-K gate
-# dots repeat MMAs across warps: off. Half the MMAs, and slower on a GPU: an H200 (Triton
-# 3.6, bf16, T = 1024, 2026-11-26; bench/results/step-ablation-nvidia-h200-2026-11-26-
-# decide.json) timed LSTM H=1024 B=16 (16 x 16 tiles, 4 warps) at 7.50 us per forward step
-# gate-batched against 5.86 per gate (layer forward 8.02 -> 6.35 ms), and H=1024 B=64
-# (16 x 32 tiles, the batched forward on 8 warps) at 7.65 against 5.74 on 4 warps (8.93 ->
-# 6.94 ms). The same H200's `tritonrnn barrier` rows with it on (GRU H=1024 B=16 7.50, LSTM
-# H=768 B=64 6.93, GRU H=768 B=64 6.78 us) are slower than an H100's per-gate rows of
-# 2026-11-22 (4.96, 4.97, 4.18), and equal at LSTM H=768 B=16 (5.18 / 5.16). Where a
-# gate's products are one MMA chain per warp the dots' latency, not their count, sets the
-# step: nodot leaves 1.6-1.7 us of it. True restores the batched forward (the planner then
-# gives 16 x 32 tiles' forward 8 warps; `scripts/step_ablation.py` variant `batch`), as does
-# TRITONRNN_FWD_GATE_BATCH=on in the environment of a process that imports this module (read
-# once, here: the planner's cached plans depend on it).
-
-
 def _env_on_off(var: str, default: bool = False) -> bool:
     """An on / off switch from the environment (unset or empty: `default`); anything else
     raises, naming the variable."""
@@ -1816,9 +1738,6 @@ def _env_on_off(var: str, default: bool = False) -> bool:
     if raw not in ("on", "off"):
         raise ValueError(f"{var}: expected on or off, got {raw!r}")
     return raw == "on"
-
-
-_FWD_GATE_BATCH = _env_on_off("TRITONRNN_FWD_GATE_BATCH")
 
 
 # The forward's gate pre-activations formed as one joined tensor on MMA tiles (`_gate_sums`):
@@ -2009,61 +1928,6 @@ def _joined_sums(block_b: int) -> bool:
     return _FWD_JOINED_SUMS and not vector_tiles(block_b)
 
 
-def _fwd_gates(cell: str, block_k: int, block_h: int, block_b: int, num_warps: int,
-               fma_dots: bool = False) -> int:
-    """How the forward forms its gates' recurrent products (the kernel's GATES): 1 joint
-    (`_joint_gates`), 2 gate-batched, 0 one split-K dot per gate (`_fwd_pre_split`).
-    fma_dots: the dots are exact fp32 on a GPU (input_precision "ieee", FMA units), which
-    stay per gate: Triton 3.6 lowers the gate-batched one with its broadcast operand staged
-    whole, past the shared memory of an H100 (LSTM H=512 B=16: 262144 B against 163840;
-    those fp32 loops spill either way). The interpreter's fp32 dots take the batched path.
-
-    Gate-batched: gated cells, resident weights, MMA tiles, where the [block_h, block_b] gate
-    output has fewer 16 x 8 MMA tiles than warps (`_nsplit` splits K there). Triton lays a
-    3-D dot's warps along its batch axis, so a split-K dot with S < num_warps slices runs
-    every MMA num_warps / S times: the anchor's (LSTM H=768 B=16, 16 x 16 tiles, 4 warps,
-    S = 2) 192 mma.sync per warp and step where 96 do. The gate-batched dot's batch entries
-    are (K slice, gate), GP * KS of them (`_batch_ksplit`): each warp forms whole gates, the
-    four gates' products come out of one dot, and with 4 warps a gate's slices meet
-    in-thread (no cross-warp reduction). The sm_90 compiles (Triton 3.6, bf16, 16 x 16
-    tiles, 4 warps), forward step loop instructions / mma.sync / bar.sync, split-K ->
-    gate-batched: LSTM H=768 1093 / 192 / 27 -> 736 / 96 / 22 (235 -> 172 registers, 61 ->
-    13 LDS), H=512 905 / 128 / 25 -> 614 / 64 / 18, H=1024 1210 / 256 / 27 -> 804 / 128 /
-    22, GRU H=1024 985 / 192 / 25 -> 726 / 128 / 22, GRU H=1536 1279 / 288 / 25 -> 1020 /
-    192 / 22 (GRU computes its zero fourth gate: a third more weight bytes on chip); the
-    longest MMA chain 16 (GRU H=1536 32 -> 16), no spills. With 4 warps a 16 x 32 output
-    has an MMA tile per warp already, and gate-batched it spills (LSTM H=768 B=64: 51 local
-    loads per step); with 8 warps (one entry per warp, the slices summed across warps) it
-    does not, and the planner gives those tiles 8 (`rnn.planner._persistent_grid_warps`).
-    Off by default since an H200 timed it slower than the per-gate dots (_FWD_GATE_BATCH)."""
-    if _joint_gates(cell, block_k, block_b):
-        return 1
-    gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
-    if (_FWD_GATE_BATCH and gated and not block_k and not vector_tiles(block_b)
-            and not fma_dots and (block_h // 16) * (block_b // 8) < num_warps):
-        return 2
-    return 0
-
-
-# The gate-batched forward cuts its chunks into K slices of at most this many columns: a
-# warp's slices of its gate are independent MMA chains of at most _BATCH_SLICE / 16 (the
-# backward's `_bwd_chains` keeps chains of 16 or fewer too), added in-thread.
-_BATCH_SLICE = 256
-
-
-def _batch_ksplit(ka: int, kb: int) -> int:
-    """K slices KS of the gate-batched forward's chunks (ka, kb), a power of two: at least 2
-    (one chain of 32 MMAs at LSTM H=768 otherwise) and enough that a slice of ka is at most
-    _BATCH_SLICE columns (GRU H=1536's 1024 + 512: 4, chains of 16 instead of 32, and its
-    one local load per step in the sm_90 compile gone), as long as every slice of both chunks
-    keeps the 16 columns an MMA needs; 1 where even 2 would not."""
-    low = min(ka, kb or ka)
-    ks = 2
-    while ka // ks > _BATCH_SLICE and low // (2 * ks) >= 16:
-        ks *= 2
-    return ks if low >= 16 * ks else 1
-
-
 # Resident MMA weights held in registers for all steps (HOIST). The kernels' step loops
 # form their resident products inside runtime branches (a batch tile whose rows have all
 # finished skips them), and that keeps the compiler from hoisting the weights' shared ->
@@ -2173,14 +2037,14 @@ def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps
 
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
                block_h: int, block_b: int, block_k: int, num_warps: int, persistent: bool,
-               fma_dots: bool = False, by_default: bool = False) -> bool:
+               by_default: bool = False) -> bool:
     """Whether a launch of `pass_name` ("fwd" / "bwd") of this shape and plan runs HOIST
     (`_hoist_weights`; by_default: by the default rule, whatever TRITONRNN_HOIST_WEIGHTS
-    says): the resident slice is the forward's R rows (all gate slots of a joint or
-    gate-batched product, `_fwd_gates`) over Hout, or the backward's R columns over H."""
+    says): the resident slice is the forward's R rows (all gate slots of a joint product,
+    `_joint_gates`) over Hout, or the backward's R columns over H."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     if pass_name == "fwd":
-        joint = _fwd_gates(cell, block_k, block_h, block_b, num_warps, fma_dots) > 0
+        joint = _joint_gates(cell, block_k, block_b)
         rows = ((4 if G > 1 else 1) if joint else G) * block_h
         ka, kb = _ksplit(Hout, block_k, block_b)
     else:
@@ -2287,8 +2151,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
                       fwd_warps: int | None = None, smem_limit: int | None = None,
                       stages: int = DEFAULT_STAGES, stages_bwd: int | None = None) -> int:
     """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
-    warps, whose split-K scratch grows with them; fwd_warps: the forward's, which decide its
-    gate layout `_fwd_gates`, for float32 that of a GPU; default num_warps; smem_limit: the
+    warps, whose split-K scratch grows with them; fwd_warps: the forward's, whose split-K
+    scratch grows with them; default num_warps; smem_limit: the
     budget within which the backward pairs its gates, `grid_pairs_gates`; stages /
     stages_bwd: the streamed loops' pipeline depth in the forward / backward, the launch's
     num_stages, default stages).
@@ -2313,12 +2177,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     two directions) for LSTM H 256 (block_b 32) / 768 / 1024 (with and without P=256), GRU
     512 / 1536 (rechecked after the forward's split cap: LSTM H=256 bb=32 and GRU H=512 with
     8 warps, LSTM H=768 with 4; and with the slices added by halves, S'_bh = 4: LSTM H=256
-    bb=32 with 8 and 4 forward warps). The gate-batched forward (`_fwd_gates` = 2) holds G4 gates'
-    rows (GRU's zero fourth gate too) and stages half a chunk's operand (KS = 2 and 4
-    slices, `_batch_ksplit`; all of it with KS = 1):
-      forward  = e*(G4*bh*RF + [P] BO*RB) + max(e*bb*KF/min(KS, 2), 4*G4*bh*bb, [P] ...)
-    equal to the compiles of LSTM H 256..1024 and GRU 512..1536 (16 x 16 tiles, 4 warps) and
-    of LSTM H 768 / 1024 and GRU 768 / 1024 (16 x 32 tiles, 8 warps).
+    bb=32 with 8 and 4 forward warps).
     Streamed weights (block_k = K > 0): each pass's software pipeline, one buffer per stage
     (the launch's num_stages: `stream_stage_bytes`, stages and stages_bwd) of one chunk's
     weight tile [rows, K] and exchange tile [K, bb] in the dtype, for the pass's widest dot
@@ -2357,11 +2216,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
 
     g4 = 4 if G > 1 else 1
     fw = num_warps if fwd_warps is None else fwd_warps
-    gates = _fwd_gates(cell, block_k, bh, bb, fw, dtype == torch.float32)
-    joint = gates > 0  # the gates' product as one tile, split out (a layout conversion)
-    if gates == 2:
-        stage_f = max(e * bb * KF // min(_batch_ksplit(KF, kf2), 2), 4 * g4 * bh * bb)
-    elif joint:
+    joint = _joint_gates(cell, block_k, bb)  # one tile, split out (a layout conversion)
+    if joint:
         stage_f = max(e * bb * KF, 4 * g4 * bh * bb)
     else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
         stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
@@ -2718,13 +2574,11 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = _ksplit(Hout, block_k, block_b)
     pka, pkb = _ksplit(H, block_k, block_b) if P else (16, 0)
-    gates = _fwd_gates(cell, block_k, block_h, block_b, num_warps,
-                       on_gpu and dot_dt == tl.float32)
-    r_split = {0: _gate_split(rka, rkb, num_warps, block_h, block_b), 1: 1,
-               2: _batch_ksplit(rka, rkb)}[gates]  # the kernel's RS
+    gates = int(_joint_gates(cell, block_k, block_b))
+    r_split = 1 if gates else _gate_split(rka, rkb, num_warps, block_h, block_b)  # the RS
     swap = _swap_dots(block_k, block_b)
     hoist = hoist_pass("fwd", cell, H, Hout, P, dtype, block_h, block_b, block_k, num_warps,
-                       persistent, on_gpu and dot_dt == tl.float32)
+                       persistent)
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy

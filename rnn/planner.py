@@ -558,7 +558,7 @@ def _weight_layouts(dtype: torch.dtype, props: DeviceProperties) -> tuple[int, .
 
     Not on the interpreter preset: its fp32 dots are the half-precision dots' (NumPy, no FMA
     lowering), so CI's fp32 tests keep running the plans a GPU runs in bf16 / fp16, checked
-    to fp32 accuracy (as `kernels.persistent_grid._fwd_gates` keeps their gate layout)."""
+    to fp32 accuracy."""
     return (_STREAM_K,) if _fma_dots(dtype, props) else (0, _STREAM_K)
 
 
@@ -568,13 +568,11 @@ def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
 
 
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int) -> str:
-    """How a plan holds its recurrent weights, for Plan.explain(): resident (with the grid
-    forward's gate-batched product where it has one, and the passes that keep them in
-    registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks of block_k with
-    the loops' shape (joint gate tile, transposed products) and their stages where the plan
-    names them (`_stream_stages`)."""
+    """How a plan holds its recurrent weights, for Plan.explain(): resident (with the passes
+    that keep them in registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks
+    of block_k with the loops' shape (joint gate tile, transposed products) and their stages
+    where the plan names them (`_stream_stages`)."""
     from tritonrnn.kernels.persistent_grid import (
-        _fwd_gates,
         _joint_gates,
         _swap_dots,
         hoist_pass,
@@ -585,16 +583,12 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     if grid and vector_tiles(lp.block_b):
         return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
-        fma = dtype == torch.float32  # as a GPU runs it
-        batched = grid and _fwd_gates(cell, 0, lp.block_h, lp.block_b, lp.num_warps, fma) == 2
         passes = (("fwd", lp.num_warps, lp.block_h, lp.block_b),
                   ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b))
         hoisted = [p for p, w, bh, bb in passes
                    if grid and hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
-                                          lp.family == "persistent_grid", fma)]
-        notes = (["gate-batched forward"] if batched else []) + (
-            [f"in registers: {', '.join(hoisted)}"] if hoisted else [])
-        return "resident" + (f" ({'; '.join(notes)})" if notes else "")
+                                          lp.family == "persistent_grid")]
+        return "resident" + (f" (in registers: {', '.join(hoisted)})" if hoisted else "")
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
@@ -789,13 +783,13 @@ def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype:
 # persistent grid with one batch tile of the bucket's width and the resident products on the
 # FMA units, the weights held in registers. A 16-wide MMA tile for one row computes 15/16
 # padding, stages h (dph) in shared memory and reads the weight slice from shared memory
-# every step (LSTM H=768 B=1, 4 warps, gate-batched: 96 ldmatrix and 96 mma.sync per warp
-# and step); the vector tiles' step loop reads no shared memory but the compiler's small
-# layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768 block_h=8 B=1, 8 warps:
-# forward 559 instructions, 85 FFMA, 15 bar.sync, no spills; backward 698; the MMA tile:
-# 736 / 1151 at 4 warps, 1093 in the forward before it was gate-batched). Bucket 2 stays
-# on MMA tiles: its vector loop (1422 / 1645 instructions at 8 warps) issues more than the
-# MMA tile's; bucket 4 more again (2106 / 2414).
+# every step (LSTM H=768 B=1, 4 warps, the forward then gate-batched: 96 ldmatrix and 96
+# mma.sync per warp and step); the vector tiles' step loop reads no shared memory but the
+# compiler's small layout conversions (sm_90 compiles, Triton 3.6, LSTM H=768 block_h=8
+# B=1, 8 warps: forward 559 instructions, 85 FFMA, 15 bar.sync, no spills; backward 698;
+# the MMA tile: 736 / 1151 at 4 warps, 1093 in the forward before it was gate-batched).
+# Bucket 2 stays on MMA tiles: its vector loop (1422 / 1645 instructions at 8 warps) issues
+# more than the MMA tile's; bucket 4 more again (2106 / 2414).
 # Not yet timed on a GPU: `scripts/step_ablation.py` variant `mma1` restores the MMA tiles
 # at B = 1; plan_constraints(block_b=2, block_h=8) forces vector tiles at B = 2.
 _VECTOR_BATCH = 1
@@ -837,10 +831,7 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     resident 16 x 32 tile (`_split_k_on_8`); 8 on a 16 x 16 tile of shape H
     (Hout, P; 0: unknown, not checked) whose resident weights
     `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8 warps but not on
-    4; and, where the gate-batched forward is switched on
-    (`kernels.persistent_grid._FWD_GATE_BATCH`, off by default), 8 where that makes it
-    gate-batched (`_fwd_gates`: gated cells, resident weights, the 16 x 32 and 32 x 16
-    tiles, whose 4 MMA tiles per gate keep 4 warps on split-K-free per-gate dots).
+    4.
 
     The 16 x 16 rule: on 8 warps each thread holds half the weights, so slices of 257 to
     512 B per thread on 4 warps stay in registers (`persistent_grid.hoist_budget`); the
@@ -859,17 +850,7 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     warps: LSTM H=512 B=1 15.9 -> 10.4 ms, H=768 B=16 19.5 -> 14.2, H=768 B=64 (16 x 32
     tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
     `kernels.persistent_grid._FWD_GATE_SPLIT`; the 16 x 32 forward won on 8 warps after
-    it, `_split_k_on_8`). Larger tiles keep 8 (not measured).
-    Gate-batched, each of 8 warps forms one K slice of one gate's product: the sm_90
-    compiles (Triton 3.6, bf16, 16 x 32 tiles), forward step loop instructions / mma.sync
-    per warp, 4 warps per-gate dots -> 8 warps gate-batched: LSTM H=768 1242 / 192 -> 920 /
-    96, H=1024 1411 / 256 -> 992 / 128 (longest MMA chain 32 -> 16), GRU H=1024 1124 / 192
-    -> 912 / 128; no spills either way (8 warps per-gate, split K in 2, ran every MMA 4 times:
-    LSTM H=768 1535 / 384). An H200 timed LSTM H=1024 B=64 the other way: the layer
-    forward 8.93 ms gate-batched on 8 warps, 6.94 per gate on 4 (2026-11-26, step_ablation
-    `nobatch`), hence the per-gate default."""
-    from tritonrnn.kernels.persistent_grid import _fwd_gates
-
+    it, `_split_k_on_8`). Larger tiles keep 8 (not measured)."""
     if block_h * block_b > 512:
         return 8
     fma = dtype == torch.float32  # as a GPU runs it
@@ -878,8 +859,7 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     if H and block_h == block_b == 16 and _hoists_on_8_only("fwd", cell, block_k, dtype, H,
                                                              Hout, P):
         return 8
-    batched = _fwd_gates(cell, block_k, block_h, block_b, 8, fma) == 2
-    return 8 if batched and _fwd_gates(cell, block_k, block_h, block_b, 4, fma) != 2 else 4
+    return 4
 
 
 def _split_k_on_8(block_k: int, block_h: int, block_b: int, fma: bool) -> bool:
@@ -973,7 +953,7 @@ def _hoists_16x16(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H
     from tritonrnn.kernels.persistent_grid import hoist_pass
 
     return hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, num_warps,
-                      True, dtype == torch.float32, by_default=True)
+                      True, by_default=True)
 
 
 def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:

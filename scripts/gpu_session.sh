@@ -68,9 +68,6 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
-#   bash scripts/gpu_session.sh batch     the per-gate split-K forward (the default) against
-#                                         the gate-batched one (batch: 16 x 32 tiles on 8
-#                                         warps) and that on 8 warps at every tile (batch,fw8)
 #   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16) on 8 warps (w8 both passes,
 #                                         fw8 the forward) against the planner's 4: gate-
 #                                         batched, 8 warps halve each warp's MMAs (anchor
@@ -214,8 +211,6 @@ case "$stage" in
     ablate 200 b64
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
-  batch)
-    ablate 560 batch ;;
   warps)
     ablate 560 warps ;;
   hoist)
@@ -310,6 +305,6 @@ case "$stage" in
     cached "after the sweeps"
     box 40 check python -m tritonrnn.bench check --no-progress
     tail -20 "$out/barrier.log"; tail -15 "$out/check.log" ;;
-  *) echo "usage: $0 all|tests|confirm|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|batch|warps|hoist|vector|spills|spills2|huge|late|decide|splitk|profile" >&2
+  *) echo "usage: $0 all|tests|confirm|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|warps|hoist|vector|spills|spills2|huge|late|decide|splitk|profile" >&2
      exit 2 ;;
 esac

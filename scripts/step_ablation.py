@@ -41,9 +41,6 @@ Variants (comma-joined in one process):
     bw2/bw4/bw8  the backward's warps only (seen in `layer` times); fw4/fw8 the forward's
               (fw4 at 16 x 16 tiles: the forward as before 2026-11-26's fourth H200 session,
               4 warps, weights in shared memory)
-    batch     the forward gate-batched (kernels' _FWD_GATE_BATCH, off by default since the
-              2026-11-26 H200 runs; the planner then gives 16 x 32 tiles' forward 8 warps)
-    nobatch   the forward's gate dots per gate, split K (the default since those runs)
     nosums    the forward's gate pre-activations summed per gate (kernels' _FWD_JOINED_SUMS;
               by default joined on MMA tiles: one layout conversion for the four gates)
     nopair    the forward loads the second chunk of h where its dots use it (kernels'
@@ -136,7 +133,7 @@ import triton.language as tl
 from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "batch,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
+VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
@@ -149,8 +146,6 @@ SETS = {
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
     "b64": ("lstm,768,64;lstm,1024,64;gru,1024,64",
             "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"),
-    "batch": ("lstm,768,16;gru,1024,16;gru,1536,16;lstm,768,64;lstm,1024,64;gru,1024,64",
-              "layer;batch,layer;batch,fw8,layer"),
     "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w8,layer;fw8,layer"),
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
@@ -227,7 +222,8 @@ SETS = {
 # large tiles and of the spilling compiles.
 # Decided on an H200 (2026-11-26, bench/results/step-ablation-nvidia-h200-2026-11-26-
 # decide.json): the per-gate split-K forward (nobatch) against the gate-batched one, which
-# it replaced as the default (kernels' _FWD_GATE_BATCH); the streamed B = 256 loops stay
+# it replaced as the default (the gate-batched forward and its variants batch / nobatch were
+# removed on 2026-11-28: kernels/NOTES.md, "The step loop"); the streamed B = 256 loops stay
 # (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
 # Decided on an H200 (the third session of 2026-11-26, bench/results/step-ablation-nvidia-
 # h200-2026-11-26-decide-halves.json, whole layer fwd + bwd against the plan): the split-K
@@ -431,8 +427,6 @@ def swaps() -> dict:
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
         "joint": [(pg, "_FWD_JOINT_GATES", True)],
-        "batch": [(pg, "_FWD_GATE_BATCH", True)],
-        "nobatch": [(pg, "_FWD_GATE_BATCH", False)],
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],

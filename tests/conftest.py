@@ -146,13 +146,6 @@ def _switched(monkeypatch, attr: str, env: str, on: bool = True):
 
 
 @pytest.fixture
-def gate_batched(monkeypatch):
-    """The grid forward gate-batched (`kernels.persistent_grid._FWD_GATE_BATCH`, off by
-    default)."""
-    yield from _switched(monkeypatch, "_FWD_GATE_BATCH", "TRITONRNN_FWD_GATE_BATCH")
-
-
-@pytest.fixture
 def paired_gates_wide(monkeypatch):
     """The grid backward's gate operands loaded ahead on 16 x 32 tiles too
     (`kernels.persistent_grid._BWD_PAIRED_GATES_WIDE`, off by default)."""

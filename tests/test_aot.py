@@ -237,19 +237,15 @@ def test_grid_signature_runtime_args_are_not_specialised():
       "BARRIER": (0, 1)}),
     (BF16_LSTM, dict(family="stepwise"),
      {"DOT_DT": (tl.float32, tl.bfloat16), "FP32_DOT": (True, False)}),
-    # fp32 resident (the planner streams fp32, `_weight_layouts`; forced here), the forward
-    # gate-batched (off by default, switched on here): the interpreter's dots are the GPU's,
-    # but the forward's gates are batched only there (`persistent_grid._fwd_gates`
-    # fma_dots); the backward has no GATES.
+    # fp32 resident (the planner streams fp32, `_weight_layouts`; forced here): the
+    # interpreter's dots are the GPU's, nothing changes.
     (aot.AotShape("gru", hidden=32, batch=5, dtype=torch.float32),
-     dict(family="stepwise", block_k=0), {"GATES": (2, 0)}),
+     dict(family="stepwise", block_k=0), {}),
     (BF16_LSTM, dict(family="persistent_cta"), {"UPCAST": (True, False), "IEEE": (True, False)}),
     (aot.AotShape("rnn_tanh", hidden=32, batch=5, dtype=torch.float32),
      dict(family="persistent_cta"), {"UPCAST": (True, False)}),
 ], ids=["grid-persistent-bf16", "stepwise-bf16", "stepwise-fp32", "cta-bf16", "cta-fp32"])
-def test_interpreter_constexprs_get_their_gpu_values(request, shape, constraints, expected):
-    if "GATES" in expected:
-        request.getfixturevalue("gate_batched")
+def test_interpreter_constexprs_get_their_gpu_values(shape, constraints, expected):
     lp, launches = _capture(shape, **constraints)
     ctx = aot.GpuContext(shape.dtype, persistent=lp.family == "persistent_grid")
     for launch in launches.values():
@@ -493,27 +489,23 @@ def test_compiled_persistent_grid_bf16(reports):
 
 
 @pytest.mark.compiler_specific
-@pytest.mark.parametrize("batched", [False, True], ids=["per-gate", "gate-batched"])
-def test_anchor_mma_chains(request, batched):
+def test_anchor_mma_chains():
     """The anchor (LSTM H=768 B=16, 16 x 16 tiles; both passes on 8 warps with their weights
     in registers, `planner._persistent_grid_warps`, `_persistent_grid_bwd_warps`): the
     backward's gates in 4 accumulators (K = 768 split in 8 over the warps: chains of 6; on 4
     warps in 4, chains of 12, not 4 * 12 = 48); the forward's two
     chunks (512 + 256) in 8 K slices each, one per warp, with the per-gate split-K dots
     (chains of 4; `_gate_split`, the slices added by halves; on 4 warps 4 slices, chains of
-    8) or 2 gate-batched (chains of 16, `_fwd_gates`), none spilling. 4 gates x 2 MMA tiles
+    8), none spilling. 4 gates x 2 MMA tiles
     x 768 / 16 is 384 MMAs, 96 per warp on 4 warps and 48 on 8: no warp forms a copy. (With
     2 slices, as while tl.sum added them, Triton 3.6 laid the slices over the 4 warps and
     ran each per-gate MMA twice: 192.)"""
-    if batched:
-        request.getfixturevalue("gate_batched")
     r = _compile_named([("anchor", aot.AotShape("lstm", hidden=768, batch=16,
                                                      dtype=torch.bfloat16))])
     fwd, bwd = _kernels(r["anchor"])
     assert bwd["constexprs"]["CHAINS"] == "4"
-    assert fwd["constexprs"]["GATES"] == ("2" if batched else "0")
-    assert fwd["constexprs"]["RS"] == ("2" if batched else "8")
-    assert fwd["profile"]["MMA_chain"] == (16 if batched else 4)
+    assert fwd["constexprs"]["GATES"] == "0" and fwd["constexprs"]["RS"] == "8"
+    assert fwd["profile"]["MMA_chain"] == 4
     assert bwd["profile"]["MMA_chain"] == 6
     assert (fwd["num_warps"], bwd["num_warps"]) == (8, 8)
     assert fwd["constexprs"]["HOIST"] == bwd["constexprs"]["HOIST"] == "True"
@@ -536,7 +528,6 @@ def test_compiled_stepwise_fp32(reports):
         assert k["profile"]["FFMA"] > 0 and k["profile"]["ATOM"] == 0
         assert not k["spills"] and _local_ops(k) == (0, 0), k["profile"]
         assert k["fits"]
-    assert "GATES" not in _kernels(r)[0]["interpreter_overrides"]  # streamed: per gate
 
 
 @pytest.mark.compiler_specific
@@ -720,8 +711,7 @@ def test_compile_options_reach_ptxas(reports):
 # spilled in every step before the backward got 8 warps and the 1024 reduction two 512 chunks
 # (Triton 3.6, in-loop local loads + stores: LSTM backward 518, forward 118; GRU 436 / 97).
 # The forward on 8 warps (`planner._split_k_on_8`, timed faster than 4 on an H200): per-gate
-# dots, each gate's K split 8 ways, each MMA once; or gate-batched (`_fwd_gates`, off by
-# default since an H200 timed it slower), each warp one K slice of one gate.
+# dots, each gate's K split 8 ways, each MMA once.
 WIDE = {
     "lstm1024-b64": aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16),
     "gru1024-b64": aot.AotShape("gru", hidden=1024, batch=64, dtype=torch.bfloat16),
@@ -738,11 +728,8 @@ def _compile_named(named) -> dict:
 
 
 @pytest.mark.compiler_specific
-@pytest.mark.parametrize("batched", [False, True], ids=["per-gate", "gate-batched"])
 @pytest.mark.parametrize("name", list(WIDE))
-def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
-    if batched:
-        request.getfixturevalue("gate_batched")
+def test_wide_tiles_keep_spills_out_of_the_step_loop(name):
     r = _compile_named([(name, WIDE[name])])[name]
     lp = r["plan"]
     fwd_warps = 8
@@ -751,14 +738,13 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(request, name, batched):
     fwd, bwd = _kernels(r)
     assert (fwd["num_warps"], bwd["num_warps"]) == (fwd_warps, 8)
     assert fwd["constexprs"]["RKA"] == fwd["constexprs"]["RKB"] == "512"
-    # No MMA computed twice: the gates' 16 x 8 MMA tiles (4 per gate, GRU's padded fourth
-    # gate in the batched dot), K / 16 steps each, over the warps.
-    gates = 4 if batched or name.startswith("lstm") else 3
-    assert fwd["constexprs"]["GATES"] == ("2" if batched else "0")
-    assert fwd["constexprs"]["RS"] == ("2" if batched else "8")  # K slices: one per warp
+    # No MMA computed twice: the gates' 16 x 8 MMA tiles (4 per gate), K / 16 steps each,
+    # over the warps.
+    gates = 4 if name.startswith("lstm") else 3
+    assert fwd["constexprs"]["GATES"] == "0"
+    assert fwd["constexprs"]["RS"] == "8"  # K slices: one per warp
     assert fwd["profile"]["MMA"] == gates * (32 // 8) * (1024 // 16) // fwd_warps
-    # Neither step loop has local-memory traffic (Triton 3.6 and 3.9 compiles; the batched
-    # forward's had 21 / 11 operations before its two chunks became separate MMA chains).
+    # Neither step loop has local-memory traffic (Triton 3.6 and 3.9 compiles).
     assert _local_ops(bwd)[0] == 0, bwd["profile"]
     assert _local_ops(fwd)[0] == 0, fwd["profile"]
     for k in (fwd, bwd):
@@ -1086,8 +1072,7 @@ def test_the_launch_path_finds_every_kernel_aot_compiled(tmp_path):
 # business of the GPU machines' Triton (3.6) and newer: the compiler_specific tests.
 KINDS = [  # (id, shape, family, block_k, MMA kind: fma for one-row tiles and exact fp32 dots)
     ("cta", aot.AotShape("lstm", hidden=64, batch=16), "persistent_cta", 0, "mma"),
-    ("grid-gate-batched", aot.AotShape("lstm", hidden=768, batch=16), "persistent_grid", 0,
-     "mma"),
+    ("grid-16x16", aot.AotShape("lstm", hidden=768, batch=16), "persistent_grid", 0, "mma"),
     ("grid-16x32", aot.AotShape("gru", hidden=1024, batch=64), "persistent_grid", 0, "mma"),
     ("grid-vector", aot.AotShape("lstm", hidden=768, batch=1), "persistent_grid", 0, "fma"),
     ("grid-streamed", aot.AotShape("lstm", hidden=768, batch=256), "persistent_grid", 64,

@@ -26,7 +26,7 @@ from tritonrnn.bench.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
-          "batch", "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
+          "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
           "decide", "confirm", "barrier", "phases", "splitk", "profile"]
 
 
@@ -283,16 +283,16 @@ def test_a_decisions_rule_variants_keep_the_weights_where_the_plan_has_them(monk
 
 def test_decisions_run_in_order_and_time_a_baseline_once():
     a, b = ("lstm", 768, 16), ("gru", 1024, 64)
-    todo = [([a], ["layer", "fw8,layer"]), ([b], ["layer", "nobatch,layer"]),
+    todo = [([a], ["layer", "fw8,layer"]), ([b], ["layer", "nosums,layer"]),
             ([a, b], ["layer", "hoist,layer"])]
     # Timed: job by job, so a run cut short keeps whole decisions; a (variant, shape) pair
     # already run is not run again.
     assert ABL.runs(todo, merge=False) == [
-        ("layer", [a]), ("fw8,layer", [a]), ("layer", [b]), ("nobatch,layer", [b]),
+        ("layer", [a]), ("fw8,layer", [a]), ("layer", [b]), ("nosums,layer", [b]),
         ("hoist,layer", [a, b])]
     # --aot: one process per variant over all its shapes.
     assert ABL.runs(todo, merge=True) == [
-        ("layer", [a, b]), ("fw8,layer", [a]), ("nobatch,layer", [b]), ("hoist,layer", [a, b])]
+        ("layer", [a, b]), ("fw8,layer", [a]), ("nosums,layer", [b]), ("hoist,layer", [a, b])]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -469,18 +469,18 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
         return sp.CompletedProcess(cmd, 0, "\n".join(json.dumps(r) for r in rows), "")
 
     monkeypatch.setitem(ABL.DECISIONS, "decide", [
-        ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nobatch,layer")])
+        ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nosums,layer")])
     monkeypatch.setattr(ABL.subprocess, "run", fake_run)
     monkeypatch.setattr(sys, "argv", ["step_ablation.py", "--set", "decide",
                                       "--out", str(tmp_path)])
     assert ABL.main() == 0
     out = capsys.readouterr().out
-    assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nobatch,layer"]
+    assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nosums,layer"]
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
-    assert "= 0.50x the plan's fwd+bwd" in out  # nobatch against gru's plan
+    assert "= 0.50x the plan's fwd+bwd" in out  # nosums against gru's plan
     assert "hoist,layer: killed after 240 s" in out
     report = json.loads((tmp_path / "step_ablation.json").read_text())
     assert {"device", "commit", "torch", "triton"} <= set(report["environment"])
     assert report["command"] == ["step_ablation.py", "--set", "decide", "--out", str(tmp_path)]
     rows = report["rows"]
-    assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nobatch,layer"]
+    assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nosums,layer"]

@@ -724,64 +724,16 @@ def test_streamed_joint_gate_choice():
     assert not pg._joint_gates("lstm", 0, 64) and not pg._joint_gates("lstm")
 
 
-# The gate-batched forward (`pg._fwd_gates` = 2: gated cells, resident weights, fewer MMA
-# tiles than warps): one 3-D dot per chunk over (K slice, gate) entries. H = 96 holds R as
-# 64 + 32 columns, each cut in KS = 2 slices; H = 128 with _BATCH_SLICE = 32 is one 128 chunk
-# in KS = 4 slices (GRU H=1536's 1024 + 512 on a GPU); P = 64: R's reduction is the
-# projection's 64. 16 x 32 tiles take it with 8 warps (batch 40: a full and a partial tile).
-# batched=False: the per-gate split-K dots (S = 2) it replaces, kept for comparison.
-BATCH_CASES = directed("cell, H, P, block_b, warps, slice_, ks, batched", [
-    ("lstm", 96, 0, 16, 4, 256, 2, True), ("gru", 96, 0, 16, 4, 256, 2, True),
-    ("lstm", 128, 0, 16, 4, 32, 4, True), ("gru", 128, 0, 16, 4, 32, 4, True),
-    ("lstm", 64, 64, 16, 4, 256, 2, True), ("gru", 96, 0, 32, 8, 256, 2, True),
-    ("lstm", 96, 0, 16, 4, 256, 2, False), ("gru", 96, 0, 16, 4, 256, 2, False),
-])
-
-
-@BATCH_CASES
-def test_gate_batched_forward_matches_reference(monkeypatch, cell, H, P, block_b, warps,
-                                                slice_, ks, batched, reverse):
-    monkeypatch.setattr(pg, "_BATCH_SLICE", slice_)
-    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", batched)
-    assert pg._fwd_gates(cell, 0, 16, block_b, warps) == (2 if batched else 0)
-    assert pg._batch_ksplit(*pg._ksplit(P or H)) == ks
-    lengths, T = VARLEN if block_b == 16 else _swap_lengths()
-    ins, outs = _forward_problem(cell, H, P, lengths[:40], T)
-    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=block_b,
-                 num_warps=warps)
-    _check_forward(ins, outs, reverse)
-
-
-def test_gate_batch_choice(monkeypatch):
-    # Off by default (an H200 timed it slower, pg._FWD_GATE_BATCH): per-gate dots, the
-    # streamed weights' joint tile.
-    assert [pg._fwd_gates("lstm", 0, 16, bb, w) for bb, w in ((16, 4), (32, 8), (16, 8))] == [
-        0, 0, 0]
-    assert pg._fwd_gates("lstm", 64, 16, 16, 4) == 1
-    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
-    # Gate-batched where the per-gate dots' output has fewer 16 x 8 MMA tiles than warps.
-    assert pg._fwd_gates("lstm", 0, 16, 16, 4) == 2 and pg._fwd_gates("gru", 0, 16, 16, 4) == 2
-    assert pg._fwd_gates("lstm", 0, 16, 32, 8) == 2 and pg._fwd_gates("lstm", 0, 32, 16, 8) == 2
-    assert pg._fwd_gates("lstm", 0, 16, 32, 4) == 0  # 4 MMA tiles, 4 warps: plain dots
-    assert pg._fwd_gates("rnn_tanh", 0, 16, 16, 4) == 0  # one gate: nothing to batch
-    assert pg._fwd_gates("lstm", 64, 16, 16, 4) == 1  # streamed: the joint tile
-    assert pg._fwd_gates("lstm", 0, 16, 4, 8) == 0  # vector tiles
-    assert pg._fwd_gates("lstm", 0, 16, 16, 4, fma_dots=True) == 0  # fp32 on a GPU
-    # K slices: 2, more while a slice of the first chunk is wider than _BATCH_SLICE, none
-    # narrower than an MMA's 16 columns.
-    assert [pg._batch_ksplit(*pg._ksplit(K)) for K in (33, 48, 96, 512, 768, 1024, 1536)] == [
-        1, 1, 2, 2, 2, 2, 4]
-
-
-def test_gate_batch_switch_from_the_environment(monkeypatch):
-    # TRITONRNN_FWD_GATE_BATCH (read when the module is imported): on / off, else an error.
+def test_switches_from_the_environment(monkeypatch):
+    # A switch read when the module is imported (TRITONRNN_BWD_PAIRED_GATES_WIDE, off by
+    # default): on / off, else an error naming it.
     for raw, want in (("", False), ("off", False), ("on", True), (" on ", True)):
-        monkeypatch.setenv("TRITONRNN_FWD_GATE_BATCH", raw)
-        assert pg._env_on_off("TRITONRNN_FWD_GATE_BATCH") is want
-    monkeypatch.setenv("TRITONRNN_FWD_GATE_BATCH", "1")
-    with pytest.raises(ValueError, match=r"TRITONRNN_FWD_GATE_BATCH: expected on or off, "
-                                         r"got '1'"):
-        pg._env_on_off("TRITONRNN_FWD_GATE_BATCH")
+        monkeypatch.setenv("TRITONRNN_BWD_PAIRED_GATES_WIDE", raw)
+        assert pg._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE") is want
+    monkeypatch.setenv("TRITONRNN_BWD_PAIRED_GATES_WIDE", "1")
+    with pytest.raises(ValueError, match=r"TRITONRNN_BWD_PAIRED_GATES_WIDE: expected on or "
+                                         r"off, got '1'"):
+        pg._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE")
     # A switch that is on by default (TRITONRNN_FWD_JOINED_SUMS).
     for raw, want in (("", True), ("off", False), ("on", True)):
         monkeypatch.setenv("TRITONRNN_FWD_JOINED_SUMS", raw)
@@ -887,29 +839,9 @@ def test_wide_tiles_backward_gates_loaded_ahead_match_reference(monkeypatch, cel
                  block_b=32)
 
 
-def test_gate_batched_onchip_bytes(monkeypatch):
-    """The gate-batched forward (pg._FWD_GATE_BATCH) holds 4 gates' rows (GRU's zero fourth
-    too) and stages half a chunk's operand; its footprints as the sm_90 compiles (Triton
-    3.6) allocated them (the backward's gates apart, so that the forward's are the larger)."""
-    monkeypatch.setattr(pg, "_FWD_GATE_BATCH", True)
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
-    # GRU 16 x 32, 8 forward warps: 2*4*16*1024 + 2*32*256; 4 forward warps: per-gate dots
-    # (2*3*16*1024, both chunks staged: 2*32*1024).
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 147456
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32,
-                                fwd_warps=4) == 163840
-    # GRU H=512 16 x 16: 2*4*16*512 + 2*16*256 (the backward 2*3*16*512 + 2*16*512).
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 65536 + 8192
-    # GRU H=1536 1024 + 512 in 4 K slices: 2*4*16*1536 + 2*16*512 (the backward 180224).
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 212992
-    # LSTM's 4 gates are 4 rows either way: unchanged.
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 16384
-
-
 def test_joint_gate_onchip_bytes(monkeypatch):
-    # GRU's joint tile holds 4 gate slots (one zero), as the gate-batched chunks do, and
-    # stages the whole chunk's operand (the gate-batched forward half of it); the backward's
-    # gates apart, so that the forward's footprint is the larger.
+    # GRU's joint tile holds 4 gate slots (one zero) and stages the whole chunk's operand;
+    # the backward's gates apart, so that the forward's footprint is the larger.
     monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
     off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16, fwd_warps=4)
     monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
@@ -1136,7 +1068,7 @@ def test_grid_formulas(monkeypatch):
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
     # 16 x 32 tiles: the stage doubles (2*32*1024).
     assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
-    # GRU, per-gate forward dots (the default, `_fwd_gates`): 3 gates' rows 2*3*16*1024 +
+    # GRU, per-gate forward dots (the default): 3 gates' rows 2*3*16*1024 +
     # stage 2*32*1024, as compiled.
     assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
     # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512

@@ -421,33 +421,26 @@ def test_constraints_force_each_family():
     assert _plan(H=64).layer(0).family == "persistent_cta"  # restored after the block
 
 
-@pytest.mark.parametrize("batched,mode,H,B,fwd,bwd", [
+@pytest.mark.parametrize("mode,H,B,fwd,bwd", [
     # 16 x 16 tiles: each pass 8 warps where its weights stay in registers on 8 warps
     # (<= 512 B per thread) and not on 4 (<= 256 B), else 4
-    (False, "lstm", 768, 16, 8, 8), (False, "gru", 1024, 16, 8, 8),
-    (False, "lstm", 512, 16, 8, 8), (False, "lstm", 1024, 16, 8, 8),
-    (False, "gru", 512, 16, 8, 8), (False, "lstm", 768, 8, 8, 8),
-    (False, "lstm", 256, 16, 4, 4), (False, "rnn_tanh", 1024, 16, 4, 4),  # 256 B on 4
+    ("lstm", 768, 16, 8, 8), ("gru", 1024, 16, 8, 8),
+    ("lstm", 512, 16, 8, 8), ("lstm", 1024, 16, 8, 8),
+    ("gru", 512, 16, 8, 8), ("lstm", 768, 8, 8, 8),
+    ("lstm", 256, 16, 4, 4), ("rnn_tanh", 1024, 16, 4, 4),  # 256 B on 4
     # Too large for registers on either (GRU H=1536: 576 B per thread on 8 warps; LSTM
     # H=1152 / 1280, GRU H=1408): the forward on 4, the backward on 8 unhoisted (on 4 its
     # sm_90 compile spilled in the step loop)
-    (False, "gru", 1536, 16, 4, 8), (False, "gru", 1536, 1, 4, 8),
-    (False, "lstm", 1280, 16, 4, 8), (False, "lstm", 1152, 4, 4, 8),
-    (False, "gru", 1408, 16, 4, 8),
+    ("gru", 1536, 16, 4, 8), ("gru", 1536, 1, 4, 8),
+    ("lstm", 1280, 16, 4, 8), ("lstm", 1152, 4, 4, 8),
+    ("gru", 1408, 16, 4, 8),
     # 16 x 32: both passes 8 (the forward's per-gate dots split K 8 ways,
     # `planner._split_k_on_8`)
-    (False, "lstm", 768, 64, 8, 8), (False, "lstm", 1024, 64, 8, 8),
-    (False, "gru", 1024, 64, 8, 8), (False, "gru", 768, 64, 8, 8),
-    (False, "rnn_tanh", 1024, 64, 8, 8),
-    # with the gate-batched forward (pg._FWD_GATE_BATCH): its 16 x 32 tiles on 8 warps (one
-    # (K slice, gate) entry per warp), 16 x 16 as without, a one-gate cell has nothing to
-    # batch (its 16 x 32 forward per gate on 8 as without)
-    (True, "lstm", 768, 16, 8, 8), (True, "lstm", 768, 64, 8, 8),
-    (True, "gru", 1024, 64, 8, 8), (True, "rnn_tanh", 1024, 64, 8, 8),
+    ("lstm", 768, 64, 8, 8), ("lstm", 1024, 64, 8, 8),
+    ("gru", 1024, 64, 8, 8), ("gru", 768, 64, 8, 8),
+    ("rnn_tanh", 1024, 64, 8, 8),
 ])
-def test_persistent_grid_warps_per_pass(request, batched, mode, H, B, fwd, bwd):
-    if batched:
-        request.getfixturevalue("gate_batched")
+def test_persistent_grid_warps_per_pass(mode, H, B, fwd, bwd):
     lp = _plan(mode=mode, H=H, B=B).layer(0)
     assert lp.family == "persistent_grid"
     assert (lp.num_warps, lp.backward_warps) == (fwd, bwd)
