@@ -133,7 +133,8 @@ Formulas (for the planner)
   runtime branch on purpose (see `_fwd_cell_phase`), except where a pass's slice is small
   enough to stay in registers (HOIST, `_hoist_weights`: the branches go, the compiler keeps
   the weights in registers, and the step reads half the ldmatrix; TRITONRNN_HOIST_WEIGHTS
-  overrides the rule).
+  overrides the rule), or where its first resident chunk is (HOIST_FIRST, `Hoist.FIRST`:
+  only the second chunk's products keep their branch, and their weights shared memory).
 
 Precision: loads in the tensors' dtype, fp32 math, states and workspaces, stores cast. tl.dot
 takes operands in the weights' dtype with fp32 accumulation on GPU (input_precision="ieee" for
@@ -144,6 +145,7 @@ float64 is refused (the backend routes it to the reference).
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 
 import torch
@@ -458,7 +460,7 @@ def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl
 def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
             K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
             S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
-            SWAP: tl.constexpr = False, HALVES: tl.constexpr = False):
+            SWAP: tl.constexpr = False, HALVES: tl.constexpr = False, tile_b=True):
     """acc[s, i, j] += the part s of sum_k W[a_idx[i], k] * X[jb[j], k] over k < K ([S, BM, BB]
     fp32; summing over s gives the product, `tl.sum(acc, axis=0)`).
 
@@ -466,7 +468,8 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
     warps each run 1/S of the MMAs (a [16, K] @ [K, 16] dot would otherwise keep one warp
     busy and the others computing copies of its result).
     RESIDENT: from the on-chip chunks wa (k < KA) and wb (KA <= k < KA + KB, absent when KB is
-    0). Streamed: W's chunks of width KA are read from global memory (L2) here, every call.
+    0; its product formed where tile_b, `_fwd_pre_split`). Streamed: W's chunks of width KA
+    are read from global memory (L2) here, every call.
     SWAP (streamed, S = 1): the product is formed transposed, [batch, K] @ [K, rows], and
     turned once at the end: the batch tile becomes the MMA's M dimension, so a batch tile of
     64 makes the loop a Hopper wgmma (M a multiple of 64) where 32 rows would be mma.sync."""
@@ -476,7 +479,7 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
             acc += _vdot(wb, X, x_row, jb64, x_ok, KA, K, DOT_DT, acc.shape[-1], HALVES)
     elif RESIDENT:
         acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
-        if KB > 0:
+        if KB > 0 and tile_b:
             acc += _mm(wb, _kpart(X, x_row, jb64, x_ok, KA, KB, K, S, DOT_DT), FP32_DOT)
     elif SWAP and S == 1:
         acc_t = tl.zeros([acc.shape[1], acc.shape[0]], tl.float32)
@@ -639,7 +642,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
              GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-             PAIR: tl.constexpr = False, HALVES: tl.constexpr = False):
+             PAIR: tl.constexpr = False, HALVES: tl.constexpr = False, tile_b=True):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
@@ -648,7 +651,8 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     wb0 hold the joint tile; GP = 1 for a one-gate cell), then the gates are split out of
     it: no cross-warp reduction. SWAP: the streamed dot formed transposed (`_dot_w3`).
     PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
-    HALVES (`_halved_sums`): how the split-K dots' slices are added."""
+    HALVES (`_halved_sums`): how the split-K dots' slices are added. tile_b: as in
+    `_fwd_pre_split`."""
     if GATES == 1:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
@@ -657,7 +661,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
-                                        DOT_DT, FP32_DOT, BH, BB, PAIR, HALVES)
+                                        DOT_DT, FP32_DOT, BH, BB, PAIR, HALVES, tile_b)
     return p0, p1, p2, p3
 
 
@@ -667,7 +671,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
                    BB: tl.constexpr, PAIR: tl.constexpr = False,
-                   HALVES: tl.constexpr = False):
+                   HALVES: tl.constexpr = False, tile_b=True):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
@@ -680,7 +684,9 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
     staging (2 BAR.SYNC fewer), and shared memory for both chunks at once
     (`grid_onchip_bytes`). (The H200 ablation `l1load`, 2026-11-26, meant to price that
     round trip, could not: the barrier's acquire invalidates L1 every step, CCTL.IVALL, so
-    its L1-cached loads went to L2 as well.)"""
+    its L1-cached loads went to L2 as well.)
+    tile_b: whether the second resident chunk's products are formed (a runtime condition
+    where HOIST holds only the first chunk in registers, `Hoist.FIRST`)."""
     a0 = _zacc(S, BH, BB)
     a1 = a0
     a2 = a0
@@ -707,7 +713,9 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
             if not PAIR:
                 xb = _kpart(src, HOUT, jb64, b_ok, KA, KB, HOUT, S, DOT_DT)
             z = _zacc(S, BH, BB)
-            b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
+            b0, b1, b2, b3 = z, z, z, z
+            if tile_b:
+                b0, b1, b2, b3 = _acc_gates(z, z, z, z, wb0, wb1, wb2, wb3, xb, G, FP32_DOT)
             a0 = _sum2(a0, b0)
             if G > 1:
                 a1 = _sum2(a1, b1)
@@ -853,6 +861,7 @@ def _fwd_cell_phase(
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XJOIN: tl.constexpr = False, BR=0,
     SUMS: tl.constexpr = False, PAIR: tl.constexpr = False, HALVES: tl.constexpr = False,
+    tile_b=True,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
     tiles); publishes h (no projection) or m, arrives at the barrier, then writes the outputs
@@ -876,7 +885,8 @@ def _fwd_cell_phase(
     elif tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, PAIR, HALVES)
+                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, PAIR, HALVES,
+                                  tile_b)
         p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
                                                     b2, b3, G, SUMS)
     else:
@@ -951,7 +961,7 @@ def _grid_fwd_kernel(
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XJOIN: tl.constexpr = False, SUMS: tl.constexpr = False,
     MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
-    HALVES: tl.constexpr = False,
+    HALVES: tl.constexpr = False, HOIST_FIRST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1047,8 +1057,11 @@ def _grid_fwd_kernel(
         dst = XWS + ((s + 1) % 2).to(tl.int64) * B * HOUT
         # Per batch column (a scalar bool & a mask is mis-typed by the interpreter).
         is_last = (jb * 0 + u) == n_sub - 1
+        tile_b = True  # whether the second resident chunk's products are formed (in tile_on)
         if HOIST:  # no runtime branch around the dots: their weights stay in registers
             tile_on = True
+            if HOIST_FIRST:  # ... but the second chunk's, which stays in shared memory
+                tile_b = s < tile_len
         else:
             tile_on = s < tile_len
         # Every sub-step but the launch's last arrives exactly once, inside its phase.
@@ -1058,7 +1071,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XJOIN, BR, SUMS, PAIR, HALVES)
+                XJOIN, BR, SUMS, PAIR, HALVES, tile_b)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1102,7 +1115,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
                FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
                SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False,
-               HALVES: tl.constexpr = False):
+               HALVES: tl.constexpr = False, tile_b=True):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
@@ -1111,7 +1124,8 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     weights: the gates' R rows (and dph columns) are contiguous, so one loop runs over all
     G*H of them (one software pipeline per step instead of one per gate).
     PAIRG (`_paired_gates`, the default): each gate's two chunks loaded together, the next
-    gate's before this gate's products."""
+    gate's before this gate's products. tile_b: whether the second resident chunk's products
+    are formed (`_fwd_pre_split`)."""
     if not RESIDENT:
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
@@ -1128,31 +1142,35 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
         xa0, xb0 = _bwd_operand(src, G, H, jb64, act1, KA, KB, S, DOT_DT)
         if G > 1:
             xa1, xb1 = _bwd_operand(src + H, G, H, jb64, act1, KA, KB, S, DOT_DT)
-        acc = _bwd_gate_mm(z, wa0, wb0, xa0, xb0, KB, FP32_DOT)
+        acc = _bwd_gate_mm(z, wa0, wb0, xa0, xb0, KB, FP32_DOT, tile_b)
         if G > 1:
-            t1 = _bwd_gate_mm(z if CHAINS == 4 else acc, wa1, wb1, xa1, xb1, KB, FP32_DOT)
+            t1 = _bwd_gate_mm(z if CHAINS == 4 else acc, wa1, wb1, xa1, xb1, KB, FP32_DOT,
+                              tile_b)
             xa2, xb2 = _bwd_operand(src + 2 * H, G, H, jb64, act1, KA, KB, S, DOT_DT)
             if G > 3:
                 xa3, xb3 = _bwd_operand(src + 3 * H, G, H, jb64, act1, KA, KB, S, DOT_DT)
-            t2 = _bwd_gate_mm(z if CHAINS == 4 else t1, wa2, wb2, xa2, xb2, KB, FP32_DOT)
+            t2 = _bwd_gate_mm(z if CHAINS == 4 else t1, wa2, wb2, xa2, xb2, KB, FP32_DOT,
+                              tile_b)
             t3 = z if CHAINS == 4 else t2
             if G > 3:
-                t3 = _bwd_gate_mm(t3, wa3, wb3, xa3, xb3, KB, FP32_DOT)
+                t3 = _bwd_gate_mm(t3, wa3, wb3, xa3, xb3, KB, FP32_DOT, tile_b)
             acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
         return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
     acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
-                  RESIDENT, S, DOT_DT, FP32_DOT)
+                  RESIDENT, S, DOT_DT, FP32_DOT, tile_b=tile_b)
     if G > 1:
         # CHAINS == 4: each gate's product starts from zero (its own chain); 1: from the
         # previous gate's.
         t1 = _dot_w3(z if CHAINS == 4 else acc, R + H * s_r, os_, o_ok, 1, s_r, wa1, wb1,
-                     src + H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+                     src + H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT,
+                     tile_b=tile_b)
         t2 = _dot_w3(z if CHAINS == 4 else t1, R + 2 * H * s_r, os_, o_ok, 1, s_r, wa2, wb2,
-                     src + 2 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+                     src + 2 * H, G * H, jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT,
+                     tile_b=tile_b)
         t3 = z if CHAINS == 4 else t2  # GRU: no fourth gate
         if G > 3:
             t3 = _dot_w3(t3, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
-                         jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT)
+                         jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, tile_b=tile_b)
         acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
     return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
 
@@ -1169,9 +1187,9 @@ def _bwd_operand(src, G: tl.constexpr, H: tl.constexpr, jb64, act1, KA: tl.const
 
 
 @triton.jit
-def _bwd_gate_mm(acc, wa, wb, xa, xb, KB: tl.constexpr, FP32_DOT: tl.constexpr):
+def _bwd_gate_mm(acc, wa, wb, xa, xb, KB: tl.constexpr, FP32_DOT: tl.constexpr, tile_b=True):
     acc += _mm(wa, xa, FP32_DOT)
-    if KB > 0:
+    if KB > 0 and tile_b:
         acc += _mm(wb, xb, FP32_DOT)
     return acc
 
@@ -1317,7 +1335,7 @@ def _grid_bwd_kernel(
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
     HOIST: tl.constexpr = False, LATE: tl.constexpr = False, PAIRG: tl.constexpr = False,
-    HALVES: tl.constexpr = False,
+    HALVES: tl.constexpr = False, HOIST_FIRST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1427,9 +1445,12 @@ def _grid_bwd_kernel(
         act1 = b_ok & (lens > s + 1)
         # Whether the tile has rows active at s + 1 (a carry to form; always, where HOIST
         # keeps the dots out of runtime branches: act1 masks the carry then).
+        carry_b = True  # whether the second resident chunk's products are formed
         if HOIST:
             carry_on = True
             tile_on = True
+            if HOIST_FIRST:  # as the forward's tile_b
+                carry_b = (q > 0) & (s + 1 < tile_len)
         else:
             carry_on = (q > 0) & (s + 1 < tile_len)
             tile_on = s < tile_len
@@ -1441,7 +1462,7 @@ def _grid_bwd_kernel(
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                    wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
                                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
-                                   HALVES)
+                                   HALVES, carry_b)
             if LATE:
                 act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                     PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1974,9 +1995,32 @@ def _joined_sums(block_b: int) -> bool:
 # skipped tile does shorten the launch) keep the branches.
 # TRITONRNN_HOIST_WEIGHTS: "auto" (default, the rule), "off", or the passes to hoist
 # whatever their size ("fwd", "bwd", "fwd,bwd").
+# Where a pass's slice is past the 8-warp budget, its first resident chunk (`_ksplit`: 1024
+# of GRU H=1408 / 1536's reduction) may still stay in registers on 8 warps while the second
+# chunk's products keep their runtime branch and read their weights from shared memory each
+# step (Hoist.FIRST: the kernels' HOIST_FIRST): up to _HOIST_FIRST_THREAD_BYTES of the first
+# chunk per thread. The sm_90 compiles (bf16, B=16, 16 x 16 tiles, 8 warps; step loop
+# instructions / ldmatrix per warp, Triton 3.6 ; 3.9): GRU H=1536 forward, the plan's 4
+# warps unhoisted 809 / 96, 8 warps unhoisted 517 / 48, the first chunk (384 B) hoisted 503
+# / 24, no local memory, 246 registers ; 462 / 24 (all of it, 576 B, hoisted: 509 / 12 ;
+# 451 / 12 with 2 local loads per step); GRU H=1536 backward 8 warps unhoisted 764 / 72,
+# first chunk hoisted 781 / 48, 255 registers, no local memory ; 740 / 48 (all of it: 33
+# local loads per step); GRU H=1408 forward 501 / 24 ; 457 / 24, no local memory. LSTM's
+# first chunk past H=1024 is 512 B, and LSTM H=1152 / 1280's forward spilled with it
+# hoisted (6 / 9 local loads per step on Triton 3.6). Not yet timed on a GPU.
 _HOIST_THREAD_BYTES = 256
 _HOIST_8WARP_THREAD_BYTES = 512
+_HOIST_FIRST_THREAD_BYTES = 384
 _HOIST_PASSES = ("fwd", "bwd")
+
+
+class Hoist(enum.IntEnum):
+    """What HOIST keeps in registers: nothing, the whole resident slice, or its first chunk
+    (the kernels' HOIST and HOIST_FIRST). ALL is 1, so it compares equal to True."""
+
+    NONE = 0
+    ALL = 1
+    FIRST = 2
 
 
 def hoist_budget(pass_name: str, num_warps: int) -> int:
@@ -2016,32 +2060,42 @@ def hoist_tiles(block_k: int, block_b: int, persistent: bool, proj: int = 0) -> 
 
 
 def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool = True,
-                   proj: int = 0, thread_bytes: int = 0, num_warps: int = 4) -> bool:
+                   proj: int = 0, thread_bytes: int = 0, num_warps: int = 4,
+                   first_bytes: int = 0) -> Hoist:
     """HOIST for a launch of `pass_name` ("fwd" / "bwd") where it applies (`hoist_tiles`):
-    by default 16-wide batch tiles whose weights take at most `hoist_budget` bytes per
-    thread (`weight_thread_bytes` on num_warps warps), else as TRITONRNN_HOIST_WEIGHTS
-    says."""
+    by default `_hoist_by_default` (thread_bytes: the whole slice's `weight_thread_bytes`
+    on num_warps warps, first_bytes: its first chunk's where it has two, else 0), else as
+    TRITONRNN_HOIST_WEIGHTS says (Hoist.ALL for the passes it names)."""
     asked = _env_passes("TRITONRNN_HOIST_WEIGHTS")
     if asked == "off" or not hoist_tiles(block_k, block_b, persistent, proj):
-        return False
+        return Hoist.NONE
     if asked == "auto":
-        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps)
-    return pass_name in asked
+        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps, first_bytes)
+    return Hoist.ALL if pass_name in asked else Hoist.NONE
 
 
-def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps: int) -> bool:
+def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps: int,
+                      first_bytes: int = 0) -> Hoist:
     """HOIST's default rule where it applies: 16-wide batch tiles whose weights take at most
-    `hoist_budget` bytes per thread."""
-    return block_b == 16 and thread_bytes <= hoist_budget(pass_name, num_warps)
+    `hoist_budget` bytes per thread (Hoist.ALL), else, on 8 warps, whose first of two chunks
+    takes at most _HOIST_FIRST_THREAD_BYTES (Hoist.FIRST)."""
+    if block_b != 16:
+        return Hoist.NONE
+    if thread_bytes <= hoist_budget(pass_name, num_warps):
+        return Hoist.ALL
+    if num_warps == 8 and 0 < first_bytes <= _HOIST_FIRST_THREAD_BYTES:
+        return Hoist.FIRST
+    return Hoist.NONE
 
 
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
                block_h: int, block_b: int, block_k: int, num_warps: int, persistent: bool,
-               by_default: bool = False) -> bool:
-    """Whether a launch of `pass_name` ("fwd" / "bwd") of this shape and plan runs HOIST
-    (`_hoist_weights`; by_default: by the default rule, whatever TRITONRNN_HOIST_WEIGHTS
-    says): the resident slice is the forward's R rows (all gate slots of a joint product,
-    `_joint_gates`) over Hout, or the backward's R columns over H."""
+               by_default: bool = False) -> Hoist:
+    """What a launch of `pass_name` ("fwd" / "bwd") of this shape and plan holds in
+    registers by HOIST (`_hoist_weights`; by_default: by the default rule, whatever
+    TRITONRNN_HOIST_WEIGHTS says; falsy: nothing): the resident slice is the forward's R
+    rows (all gate slots of a joint product, `_joint_gates`) over Hout, or the backward's R
+    columns over H."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     if pass_name == "fwd":
         joint = _joint_gates(cell, block_k, block_b)
@@ -2050,10 +2104,13 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
     else:
         rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k, block_b)
     thread_bytes = weight_thread_bytes(rows, ka, kb, dtype, num_warps)
+    first_bytes = weight_thread_bytes(rows, ka, 0, dtype, num_warps) if kb else 0
     if by_default:
-        return (hoist_tiles(block_k, block_b, persistent, P)
-                and _hoist_by_default(pass_name, block_b, thread_bytes, num_warps))
-    return _hoist_weights(pass_name, block_k, block_b, persistent, P, thread_bytes, num_warps)
+        if not hoist_tiles(block_k, block_b, persistent, P):
+            return Hoist.NONE
+        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps, first_bytes)
+    return _hoist_weights(pass_name, block_k, block_b, persistent, P, thread_bytes, num_warps,
+                          first_bytes)
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
@@ -2600,7 +2657,8 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
-                GP=4 if G > 1 else 1, SWAP=swap, HOIST=hoist,
+                GP=4 if G > 1 else 1, SWAP=swap, HOIST=bool(hoist),
+                HOIST_FIRST=hoist == Hoist.FIRST,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
                 MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
                 PAIR=_paired_chunks(block_b), HALVES=_halved_sums(),
@@ -2775,6 +2833,8 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     pka, pkb = _ksplit(Hout, block_k, block_b) if P else (16, 0)
     bo = _block_o(H, P, block_h)
     rs = _nsplit(rka, rkb, num_warps, bo, block_b)
+    hoist = hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k, num_warps,
+                       persistent)
     dirs = {**(dirs or dict.fromkeys(BACKWARD_TENSORS, 0)), **dir_w}
     order = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dh0", "dc0",
              "dpre_x", "dpre_h", "dh_total", "m_seq")
@@ -2805,8 +2865,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 LATE=_late_loads(cell, block_h, block_b),
                 PAIRG=pair_gates,
                 HALVES=_halved_sums(),
-                HOIST=hoist_pass("bwd", cell, H, Hout, P, dtype, block_h, block_b, block_k,
-                                 num_warps, persistent),
+                HOIST=bool(hoist), HOIST_FIRST=hoist == Hoist.FIRST,
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **_stages_option(num_stages), **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

@@ -569,10 +569,12 @@ def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
 
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the passes
-    that keep them in registers, `kernels.persistent_grid.hoist_pass`), or streamed in chunks
+    that keep them in registers, `kernels.persistent_grid.hoist_pass`: "fwd first chunk"
+    where only the first resident chunk stays there, `Hoist.FIRST`), or streamed in chunks
     of block_k with the loops' shape (joint gate tile, transposed products) and their stages
     where the plan names them (`_stream_stages`)."""
     from tritonrnn.kernels.persistent_grid import (
+        Hoist,
         _joint_gates,
         _swap_dots,
         hoist_pass,
@@ -585,9 +587,11 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     if not lp.block_k:
         passes = (("fwd", lp.num_warps, lp.block_h, lp.block_b),
                   ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b))
-        hoisted = [p for p, w, bh, bb in passes
-                   if grid and hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
-                                          lp.family == "persistent_grid")]
+        held = {p: hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
+                              lp.family == "persistent_grid") if grid else Hoist.NONE
+                for p, w, bh, bb in passes}
+        hoisted = [p + (" first chunk" if h == Hoist.FIRST else "") for p, h in held.items()
+                   if h]
         return "resident" + (f" (in registers: {', '.join(hoisted)})" if hoisted else "")
 
     shape = [name for name, on in (("joint gates", _joint_gates(cell, lp.block_k, lp.block_b)),
@@ -840,9 +844,13 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     plan's warps: `off` runs those forwards on 8 warps unhoisted). An H200 timed it
     against 4 warps unhoisted (2026-11-26, `scripts/step_ablation.py` variant `fw8,hoistf`,
     layer forward in ms at T = 1024, bf16): LSTM H=512 B=16 2.88 -> 2.80, H=768 3.24 ->
-    3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15. Slices that fit on 4 warps stay there (LSTM
-    H=256 B=16: hoisted on 4 warps; 8 untimed), and so do those too large for 8 (GRU
-    H=1536 B=16: 576 B per thread on 8 warps).
+    3.13, H=1024 3.83 -> 3.34, GRU H=1024 3.34 -> 3.15. Slices that fit on 4 warps stay
+    there (LSTM H=256 B=16: hoisted on 4 warps; 8 untimed), and so do those too large for 8
+    whose first chunk is too (LSTM H=1152 / 1280: 512 B of it per thread). GRU H=1408 /
+    1536 (576 B per thread on 8 warps) hold their first chunk (384 B) in registers on 8
+    (`kernels.persistent_grid.Hoist.FIRST`, since 2026-11-28, untimed: the sm_90 forward
+    step loop 809 -> 503 instructions and 96 -> 24 ldmatrix per warp against 4 warps
+    unhoisted, Triton 3.6, GRU H=1536 B=16, no local memory).
 
     A step's work per program is small (a [G*16, H] @ [H, <=32] product); more warps only
     lengthen its cross-warp reductions and shared-memory traffic. Measured on an H100
@@ -900,8 +908,9 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
     mma.sync per warp). Weights that fit 4 warps' budget stay there (LSTM H=256 B=16), and
     so do plans with a projection (not hoisted).
     Resident weights too large for either (`_too_large_to_hoist`; on 16 x 16 tiles LSTM H =
-    1152 and 1280, GRU H = 1408 and 1536, bf16 / fp16, B <= 16: 80 of the H100 / H200 plans
-    over LSTM / GRU / tanh / relu, H 64-4096, B 1-1024) run 8 warps unhoisted: on 4 their
+    1152 and 1280, bf16 / fp16, B <= 16; GRU H = 1408 and 1536 were too until their first
+    chunk stayed in registers on 8 warps, `kernels.persistent_grid.Hoist.FIRST`) run 8
+    warps unhoisted: on 4 their
     sm_90 backwards spilled in the step loop (Triton 3.6, bf16, B = 16, stack bytes, local
     loads per step, instructions: LSTM H=1152 40 B, 10, 1360; H=1280 72 B, 17, 1506; GRU
     H=1408 64 B, 15, 1370; H=1536 40 B, 10, 1336; the same at B = 1), on 8 none (769, 856,

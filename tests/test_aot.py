@@ -799,14 +799,13 @@ def test_64_column_tiles_halve_their_chunks_and_do_not_spill():
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
-# 16 x 16 backwards whose resident weights fit registers on neither 4 nor 8 warps run 8
-# warps unhoisted (`planner._too_large_to_hoist`): on 4 their step loops spilled (Triton
-# 3.6: LSTM H=1280 17, GRU H=1536 10 local loads per step; 3.9: LSTM H=1280 7), on 8 none.
+# 16 x 16 backwards whose resident weights fit registers on neither 4 nor 8 warps, their
+# first chunk neither, run 8 warps unhoisted (`planner._too_large_to_hoist`): on 4 their
+# step loops spilled (Triton 3.6: LSTM H=1280 17 local loads per step; 3.9: 7), on 8 none.
 @pytest.mark.compiler_specific
 def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
     got = _compile_named([
-        ("lstm1280", aot.AotShape("lstm", hidden=1280, batch=16, dtype=torch.bfloat16)),
-        ("gru1536", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16))])
+        ("lstm1280", aot.AotShape("lstm", hidden=1280, batch=16, dtype=torch.bfloat16))])
     for r in got.values():
         lp = r["plan"]
         assert (lp["block_h"], lp["block_b"], lp["block_k"]) == (16, 16, 0)
@@ -815,6 +814,30 @@ def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
         assert bwd["num_warps"] == 8 and bwd["constexprs"]["HOIST"] == "False"
         assert _local_ops(bwd)[0] == 0, bwd["profile"]
         assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
+# Only the first resident chunk in registers (`persistent_grid.Hoist.FIRST`: GRU H=1536
+# B=16's 1024 of 1536 columns in both passes, 8 warps; the 32 x 16 backward of GRU H=1024
+# B=64, 512 of 1024): no local memory in the step loops, and fewer ldmatrix per step than
+# the same passes unhoisted (Triton 3.6, per warp: GRU H=1536 forward 48 on 8 warps -> 24,
+# backward 72 -> 48; GRU H=1024 B=64 backward 72 -> 48).
+@pytest.mark.compiler_specific
+def test_first_chunk_hoisted_without_spills(monkeypatch):
+    named = [("gru1536", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16)),
+             ("gru1024-b64", WIDE["gru1024-b64"])]
+    got = _compile_named(named)
+    monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
+    off = _compile_named(named)
+    for name, r in got.items():
+        lp = r["plan"]
+        kernels = _kernels(r) if name == "gru1536" else _kernels(r)[1:]
+        assert lp["num_warps"] == 8 and all(k["num_warps"] == 8 for k in kernels)
+        for k, k_off in zip(kernels, _kernels(off[name])[-len(kernels):], strict=True):
+            assert k["constexprs"]["HOIST"] == k["constexprs"]["HOIST_FIRST"] == "True"
+            assert k_off["constexprs"]["HOIST"] == "False", k["phase"]
+            assert _local_ops(k)[0] == 0, k["profile"]
+            assert k["profile"]["LDSM"] < k_off["profile"]["LDSM"], (name, k["phase"])
+            assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
 @pytest.mark.compiler_specific

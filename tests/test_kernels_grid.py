@@ -431,6 +431,23 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
     _check_layer(cell, 33, proj, lengths, T, reverse=True, persistent=persistent, block_h=16)
 
 
+# Hoist.FIRST (`pg._hoist_by_default`): only the first resident chunk leaves the runtime
+# branches (HOIST_FIRST), the second chunk's products keep theirs (tile_b); forced here by an
+# 8-warp budget below the whole slice. H = 33: chunks of 32 + 16 in both passes; the second
+# batch tile's rows (lengths 2, 1, 0) finish early, so its programs skip the second chunk's
+# products while still forming the first's on stale columns, which act must mask out.
+@directed("cell", [("lstm",), ("gru",), ("rnn_tanh",)])
+def test_first_chunk_hoisted_matches_reference(monkeypatch, cell, reverse):
+    monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
+    monkeypatch.setattr(pg, "_HOIST_8WARP_THREAD_BYTES", 8)
+    for p in ("fwd", "bwd"):
+        assert pg.hoist_pass(p, cell, 33, 33, 0, torch.float32, 16, 16, 0, 8,
+                             True) == pg.Hoist.FIRST, p
+    lengths, T = [5] * 16 + [2, 1, 0], 5
+    _check_layer(cell, 33, 0, lengths, T, reverse=reverse, persistent=True, block_h=16,
+                 num_warps=8)
+
+
 def test_hoist_weights_choice(monkeypatch):
     """By default: persistent launches of resident 16-wide MMA tiles without a projection,
     at most 256 B of weights per thread (512 B on 8 warps); off; per pass
@@ -459,13 +476,21 @@ def test_hoist_weights_choice(monkeypatch):
     assert hoist("fwd", 0, 16, True, 0, anchor8, 8) and hoist("bwd", 0, 16, True, 0,
                                                               anchor8, 8)
     for p in ("fwd", "bwd"):
-        assert hoist(p, 0, 16, True, 0, 512, 8) and not hoist(p, 0, 16, True, 0, 576, 8)
+        assert hoist(p, 0, 16, True, 0, 512, 8) == pg.Hoist.ALL
+        assert not hoist(p, 0, 16, True, 0, 576, 8)
+        # Past the budget, the first of two chunks on 8 warps up to 384 B (GRU H=1536's
+        # 1024 of 1536 columns; not LSTM H=1280's 512 B, nor on 4 warps).
+        assert hoist(p, 0, 16, True, 0, 576, 8, 384) == pg.Hoist.FIRST
+        assert not hoist(p, 0, 16, True, 0, 640, 8, 512)
+        assert not hoist(p, 0, 16, True, 0, 576, 4, 384)
+        assert not hoist(p, 0, 32, True, 0, 576, 8, 384)  # 16-wide batch tiles only
     assert not hoist("fwd", 0, 16, True, 0, anchor8, 4)  # the budget of the launch's warps
     assert not hoist("fwd", 0, 16, True, 12, anchor8, 8)  # projection
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
     assert not hoist("fwd", 0, 16, True, 0, lstm256)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", " fwd ")
     assert hoist("fwd", 0, 16, True, 0, anchor) and not hoist("bwd", 0, 16, True, 0, lstm256)
+    assert hoist("fwd", 0, 16, True, 0, 576, 8, 384) == pg.Hoist.ALL  # named: all of it
     assert not hoist("fwd", 0, 16, False, 0, anchor)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "")  # empty: as unset
     assert hoist("fwd", 0, 16, True, 0, lstm256) and not hoist("fwd", 0, 16, True, 0, anchor)
@@ -1172,6 +1197,22 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
     _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=torch.bfloat16,
                  persistent=persistent, block_h=16, num_warps=warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H, block_h", [(1536, 16), (768, 32)])
+def test_gpu_first_chunk_hoisted(monkeypatch, H, block_h):
+    """bf16 GRU on 8 warps where HOIST holds only the first resident chunk in registers
+    (`pg.Hoist.FIRST`, the default rule): H=1536 on 16 x 16 tiles (1024 of 1536 columns),
+    H=768 on 32 x 16 (512 of 768); a second batch tile whose rows finish early skips only
+    the second chunk's products."""
+    monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
+    for p in ("fwd", "bwd"):
+        assert pg.hoist_pass(p, "gru", H, H, 0, torch.bfloat16, block_h, 16, 0, 8,
+                             True) == pg.Hoist.FIRST, p
+    lengths, T = [9] * 16 + [7, 0, 5, 2], 9
+    _check_layer("gru", H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
+                 block_h=block_h, num_warps=8)
 
 
 def test_direct_backward_pairs_gates_within_the_device_memory():
