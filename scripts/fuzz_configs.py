@@ -11,7 +11,9 @@ their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
 product from the input-side tiles as the large-batch tiles do; `_LATE_TILE` 16 x 64 instead
 of 128 x 64: the backward's sub-steps on 16 x 64 tiles and wider then load their inputs after
-their product as the 128 x 64 tiles of B = 1024 do),
+their product as the 128 x 64 tiles of B = 1024 do; `_HOIST_8WARP_THREAD_BYTES` 8 instead of
+512: 16-wide tiles on 8 warps then hold only their first resident chunk in registers,
+`Hoist.FIRST`, as GRU H=1536 does),
 runs the forward and the autograd
 backward in float32 and compares every output and gradient with the float64 oracle of
 tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
@@ -92,6 +94,9 @@ def draw(i: int) -> dict:
     # Its one-barrier form (TRITONRNN_BWD_SPLIT_K1; where `split_k1_tiles` has tiles, B <=
     # 32, ahead of the two-barrier form), drawn last.
     split1 = rng.random() < 0.25
+    # Only the first resident chunk in registers on 8 warps (`Hoist.FIRST`), drawn last.
+    if rng.random() < 0.3:
+        kernel["_HOIST_8WARP_THREAD_BYTES"] = 8
     return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel,
             "split_k": split, "split_k1": split1}
 

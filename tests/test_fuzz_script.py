@@ -28,6 +28,7 @@ def test_draws_are_reproducible_and_varied():
     assert {c["kernel"].get("_MAX_CHUNK") for c in cases} == {None, 16, 32}
     assert {c["kernel"].get("_XJOIN_TILE") for c in cases} == {None, 16 * 64}
     assert {c["kernel"].get("_LATE_TILE") for c in cases} == {None, 16 * 64}
+    assert {c["kernel"].get("_HOIST_8WARP_THREAD_BYTES") for c in cases} == {None, 8}
     assert 64 in {c["constraints"].get("block_b") for c in cases}
     assert {c["split_k"] for c in cases} == {False, True}
     assert {c["split_k1"] for c in cases} == {False, True}

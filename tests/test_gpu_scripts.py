@@ -396,7 +396,7 @@ def test_switch_variants_decide_as_their_environment(monkeypatch, part, env, val
     for case in cases:
         assert swapped(*case) == real(*case), (part, case)
     assert any(swapped(*case) for case in cases) is (value != "off")
-    assert swapped("fwd", 0, 1, True, 0) is False  # B = 1: vector tiles, not hoisted
+    assert swapped("fwd", 0, 1, True, 0) is pg.Hoist.NONE  # B = 1: vector tiles, not hoisted
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
