@@ -274,6 +274,14 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
         # never as one plan): against both passes on 16 x 32.
         ("lstm,768,64;gru,768,64;gru,1024,64", "layer;samebwd,layer"),
+        # Only the first resident chunk in registers (`persistent_grid.Hoist.FIRST`,
+        # 2026-11-28: GRU H=1536 B=16 both passes on 8 warps, the 32 x 16 backwards of GRU
+        # H=768 / 1024 B=64): against the same warps unhoisted (at B = 64 the plan before),
+        # and at H=1536 against the plan before (the forward on 4 warps unhoisted, the
+        # backward on 8 unhoisted; the grid sweep's GRU H=1536 B=16 took 11.92 ms fwd + bwd
+        # with it).
+        ("gru,1536,16", "layer;nohoist,layer;fw4,nohoist,layer"),
+        ("gru,768,64;gru,1024,64", "layer;nohoist,layer"),
         # The streamed loops pipelined for 96 KiB in flight (planner `_stream_stages`,
         # 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8 backward stages, LSTM 16 x 16
         # at B = 1 8 and 8) against Triton's default 3, where the B >= 256 rows miss 1.1x
@@ -286,12 +294,6 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # run unhoisted on 8 since (planner `_too_large_to_hoist`; on 4 their compiles
         # spilled 17 local loads per step): against the 4-warp one they replaced.
         ("lstm,1280,16", "layer;bw4,layer"),
-        # Only the first resident chunk in registers (`persistent_grid.Hoist.FIRST`,
-        # 2026-11-28: GRU H=1536 B=16 both passes on 8 warps, the 32 x 16 backward of GRU
-        # H=1024 B=64): against the same warps unhoisted, and against the plan before (the
-        # forward on 4 warps unhoisted, the backward on 8 unhoisted; the grid sweep's GRU
-        # H=1536 B=16 took 11.92 ms fwd + bwd with it).
-        ("gru,1536,16;gru,1024,64", "layer;nohoist,layer;fw4,nohoist,layer"),
         # The 16 x 32 forward on 8 warps where it was not timed: B = 128 / 256 at small H,
         # a one-gate cell at H=768.
         ("lstm,512,128;gru,256,256;rnn_relu,768,64", "layer;fw4,layer"),
