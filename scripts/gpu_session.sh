@@ -69,9 +69,9 @@
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
 #   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16) on 8 warps (w8 both passes,
-#                                         fw8 the forward) against the planner's 4: gate-
-#                                         batched, 8 warps halve each warp's MMAs (anchor
-#                                         forward 96 -> 48, 736 -> 547 instructions)
+#                                         fw8 the forward) against 4: 8 warps halve each
+#                                         warp's MMAs (anchor forward 96 -> 48 mma.sync,
+#                                         696 -> 483 instructions, Triton 3.6)
 #   bash scripts/gpu_session.sh hoist     resident weights held in registers
 #                                         (HOIST; variants hoist / hoistf / nohoist) at the
 #                                         planner's warps and at 8: anchor 8 warps ldmatrix
