@@ -71,10 +71,10 @@ instead, the batch dimension of a 3-D dot (Triton puts its warps along it): each
 1/S of the MMAs and reads 1/S of the weights and of h from shared memory, and the S partial
 sums are added once per step (the forward joins its gates into one sum): the slice axis is
 moved last and halved with tl.split, the halves added in-thread, one layout conversion
-(`_halved_sums`; tl.sum's cross-warp reduction cost more shared-memory traffic and
-barriers). Output tiles with at least one MMA tile per warp keep the plain dot (S = 1). With
-fewer slices than warps the extra warps compute copies again (the forward's gate dots used
-at most 2 slices while tl.sum added them, so 4 warps ran every MMA twice).
+(`_ksum`; tl.sum's cross-warp reduction cost more shared-memory traffic and barriers, and
+an H200 timed it 1.28x slower). Output tiles with at least one MMA tile per warp keep the
+plain dot (S = 1). With fewer slices than warps the extra warps would compute copies again,
+so the forward's gate dots split one slice per warp (`_FWD_GATE_SPLIT`).
 
 Forward, per step s (rows: sorted j with len_j > s; row = offsets[t] + j, t = s or len_j-1-s):
   phase 0: pre_k = R[k*H + hs, :] @ h_{s-1}^T + bR  (h_{s-1}: all Hout of the batch tile from
@@ -210,22 +210,37 @@ def _sum4(a, b, c, d):
 
 
 @triton.jit
-def _ksum(acc, S: tl.constexpr, HALVES: tl.constexpr = False):
+def _ksum(acc, S: tl.constexpr):
     """The product from a split-K accumulator [S, M, N]: the S partial sums added, or acc
-    itself when S == 1. HALVES (`_halved_sums`; S = 2, 4 or 8): the slice axis moved last
-    and halved by tl.split, the halves added in-thread; else tl.sum, a cross-warp
-    reduction."""
+    itself when S == 1. S = 2, 4 or 8: the slice axis is moved last and halved by tl.split,
+    the halves added in-thread, one layout conversion through shared memory (the forward's
+    joined gates likewise, `_fwd_pre_split`; vector tiles' 2 slices, `_vq`, `_vgate_sum`).
+    Any other S (16 warps) is added by tl.sum.
+
+    tl.sum over the slice axis, which Triton lays across warps, is a cross-warp reduction
+    whose result takes another conversion to the cell's layout; the halves replaced it. The
+    sm_90 compiles of seven bench presets' plans (47 of 74 kernels changed), step loop per
+    warp, tl.sum -> halves (with the forward's gate dots then split one slice per warp,
+    `_FWD_GATE_SPLIT`):
+      Triton 3.6: forwards -26 to -34% instructions (the anchor 1014 -> 696), 17 -> 14
+        BAR.SYNC (31 -> 23 with a projection), mma.sync halved on 16 x 16 tiles (192 -> 96);
+        backwards -4 to -17%, 3 BAR.SYNC fewer; five spilling loops clean.
+      Triton 3.9: forwards -2 to -18%, 29 -> 13 BAR.SYNC; backwards -3 to -14%.
+      Vector tiles (B = 1): 3 to 6 BAR.SYNC fewer (LSTM H=1024 18 -> 12).
+    An H200 timed tl.sum (with 2 forward slices) at 1.28x the halves' layer time at the
+    anchor and at LSTM H=1024 B=16 (third session of 2026-11-26), and the tl.sum path was
+    removed (kernels/NOTES.md)."""
     if S == 1:
         return acc
-    elif HALVES and S == 2:
+    elif S == 2:
         lo, hi = tl.split(tl.permute(acc, (1, 2, 0)))
         return lo + hi
-    elif HALVES and S == 4:
+    elif S == 4:
         lo, hi = tl.split(tl.permute(tl.reshape(acc, [2, 2, acc.shape[1], acc.shape[2]]),
                                      (2, 3, 0, 1)))
         lo, hi = tl.split(lo + hi)
         return lo + hi
-    elif HALVES and S == 8:
+    elif S == 8:
         lo, hi = tl.split(tl.permute(tl.reshape(acc, [2, 2, 2, acc.shape[1], acc.shape[2]]),
                                      (3, 4, 0, 1, 2)))
         lo, hi = tl.split(lo + hi)
@@ -361,7 +376,7 @@ def _v3(w):
 
 @triton.jit
 def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.constexpr,
-            DT: tl.constexpr, BB: tl.constexpr, HALVES: tl.constexpr = False):
+            DT: tl.constexpr, BB: tl.constexpr):
     """Vector tiles (`vector_tiles`): w_k @ X[jb, k0 : k0 + KC]^T for the cell's gates (G is
     1, 3 or 4) on the FMA units, one batch column at a time, summed in fp32 (the products of
     bf16 / fp16 operands are exact): [BM, BB, 2, 2] fp32 with gate g at [..., g % 2, g // 2]
@@ -371,7 +386,7 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.con
     `_tile`) or [BM, KC] (one slice): a warp holds whole slice rows, so the sums over KW are
     warp shuffles; the gates' partial sums over the S slices are joined and reduced, and
     later converted, as one tensor, not one per gate (each a round through shared memory);
-    2 slices by halves where HALVES (`_halved_sums`). Each column's operand is loaded once for
+    2 slices by halves (`_ksum`). Each column's operand is loaded once for
     all gates. The weights stay in registers across
     steps (no dot operand is staged in shared memory)."""
     v0 = _v3(w0)
@@ -383,12 +398,12 @@ def _vgates(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.con
     for b in tl.static_range(BB):
         jb, ok = _vcol(jb64, x_ok, b, BB)
         x = _vx(X, x_row, jb, ok, k0, S, BM, KW, K, DT)
-        acc = tl.where(sel_b == b, _vq(w0, w1, w2, w3, x, G, HALVES)[:, None, :, :], acc)
+        acc = tl.where(sel_b == b, _vq(w0, w1, w2, w3, x, G)[:, None, :, :], acc)
     return acc
 
 
 @triton.jit
-def _vq(w0, w1, w2, w3, x, G: tl.constexpr, HALVES: tl.constexpr = False):
+def _vq(w0, w1, w2, w3, x, G: tl.constexpr):
     """One batch column of `_vgates`: the gates' products with that column's operand x
     ([S, BM, KW] fp32, `_vx`), [BM, 2, 2] fp32 with gate g at [:, g % 2, g // 2]."""
     r0 = tl.sum(_v3(w0).to(tl.float32) * x, axis=2)
@@ -401,7 +416,7 @@ def _vq(w0, w1, w2, w3, x, G: tl.constexpr, HALVES: tl.constexpr = False):
     if G > 3:
         r3 = tl.sum(_v3(w3).to(tl.float32) * x, axis=2)
     t = tl.join(tl.join(r0, r1), tl.join(r2, r3))  # [S, BM, 2, 2]
-    if HALVES and t.shape[0] == 2:
+    if t.shape[0] == 2:
         lo, hi = tl.split(tl.permute(t, (1, 2, 3, 0)))
         return lo + hi
     return tl.sum(t, axis=0)
@@ -418,7 +433,7 @@ def _vsplit(acc):
 
 @triton.jit
 def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.constexpr,
-               DT: tl.constexpr, BB: tl.constexpr, HALVES: tl.constexpr = False):
+               DT: tl.constexpr, BB: tl.constexpr):
     """Vector tiles: sum over the G gates of w_k @ X[jb, k * K + k0 : ...]^T -> [BM, BB] fp32,
     gate k's operand at column offset k * K of X's rows (the backward's dph exchange): the
     gates' products are added elementwise and reduced once (slices as in `_vgates`)."""
@@ -439,7 +454,7 @@ def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.
             prod += _v3(w3).to(tl.float32) * _vx(X + 3 * K, x_row, jb, ok, k0, S, BM, KW, K,
                                                  DT)
         q = tl.sum(prod, axis=2)  # [S, BM]
-        if HALVES and S == 2:
+        if S == 2:
             lo, hi = tl.split(tl.permute(q, (1, 0)))
             q = lo + hi
         else:
@@ -449,18 +464,17 @@ def _vgate_sum(w0, w1, w2, w3, X, x_row, jb64, x_ok, k0, K: tl.constexpr, G: tl.
 
 
 @triton.jit
-def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr,
-          HALVES: tl.constexpr = False):
+def _vdot(w, X, x_row, jb64, x_ok, k0, K: tl.constexpr, DT: tl.constexpr, BB: tl.constexpr):
     """One weight chunk on the FMA units (`_vgate_sum` of one gate):
     w @ X[jb, k0 : k0 + KC]^T -> [BM, BB] fp32."""
-    return _vgate_sum(w, w, w, w, X, x_row, jb64, x_ok, k0, K, 1, DT, BB, HALVES)
+    return _vgate_sum(w, w, w, w, X, x_row, jb64, x_ok, k0, K, 1, DT, BB)
 
 
 @triton.jit
 def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
             K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
             S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
-            SWAP: tl.constexpr = False, HALVES: tl.constexpr = False, tile_b=True):
+            SWAP: tl.constexpr = False, tile_b=True):
     """acc[s, i, j] += the part s of sum_k W[a_idx[i], k] * X[jb[j], k] over k < K ([S, BM, BB]
     fp32; summing over s gives the product, `tl.sum(acc, axis=0)`).
 
@@ -474,9 +488,9 @@ def _dot_w3(acc, W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_o
     turned once at the end: the batch tile becomes the MMA's M dimension, so a batch tile of
     64 makes the loop a Hopper wgmma (M a multiple of 64) where 32 rows would be mma.sync."""
     if RESIDENT and acc.shape[-1] < 16:  # vector tiles (S = 1; slices from the chunk's shape)
-        acc += _vdot(wa, X, x_row, jb64, x_ok, 0, K, DOT_DT, acc.shape[-1], HALVES)
+        acc += _vdot(wa, X, x_row, jb64, x_ok, 0, K, DOT_DT, acc.shape[-1])
         if KB > 0:
-            acc += _vdot(wb, X, x_row, jb64, x_ok, KA, K, DOT_DT, acc.shape[-1], HALVES)
+            acc += _vdot(wb, X, x_row, jb64, x_ok, KA, K, DOT_DT, acc.shape[-1])
     elif RESIDENT:
         acc += _mm(wa, _kpart(X, x_row, jb64, x_ok, 0, KA, K, S, DOT_DT), FP32_DOT)
         if KB > 0 and tile_b:
@@ -507,11 +521,11 @@ def _dot_t(acc_t, W, a_idx, a_ok, a_stride, b_stride, X, x_row, jb64, x_ok, K: t
 def _dot_w(W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row, jb64, x_ok,
            K: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, RESIDENT: tl.constexpr,
            S: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BM: tl.constexpr,
-           BB: tl.constexpr, SWAP: tl.constexpr = False, HALVES: tl.constexpr = False):
+           BB: tl.constexpr, SWAP: tl.constexpr = False):
     """acc[i, j] = sum_k W[a_idx[i], k] * X[jb[j], k] over k < K, [BM, BB] fp32 (`_dot_w3`)."""
     acc = _dot_w3(_zacc(S, BM, BB), W, a_idx, a_ok, a_stride, b_stride, wa, wb, X, x_row,
-                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP, HALVES)
-    return _ksum(acc, S, HALVES)
+                  jb64, x_ok, K, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
+    return _ksum(acc, S)
 
 
 @triton.jit
@@ -642,7 +656,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
              KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
              GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-             PAIR: tl.constexpr = False, HALVES: tl.constexpr = False, tile_b=True):
+             PAIR: tl.constexpr = False, tile_b=True):
     """Recurrent pre-activations R_k[hs, :] @ h^T of the gate slots, [BH, BB] fp32 each
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
@@ -651,8 +665,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     wb0 hold the joint tile; GP = 1 for a one-gate cell), then the gates are split out of
     it: no cross-warp reduction. SWAP: the streamed dot formed transposed (`_dot_w3`).
     PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
-    HALVES (`_halved_sums`): how the split-K dots' slices are added. tile_b: as in
-    `_fwd_pre_split`."""
+    tile_b: as in `_fwd_pre_split`."""
     if GATES == 1:
         ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
@@ -661,7 +674,7 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     else:
         p0, p1, p2, p3 = _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3,
                                         wb0, wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S,
-                                        DOT_DT, FP32_DOT, BH, BB, PAIR, HALVES, tile_b)
+                                        DOT_DT, FP32_DOT, BH, BB, PAIR, tile_b)
     return p0, p1, p2, p3
 
 
@@ -671,7 +684,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                    KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr,
                    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BH: tl.constexpr,
                    BB: tl.constexpr, PAIR: tl.constexpr = False,
-                   HALVES: tl.constexpr = False, tile_b=True):
+                   tile_b=True):
     """`_fwd_pre` with one dot per gate, K split into S slices. A resident reduction's two
     chunks are two MMA chains per gate, added in-thread (`_sum2`): shorter dependency chains
     (LSTM H=768 B=16: 24 -> 16 MMAs), and the sm_90 compiles of the 16 x 32 tiles no longer
@@ -694,15 +707,14 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
     if RESIDENT and BB < 16:  # vector tiles (S = 1): one operand load per chunk and column,
         # the gates' sums joined (one reduction and one layout conversion for all gates)
         if G == 1:
-            a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB, HALVES)
+            a0 = _vdot(wa0, src, HOUT, jb64, b_ok, 0, HOUT, DOT_DT, BB)
             if KB > 0:
-                a0 += _vdot(wb0, src, HOUT, jb64, b_ok, KA, HOUT, DOT_DT, BB, HALVES)
+                a0 += _vdot(wb0, src, HOUT, jb64, b_ok, KA, HOUT, DOT_DT, BB)
         else:
-            q = _vgates(wa0, wa1, wa2, wa3, src, HOUT, jb64, b_ok, 0, HOUT, G, DOT_DT, BB,
-                        HALVES)
+            q = _vgates(wa0, wa1, wa2, wa3, src, HOUT, jb64, b_ok, 0, HOUT, G, DOT_DT, BB)
             if KB > 0:
                 q += _vgates(wb0, wb1, wb2, wb3, src, HOUT, jb64, b_ok, KA, HOUT, G, DOT_DT,
-                             BB, HALVES)
+                             BB)
             a0, a1, a2, a3 = _vsplit(q)
     elif RESIDENT:
         xa = _kpart(src, HOUT, jb64, b_ok, 0, KA, HOUT, S, DOT_DT)
@@ -734,23 +746,22 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
             if G > 3:
                 a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
                           xk, FP32_DOT)
-    # The S partial sums meet here, all gates at once (join / split only regroup registers):
-    # HALVES and S = 2, 4 or 8 (`_halved_sums`), the slice axes moved last and split in halves,
-    # the halves added in-thread; else one cross-warp reduction. Gates the cell lacks stay
-    # zero.
+    # The S partial sums meet here, all gates at once (join / split only regroup registers),
+    # as `_ksum` adds them: S = 2, 4 or 8 by halves, any other S by tl.sum. Gates the cell
+    # lacks stay zero.
     if S == 1:
         p0, p1, p2, p3 = a0, a1, a2, a3
     elif G > 1:
         t = tl.join(tl.join(a0, a1), tl.join(a2, a3))  # [S, BH, BB, 2, 2]
-        if HALVES and S == 2:
+        if S == 2:
             lo, hi = tl.split(tl.permute(t, (1, 2, 3, 4, 0)))
             t01, t23 = tl.split(lo + hi)
-        elif HALVES and S == 4:
+        elif S == 4:
             lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, BH, BB, 2, 2]),
                                          (2, 3, 4, 5, 0, 1)))
             lo, hi = tl.split(lo + hi)
             t01, t23 = tl.split(lo + hi)
-        elif HALVES and S == 8:
+        elif S == 8:
             lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, 2, BH, BB, 2, 2]),
                                          (3, 4, 5, 6, 0, 1, 2)))
             lo, hi = tl.split(lo + hi)
@@ -761,7 +772,7 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
         p0, p1 = tl.split(t01)
         p2, p3 = tl.split(t23)
     else:
-        p0 = _ksum(a0, S, HALVES)
+        p0 = _ksum(a0, S)
         p1 = tl.zeros([BH, BB], tl.float32)
         p2 = p1
         p3 = p1
@@ -860,7 +871,7 @@ def _fwd_cell_phase(
     S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BARRIER: tl.constexpr, GATES: tl.constexpr, GP: tl.constexpr,
     SWAP: tl.constexpr = False, XJOIN: tl.constexpr = False, BR=0,
-    SUMS: tl.constexpr = False, PAIR: tl.constexpr = False, HALVES: tl.constexpr = False,
+    SUMS: tl.constexpr = False, PAIR: tl.constexpr = False,
     tile_b=True,
 ):
     """Phase 0: gates and cell of the own hidden slice (x_k: the prefetched input-side gate
@@ -885,7 +896,7 @@ def _fwd_cell_phase(
     elif tile_on:
         p0, p1, p2, p3 = _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0,
                                   wb1, wb2, wb3, G, H, HOUT, KA, KB, RESIDENT, S, DOT_DT,
-                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, PAIR, HALVES,
+                                  FP32_DOT, BLOCK_H, BLOCK_B, GATES, GP, SWAP, PAIR,
                                   tile_b)
         p0, p1, p2, p3, x0, x1, x2, x3 = _gate_sums(p0, p1, p2, p3, x0, x1, x2, x3, b0, b1,
                                                     b2, b3, G, SUMS)
@@ -926,13 +937,13 @@ def _fwd_proj_phase(
     pwa, pwb, h_own, is_last, tile_on, H: tl.constexpr, HOUT: tl.constexpr, KA: tl.constexpr,
     KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
     FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
-    BARRIER: tl.constexpr, SWAP: tl.constexpr = False, HALVES: tl.constexpr = False,
+    BARRIER: tl.constexpr, SWAP: tl.constexpr = False,
 ):
     """Phase 1 (projection): h[os] = Pw[os, :] @ m^T for the own output slice; publishes h,
     arrives, then writes y / hT. Returns the carried h_own."""
     if tile_on:
         hp = _dot_w(PW, os_, o_ok, s_pw, 1, pwa, pwb, MX, H, jb64, act, H, KA, KB, RESIDENT,
-                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, HALVES)
+                    S, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP)
     else:
         hp = tl.zeros([BLOCK_O, BLOCK_B], tl.float32)
     mo = o_ok[:, None] & act[None, :]
@@ -961,7 +972,7 @@ def _grid_fwd_kernel(
     GP: tl.constexpr = 4, SWAP: tl.constexpr = False, VW: tl.constexpr = 0,
     HOIST: tl.constexpr = False, XJOIN: tl.constexpr = False, SUMS: tl.constexpr = False,
     MASK_IN_LOOP: tl.constexpr = False, PAIR: tl.constexpr = False,
-    HALVES: tl.constexpr = False, HOIST_FIRST: tl.constexpr = False,
+    HOIST_FIRST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the forward; sub-step u is step u // NPH, phase u % NPH.
 
@@ -1071,7 +1082,7 @@ def _grid_fwd_kernel(
                 u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                 b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P, HAS_CSEQ, RKA,
                 RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT, BARRIER, GATES, GP, SWAP,
-                XJOIN, BR, SUMS, PAIR, HALVES, tile_b)
+                XJOIN, BR, SUMS, PAIR, tile_b)
         else:
             if u % NPH == 0:
                 c, _ = _fwd_cell_phase(
@@ -1079,13 +1090,12 @@ def _grid_fwd_kernel(
                     u, u_end, rows, act, jb64, b_ok, hs, h_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                     wb2, wb3, b0, b1, b2, b3, c, h_own, is_last, tile_on, CELL, G, H, HOUT, P,
                     HAS_CSEQ, RKA, RKB, RESIDENT, RS, BLOCK_H, BLOCK_B, DOT_DT, FP32_DOT,
-                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS, PAIR=PAIR,
-                    HALVES=HALVES)
+                    BARRIER, GATES, GP, SWAP, XJOIN=XJOIN, BR=BR, SUMS=SUMS, PAIR=PAIR)
             else:
                 h_own = _fwd_proj_phase(
                     Y, s_y, HT, s_ht, PW, s_pw, MWS, dst, SYNC, u, u_end, rows, act, jb64, b_ok,
                     os_, o_ok, pwa, pwb, h_own, is_last, tile_on, H, HOUT, PKA, PKB, RESIDENT, PS,
-                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP, HALVES)
+                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, BARRIER, SWAP)
         act, rows, x0, x1, x2, x3 = _fwd_loads(XG, s_xg, OFFS, lens, jb64, b_ok, hs, h_ok,
                                                u + 1, u_end, rev, G, H, NPH, REVERSE, NUM_DIRS,
                                                BLOCK_H, BLOCK_B, XJOIN, GP)
@@ -1115,7 +1125,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
                RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
                FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
                SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False,
-               HALVES: tl.constexpr = False, tile_b=True):
+               tile_b=True):
     """dh_carry[os] += sum_k dph_{s+1,k} @ R[k*H + :, os] for the rows active at step s+1.
 
     src: the dph exchange slot [B, G*H] of step s+1; carry already holds GRU's direct term.
@@ -1129,13 +1139,12 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
     if not RESIDENT:
         acc = _dot_w3(_zacc(S, BLOCK_O, BLOCK_B), R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H,
                       jb64, act1, G * H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, SWAP)
-        return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
+        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
     if BLOCK_B < 16:  # vector tiles: the gates' products summed before one reduction
-        acc = _vgate_sum(wa0, wa1, wa2, wa3, src, G * H, jb64, act1, 0, H, G, DOT_DT, BLOCK_B,
-                         HALVES)
+        acc = _vgate_sum(wa0, wa1, wa2, wa3, src, G * H, jb64, act1, 0, H, G, DOT_DT, BLOCK_B)
         if KB > 0:
             acc += _vgate_sum(wb0, wb1, wb2, wb3, src, G * H, jb64, act1, KA, H, G, DOT_DT,
-                              BLOCK_B, HALVES)
+                              BLOCK_B)
         return tl.where(act1[None, :], carry + acc, carry)
     z = _zacc(S, BLOCK_O, BLOCK_B)
     if PAIRG:  # `_paired_gates`: the operands loaded ahead of their products
@@ -1155,7 +1164,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
             if G > 3:
                 t3 = _bwd_gate_mm(t3, wa3, wb3, xa3, xb3, KB, FP32_DOT, tile_b)
             acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
-        return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
+        return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
     acc = _dot_w3(z, R, os_, o_ok, 1, s_r, wa0, wb0, src, G * H, jb64, act1, H, KA, KB,
                   RESIDENT, S, DOT_DT, FP32_DOT, tile_b=tile_b)
     if G > 1:
@@ -1172,7 +1181,7 @@ def _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3,
             t3 = _dot_w3(t3, R + 3 * H * s_r, os_, o_ok, 1, s_r, wa3, wb3, src + 3 * H, G * H,
                          jb64, act1, H, KA, KB, RESIDENT, S, DOT_DT, FP32_DOT, tile_b=tile_b)
         acc = _sum4(acc, t1, t2, t3) if CHAINS == 4 else t3
-    return tl.where(act1[None, :], carry + _ksum(acc, S, HALVES), carry)
+    return tl.where(act1[None, :], carry + _ksum(acc, S), carry)
 
 
 @triton.jit
@@ -1335,7 +1344,7 @@ def _grid_bwd_kernel(
     CHAINS: tl.constexpr = 4, WT: tl.constexpr = False, VW: tl.constexpr = 0,
     FOLD_DY: tl.constexpr = False,
     HOIST: tl.constexpr = False, LATE: tl.constexpr = False, PAIRG: tl.constexpr = False,
-    HALVES: tl.constexpr = False, HOIST_FIRST: tl.constexpr = False,
+    HOIST_FIRST: tl.constexpr = False,
 ):
     """Sub-steps [u_begin, u_end) of the backward, n_sub = NPH * S + 1: sub-step u is
     processing index q = u // NPH (step s = S-1-q), phase u % NPH; q == S is the final
@@ -1462,7 +1471,7 @@ def _grid_bwd_kernel(
                 carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                    wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT, RS,
                                    DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
-                                   HALVES, carry_b)
+                                   carry_b)
             if LATE:
                 act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                     PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1486,8 +1495,7 @@ def _grid_bwd_kernel(
                 if carry_on:
                     carry = _bwd_carry(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1,
                                        wb2, wb3, dph_src, jb64, act1, G, H, RKA, RKB, RESIDENT,
-                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG,
-                                       HALVES)
+                                       RS, DOT_DT, FP32_DOT, BLOCK_O, BLOCK_B, SWAP, CHAINS, PAIRG)
                 if LATE:
                     act, rows, dy, x0, x1, x2, x3, q0, q1, q2, q3, e0, e1 = _bwd_loads(
                         PREX, s_px, PREH, s_ph, Y, s_y, HPREV, s_hp, CSEQ, s_cs, CPREV, s_cp, DY,
@@ -1509,8 +1517,7 @@ def _grid_bwd_kernel(
                                           REVERSE, NUM_DIRS)
                 if tile_on:
                     dm = _dot_w(PW, hs, h_ok, 1, s_pw, pwa, pwb, DHWS, HOUT, jb64, act, HOUT,
-                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP,
-                                HALVES)
+                                PKA, PKB, RESIDENT, PS, DOT_DT, FP32_DOT, BLOCK_H, BLOCK_B, SWAP)
                 else:
                     dm = tl.zeros([BLOCK_H, BLOCK_B], tl.float32)
                 if LATE:
@@ -1640,7 +1647,7 @@ def vector_width(dot_dt: tl.dtype) -> int:
     instructions (LSTM H=768 forward; backward 52 -> 15, 868 -> 698), 46 -> 18 and 847 -> 667
     at H=1024 (backward 56 -> 18, 1060 -> 816), no spills. The slices of a 512-column chunk
     still meet across 2 warps (Triton lays the slice axis over warps): 3 of those barriers,
-    none since the slices are added by halves (`_halved_sums`: 18 -> 12 at LSTM H=1024)."""
+    none since the slices are added by halves (`_ksum`: 18 -> 12 at LSTM H=1024)."""
     return 32 * 16 // (dot_dt.primitive_bitwidth // 8)
 
 
@@ -1669,35 +1676,18 @@ _XJOIN_TILE = 64 * 64
 # rather than before the barrier's wait (`_late_loads`).
 _LATE_TILE = 128 * 64
 
-# The forward's gate dots split K at most this many ways where their partial sums meet in
-# one cross-warp reduction (tl.sum, `_halved_sums` off). Triton lowers that reduction
-# through shared memory with heavy bank conflicts: Nsight Compute on an H100 (LSTM H=768
-# B=16, 8 warps, S = 8) counted 32-way conflicted stores and 86% excess shared wavefronts,
-# about 9 of the step's 12 us. Measured forward steps (4 warps, H100, T = 1024, bf16, the
-# reduction): LSTM H=768 B=16 7.40 us at S = 4, 5.19 at S = 2, 6.06 at S = 1; GRU H=1024
-# B=16 6.81 / 4.94 / 8.09. The backward's reductions are smaller (one tile per slice) and
-# keep S = num_warps.
-_FWD_GATE_SPLIT = 2
-# ... and where the slices are added by halves (`_halved_sums`), which has no cross-warp
-# reduction: 4, the slices of the 16 x 16 tiles' 4 warps. At S = 2 two of the 4 warps
-# compute copies (Triton lays the 2 slices over 4 warps), so every warp issues twice the
-# MMAs and ldmatrix reads twice the weights it would at S = 4. The sm_90 compiles (Triton
-# 3.6, bf16, 16 x 16 tiles, 4 warps), forward step loop per warp, S = 2 -> 4 with halves:
-# LSTM H=768 B=16 832 -> 696 instructions, 192 -> 96 mma.sync, 120 -> 60 ldmatrix, the
-# longest MMA chain 16 -> 8, 14 BAR.SYNC either way, no spills (the reduction at S = 4: 925
-# instructions, 70 LDS and 88 STS, against 12 and 24 by halves). Not yet timed on a GPU
-# (step_ablation's variant `gs2` keeps S = 2, `reducesum` the reduction with S = 2).
-# The cap is 8, one slice per warp on 8 warps too: at 4 slices Triton 3.6 laid them over 8
-# warps as copies (the anchor's forward on 8 warps, `fw8`: 96 mma.sync and 60 ldmatrix per
-# warp, as on 4). At S = 8 (Triton 3.6, bf16, 8 warps, step loop per warp, forward ;
-# backward, instructions / mma.sync, the planner's 4 warps -> 8 in both passes, `w8`):
-# LSTM H=768 B=16 696 / 96 -> 483 / 48 ; 1065 / 96 -> 650 / 48, H=1024 B=16 757 / 128 ->
-# 508 / 64 ; 1139 / 128 -> 702 / 64, GRU H=1024 B=16 637 / 96 -> 447 / 48 ; 927 / 96 ->
-# 599 / 48; no spills, BAR.SYNC unchanged. The planner keeps 4 warps on 16 x 16 tiles
-# (`planner._persistent_grid_warps`: 8 measured slower on an H100 when the slices met in
-# tl.sum) until a GPU times 8 (step_ablation `w8`, first in `decide`); no plan's kernel
-# changes with the cap.
-_FWD_GATE_SPLIT_HALVES = 8
+# The forward's gate dots split K at most this many ways: one slice per warp on up to 8
+# warps, so no warp computes copies (Triton lays S slices over more warps than S as copies:
+# at S = 2 on 4 warps every warp issued twice the MMAs and ldmatrix read twice the weights).
+# Nothing caps it for the reduction's sake since the slices are added by halves (`_ksum`);
+# while tl.sum added them (a cross-warp reduction, 32-way bank-conflicted stores in Nsight
+# Compute on an H100) the cap was 2. The sm_90 compiles (Triton 3.6, bf16), forward step
+# loop per warp: 16 x 16 tiles on 4 warps, S = 2 -> 4, LSTM H=768 B=16 832 -> 696
+# instructions, 192 -> 96 mma.sync, 120 -> 60 ldmatrix, no spills; on 8 warps, S = 4 -> 8,
+# LSTM H=768 B=16 696 / 96 -> 483 / 48 (instructions / mma.sync), H=1024 757 / 128 -> 508 /
+# 64, GRU H=1024 637 / 96 -> 447 / 48, no spills. An H200 timed S <= 2 (step_ablation `gs2`)
+# 1.06x and 1.05x the layer time at the anchor and at LSTM H=1024 B=16.
+_FWD_GATE_SPLIT = 8
 
 
 def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int:
@@ -1856,7 +1846,7 @@ def _paired_gates(block_k: int, block_b: int) -> bool:
     is issued after the previous chunk's staging barrier: the anchor's backward step waits
     for 8 L2 round trips of dph in a row (4 gates x 512 + 256). The sm_90 compiles (Triton
     3.6, bf16), step loop per warp, off -> on: the anchor's loads go out in two groups
-    (gates 0-1, then 2-3), 33 -> 21 BAR.SYNC (30 -> 18 since `_halved_sums`), 1107 -> 1106
+    (gates 0-1, then 2-3), 33 -> 21 BAR.SYNC (30 -> 18 since `_ksum`'s halves), 1107 -> 1106
     instructions, 16 B saved around the loop, shared memory 114688 -> 147456 B (two gates'
     operands staged at once, as `grid_onchip_bytes` counts); LSTM H=1024 B=16 33 -> 21,
     147456 -> 196608 B; GRU H=1024 B=16 29 -> 21, 114688 -> 163840 B; no spill in the loop
@@ -1908,39 +1898,6 @@ def launch_pairs_gates(pair_gates: bool | None, cell: str, H: int, Hout: int, P:
         return grid_pairs_gates(cell, H, Hout, P, dtype, block_h, block_b, block_k, limit,
                                 num_warps)
     return bool(pair_gates) and _paired_gates(block_k, block_b)
-
-
-# The split-K products' slices added by halving (`_halved_sums`, HALVES); the ablation
-# variant `reducesum` and TRITONRNN_HALVED_SUMS=off (read at import) use tl.sum instead.
-_HALVED_SUMS = _env_on_off("TRITONRNN_HALVED_SUMS", default=True)
-
-
-def _halved_sums() -> bool:
-    """HALVES: a split-K product's S partial sums (S = 2, 4, 8; `_ksum`, and the forward's
-    joined gates in `_fwd_pre_split`) are added by moving the slice axis last and splitting
-    it in halves (tl.split), the halves added in-thread: one layout conversion through
-    shared memory. tl.sum over the slice axis, which Triton lays across warps, is a
-    cross-warp reduction whose result then takes another conversion to the cell's layout.
-    With the forward's gate dots then split one slice per warp (up to 8,
-    `_FWD_GATE_SPLIT_HALVES`: no warp computes copies), the sm_90 compiles of seven bench
-    presets' plans (grid, targets, fp16, large-batch, small-batch, gru, stack; 47 of 74
-    kernels change), step loop per warp,
-    tl.sum -> halves:
-      Triton 3.6: forwards -26 to -34% instructions (the anchor 1014 -> 696), 17 -> 14
-        BAR.SYNC (31 -> 23 with a projection), mma.sync halved on 16 x 16 tiles (192 -> 96);
-        backwards -4 to -17%, 3 BAR.SYNC fewer (8 with a projection); spills gone from GRU
-        H=1024 B=64's and LSTM H=1024 B=64's (fp16) backwards, LSTM H=512 B=32's pair and
-        H=1024 P=512's (LSTM H=768 P=384 B=16: the forward's 24 B gone, the backward 16 B
-        saved around the loop instead); GRU H=1536 B=16's spilling backward 9 -> 10 local
-        ops per step.
-      Triton 3.9: forwards -2 to -18%, 29 -> 13 BAR.SYNC; backwards -3 to -14%, 8 to 16
-        BAR.SYNC fewer; GRU H=512's backward 1 local load per step more, LSTM H=1024 B=16's
-        forward and H=256 B=256's backward 16 B saved around the loop.
-    Vector tiles (`_vgates`, `_vgate_sum`: a chunk's 2 slices of `vector_width`) likewise,
-    Triton 3.6, B = 1, both passes: 3 to 6 BAR.SYNC fewer (LSTM H=1024 18 -> 12), 1 to 7%
-    fewer instructions, no spills (3.9 compiles them the same either way).
-    Not yet timed on a GPU (step_ablation's variant `reducesum`)."""
-    return _HALVED_SUMS
 
 
 def _joined_sums(block_b: int) -> bool:
@@ -2180,9 +2137,8 @@ def _late_loads(cell: str, block_h: int, block_b: int) -> bool:
 
 def _gate_split(ka: int, kb: int, num_warps: int, bm: int, bb: int) -> int:
     """Split-K factor of the forward's gate dots (R's slice @ h): `_nsplit` capped at
-    _FWD_GATE_SPLIT, or _FWD_GATE_SPLIT_HALVES where `_halved_sums`."""
-    cap = _FWD_GATE_SPLIT_HALVES if _halved_sums() else _FWD_GATE_SPLIT
-    return _nsplit(ka, kb, num_warps, bm, bb, cap)
+    _FWD_GATE_SPLIT."""
+    return _nsplit(ka, kb, num_warps, bm, bb, _FWD_GATE_SPLIT)
 
 
 def _block_o(H: int, P: int, block_h: int) -> int:
@@ -2223,7 +2179,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     Pw^T in the backward), RB = sum(_ksplit(H)) (R^T in the backward, Pw in the forward),
     KF / KB = their first (largest) chunks. With e = dtype bytes, BO = output-slice width,
     S_x = `_nsplit` of a dot with output rows x (the forward's at fwd_warps), S'_bh =
-    `_gate_split` (the forward's gate dots, S <= 8 with `_halved_sums`, else 2), G4 = 4 for a
+    `_gate_split` (the forward's gate dots, S <= 8), G4 = 4 for a
     gated cell (the forward sums its gates together) else 1:
       forward  = e*(G*bh*RF + [P] BO*RB) + max(e*bb*KF', [P] e*bb*KB, 4*S'_bh*G4*bh*bb,
                                               [P] 4*S_BO*BO*bb)
@@ -2661,7 +2617,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 HOIST_FIRST=hoist == Hoist.FIRST,
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
                 MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
-                PAIR=_paired_chunks(block_b), HALVES=_halved_sums(),
+                PAIR=_paired_chunks(block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 num_warps=num_warps, **_stages_option(num_stages), **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),
@@ -2864,7 +2820,6 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
                 PAIRG=pair_gates,
-                HALVES=_halved_sums(),
                 HOIST=bool(hoist), HOIST_FIRST=hoist == Hoist.FIRST,
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **_stages_option(num_stages), **FP_FUSION,

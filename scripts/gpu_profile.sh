@@ -12,7 +12,7 @@
 # wait. The joined gate sums (persistent_grid._FWD_JOINED_SUMS, the default) convert the
 # four tiles at once: 21; the active-row mask formed in the loop (_mask_in_loop, the
 # default) drops the carried mask's conversion: 19; both chunks of h loaded and staged
-# together (_paired_chunks): 17; the split-K slices added by halves (_halved_sums, split 4
+# together (_paired_chunks): 17; the split-K slices added by halves (_ksum, split 4
 # ways): 14. The backward had 33, 30 with halves; its gates' operands loaded ahead
 # (_paired_gates, the default since 2026-11-26: TRITONRNN_BWD_PAIRED_GATES=off keeps them
 # apart) 18. Which of them a step

@@ -69,11 +69,9 @@ Variants (comma-joined in one process):
     nowidecap batch tiles wider than 32 columns keep single chunks up to _MAX_CHUNK (the
               default narrows them, kernels' _max_chunk: 512 = 256 + 256 at 64 columns)
     s1/s2/s4  split-K factor forced (kernels' _nsplit), capped by the chunk
-    reducesum split-K slices added by tl.sum, a cross-warp reduction (kernels' _HALVED_SUMS;
-              by default by halving the slice axis in-thread after one layout conversion),
-              and with it the forward's gate dots split at most 2 ways again
-    gs2       the forward's gate dots split at most 2 ways with the slices added by halves
-              (kernels' _FWD_GATE_SPLIT_HALVES; by default 4: no warp computes copies)
+    gs2       the forward's gate dots split at most 2 ways (kernels' _FWD_GATE_SPLIT; by
+              default up to 8, one slice per warp: no warp computes copies; on the anchor's
+              8-warp hoisted forward its Triton 3.6 compile spills, 5112 B)
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
     joint     the forward's experimental joint gate dot (kernels.persistent_grid
@@ -227,7 +225,8 @@ SETS = {
 # (noswap,nojoin 1.32x the plan's time); the anchor's tagged exchange lost (1.07x).
 # Decided on an H200 (the third session of 2026-11-26, bench/results/step-ablation-nvidia-
 # h200-2026-11-26-decide-halves.json, whole layer fwd + bwd against the plan): the split-K
-# slices added by halves stay (reducesum 1.28x at the anchor and at LSTM H=1024 B=16), so
+# slices added by halves stay (reducesum, tl.sum's cross-warp reduction, 1.28x at the
+# anchor and at LSTM H=1024 B=16; the variant and its path were removed on 2026-11-28), so
 # does the forward split up to 8 ways (gs2 1.06x, 1.05x); the backward's gates loaded ahead
 # (pairg, 4 warps: backward -13%, -4%) are the default since. Open: 8 warps (w8: the
 # backward -4%, -5%, the anchor's forward +5%) and the weights in registers on 8 warps
@@ -339,7 +338,7 @@ def _no_dot(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2
             KB: tl.constexpr, RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
             FP32_DOT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr,
             GATES: tl.constexpr = 0, GP: tl.constexpr = 4, SWAP: tl.constexpr = False,
-            PAIR: tl.constexpr = False, HALVES: tl.constexpr = False, tile_b=True):
+            PAIR: tl.constexpr = False, tile_b=True):
     z = tl.zeros([BH, BB], tl.float32)
     return z, z, z, z
 
@@ -350,7 +349,7 @@ def _no_bdot(carry, R, s_r, os_, o_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb2, wb3, s
              RESIDENT: tl.constexpr, S: tl.constexpr, DOT_DT: tl.constexpr,
              FP32_DOT: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr,
              SWAP: tl.constexpr = False, CHAINS: tl.constexpr = 4, PAIRG: tl.constexpr = False,
-             HALVES: tl.constexpr = False, tile_b=True):
+             tile_b=True):
     return carry
 
 
@@ -444,8 +443,7 @@ def swaps() -> dict:
         "splitk1": [(split_k, "_BWD_SPLIT_K1", True)],
         # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).
         "samebwd": [(planner, "_taller_backward", lambda lp, *_a: lp)],
-        "reducesum": [(pg, "_HALVED_SUMS", False)],
-        "gs2": [(pg, "_FWD_GATE_SPLIT_HALVES", 2)],
+        "gs2": [(pg, "_FWD_GATE_SPLIT", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
         "noswap": [(pg, "_swap_dots", lambda *_a: False)],

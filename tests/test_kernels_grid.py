@@ -547,9 +547,9 @@ def test_split_k_factor():
     assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
     assert pg._nsplit(32, 16, 4, 16, 16) == 1
     assert pg._nsplit(16, 0, 8, 16, 16) == 1
-    # The forward's gate dots: one slice per warp (up to 8) with the slices added by halves
-    # (the default), 2 where tl.sum adds them (its cross-warp reduction's bank conflicts).
-    assert pg._halved_sums()
+    assert pg._nsplit(512, 256, 16, 16, 16) == 16  # 16 warps (forced): 16 slices
+    # The forward's gate dots: one slice per warp, up to 8 (`_FWD_GATE_SPLIT`).
+    assert pg._gate_split(512, 256, 16, 16, 16) == 8
     assert pg._gate_split(512, 256, 8, 16, 16) == 8
     assert pg._gate_split(512, 256, 4, 16, 16) == 4
     assert pg._gate_split(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
@@ -557,35 +557,24 @@ def test_split_k_factor():
     assert pg._gate_split(64, 0, 4, 16, 32) == 1  # 4 MMA tiles for 4 warps: a plain dot
 
 
-def test_split_k_factor_with_tl_sum(monkeypatch):
-    monkeypatch.setattr(pg, "_HALVED_SUMS", False)
-    assert pg._gate_split(512, 256, 8, 16, 16) == 2
-    assert pg._gate_split(512, 256, 4, 16, 16) == 2
-    assert pg._nsplit(512, 256, 4, 16, 16) == 4  # the backward's: unchanged
-
-
 @SPLIT_K
 @directed("cell", [(c,) for c in CELLS])
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
-    assert pg._halved_sums()  # the slices added by halves; by tl.sum: the test below
     assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
     assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
 
 
-# The slices' partial sums added by tl.sum instead of by halving the slice axis (HALVES,
-# `_halved_sums`, the default, which test_split_k_matches_reference runs on these shapes):
-# S = 2, 4 and 8, every gate count.
+# 16 warps (forced): the backward's 16 slices are added by tl.sum (`_ksum` halves 2, 4 and 8),
+# the forward's gate dots stay at 8 (`_FWD_GATE_SPLIT`, by halves). H = 256: one chunk of
+# 256 columns, 16 slices of 16.
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
-@pytest.mark.parametrize("H, num_warps, S", [(96, 4, 2), (64, 4, 4), (128, 8, 8)],
-                         ids=["S2", "S4", "S8"])
-def test_split_k_sums_reduced_match_reference(monkeypatch, cell, H, num_warps, S):
-    monkeypatch.setattr(pg, "_HALVED_SUMS", False)
-    assert not pg._halved_sums()
-    assert pg._nsplit(*pg._ksplit(H, 0), num_warps, 16, 16) == S
-    _check_layer(cell, H, 0, *VARLEN, reverse=False, persistent=True, block_h=16,
-                 num_warps=num_warps)
+def test_sixteen_slices_match_reference(cell):
+    assert pg._nsplit(*pg._ksplit(256, 0), 16, 16, 16) == 16
+    assert pg._gate_split(*pg._ksplit(256, 0), 16, 16, 16) == 8
+    _check_layer(cell, 256, 0, [3, 1, 3, 2], 3, reverse=False, persistent=True, block_h=16,
+                 num_warps=16)
 
 
 # The backward's resident gate products as 1 or 4 independent MMA chains (CHAINS): the
@@ -910,12 +899,10 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sli
     _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=reverse, **kw)
 
 
-# A sliced chunk's two slices (`_vgates`, `_vgate_sum`, `_vdot`) added by halves (the default,
-# `_halved_sums`) or by tl.sum, R's and Pw's products in both passes.
-@pytest.mark.parametrize("halves", [True, False], ids=["halves", "reduce"])
+# A sliced chunk's two slices (`_vgates`, `_vgate_sum`, `_vdot`) added by halves, R's and
+# Pw's products in both passes.
 @pytest.mark.parametrize("cell, P", [("lstm", 20), ("gru", 0)])
-def test_vector_slices_halved_or_reduced_match_reference(monkeypatch, cell, P, halves):
-    monkeypatch.setattr(pg, "_HALVED_SUMS", halves)
+def test_vector_slices_halved_match_reference(monkeypatch, cell, P):
     monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
     monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
     kw = dict(persistent=True, block_h=8, block_b=2, num_warps=8)

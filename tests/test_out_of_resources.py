@@ -45,7 +45,7 @@ CTA, GRID, STEP = "persistent_cta", "persistent_grid", "stepwise"
 @pytest.mark.parametrize("shape, want", [
     (("lstm", 96, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0)]),
     # H = 128: the resident grid's forward (its 4 gates' slices added by halves, 16 KiB of
-    # fp32 scratch, `kernels.persistent_grid._halved_sums`) counts more than streamed tiles.
+    # fp32 scratch, `kernels.persistent_grid._ksum`) counts more than streamed tiles.
     (("lstm", 128, 0, torch.bfloat16, 16, 1), [(CTA, 0, 0), (GRID, 0, 0), (GRID, 64, 0)]),
     (("gru", 96, 0, torch.float16, 64, 2), [(CTA, 0, 0), (GRID, 0, 0)]),
     # streamed on `_stream_stages`' stages (8: 16 x 16 tiles), then on Triton's default (0)
