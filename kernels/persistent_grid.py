@@ -2045,6 +2045,11 @@ def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps
     return Hoist.NONE
 
 
+def _hoist_constexprs(hoist: Hoist) -> dict[str, bool]:
+    """The kernels' HOIST and HOIST_FIRST for a launch's `hoist_pass`."""
+    return dict(HOIST=bool(hoist), HOIST_FIRST=hoist == Hoist.FIRST)
+
+
 def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
                block_h: int, block_b: int, block_k: int, num_warps: int, persistent: bool,
                by_default: bool = False) -> Hoist:
@@ -2613,8 +2618,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 RS=r_split,
                 PS=_nsplit(pka, pkb, num_warps, _block_o(H, P, block_h), block_b), DOT_DT=dot_dt,
                 FP32_DOT=dot_dt == tl.float32, BARRIER=barrier, GATES=gates,
-                GP=4 if G > 1 else 1, SWAP=swap, HOIST=bool(hoist),
-                HOIST_FIRST=hoist == Hoist.FIRST,
+                GP=4 if G > 1 else 1, SWAP=swap, **_hoist_constexprs(hoist),
                 XJOIN=_xjoin(cell, block_k, block_h, block_b), SUMS=_joined_sums(block_b),
                 MASK_IN_LOOP=_mask_in_loop(block_h, block_b),
                 PAIR=_paired_chunks(block_b),
@@ -2820,7 +2824,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 FOLD_DY=_fold_dy(block_k, block_b),
                 LATE=_late_loads(cell, block_h, block_b),
                 PAIRG=pair_gates,
-                HOIST=bool(hoist), HOIST_FIRST=hoist == Hoist.FIRST,
+                **_hoist_constexprs(hoist),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **_stages_option(num_stages), **FP_FUSION,
                 **(cooperative_launch_options() if barrier == 1 else {}),

@@ -1444,6 +1444,13 @@ def backward_writes_over_preacts(rnn_mode: str, barrier_check: str | None = None
     return backward_preacts(rnn_mode)[0] and check != "sync"
 
 
+def _buffer(name: str, shape, phase: str, dtype: torch.dtype) -> Buffer:
+    """A Buffer of `shape` elements of `dtype`, its bytes counted."""
+    shape = tuple(shape)
+    return Buffer(name, shape, str(dtype).removeprefix("torch."),
+                  math.prod(shape) * torch.empty((), dtype=dtype).element_size(), phase)
+
+
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
              barrier_check: str = "deferred") -> tuple[Buffer, ...]:
     """Every buffer of a training step at N = B*T (the config's dropout included) as the
@@ -1463,17 +1470,12 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
     N = B * T
     G, H, Hout, D, L, P = (cfg.num_gates, cfg.num_units, cfg.out_size, cfg.num_dirs,
                            cfg.num_layers, cfg.num_proj)
-    item = torch.empty((), dtype=dtype).element_size()
-    dt = str(dtype).replace("torch.", "")
     out: list[Buffer] = []
 
-    def add(name, shape, phase, itemsize=item, dtype_name=dt):
-        n = 1
-        for s in shape:
-            n *= s
-        out.append(Buffer(name, tuple(shape), dtype_name, n * itemsize, phase))
+    def add(name, shape, phase, buffer_dtype=dtype):
+        out.append(_buffer(name, shape, phase, buffer_dtype))
 
-    add("reserve.header", (PAYLOAD_OFFSET,), "reserve", 1, "uint8")
+    add("reserve.header", (PAYLOAD_OFFSET,), "reserve", torch.uint8)
     if cfg.is_lstm:
         add("reserve.c_seq", (L * D, N, H), "reserve")
     if L > 1:
@@ -1653,14 +1655,10 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
     if split is None:
         return ()
     ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split)
-    partials, carry = ws["partials"], (2, *ws["dh_carry"])
-    out = tuple(Buffer(name, shape, "float32", 4 * math.prod(shape), "backward")
-                for name, shape in (("split_k.partials", partials),
-                                    ("split_k.carries", carry)))
+    out = (_buffer("split_k.partials", ws["partials"], "backward", torch.float32),
+           _buffer("split_k.carries", (2, *ws["dh_carry"]), "backward", torch.float32))
     if "held" in ws:
-        size = torch.empty(0, dtype=dtype).element_size()
-        out += (Buffer("split_k.held", ws["held"], str(dtype).removeprefix("torch."),
-                       size * math.prod(ws["held"]), "backward"),)
+        out += (_buffer("split_k.held", ws["held"], "backward", dtype),)
     return out
 
 
