@@ -144,6 +144,16 @@ def run_case(case: dict) -> dict:
         return split_run(*args, **kw)
 
     split_k.split_k_backward = counted
+    # What the grid kernels' launches held in registers (`persistent_grid.Hoist`, counted per
+    # launch: the interpreter's launch one step each; "FIRST" counts those of `Hoist.FIRST`).
+    hoisted, hoist_run = {}, pg._hoist_constexprs
+
+    def hoist_counted(choice):
+        key = pg.Hoist(choice).name
+        hoisted[key] = hoisted.get(key, 0) + 1
+        return hoist_run(choice)
+
+    pg._hoist_constexprs = hoist_counted
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
@@ -155,7 +165,7 @@ def run_case(case: dict) -> dict:
                 backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5, seed=s["seed"],
                 device=device)
         out = {"status": "ok", "max_error": max(errors.values()),
-               "split_k_launches": dict(ran)}
+               "split_k_launches": dict(ran), "hoist_launches": dict(hoisted)}
     except ValueError as e:  # a forced choice the planner refuses, with its reason
         out = {"status": "refused", "reason": str(e)[:300]}
     except Exception as e:  # noqa: BLE001 (any other error is the finding)
@@ -170,6 +180,7 @@ def run_case(case: dict) -> dict:
             setattr(pg, k, v)
         split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1 = saved_split
         split_k.split_k_backward = split_run
+        pg._hoist_constexprs = hoist_run
         helpers.LENGTHS.pop("_fuzz", None)
     out["seconds"] = round(time.time() - t0, 2)
     return out

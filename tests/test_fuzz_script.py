@@ -107,3 +107,23 @@ def test_split_k_focus_draws_cases_the_split_k_backward_can_run_on(tmp_path):
     assert FZ.main(["--split-k", "--cases", "1", "--start", "7", "--out", str(out)]) == 0
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["shape"] == focused["shape"] and rec["split_k1"] == focused["split_k1"]
+
+
+def test_run_case_counts_hoisted_launches():
+    # GRU H=33 (resident chunks 32 + 16) on 16 x 16 tiles and 8 warps, the 8-warp budget
+    # drawn down to 8 B: the grid launches hold only their first chunk (`Hoist.FIRST`), and
+    # the record says so; the launchers' helper is restored after.
+    from tritonrnn.kernels import persistent_grid as pg
+
+    helper = pg._hoist_constexprs
+    case = {"shape": dict(mode="gru", L=1, bidirectional=False, time_major=False, proj=0, I=5,
+                          H=33, T=3, lengths=[3, 1, 2], seed=1),
+            "constraints": {"family": "persistent_grid", "block_h": 16, "block_b": 16,
+                            "num_warps": 8},
+            "env": {}, "kernel": {"_HOIST_8WARP_THREAD_BYTES": 8}}
+    rec = FZ.run_case(case)
+    assert rec["status"] == "ok", rec
+    assert rec["hoist_launches"].get("FIRST", 0) > 0 and set(rec["hoist_launches"]) == {"FIRST"}
+    assert pg._hoist_constexprs is helper
+    rec = FZ.run_case({**case, "kernel": {}})  # the budget as it is: the whole slice fits
+    assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"ALL"}, rec
