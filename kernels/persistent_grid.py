@@ -661,13 +661,13 @@ def _fwd_pre(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, wb1, wb
     (zeros for gates the cell lacks); h is read from the exchange slot src [B, HOUT] once per
     chunk and shared by the gates. Split K into S slices as in `_dot_w3`.
     GATES (`_joint_gates`) says how the gates' products are formed: 0 one dot per gate
-    (`_fwd_pre_split`); 1 (joint, S = 1) one [GP * BH, K] @ [K, BB] dot for all gates (wa0 /
-    wb0 hold the joint tile; GP = 1 for a one-gate cell), then the gates are split out of
-    it: no cross-warp reduction. SWAP: the streamed dot formed transposed (`_dot_w3`).
+    (`_fwd_pre_split`); 1 (streamed weights, S = 1) one [GP * BH, K] @ [K, BB] dot for all
+    gates (GP = 1 for a one-gate cell), then the gates are split out of it: no cross-warp
+    reduction. SWAP: the streamed dot formed transposed (`_dot_w3`).
     PAIR (`_paired_chunks`): the per-gate dots load both chunks of h before either product.
     tile_b: as in `_fwd_pre_split`."""
     if GATES == 1:
-        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)  # read only by streamed weights
+        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BH)
         acc = _dot_w(R, ja, jok, s_r, 1, wa0, wb0, src, HOUT, jb64, b_ok, HOUT, KA, KB,
                      RESIDENT, 1, DOT_DT, FP32_DOT, GP * BH, BB, SWAP)
         p0, p1, p2, p3 = _split_gates(acc, GP, BH, BB)
@@ -1008,33 +1008,21 @@ def _grid_fwd_kernel(
         pid, LENS, B, H, HOUT, NH, BLOCK_H, BLOCK_O, BLOCK_B)
 
     # The program's weight slice, loaded once per launch and kept on chip (RESIDENT).
-    if GATES > 0:  # the joint tile [GP * BLOCK_H, K] per chunk (wa0 / wb0); the rest unused
-        ja, jok = _joint_rows(hs, h_ok, G, H, GP, BLOCK_H)
-        wa0 = _wchunk(R, ja, jok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
-                      1)
-        wb0 = _wchunk(R, ja, jok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, GP * BLOCK_H,
-                      1)
-        wa1 = _zacc(1, BLOCK_H, 16).to(DOT_DT)
-        wa2 = wa1
-        wa3 = wa1
-        wb1 = wa1
-        wb2 = wa1
-        wb3 = wa1
-    else:
-        wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
-        wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RS, VW)
-        wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RS, VW)
-        wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RS, VW)
-        wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
-        wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
-                      BLOCK_H, RS, VW)
-        wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT,
-                      DOT_DT, BLOCK_H, RS, VW)
-        wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT,
-                      DOT_DT, BLOCK_H, RS, VW)
+    # (Placeholders where the weights stream, the joint gate dot's too: GATES = 1.)
+    wa0 = _wchunk(R, hs, h_ok, s_r, 1, 0, RKA, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
+    wa1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 1, G, RESIDENT, DOT_DT,
+                  BLOCK_H, RS, VW)
+    wa2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 2, G, RESIDENT, DOT_DT,
+                  BLOCK_H, RS, VW)
+    wa3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, 0, RKA, HOUT, 3, G, RESIDENT, DOT_DT,
+                  BLOCK_H, RS, VW)
+    wb0 = _wchunk(R, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 0, G, RESIDENT, DOT_DT, BLOCK_H, RS, VW)
+    wb1 = _wchunk(R + H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 1, G, RESIDENT, DOT_DT,
+                  BLOCK_H, RS, VW)
+    wb2 = _wchunk(R + 2 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 2, G, RESIDENT,
+                  DOT_DT, BLOCK_H, RS, VW)
+    wb3 = _wchunk(R + 3 * H * s_r, hs, h_ok, s_r, 1, RKA, RKB, HOUT, 3, G, RESIDENT,
+                  DOT_DT, BLOCK_H, RS, VW)
     b0 = _gate_b(BR, hs, h_ok, 0, G, H, BLOCK_H)
     b1 = _gate_b(BR, hs, h_ok, 1, G, H, BLOCK_H)
     b2 = _gate_b(BR, hs, h_ok, 2, G, H, BLOCK_H)
@@ -1713,33 +1701,19 @@ def _bwd_chains(bo: int, bb: int, S: int, num_warps: int, G: int, K: int) -> int
     return 4 if G * K // (16 * S) > 16 else 1
 
 
-# Experimental for resident weights, off (streamed weights always join a gated cell's gates,
-# `_joint_gates`): the forward's gate dots as one joint [4 * block_h, K] @ [K, block_b]
-# product (`_fwd_pre`, GATES = 1; GRU padded with a zero gate), which needs no cross-warp
-# reduction at all: with 16 x 16 tiles its 8 MMA tiles cover 4 warps. Not yet timed on a
-# GPU; `scripts/step_ablation.py` has it as the variant `joint`, the interpreter tests run it.
-# Its sm_90 compile (Triton 3.6, LSTM H=768 B=16, 4 warps) is a wgmma reading the joint
-# weight tile straight from shared memory (allocated once, before the step loop), but it
-# spills 64 B at 255 registers (11 local loads per step, 13 stores before the loop). The
-# likely holder: the 48 HGMMAs' shared-memory descriptors, computed before the loop and kept
-# in ordinary registers (167 R2UR moves into uniform registers feed them in the loop); a
-# bar.sync between the two weight chunks' loads changed nothing.
-_FWD_JOINT_GATES = False
-
-
 def _joint_gates(cell: str, block_k: int = 0, block_b: int = 16) -> bool:
-    """Whether the forward uses the joint gate dot: with streamed weights (block_k > 0) for
-    gated cells, and for one-gate cells where the dot is swapped (`_swap_dots`: one path for
-    both); with resident weights only while _FWD_JOINT_GATES is switched on (gated cells).
+    """Whether the forward uses the joint gate dot (GATES = 1): with streamed weights
+    (block_k > 0) for gated cells, and for one-gate cells where the dot is swapped
+    (`_swap_dots`: one path for both).
 
-    Streamed, the joint tile turns the loop's four [block_h, block_k] @ [block_k, block_b]
-    products per chunk into one [4 * block_h, block_k] product: one MMA chain and one
+    The joint tile turns the loop's four [block_h, block_k] @ [block_k, block_b] products
+    per chunk into one [4 * block_h, block_k] product: one MMA chain and one
     software-pipelined load per chunk, and M = 4 * block_h >= 64 makes it a Hopper wgmma.
-    The weights are read from L2 either way, so the joint tile holds nothing on chip."""
+    The weights are read from L2 either way, so the joint tile holds nothing on chip.
+    Resident weights keep one dot per gate: a resident joint tile (an experiment, removed on
+    2026-11-28, kernels/NOTES.md) timed even with them on 4 warps and spilled."""
     gated = cells.NUM_GATES[cells.CELL_IDS[cell]] > 1
-    if block_k:
-        return gated or _swap_dots(block_k, block_b)
-    return _FWD_JOINT_GATES and gated
+    return bool(block_k) and (gated or _swap_dots(block_k, block_b))
 
 
 def _env_on_off(var: str, default: bool = False) -> bool:
@@ -2234,15 +2208,12 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
 
     g4 = 4 if G > 1 else 1
     fw = num_warps if fwd_warps is None else fwd_warps
-    joint = _joint_gates(cell, block_k, bb)  # one tile, split out (a layout conversion)
-    if joint:
-        stage_f = max(e * bb * KF, 4 * g4 * bh * bb)
-    else:  # per gate, both chunks' operands staged at once where `_paired_chunks`
-        stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
-                      _split_scratch(KF, kf2, fw, bh, bb, g4, _gate_split))
+    # Per gate, both chunks' operands staged at once where `_paired_chunks`.
+    stage_f = max(e * bb * (RF if _paired_chunks(bb) else KF),
+                  _split_scratch(KF, kf2, fw, bh, bb, g4, _gate_split))
     if proj:
         stage_f = max(stage_f, e * bb * KB, _split_scratch(KB, kb2, fw, BO, bb))
-    fwd = e * ((g4 if joint else G) * bh * RF + (BO * RB if proj else 0)) + stage_f
+    fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + stage_f
     paired = grid_pairs_gates(cell, H, Hout, P, dtype, bh, bb, block_k, smem_limit, num_warps)
     return max(fwd, _grid_bwd_bytes(cell, H, Hout, P, dtype, bh, bb, num_warps, paired))
 

@@ -74,8 +74,6 @@ Variants (comma-joined in one process):
               8-warp hoisted forward its Triton 3.6 compile spills, 5112 B)
     layer     also time the whole layer's fwd and bwd through the ops (planner patched to
               the variant's warps)
-    joint     the forward's experimental joint gate dot (kernels.persistent_grid
-              _FWD_JOINT_GATES): one [4 x block_h, K] product, no split-K reduction
     noswap / nojoin  streamed weights: the loops' dots untransposed / the forward's gates
               in separate products (kernels' _swap_dots / _joint_gates)
     chains1   the backward's resident gates in one accumulator (kernels' _bwd_chains)
@@ -131,7 +129,7 @@ import triton.language as tl
 from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
-VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "joint,layer", "nowait",
+VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
@@ -432,7 +430,6 @@ def swaps() -> dict:
         "nocell": [(cells, "cell_forward", _no_cell)],
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
-        "joint": [(pg, "_FWD_JOINT_GATES", True)],
         "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
         "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
         "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],

@@ -600,20 +600,14 @@ def test_backward_chain_rule():
     assert pg._bwd_chains(16, 32, 8, 8, 4, 1024) == 1
 
 
-# The experimental joint gate dot of the forward (pg._FWD_JOINT_GATES, off by default): one
-# [4 * block_h, K] product for all gates, split out afterwards; GRU padded with a zero gate.
-JOINT_CASES = directed("cell, H, P, block_k", [
-    (cell, H, 0, bk) for cell in ("lstm", "gru") for H, bk in ((64, 0), (96, 0), (64, 32))
-] + [("lstm", 96, 64, 0)])
-
-
-@JOINT_CASES
-def test_joint_gate_forward_matches_reference(monkeypatch, cell, reverse, H, P, block_k):
-    monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
-    assert pg._joint_gates(cell) and not pg._joint_gates("rnn_tanh")
+# The streamed forward's joint gate dot (`_joint_gates`): one [4 * block_h, block_k] product
+# per chunk for all gates, split out afterwards; GRU padded with a zero gate; with a
+# projection too.
+@directed("cell, H, P", [("lstm", 64, 0), ("gru", 64, 0), ("lstm", 96, 64)])
+def test_joint_gate_forward_matches_reference(cell, reverse, H, P):
+    assert pg._joint_gates(cell, 32) and not pg._joint_gates(cell)
     ins, outs = _forward_problem(cell, H, P, *VARLEN)
-    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_k=block_k,
-                 num_warps=4)
+    _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_k=32, num_warps=4)
     _check_forward(ins, outs, reverse)
 
 
@@ -732,7 +726,7 @@ def test_fold_dy_choice():
 
 def test_streamed_joint_gate_choice():
     # Streamed gated cells always join their gates (no split K); one-gate cells only where
-    # the dot is swapped; resident weights only while _FWD_JOINT_GATES is on.
+    # the dot is swapped; resident weights never.
     assert pg._joint_gates("lstm", 16, 16) and pg._joint_gates("gru", 64, 32)
     assert not pg._joint_gates("rnn_tanh", 16, 32) and pg._joint_gates("rnn_relu", 16, 64)
     assert not pg._joint_gates("lstm", 0, 64) and not pg._joint_gates("lstm")
@@ -851,18 +845,6 @@ def test_wide_tiles_backward_gates_loaded_ahead_match_reference(monkeypatch, cel
     lengths = [9] * 20 + [7, 0, 5, 2] * 3 + [3, 8, 1]
     _check_layer(cell, 40, 0, lengths, 9, reverse=True, persistent=True, block_h=16,
                  block_b=32)
-
-
-def test_joint_gate_onchip_bytes(monkeypatch):
-    # GRU's joint tile holds 4 gate slots (one zero) and stages the whole chunk's operand;
-    # the backward's gates apart, so that the forward's footprint is the larger.
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
-    off = pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16, fwd_warps=4)
-    monkeypatch.setattr(pg, "_FWD_JOINT_GATES", True)
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == (
-        2 * 4 * 16 * 512 + 2 * 16 * 512) > off
-    assert pg.grid_onchip_bytes("rnn_tanh", 512, 512, 0, torch.bfloat16, 16, 16) == (
-        2 * 16 * 512 + 2 * 16 * 512)
 
 
 # Vector tiles (block_b < 16): the resident products run on the FMA units (`_vdot`), the
