@@ -19,12 +19,16 @@ backward in float32 and compares every output and gradient with the float64 orac
 tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refuses is
 recorded as `refused` (the planner's ValueError names it), not as a failure.
 
-    python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl] [--split-k]
+    python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl]
+                                   [--split-k | --hoist-first]
 
-Case i is drawn from seed i, so `--start i --cases 1` replays it (with --split-k if it was
-drawn so). --split-k: cases the split-K backward runs on where it has tiles (a grid family
+Case i is drawn from seed i, so `--start i --cases 1` replays it (with the focus flag it was
+drawn with). --split-k: cases the split-K backward runs on where it has tiles (a grid family
 without a projection, H a multiple of 16, one switch or both on; `focus_split_k`), which the
-plain draws reach in about one case in a hundred. Exit status 1 if a case failed. Runs on
+plain draws reach in about one case in a hundred. --hoist-first: cases whose grid launches
+hold only their first resident chunk in registers (`focus_hoist_first`), which no plain draw
+of 133 reached (2026-11-28). Each record counts the split-K launches its backward made and
+what its grid launches held in registers (`hoist_launches`). Exit status 1 if a case failed. Runs on
 the GPU when there is one, else in the Triton interpreter.
 """
 
@@ -116,6 +120,22 @@ def focus_split_k(case: dict, i: int) -> dict:
     return {**case, "shape": shape, "constraints": cons, "split_k": two, "split_k1": one}
 
 
+def focus_hoist_first(case: dict, i: int) -> dict:
+    """Case i (`draw`) turned into one whose grid launches hold only their first resident
+    chunk in registers (`Hoist.FIRST`): H = 33, 40 or 65 (two resident chunks, 32 + 16 or
+    64 + 16), no projection, a persistent-grid plan of 16-wide batch tiles and resident
+    weights on 8 warps in both passes (block_h 16 or 32), the 8-warp budget drawn down to
+    8 B and TRITONRNN_HOIST_WEIGHTS left to its default rule; the rest as drawn (the
+    cell, layers, direction, lengths)."""
+    rng = random.Random(i * 7919 + 19)
+    shape = dict(case["shape"], H=rng.choice([33, 40, 65]), proj=0)
+    cons = {"family": "persistent_grid", "block_h": rng.choice([16, 32]), "block_b": 16,
+            "block_k": 0, "num_warps": 8}
+    kernel = {k: v for k, v in case["kernel"].items() if k != "_MAX_CHUNK"}
+    return {**case, "shape": shape, "constraints": cons, "env": {},
+            "kernel": {**kernel, "_HOIST_8WARP_THREAD_BYTES": 8}}
+
+
 def run_case(case: dict) -> dict:
     """Runs one drawn case; returns {"status": "ok" | "refused" | "failed", ...}."""
     if str(ROOT / "tests") not in sys.path:
@@ -191,12 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=100, help="how many cases (default 100)")
     ap.add_argument("--start", type=int, default=0, help="first case index (its seed)")
     ap.add_argument("--out", type=Path, help="append one JSON line per case here")
-    ap.add_argument("--split-k", action="store_true",
-                    help="cases the split-K backward may run on (`focus_split_k`)")
+    focus = ap.add_mutually_exclusive_group()
+    focus.add_argument("--split-k", action="store_true",
+                       help="cases the split-K backward may run on (`focus_split_k`)")
+    focus.add_argument("--hoist-first", action="store_true",
+                       help="cases whose grid launches hold only their first resident chunk "
+                            "in registers (`focus_hoist_first`)")
     args = ap.parse_args(argv)
     counts = {"ok": 0, "refused": 0, "failed": 0}
     for i in range(args.start, args.start + args.cases):
-        case = focus_split_k(draw(i), i) if args.split_k else draw(i)
+        case = draw(i)
+        if args.split_k:
+            case = focus_split_k(case, i)
+        elif args.hoist_first:
+            case = focus_hoist_first(case, i)
         rec = {"case": i, **case, **run_case(case)}
         counts[rec["status"]] += 1
         if args.out:

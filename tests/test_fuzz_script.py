@@ -127,3 +127,24 @@ def test_run_case_counts_hoisted_launches():
     assert pg._hoist_constexprs is helper
     rec = FZ.run_case({**case, "kernel": {}})  # the budget as it is: the whole slice fits
     assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"ALL"}, rec
+
+
+def test_hoist_first_focus_draws_cases_that_hold_the_first_chunk(tmp_path):
+    """--hoist-first: every case a persistent grid of 16-wide resident tiles on 8 warps, H
+    with two resident chunks, no projection, the lowered 8-warp budget and the default
+    hoisting rule; the rest as drawn; the case main runs holds only its first chunk in
+    every grid launch. --split-k and --hoist-first exclude each other."""
+    cases = [FZ.focus_hoist_first(FZ.draw(i), i) for i in range(40)]
+    assert all(c["shape"]["H"] in (33, 40, 65) and c["shape"]["proj"] == 0
+               and c["constraints"]["num_warps"] == 8 and c["constraints"]["block_b"] == 16
+               and c["kernel"]["_HOIST_8WARP_THREAD_BYTES"] == 8
+               and "_MAX_CHUNK" not in c["kernel"] and c["env"] == {} for c in cases)
+    assert {c["constraints"]["block_h"] for c in cases} == {16, 32}
+    plain = FZ.draw(5)
+    assert FZ.focus_hoist_first(plain, 5)["shape"]["lengths"] == plain["shape"]["lengths"]
+    out = tmp_path / "fuzz.jsonl"
+    assert FZ.main(["--hoist-first", "--cases", "1", "--start", "1", "--out", str(out)]) == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"FIRST"}, rec
+    with pytest.raises(SystemExit):
+        FZ.main(["--hoist-first", "--split-k", "--cases", "1"])
