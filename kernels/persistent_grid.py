@@ -2303,11 +2303,18 @@ def _interpreting() -> bool:
 _COUNTER_LIMIT = 2**31 - 1
 
 
+def _steps_in_one_launch(persistent: bool, on_gpu: bool, programs: int) -> bool:
+    """Whether one launch runs several (sub-)steps, its programs meeting at the grid barrier
+    between them: a persistent launch on a GPU, or one of a single program (which needs no
+    barrier, so the interpreter runs it too). Else one launch per (sub-)step, the barrier
+    compiled out (the interpreter would deadlock at it)."""
+    return persistent and (on_gpu or programs == 1)
+
+
 def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
-    """Sub-step ranges, one per launch. A barrier cannot run in the interpreter, so there a
-    persistent launch covers all sub-steps only when one program needs no barrier. A
-    persistent launch covers at most _COUNTER_LIMIT // programs - 1 sub-steps."""
-    if persistent and (on_gpu or programs == 1):
+    """Sub-step ranges, one per launch (`_steps_in_one_launch`). A persistent launch covers
+    at most _COUNTER_LIMIT // programs - 1 sub-steps."""
+    if _steps_in_one_launch(persistent, on_gpu, programs):
         per = max(1, _COUNTER_LIMIT // programs - 1)
         if n_sub <= per:
             return [(0, n_sub)]

@@ -55,7 +55,13 @@ from .grid_barrier import (
     grid_arrive,
     grid_wait,
 )
-from .persistent_grid import _env_on_off, _mm, _step_rows, grid_smem_budget
+from .persistent_grid import (
+    _env_on_off,
+    _mm,
+    _step_rows,
+    _steps_in_one_launch,
+    grid_smem_budget,
+)
 
 # TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the Triton
 # backend runs a persistent-grid or stepwise plan's backward without a projection here where
@@ -147,22 +153,27 @@ def _program_block(LENS, B, NU: tl.constexpr, NK: tl.constexpr, U: tl.constexpr,
 
 
 @triton.jit
+def _store_gates(PTR, at, step, m, g0, g1, g2, g3, G: tl.constexpr):
+    """Gate k's tile g_k stored at PTR + at + k * step for the G gates, where m, in PTR's
+    dtype."""
+    ty = PTR.dtype.element_ty
+    tl.store(PTR + at, g0.to(ty), mask=m)
+    if G > 1:
+        tl.store(PTR + at + step, g1.to(ty), mask=m)
+        tl.store(PTR + at + 2 * step, g2.to(ty), mask=m)
+    if G > 3:
+        tl.store(PTR + at + 3 * step, g3.to(ty), mask=m)
+
+
+@triton.jit
 def _store_dpre(DPX, DPH, rows, units, m, dx0, dx1, dx2, dx3, dh2, CELL: tl.constexpr,
                 G: tl.constexpr, H: tl.constexpr):
     """The cells' gate gradients of the rows' `units`, where m: dpre_x's G gates and GRU's
     h side (dpre_h: the n gate's is dh2, times r)."""
-    ty = DPX.dtype.element_ty
     g_at = rows[:, None] * (G * H) + units[None, :]
-    tl.store(DPX + g_at, dx0.to(ty), mask=m)
-    if G > 1:
-        tl.store(DPX + g_at + H, dx1.to(ty), mask=m)
-        tl.store(DPX + g_at + 2 * H, dx2.to(ty), mask=m)
-    if G > 3:
-        tl.store(DPX + g_at + 3 * H, dx3.to(ty), mask=m)
+    _store_gates(DPX, g_at, H, m, dx0, dx1, dx2, dx3, G)
     if CELL == 1:
-        tl.store(DPH + g_at, dx0.to(ty), mask=m)
-        tl.store(DPH + g_at + H, dx1.to(ty), mask=m)
-        tl.store(DPH + g_at + 2 * H, dh2.to(ty), mask=m)
+        _store_gates(DPH, g_at, H, m, dx0, dx1, dh2, dh2, 3)
 
 
 @triton.jit(do_not_specialize=["B", "S", "q_begin", "q_end", "do_a", "do_b", "max_spin"])
@@ -269,12 +280,7 @@ def _held_load(HELD, state, hs, m, CELL: tl.constexpr, G: tl.constexpr):
 @triton.jit
 def _held_store(HELD, state, hs, m, g0, g1, g2, g3, gn, CELL: tl.constexpr, G: tl.constexpr):
     """`_held_load`'s inverse."""
-    tl.store(HELD + state, g0, mask=m)
-    if G > 1:
-        tl.store(HELD + hs + state, g1, mask=m)
-        tl.store(HELD + 2 * hs + state, g2, mask=m)
-    if G > 3:
-        tl.store(HELD + 3 * hs + state, g3, mask=m)
+    _store_gates(HELD, state, hs, m, g0, g1, g2, g3, G)
     if CELL == 1:
         tl.store(HELD + G * hs + state, gn, mask=m)
 
@@ -647,7 +653,7 @@ def split_k_backward(
                          f"int32 counter ({barriers} barriers * programs <= 2**31 - 1)")
     # One launch for all steps on a GPU, and in the interpreter where a single program
     # meets no barrier (the in-kernel step loop, covered by the interpreter tests too).
-    whole_launch = persistent and (not interp or programs == 1)
+    whole_launch = _steps_in_one_launch(persistent, not interp, programs)
     if persistent and not interp:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:

@@ -146,14 +146,16 @@ def default_configs(cell: str, dtype: torch.dtype, props,
                     one_barrier: bool = False) -> list[tuple[int, int, int, int, int]]:
     """(H, B, U, KB, BB) of SHAPES on `split_k_tiles`' tiles on the device `props` (those
     it has), then EXTRA; one_barrier: ONE_BARRIER_SHAPES on `split_k1_tiles`', then
-    ONE_BARRIER_EXTRA."""
+    ONE_BARRIER_EXTRA. The extra tiles are LSTM's: those the cell has no tiling for (a GRU
+    K block is 3 gates' rows) are left out."""
     out = []
     rule = split_k1_tiles if one_barrier else split_k_tiles
     for H, B in ONE_BARRIER_SHAPES if one_barrier else SHAPES:
         t = rule(cell, H, B, dtype, props)
         if t is not None:
             out.append((H, B, *t))
-    return out + [c for c in (ONE_BARRIER_EXTRA if one_barrier else EXTRA) if c not in out]
+    return out + [c for c in (ONE_BARRIER_EXTRA if one_barrier else EXTRA)
+                  if c not in out and config_problem(cell, c, one_barrier) is None]
 
 
 def _config(text: str) -> tuple[int, int, int, int, int]:

@@ -69,6 +69,13 @@ def test_probe_configs_parse_and_are_checked():
                    (1024, 16, 128, 256, 16)]
     for H, B, U, KB, BB in one:
         assert PROBE.tiles("lstm", H, B, U, KB, BB, one_barrier=True)[0] <= 132
+    # GRU: its K blocks are 3 gates' rows, so LSTM's extra one-barrier tile (kblock 256) is
+    # left out; every config it keeps has a tiling.
+    for one_barrier in (False, True):
+        gru = PROBE.default_configs("gru", torch.bfloat16, PRESETS["h100"], one_barrier)
+        assert gru and all(PROBE.config_problem("gru", c, one_barrier) is None for c in gru)
+    assert (1024, 16, 128, 256, 16) not in PROBE.default_configs(
+        "gru", torch.bfloat16, PRESETS["h100"], one_barrier=True)
 
 
 def test_probe_aot_records_the_persistent_launch(monkeypatch):
