@@ -747,8 +747,8 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                 a3 += _mm(_tile(R + 3 * H * s_r, hs, h_ok, s_r, 1, k0, KA, HOUT, S, DOT_DT),
                           xk, FP32_DOT)
     # The S partial sums meet here, all gates at once (join / split only regroup registers),
-    # as `_ksum` adds them: S = 2, 4 or 8 by halves, any other S by tl.sum. Gates the cell
-    # lacks stay zero.
+    # by halves as `_ksum` adds them (S = 2, 4 or 8: `_gate_split` caps S at 8). Gates the
+    # cell lacks stay zero.
     if S == 1:
         p0, p1, p2, p3 = a0, a1, a2, a3
     elif G > 1:
@@ -761,14 +761,13 @@ def _fwd_pre_split(R, s_r, hs, h_ok, src, jb64, b_ok, wa0, wa1, wa2, wa3, wb0, w
                                          (2, 3, 4, 5, 0, 1)))
             lo, hi = tl.split(lo + hi)
             t01, t23 = tl.split(lo + hi)
-        elif S == 8:
+        else:
+            tl.static_assert(S == 8, "the forward's gate dots split at most 8 ways")
             lo, hi = tl.split(tl.permute(tl.reshape(t, [2, 2, 2, BH, BB, 2, 2]),
                                          (3, 4, 5, 6, 0, 1, 2)))
             lo, hi = tl.split(lo + hi)
             lo, hi = tl.split(lo + hi)
             t01, t23 = tl.split(lo + hi)
-        else:
-            t01, t23 = tl.split(tl.sum(t, axis=0))
         p0, p1 = tl.split(t01)
         p2, p3 = tl.split(t23)
     else:
