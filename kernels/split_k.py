@@ -562,19 +562,21 @@ def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, famil
 
 
 def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,
-              one_barrier: bool = False) -> dict[str, tuple]:
+              one_barrier: bool = False, *, persistent: bool = True,
+              on_gpu: bool = True) -> dict[str, tuple]:
     """The workspace `split_k_backward` allocates per call, by name: the fp32 partials
     [NK, Bpad, H] and the fp32 carries of dh's direct term and of dc [Bpad, H] each, Bpad the
     batch rounded up to the batch tile (the kernel's programs cover whole tiles); one_barrier:
     two slots of each ([2, ...]: iteration q reads one and writes the other), and "held"
     [G (+1 for GRU), Bpad, H] in dpre_x's dtype, the gate gradients a launch leaves for the
-    next to store (`_split_k1_bwd_kernel`)."""
-    nk = tiles(cell, H, B, U, KB, BB, one_barrier)[1]
+    next to store (`_split_k1_bwd_kernel`), where the steps take several launches (not
+    `_steps_in_one_launch(persistent, on_gpu, programs)`: one launch leaves nothing)."""
+    programs, nk, _ = tiles(cell, H, B, U, KB, BB, one_barrier)
     bpad = triton.cdiv(max(B, 1), BB) * BB
     two = (2,) if one_barrier else ()
     out = {"partials": (*two, nk, bpad, H), "dh_carry": (*two, bpad, H),
            "dc_carry": (*two, bpad, H)}
-    if one_barrier:
+    if one_barrier and not _steps_in_one_launch(persistent, on_gpu, programs):
         G = cells.NUM_GATES[cells.CELL_IDS[cell]]
         out["held"] = (G + (cell == "gru"), bpad, H)
     return out
@@ -659,7 +661,8 @@ def split_k_backward(
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "
                              f"SMs (units={units}, kblock={kblock}, btile={btile})")
-    ws = workspace(cell, H, B, units, kblock, btile, one_barrier)
+    ws = workspace(cell, H, B, units, kblock, btile, one_barrier, persistent=persistent,
+                   on_gpu=not interp)
     part = torch.empty(ws["partials"], dtype=torch.float32, device=dev)
     hc = torch.zeros(ws["dh_carry"], dtype=torch.float32, device=dev)
     (hc[0] if one_barrier else hc)[:B] = dhT
@@ -681,7 +684,9 @@ def split_k_backward(
             h_prev, c_seq if c_seq is not None else y, c_prev if c_prev is not None else y, dy,
             info.offsets, info.lengths_sorted, dpx,
             dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc,
-            *((torch.empty(ws["held"], dtype=dpx.dtype, device=dev),) if one_barrier else ()),
+            # HELD: a launch that runs every step reads and writes none of it (dpx stands in).
+            *((torch.empty(ws["held"], dtype=dpx.dtype, device=dev) if "held" in ws else dpx,)
+              if one_barrier else ()),
             sync, B, S)
     grid = (programs,)
     common = dict(CELL=cid, G=G, H=H, U=units, BB=btile, NK=nk, REVERSE=reverse,

@@ -1647,14 +1647,17 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
     (`split_k_applies`; one direction at a time): `kernels.split_k.workspace`, the fp32
     partials and the two carries (dh's direct term and dc), listed together as [2, Bpad, H]
     ([2, 2, Bpad, H] for the one-barrier form's two slots of each), and the one-barrier
-    form's gradients held between launches in the layer's dtype."""
+    form's gradients held between launches in the layer's dtype where the steps take
+    several launches (stepwise plans, the interpreter; on a GPU a persistent plan's one
+    launch holds none, though its stepwise rerun after a failed launch would)."""
     from tritonrnn.kernels.split_k import split_k_applies, workspace
 
     split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,
                             lp.family, props)
     if split is None:
         return ()
-    ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split)
+    ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split,
+                   persistent=lp.family == "persistent_grid", on_gpu=not props.interpreter)
     out = (_buffer("split_k.partials", ws["partials"], "backward", torch.float32),
            _buffer("split_k.carries", (2, *ws["dh_carry"]), "backward", torch.float32))
     if "held" in ws:

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from tritonrnn.kernels import cells
-from tritonrnn.kernels.split_k import split, split_k1_tiles, split_k_backward, tiles
+from tritonrnn.kernels.split_k import (
+    split,
+    split_k1_tiles,
+    split_k_backward,
+    tiles,
+    workspace,
+)
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.reference import recurrence_backward
 
@@ -313,3 +319,18 @@ def test_split_k_backward_writes_over_the_preacts(cell, form):
     for name in ("dh0", "dc0"):
         if want[name] is not None:
             torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=2e-5)
+
+
+def test_workspace_holds_gradients_only_between_launches():
+    """The one-barrier form's HELD buffer (the gradients a launch leaves for the next) only
+    where its steps take several launches: stepwise, or the interpreter's persistent launch
+    of more than one program; one launch on a GPU, or of one program, leaves nothing. The
+    two-barrier form has none."""
+    many = ("lstm", 64, 16, 16, 64, 16)  # 16 programs
+    assert "held" not in workspace(*many, True)  # a GPU's one launch
+    assert workspace(*many, True, persistent=False)["held"] == (4, 16, 64)
+    assert workspace(*many, True, on_gpu=False)["held"] == (4, 16, 64)
+    one = ("lstm", 64, 16, 64, 256, 16)  # one program
+    assert tiles(*one, one_barrier=True)[0] == 1
+    assert "held" not in workspace(*one, True, on_gpu=False)
+    assert "held" not in workspace(*many, False, persistent=False)

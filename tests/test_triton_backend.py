@@ -376,29 +376,36 @@ def test_split_k_backward_switch_shows_in_explain(monkeypatch):
     assert "backward split-K 16 x 64 x 16, one barrier" in explain()
 
 
-@pytest.mark.parametrize("two, one, want", [
-    (False, False, {}),
-    (True, False, {"split_k.partials": (4, 16, 64), "split_k.carries": (2, 16, 64)}),
-    (False, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64),
-                   "split_k.held": (4, 16, 64)}),
-    (True, True, {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64),
-                  "split_k.held": (4, 16, 64)}),
+ONE_BARRIER_WS = {"split_k.partials": (2, 4, 16, 64), "split_k.carries": (2, 2, 16, 64)}
+HELD = {"split_k.held": (4, 16, 64)}
+
+
+@pytest.mark.parametrize("two, one, family, device, want", [
+    (False, False, "persistent_grid", "h100", {}),
+    (True, False, "persistent_grid", "h100",
+     {"split_k.partials": (4, 16, 64), "split_k.carries": (2, 16, 64)}),
+    (False, True, "persistent_grid", "h100", ONE_BARRIER_WS),
+    (True, True, "persistent_grid", "h100", ONE_BARRIER_WS),
+    (False, True, "stepwise", "h100", {**ONE_BARRIER_WS, **HELD}),
+    (False, True, "persistent_grid", "interpreter", {**ONE_BARRIER_WS, **HELD}),
 ])
-def test_split_k_workspace_is_in_the_plans_buffers(two, one, want, monkeypatch):
+def test_split_k_workspace_is_in_the_plans_buffers(two, one, family, device, want,
+                                                   monkeypatch):
     """The plan lists the workspace the split-K backward allocates (`split_k.workspace`),
     in the form its switches give (LSTM H=64 B=16 on an H100: 16 x 64 x 16 tiles, 4 K
-    blocks; the one-barrier form's two slots of each and its held gradients, [G, Bpad, H] in
-    the layer's dtype), and its cache keeps the switches apart: a plan made under one setting
-    does not answer for another. Either form writes dpre_x over pre_x
+    blocks; the one-barrier form's two slots of each, and where its steps take several
+    launches, a stepwise plan or the interpreter's 16 programs, its held gradients, [G,
+    Bpad, H] in the layer's dtype), and its cache keeps the switches apart: a plan made under
+    one setting does not answer for another. Either form writes dpre_x over pre_x
     (`backward_writes_over_preacts`)."""
     from tritonrnn.kernels import split_k
     from tritonrnn.rnn.planner import plan_for
 
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K", two)
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", one)
-    with plan_constraints(family="persistent_grid"):
+    with plan_constraints(family=family):
         plan = plan_for(rnn_mode="lstm", num_units=64, input_size=64, batch=16, max_time=8,
-                        dtype=torch.bfloat16, device_properties="h100")
+                        dtype=torch.bfloat16, device_properties=device)
     got = {b.name: b.shape for b in plan.buffers if b.name.startswith("split_k.")}
     assert got == want
     pre = {b.name for b in plan.buffers if b.phase == "backward" and "pre_" in b.name}
