@@ -559,6 +559,19 @@ def _store_gate(ptr, stride, rows, hs, val, mask, k: tl.constexpr, G: tl.constex
 
 
 @triton.jit
+def _store_gates(PTR, at, step, m, g0, g1, g2, g3, G: tl.constexpr):
+    """Gate k's tile g_k stored at PTR + at + k * step for the G gates, where m, in PTR's
+    dtype (the backward's dph exchange; `kernels.split_k`'s dpre and held gradients)."""
+    ty = PTR.dtype.element_ty
+    tl.store(PTR + at, g0.to(ty), mask=m)
+    if G > 1:
+        tl.store(PTR + at + step, g1.to(ty), mask=m)
+        tl.store(PTR + at + 2 * step, g2.to(ty), mask=m)
+    if G > 3:
+        tl.store(PTR + at + 3 * step, g3.to(ty), mask=m)
+
+
+@triton.jit
 def _program_tile(pid, LENS, B, H: tl.constexpr, HOUT: tl.constexpr, NH: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr):
     """Program pid's tile of a grid launch (NH hidden slices, then batch tiles): its hidden
@@ -1284,14 +1297,7 @@ def _bwd_cell_phase(
     dx0, dx1, dx2, dx3, dh2, direct, dcp, m = cells.cell_backward(
         CELL, x0, x1, x2, x3, q0, q1, q2, q3, dm, h_new, h_prev, c, c_prev, dc)
     # Publish the h-side gradient (dh2 is the n gate's h side for GRU, = dx2 otherwise).
-    base = dst + jb64[None, :] * (G * H) + hs[:, None]
-    xdt = dst.dtype.element_ty
-    tl.store(base, dx0.to(xdt), mask=m2)
-    if G > 1:
-        tl.store(base + H, dx1.to(xdt), mask=m2)
-        tl.store(base + 2 * H, dh2.to(xdt), mask=m2)
-    if G > 3:
-        tl.store(base + 3 * H, dx3.to(xdt), mask=m2)
+    _store_gates(dst, jb64[None, :] * (G * H) + hs[:, None], H, m2, dx0, dx1, dh2, dx3, G)
     _arrive(SYNC, u, u_end, BARRIER)
     _store_gate(DPREX, s_dpx, rows, hs, dx0, m2, 0, G, H)
     _store_gate(DPREX, s_dpx, rows, hs, dx1, m2, 1, G, H)
@@ -2028,14 +2034,12 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
                by_default: bool = False) -> Hoist:
     """What a launch of `pass_name` ("fwd" / "bwd") of this shape and plan holds in
     registers by HOIST (`_hoist_weights`; by_default: by the default rule, whatever
-    TRITONRNN_HOIST_WEIGHTS says; falsy: nothing): the resident slice is the forward's R
-    rows (all gate slots of a joint product, `_joint_gates`) over Hout, or the backward's R
-    columns over H."""
+    TRITONRNN_HOIST_WEIGHTS says; falsy: nothing): the resident slice (HOIST applies to
+    resident tiles only, `hoist_tiles`) is the forward's G gates' R rows over Hout, or the
+    backward's R columns over H."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     if pass_name == "fwd":
-        joint = _joint_gates(cell, block_k, block_b)
-        rows = ((4 if G > 1 else 1) if joint else G) * block_h
-        ka, kb = _ksplit(Hout, block_k, block_b)
+        rows, (ka, kb) = G * block_h, _ksplit(Hout, block_k, block_b)
     else:
         rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k, block_b)
     thread_bytes = weight_thread_bytes(rows, ka, kb, dtype, num_warps)

@@ -60,6 +60,7 @@ from .persistent_grid import (
     _mm,
     _step_rows,
     _steps_in_one_launch,
+    _store_gates,
     grid_smem_budget,
 )
 
@@ -150,19 +151,6 @@ def _program_block(LENS, B, NU: tl.constexpr, NK: tl.constexpr, U: tl.constexpr,
     b_ok = jb < B
     lens = tl.load(LENS + jb, mask=b_ok, other=0)
     return ub, (pid // NU) % NK, jb, b_ok, jb.to(tl.int64), lens, ub * U + tl.arange(0, U)
-
-
-@triton.jit
-def _store_gates(PTR, at, step, m, g0, g1, g2, g3, G: tl.constexpr):
-    """Gate k's tile g_k stored at PTR + at + k * step for the G gates, where m, in PTR's
-    dtype."""
-    ty = PTR.dtype.element_ty
-    tl.store(PTR + at, g0.to(ty), mask=m)
-    if G > 1:
-        tl.store(PTR + at + step, g1.to(ty), mask=m)
-        tl.store(PTR + at + 2 * step, g2.to(ty), mask=m)
-    if G > 3:
-        tl.store(PTR + at + 3 * step, g3.to(ty), mask=m)
 
 
 @triton.jit
