@@ -1,4 +1,4 @@
-"""Split-K backward recurrence (an experiment: the planner does not choose it yet).
+"""Split-K backward recurrence (an experiment: a plan runs it only where asked to).
 
 The persistent grid's backward gives each program a hidden slice of R^T that spans every gate,
 so each program reads the whole of its batch tile's dph from L2 every step (and at B >= 256,
@@ -25,8 +25,10 @@ meets one grid barrier, for H * BB fp32 partials read by every program (kernels/
 Its programs of a K block all read its cells' pre-activations, so each stores its share of
 a step's gradients one iteration late, once every one of them has read that step's: the
 gradients may then be written over the pre-activations, as the backend does
-(`rnn.planner.backward_writes_over_preacts`). The Triton backend runs either form only
-where its switch is on (TRITONRNN_BWD_SPLIT_K, TRITONRNN_BWD_SPLIT_K1; `split_k_applies`).
+(`rnn.planner.backward_writes_over_preacts`). A plan's backward runs either form where its
+`split_k_bwd` says so (`rnn.planner.LayerPlan`): forced with `plan_constraints(split_k_bwd=...)`,
+kept by a tuning entry, or, where neither names it, as the switches TRITONRNN_BWD_SPLIT_K and
+TRITONRNN_BWD_SPLIT_K1 give it (`switched_form`; both off by default, untimed).
 
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
 every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
@@ -64,9 +66,10 @@ from .persistent_grid import (
     grid_smem_budget,
 )
 
-# TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the Triton
-# backend runs a persistent-grid or stepwise plan's backward without a projection here where
-# `split_k_tiles` finds co-resident tiles (`rnn.triton_backend`). Off by default: untimed.
+# TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the planner
+# gives a persistent-grid or stepwise plan's backward without a projection this kernel where
+# `split_k_tiles` finds co-resident tiles and the plan's choice does not say otherwise
+# (`switched_form`). Off by default: untimed.
 _BWD_SPLIT_K = _env_on_off("TRITONRNN_BWD_SPLIT_K")
 # TRITONRNN_BWD_SPLIT_K1=on (the ablation variant `splitk1`): the same for the one-barrier
 # form where `split_k1_tiles` has tiles (B <= 32), ahead of the two-barrier form where both
@@ -432,6 +435,20 @@ _R_BLOCK = 128 * 1024
 _MAX_BTILE = 128
 
 
+def onchip_bytes(units: int, kblock: int, btile: int, dtype: torch.dtype,
+                 one_barrier: bool = False) -> int:
+    """Shared memory of a program on these tiles: its R block [KB, U] in the dtype, and the
+    two-barrier form's two staged chunks of its dph K range ([BB, KB / 4] each), or the
+    one-barrier form's fp32 partial [BB, U] staged for its store. Equal to the sm_90 bf16
+    compiles (Triton 3.6, 8 warps) at LSTM H=1024 B=256 128 x 512 x 128 (196608 B), B=16 64
+    x 512 x 16 (73728), GRU H=1536 B=16 128 x 512 x 16 (139264), one barrier LSTM H=1024
+    B=16 256 x 128 x 16 (81920), GRU H=1024 B=16 256 x 96 x 16 (65536); above the compiles'
+    86016 at B=64 (64 x 512 x 64: 98304)."""
+    e = torch.empty(0, dtype=dtype).element_size()
+    staged = 4 * units * btile if one_barrier else kblock * btile * e // 2
+    return kblock * units * e + staged
+
+
 @functools.cache  # (the backend asks at each backward call, per direction)
 def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
                   props) -> tuple[int, int, int] | None:
@@ -458,10 +475,9 @@ def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
                 programs, nk, us = tiles(cell, H, B, U, KB, bb)
             except ValueError:
                 continue
-            onchip = KB * U * e + KB * bb * e // 2  # the R block, two staged dph chunks
             # (a [BB, U] fp32 accumulator of 64 registers a thread on 8 warps at most)
-            if (programs > sm_count or KB * U * e > _R_BLOCK or onchip > smem
-                    or bb * U > 128 * 128):
+            if (programs > sm_count or KB * U * e > _R_BLOCK
+                    or onchip_bytes(U, KB, bb, dtype) > smem or bb * U > 128 * 128):
                 continue
             moved = KB * bb * e + 8 * U * bb + G * us * bb * e
             key = (moved, -KB)
@@ -477,14 +493,14 @@ _CELL_TILE = 2048
 # The largest batch the one-barrier form takes: at B = 64 (LSTM H=1024, 256 x 128 x 64, the
 # rule's tiles without this cap) its step loop spilled (4 local loads, 2 stores per step) and
 # ran 2181 instructions against 949 at B = 16.
-_ONE_BARRIER_BATCH = 32
+ONE_BARRIER_BATCH = 32
 
 
 @functools.cache
 def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
                    props) -> tuple[int, int, int] | None:
     """(units, kblock, btile) of the one-barrier form (`split_k_backward(one_barrier=True)`)
-    on a device, or None (always past _ONE_BARRIER_BATCH): the batch tile the batch's power
+    on a device, or None (always past ONE_BARRIER_BATCH): the batch tile the batch's power
     of two (every program reads H * btile fp32 partials a step, whatever its tiles), then
     of the unit blocks and K blocks (kblock = G x K-block units) whose R block stays within
     _R_BLOCK and smem, whose cell tile [BB, KU] within _CELL_TILE and whose programs fit the
@@ -496,7 +512,7 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     bf16 on 132 SMs: H=1024 B=16 256 x 128 x 16 (K blocks of 32 units, 128 programs), B=32
     256 x 128 x 32. Untimed (scripts/split_k_probe.py --one-barrier times these and the
     larger cell tiles the rule chose before)."""
-    if B > _ONE_BARRIER_BATCH:
+    if B > ONE_BARRIER_BATCH:
         return None
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     e = torch.empty(0, dtype=dtype).element_size()
@@ -510,7 +526,8 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
             except ValueError:
                 continue
             block = G * ku * U * e
-            if (programs > sm_count or block > _R_BLOCK or block > smem or bb * U > 128 * 128
+            if (programs > sm_count or block > _R_BLOCK or bb * U > 128 * 128
+                    or onchip_bytes(U, G * ku, bb, dtype, one_barrier=True) > smem
                     or ku * bb > _CELL_TILE):
                 continue
             key = (-programs, ku * bb, U * bb, U)
@@ -534,19 +551,38 @@ class SplitK(NamedTuple):
         return f"{self.units} x {self.kblock} x {self.btile}, {form}"
 
 
-def split_k_applies(cell: str, H: int, P: int, B: int, dtype: torch.dtype, family: str,
-                    props) -> SplitK | None:
-    """The split-K backward a backward of `family` without a projection (P = 0) runs on the
-    device `props`: the one-barrier form where its switch (_BWD_SPLIT_K1) is on and
-    `split_k1_tiles` has tiles, else the two-barrier form where its switch (_BWD_SPLIT_K) is
-    on and `split_k_tiles` has tiles, else None: the plan's own backward."""
-    if P or family not in ("persistent_grid", "stepwise"):
-        return None
-    if _BWD_SPLIT_K1 and (t := split_k1_tiles(cell, H, B, dtype, props)) is not None:
-        return SplitK(*t, one_barrier=True)
-    if _BWD_SPLIT_K and (t := split_k_tiles(cell, H, B, dtype, props)) is not None:
-        return SplitK(*t, one_barrier=False)
-    return None
+# A plan's split_k_bwd (`rnn.planner.LayerPlan`): the grid barriers a step of the split-K
+# backward that runs its backward, 0 for the family's own backward.
+ONE_BARRIER, TWO_BARRIERS = 1, 2
+# The backward's warps where a plan does not name them: the sm_90 compiles above are of 8.
+NUM_WARPS = 8
+
+
+def form_tiles(form: int, cell: str, H: int, B: int, dtype: torch.dtype,
+               props) -> SplitK | None:
+    """The launch of the split-K backward in `form` (ONE_BARRIER: `split_k1_tiles`,
+    TWO_BARRIERS: `split_k_tiles`) for a layer on a device, or None where that rule has no
+    tiles."""
+    rule = {ONE_BARRIER: split_k1_tiles, TWO_BARRIERS: split_k_tiles}[form]
+    t = rule(cell, H, B, dtype, props)
+    return None if t is None else SplitK(*t, one_barrier=form == ONE_BARRIER)
+
+
+def switched_form(cell: str, H: int, B: int, dtype: torch.dtype, props) -> int:
+    """The form the switches give a backward that the plan's choice does not name (a grid
+    family's, without a projection: the planner asks only for those): ONE_BARRIER where its
+    switch (_BWD_SPLIT_K1) is on and `split_k1_tiles` has tiles, else TWO_BARRIERS where its
+    switch (_BWD_SPLIT_K) is on and `split_k_tiles` has tiles, else 0."""
+    for form, on in ((ONE_BARRIER, _BWD_SPLIT_K1), (TWO_BARRIERS, _BWD_SPLIT_K)):
+        if on and form_tiles(form, cell, H, B, dtype, props) is not None:
+            return form
+    return 0
+
+
+def footprint(cell: str, H: int, B: int, dtype: torch.dtype, launch: SplitK) -> tuple[int, int]:
+    """(programs, shared-memory bytes per program) of a launch at batch B."""
+    programs, _, _ = tiles(cell, H, B, *launch)
+    return programs, onchip_bytes(*launch[:3], dtype, launch.one_barrier)
 
 
 def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,

@@ -22,6 +22,10 @@ Family rule (documented in `recurrence_choice`):
      dots spill a resident chunk, `_weight_layouts`).
   4. "stepwise" otherwise (one launch per step, on the tiles that read the fewest L2 bytes
      per step, `_stepwise_fit`). Never fails.
+A grid family's backward without a projection may run the split-K kernel instead
+(kernels/split_k.py; LayerPlan.split_k_bwd): where a choice names it (constraint or tuning
+entry), else where the opt-in switches TRITONRNN_BWD_SPLIT_K / _K1 give it (`_with_split_k`);
+the heuristic never picks it on its own (untimed).
 A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
 replaces both, and raises when a forced choice cannot apply on the device.
 """
@@ -57,7 +61,8 @@ if TYPE_CHECKING:  # rnn/pipeline.py imports this module
 
 FAMILIES = ("persistent_cta", "persistent_grid", "stepwise", "reference")
 _CONSTRAINT_KEYS = ("family", "block_b", "block_h", "block_k", "num_warps", "num_warps_bwd",
-                    "block_h_bwd", "block_b_bwd", "num_stages", "num_stages_bwd")
+                    "block_h_bwd", "block_b_bwd", "num_stages", "num_stages_bwd",
+                    "split_k_bwd")
 # Stack-level constraints (not per recurrence, not in the tuning cache): pipeline_chunks = k
 # forces the layer pipeline of rnn/pipeline.py to k time chunks (1: layers run one after
 # another).
@@ -136,6 +141,10 @@ def _constraint_problem(key: str, value: object) -> str | None:
         return None if value in FAMILIES else (
             f"family expected one of {list(FAMILIES)}, got {value!r}")
     is_int = isinstance(value, int) and not isinstance(value, bool)
+    if key == "split_k_bwd":
+        return None if is_int and value in (0, 1, 2) else (
+            f"split_k_bwd expected 0 (the family's own backward), 1 (the split-K backward, one "
+            f"grid barrier a step) or 2 (the split-K backward, two), got {value!r}")
     if key == "block_k":
         if is_int and (value == 0 or (value >= 16 and not value & (value - 1))):
             return None
@@ -168,7 +177,10 @@ def plan_constraints(**overrides):
     >= 16, where they should differ from block_h / block_b: grid families, resident
     weights), num_stages (the streamed loops' software-pipeline depth, both passes; grid
     families, streamed weights: block_k > 0), num_stages_bwd (the backward's, where it should
-    differ), pipeline_chunks. A forced choice that cannot apply to a shape raises
+    differ), split_k_bwd (0: the family's own backward; 1 / 2: the split-K backward,
+    kernels/split_k.py, in its one- / two-barrier form on its rule's tiles, for a grid
+    family without a projection: `_with_split_k`), pipeline_chunks. A forced choice that
+    cannot apply to a shape raises
     ValueError when that shape is planned: the tiles of a family that has none (block_h or a
     streamed block_k on the persistent CTA, any tile or warps on the reference family), or a
     plan that does not fit the device (shared memory, co-resident programs)."""
@@ -379,6 +391,12 @@ class LayerPlan:
     # `_stream_stages`, constraints num_stages / num_stages_bwd). onchip_bytes counts them.
     num_stages: int = 0
     num_stages_bwd: int = 0
+    # persistent_grid / stepwise without a projection: the split-K backward (kernels/split_k.py)
+    # in its one-barrier (1) or two-barrier (2) form instead of the family's own (0), on the
+    # tiles its rule picks (`split_k_launch`) and num_warps_bwd; the backward's own tiles,
+    # stages and pair_gates are then unused (0, False). num_programs and onchip_bytes count
+    # its launch where it is the larger (`_with_split_k`; constraint split_k_bwd).
+    split_k_bwd: int = 0
 
     @property
     def backward_warps(self) -> int:
@@ -404,21 +422,25 @@ class LayerPlan:
 
     def choice(self) -> dict:
         """This plan as `candidates` and plan_constraints spell a choice: family, block_b and
-        warps; for the grid families also block_h, block_k and the backward's warps, the
-        backward's tiles where it has its own, and with streamed weights both passes' stages
-        (Triton's default named as such), so that a tuned entry keeps what was timed."""
+        warps; for the grid families also block_h, block_k, the backward's warps and whether
+        it runs the split-K backward (split_k_bwd, 0 included: a choice that names it is not
+        overridden by the switches, `_with_split_k`), the backward's tiles where it has its
+        own, and with streamed weights the stages of both passes, the forward's alone under
+        a split-K backward (Triton's default named as such), so that a tuned entry keeps what
+        was timed."""
         from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
 
         own = {"family": self.family, "block_b": self.block_b, "num_warps": self.num_warps}
         if self.family != "persistent_cta":
             own.update(block_h=self.block_h, block_k=self.block_k,
-                       num_warps_bwd=self.backward_warps)
+                       num_warps_bwd=self.backward_warps, split_k_bwd=self.split_k_bwd)
             if self.own_backward_tiles:
                 own.update(block_h_bwd=self.backward_block_h,
                            block_b_bwd=self.backward_block_b)
             if self.block_k:
-                own.update(num_stages=self.num_stages or DEFAULT_STAGES,
-                           num_stages_bwd=self.backward_stages or DEFAULT_STAGES)
+                own.update(num_stages=self.num_stages or DEFAULT_STAGES)
+                if not self.split_k_bwd:
+                    own.update(num_stages_bwd=self.backward_stages or DEFAULT_STAGES)
         return own
 
     def with_backward_warps(self, warps: int) -> LayerPlan:
@@ -572,7 +594,8 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
     that keep them in registers, `kernels.persistent_grid.hoist_pass`: "fwd first chunk"
     where only the first resident chunk stays there, `Hoist.FIRST`), or streamed in chunks
     of block_k with the loops' shape (joint gate tile, transposed products) and their stages
-    where the plan names them (`_stream_stages`)."""
+    where the plan names them (`_stream_stages`). The forward's alone under a split-K
+    backward (its R blocks: `Plan._backward_exchange`)."""
     from tritonrnn.kernels.persistent_grid import (
         Hoist,
         _joint_gates,
@@ -586,7 +609,8 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
         return "resident in registers (vector tiles, FMA)"
     if not lp.block_k:
         passes = (("fwd", lp.num_warps, lp.block_h, lp.block_b),
-                  ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b))
+                  ("bwd", lp.backward_warps, lp.backward_block_h, lp.backward_block_b)
+                  )[:1 if lp.split_k_bwd else 2]
         held = {p: hoist_pass(p, cell, H, P or H, P, dtype, bh, bb, 0, w,
                               lp.family == "persistent_grid") if grid else Hoist.NONE
                 for p, w, bh, bb in passes}
@@ -598,7 +622,8 @@ def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int)
                                    ("transposed", _swap_dots(lp.block_k, lp.block_b))) if on]
     if lp.num_stages:
         shape.append(f"{lp.num_stages} stages" + (
-            f", backward {lp.backward_stages}" if lp.backward_stages != lp.num_stages else ""))
+            f", backward {lp.backward_stages}" if lp.backward_stages != lp.num_stages
+            and not lp.split_k_bwd else ""))
     return f"streamed/{lp.block_k}" + (f" ({', '.join(shape)})" if shape else "")
 
 
@@ -1066,10 +1091,88 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
 
 def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
            num_dirs: int = 1, where: str = "plan_constraints") -> LayerPlan:
-    """The heuristic choice with `choice` (constraints or a tuning entry) applied. Raises
-    ValueError, its message starting with `where`, when the choice cannot apply to the shape
-    on the device: a tile or warps the family has no use for, or a plan that does not fit
-    (shared memory, co-resident programs; not checked on the interpreter preset)."""
+    """The heuristic choice with `choice` (constraints or a tuning entry) applied: its tiles
+    and warps (`_apply_tiles`), then its backward (`_with_split_k`). Raises ValueError, its
+    message starting with `where`, when the choice cannot apply to the shape on the device:
+    a tile or warps the family has no use for, a split-K backward without tiles, or a plan
+    that does not fit (shared memory, co-resident programs; not checked on the interpreter
+    preset)."""
+    lp = _apply_tiles(base, choice, cell, H, Hout, P, dtype, batch, props, num_dirs, where)
+    return _with_split_k(lp, choice, cell, H, P, dtype, batch, props, where)
+
+
+def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype: torch.dtype,
+                  batch: int, props: DeviceProperties,
+                  where: str = "plan_constraints") -> LayerPlan:
+    """lp with the backward that `choice` names (split_k_bwd: 0 the family's own, 1 / 2 the
+    split-K backward's one- / two-barrier form), or where it names none (the heuristic's
+    plan, constraints that do not mention it, a tuning entry from before the key) the form
+    the switches give a grid family's backward without a projection
+    (`kernels.split_k.switched_form`), unless the choice names the backward's own tiles or
+    stages. A split-K plan keeps its forward; its backward runs on the tiles the form's rule
+    picks at the batch bucket (`split_k_launch`) with num_warps_bwd (default
+    `kernels.split_k.NUM_WARPS`; forced num_warps apply to both passes, as elsewhere), and
+    num_programs and onchip_bytes count that launch where it is the larger (onchip_bytes
+    keeps the family's backward estimate in, an overcount where it was the larger: the
+    forward has no estimate of its own): the layer pipeline's co-residency bound
+    (`pipeline.concurrent_layers`) sees its programs. Raises ValueError where a named form
+    cannot apply: a family other than the grid families, a projection, the backward's own
+    tiles or stages named beside it, or no tiles on the device."""
+    from tritonrnn.kernels import split_k
+
+    bwd_own = [k for k in ("block_h_bwd", "block_b_bwd", "num_stages_bwd") if k in choice]
+    form = choice.get("split_k_bwd")
+    if form is None:
+        if lp.family not in ("persistent_grid", "stepwise") or P or bwd_own:
+            return lp
+        form = split_k.switched_form(cell, H, batch, dtype, props)
+    if not form:
+        return lp
+    how = "" if "family" in choice else " (the heuristic's family for this shape)"
+    name = f"split_k_bwd = {form}"
+    if lp.family not in ("persistent_grid", "stepwise"):
+        raise ValueError(f"{where}: {name} cannot apply to family {lp.family!r}{how}: the "
+                         f"split-K backward runs a persistent-grid or stepwise plan's backward")
+    if P:
+        raise ValueError(f"{where}: {name} needs a layer without a projection (num_proj = "
+                         f"0), got num_proj = {P}")
+    if bwd_own:
+        raise ValueError(f"{where}: {bwd_own[0]} = {choice[bwd_own[0]]} cannot apply with "
+                         f"{name}: the split-K backward runs the tiles its rule picks, with "
+                         f"resident weights")
+    launch = split_k.form_tiles(form, cell, H, batch, dtype, props)
+    if launch is None:
+        one = form == split_k.ONE_BARRIER
+        raise ValueError(
+            f"{where}: {name} has no tiles for {cell} H={H} {dtype} B={batch} on "
+            f"{props.name} (`kernels.split_k.split_k{'1' if one else ''}_tiles`: power-of-two "
+            f"unit and K blocks that divide H, on at most {props.sm_count} programs within its "
+            f"shared memory" + (f"; B <= {split_k.ONE_BARRIER_BATCH}" if one else "") + ")")
+    programs, onchip = split_k.footprint(cell, H, batch, dtype, launch)
+    warps = choice.get("num_warps_bwd", choice.get("num_warps", split_k.NUM_WARPS))
+    return replace(lp, split_k_bwd=form, block_h_bwd=0, block_b_bwd=0, num_stages_bwd=0,
+                   pair_gates=False, num_programs=max(lp.num_programs, programs),
+                   onchip_bytes=max(lp.onchip_bytes, onchip)).with_backward_warps(warps)
+
+
+def split_k_launch(lp: LayerPlan, cell: str, H: int, batch: int, dtype: torch.dtype,
+                   props: DeviceProperties):
+    """The split-K launch (`kernels.split_k.SplitK`) of lp's backward at `batch`, on the
+    tiles planned for its bucket, or None where lp runs its family's own backward."""
+    if not lp.split_k_bwd:
+        return None
+    from tritonrnn.kernels.split_k import form_tiles
+
+    launch = form_tiles(lp.split_k_bwd, cell, H, _bucket(batch), dtype, props)
+    if launch is None:  # a plan made for another device or shape
+        raise ValueError(f"split_k_bwd = {lp.split_k_bwd} has no tiles for {cell} H={H} "
+                         f"{dtype} B={batch} on {props.name}")
+    return launch
+
+
+def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
+                 num_dirs: int = 1, where: str = "plan_constraints") -> LayerPlan:
+    """`_apply`'s tiles and warps (everything but split_k_bwd)."""
     family = choice.get("family", base.family)
     # A family the choice did not name is the heuristic's: say so where it is refused.
     how = "" if "family" in choice else " (the heuristic's family for this shape)"
@@ -1079,7 +1182,8 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
                 f"{where}: family {family!r} cannot run float64 (Triton kernels run "
                 f"fp32/fp16/bf16); use family='reference'"
             )
-        tiles = [k for k in _CONSTRAINT_KEYS if k != "family" and k in choice]
+        tiles = [k for k in _CONSTRAINT_KEYS if k not in ("family", "split_k_bwd")
+                 and k in choice]
         if tiles:
             raise ValueError(
                 f"{where}: {tiles[0]} = {choice[tiles[0]]} cannot apply to family "
@@ -1235,17 +1339,18 @@ def recurrence_choice(
     if forced:
         return _apply(base, forced, *args), "constrained"
     entry = tuning_entry(key)
+    heuristic = _with_split_k(base, {}, cell, H, P, dtype, bucket, props)
     if entry:
         try:
             lp = _apply(base, entry, *args, where=f"tuning cache entry {key!r}")
         except ValueError as e:  # e.g. a CTA entry whose weights no longer fit the estimate
             warnings.warn(f"tritonrnn: {e} (ignored: the planner's heuristic runs)",
                           RuntimeWarning, stacklevel=2)
-            return base, "heuristic"
+            return heuristic, "heuristic"
         source = "tuned" if tuning_complete(entry) else (
             f"tuned, partial: best of {entry['measured']} of {entry['candidates']} candidates")
         return lp, source
-    return base, "heuristic"
+    return heuristic, "heuristic"
 
 
 def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
@@ -1267,10 +1372,22 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     below `lp`'s (`_stepwise_fit`), down to 16 x 16 streamed tiles (a few KiB per program,
     which fits at any H): 64 x 64 tiles read a quarter of 16 x 16 tiles' bytes. Each step
     needs less on chip than the one before (a streamed chunk's multi-buffered tiles can take
-    more than a small resident slice: such a candidate is passed over), so they end."""
+    more than a small resident slice: such a candidate is passed over), so they end. A plan
+    whose backward is the split-K kernel's (LayerPlan.split_k_bwd) is first replaced by its
+    forward with its family's own backward, whatever its estimate: the heuristic's plan where
+    that forward is the heuristic's, else that forward forced (its backward on the forward's
+    warps). No answer goes back to split-K, so they still end; where the refused kernel was
+    the forward, that plan's is refused again and the ladder goes on from there."""
     bucket = _bucket(batch)
     if lp.family not in ("persistent_cta", "persistent_grid", "stepwise"):
         return None
+    if lp.split_k_bwd:
+        base = _heuristic(cell, H, Hout, P, dtype, bucket, props, num_dirs)
+        own = base.choice()
+        forward = {k: v for k, v in lp.choice().items()
+                   if k in _FORWARD_KEYS and v != own.get(k)}
+        return _apply(base, {**forward, "split_k_bwd": 0}, cell, H, Hout, P, dtype, bucket,
+                      props, num_dirs)
     from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
 
     def with_default_stages(c: LayerPlan | None) -> list[LayerPlan | None]:
@@ -1395,13 +1512,10 @@ class Plan:
 
     def _backward_exchange(self, lp: LayerPlan) -> str:
         """How a grid-kernel layer's backward exchanges its carry product, for `explain`:
-        the split-K kernel's tiles and form where the opt-in TRITONRNN_BWD_SPLIT_K or
-        TRITONRNN_BWD_SPLIT_K1 gives it this backward (`kernels.split_k.split_k_applies`),
+        the split-K kernel's tiles and form where the plan runs it (LayerPlan.split_k_bwd),
         else dph with its gates' operands paired or not."""
-        from tritonrnn.kernels.split_k import split_k_applies
-
-        split = split_k_applies(self.rnn_mode, self.num_units, self.num_proj, self.batch,
-                                getattr(torch, self.dtype), lp.family, self.device)
+        split = split_k_launch(lp, self.rnn_mode, self.num_units, self.batch,
+                               getattr(torch, self.dtype), self.device)
         if split is not None:
             return f" backward split-K {split.describe()}"
         return " backward gates paired" if lp.pair_gates else ""
@@ -1619,8 +1733,8 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
     version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
     is freed: a plan made without a cache was returned for a tuned key), the barrier check
     mode (the buffers: `backward_writes_over_preacts`), the Triton release whose entries
-    count (_triton) among them, and the opt-in split-K backward's two switches (its
-    workspace: `_split_k_buffers`)."""
+    count (_triton) among them, and the split-K backward's two switches (the form a choice
+    that does not name one gets, `_with_split_k`)."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(
@@ -1642,18 +1756,17 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
 
 def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DeviceProperties,
                      lp: LayerPlan) -> tuple[Buffer, ...]:
-    """The workspace `kernels.split_k.split_k_backward` allocates per call where the opt-in
-    TRITONRNN_BWD_SPLIT_K or TRITONRNN_BWD_SPLIT_K1 gives it the layers' backward
-    (`split_k_applies`; one direction at a time): `kernels.split_k.workspace`, the fp32
+    """The workspace `kernels.split_k.split_k_backward` allocates per call where the plan
+    runs it as the layers' backward (LayerPlan.split_k_bwd, `split_k_launch`; one direction
+    at a time): `kernels.split_k.workspace`, the fp32
     partials and the two carries (dh's direct term and dc), listed together as [2, Bpad, H]
     ([2, 2, Bpad, H] for the one-barrier form's two slots of each), and the one-barrier
     form's gradients held between launches in the layer's dtype where the steps take
     several launches (stepwise plans, the interpreter; on a GPU a persistent plan's one
     launch holds none, though its stepwise rerun after a failed launch would)."""
-    from tritonrnn.kernels.split_k import split_k_applies, workspace
+    from tritonrnn.kernels.split_k import workspace
 
-    split = split_k_applies(cfg.rnn_mode, cfg.num_units, cfg.num_proj, batch, dtype,
-                            lp.family, props)
+    split = split_k_launch(lp, cfg.rnn_mode, cfg.num_units, batch, dtype, props)
     if split is None:
         return ()
     ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split,
@@ -1697,7 +1810,7 @@ def candidates(plan: Plan) -> list[dict]:
                     for block_k in ((0,) if vector else (0, 64, 128)) if grid else (None,):
                         choice = {"family": family, "block_b": block_b, "num_warps": num_warps}
                         if grid:
-                            choice["num_warps_bwd"] = num_warps_bwd
+                            choice.update(num_warps_bwd=num_warps_bwd, split_k_bwd=0)
                         if block_h:
                             if block_h > _pow2(H):
                                 continue
@@ -1725,9 +1838,47 @@ def candidates(plan: Plan) -> list[dict]:
                             if max(lp.num_stages, lp.backward_stages) > DEFAULT_STAGES:
                                 out.append({**c, "num_stages": DEFAULT_STAGES,
                                             "num_stages_bwd": DEFAULT_STAGES})
+    out += _split_k_candidates(plan, out)
     own = plan.layers[0].choice()
-    if "block_h_bwd" in own and own not in out:  # the plan's own backward tiles too
-        out.insert(0, own)
+    if ("block_h_bwd" in own or own.get("split_k_bwd")) and own not in out:
+        out.insert(0, own)  # the plan's own backward tiles (or split-K warps) too
+    return out
+
+
+# The forward's part of a grid choice: what a split-K backward keeps of it.
+_FORWARD_KEYS = ("family", "block_b", "num_warps", "block_h", "block_k", "num_stages")
+
+
+def _split_k_candidates(plan: Plan, choices: list[dict]) -> list[dict]:
+    """`candidates`' split-K backwards: each persistent-grid forward among `choices` (its
+    _FORWARD_KEYS; the backward's warps, tiles and stages dropped, so one per forward) with
+    each form of the split-K backward that has tiles for the plan's shape (none with a
+    projection), on the kernel's NUM_WARPS; those the planner accepts forced. Stepwise
+    forwards are left out: their split-K backward would run two launches a step."""
+    from tritonrnn.kernels import split_k
+
+    if plan.num_proj or plan.dtype == "float64":
+        return []
+    dtype = getattr(torch, plan.dtype)
+    forms = [f for f in (split_k.ONE_BARRIER, split_k.TWO_BARRIERS)
+             if split_k.form_tiles(f, plan.rnn_mode, plan.num_units, _bucket(plan.batch), dtype,
+                                   plan.device) is not None]
+    out: list[dict] = []
+    for c in choices:
+        if c["family"] != "persistent_grid":
+            continue
+        for form in forms:
+            v = {**{k: c[k] for k in _FORWARD_KEYS if k in c},
+                 "num_warps_bwd": split_k.NUM_WARPS, "split_k_bwd": form}
+            if v in out:
+                continue
+            try:
+                with plan_constraints(**v):
+                    recurrence_choice(plan.rnn_mode, plan.num_units, plan.num_units, 0, dtype,
+                                      plan.batch, plan.device, plan.num_dirs)
+            except ValueError:
+                continue
+            out.append(v)
     return out
 
 

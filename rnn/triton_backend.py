@@ -28,6 +28,7 @@ from .planner import (
     device_properties,
     recurrence_choice,
     smaller_choice,
+    split_k_launch,
 )
 
 
@@ -132,7 +133,7 @@ class TritonRecurrence:
                     cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                     reverse, dpre_x, dpre_h, dh0, dc0, units=split.units,
                     kblock=split.kblock, btile=split.btile, one_barrier=split.one_barrier,
-                    persistent=persistent), lp.family)
+                    num_warps=lp.backward_warps, persistent=persistent), lp.family)
             else:
                 from tritonrnn.kernels.persistent_grid import grid_backward
 
@@ -213,14 +214,11 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
 
 
 def _split_k(lp: LayerPlan, shape: tuple):
-    """The split-K backward (kernels/split_k.py, a `SplitK`) where TRITONRNN_BWD_SPLIT_K=on
-    or TRITONRNN_BWD_SPLIT_K1=on gives it the plan's grid-family backward without a
-    projection (`split_k_applies`), else None; shape: the recurrence as `_shape` gives it
-    (the plan's device properties among them)."""
-    from tritonrnn.kernels import split_k
-
-    cell, H, _, P, dtype, batch, props, _ = shape
-    return split_k.split_k_applies(cell, H, P, batch, dtype, lp.family, props)
+    """The split-K backward's launch (kernels/split_k.py, a `SplitK`) where the plan runs it
+    (LayerPlan.split_k_bwd, `planner.split_k_launch`), else None; shape: the recurrence as
+    `_shape` gives it (the plan's device properties among them)."""
+    cell, H, _, _, dtype, batch, props, _ = shape
+    return split_k_launch(lp, cell, H, batch, dtype, props)
 
 
 def _tiles(lp: LayerPlan) -> str:
@@ -233,7 +231,9 @@ def _tiles(lp: LayerPlan) -> str:
             f" (backward {lp.backward_stages})" if lp.backward_stages != lp.num_stages else "")
     bwd = (f" (backward {lp.backward_block_h} x {lp.backward_block_b})"
            if lp.own_backward_tiles else "")
-    return f"{lp.block_h} x {lp.block_b} tiles{bwd}, weights {weights}"
+    split = (f", split-K backward ({'one barrier' if lp.split_k_bwd == 1 else 'two barriers'})"
+             if lp.split_k_bwd else "")
+    return f"{lp.block_h} x {lp.block_b} tiles{bwd}, weights {weights}{split}"
 
 
 def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False) -> None:

@@ -5,7 +5,8 @@ Each case draws a cell, layers, direction, batch-major or time-major, a projecti
 hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family and its tiles
 (plan_constraints: block_h, block_b, block_k, warps), the experiment switch
 (TRITONRNN_HOIST_WEIGHTS), the split-K backward's two forms (TRITONRNN_BWD_SPLIT_K,
-TRITONRNN_BWD_SPLIT_K1) and the widest single resident chunk
+TRITONRNN_BWD_SPLIT_K1, and the constraint split_k_bwd over them) and the widest single
+resident chunk
 (`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
 their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU;
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
@@ -24,7 +25,8 @@ recorded as `refused` (the planner's ValueError names it), not as a failure.
 
 Case i is drawn from seed i, so `--start i --cases 1` replays it (with the focus flag it was
 drawn with). --split-k: cases the split-K backward runs on where it has tiles (a grid family
-without a projection, H a multiple of 16, one switch or both on; `focus_split_k`), which the
+without a projection, H a multiple of 16, one switch or both on, or a form forced;
+`focus_split_k`), which the
 plain draws reach in about one case in a hundred. --hoist-first: cases whose grid launches
 hold only their first resident chunk in registers (`focus_hoist_first`), which no plain draw
 of 133 reached (2026-11-28). Each record counts the split-K launches its backward made and
@@ -98,9 +100,13 @@ def draw(i: int) -> dict:
     # Its one-barrier form (TRITONRNN_BWD_SPLIT_K1; where `split_k1_tiles` has tiles, B <=
     # 32, ahead of the two-barrier form), drawn last.
     split1 = rng.random() < 0.25
-    # Only the first resident chunk in registers on 8 warps (`Hoist.FIRST`), drawn last.
+    # Only the first resident chunk in registers on 8 warps (`Hoist.FIRST`).
     if rng.random() < 0.3:
         kernel["_HOIST_8WARP_THREAD_BYTES"] = 8
+    # The split-K backward named by the plan's choice (constraint split_k_bwd, over the
+    # switches), drawn last.
+    if rng.random() < 0.15:
+        cons["split_k_bwd"] = rng.choice([0, 1, 2])
     return {"shape": shape, "constraints": cons, "env": env, "kernel": kernel,
             "split_k": split, "split_k1": split1}
 
@@ -109,7 +115,9 @@ def focus_split_k(case: dict, i: int) -> dict:
     """Case i (`draw`) turned into one the split-K backward may run on: H one of 16 / 32 / 48
     / 64 (the unit and K blocks are multiples of 16), no projection, a persistent-grid or
     stepwise plan (the drawn family where it is one), the two-barrier switch, the
-    one-barrier switch or both; the rest as drawn. Whether the planner's forced tiles fit,
+    one-barrier switch or both, and in some cases a form forced by the constraint
+    split_k_bwd instead (a drawn split_k_bwd = 0 kept where none is forced); the rest as
+    drawn. Whether the planner's forced tiles fit,
     and which form has tiles (the one-barrier form up to B = 32), stays the case's own."""
     rng = random.Random(i * 7919 + 17)
     shape = dict(case["shape"], H=rng.choice([16, 32, 48, 64]), proj=0)
@@ -117,6 +125,9 @@ def focus_split_k(case: dict, i: int) -> dict:
     if cons.get("family") not in ("persistent_grid", "stepwise"):
         cons["family"] = rng.choice(["persistent_grid", "stepwise"])
     two, one = rng.choice([(True, False), (False, True), (True, True)])
+    # Or a form forced by the constraint (the switches as drawn, overridden), drawn last.
+    if rng.random() < 0.4:
+        cons["split_k_bwd"] = rng.choice([1, 2])
     return {**case, "shape": shape, "constraints": cons, "split_k": two, "split_k1": one}
 
 

@@ -360,7 +360,8 @@ def test_tune_times_the_plans_choice_and_its_neighbours_first(H, B):
     ordered = tune.by_promise(plan, candidates(plan))
     lp = plan.layer(0)
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
-           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps}
+           "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps,
+           "split_k_bwd": 0}
     assert ordered[0] == own == tune.own_choice(plan)
     assert sorted(map(tune.choice_id, ordered)) == sorted(map(tune.choice_id,
                                                               candidates(plan)))

@@ -32,6 +32,7 @@ def test_draws_are_reproducible_and_varied():
     assert 64 in {c["constraints"].get("block_b") for c in cases}
     assert {c["split_k"] for c in cases} == {False, True}
     assert {c["split_k1"] for c in cases} == {False, True}
+    assert {c["constraints"].get("split_k_bwd") for c in cases} == {None, 0, 1, 2}
     assert all(c["shape"]["proj"] < c["shape"]["H"] or c["shape"]["proj"] == 0 for c in cases)
 
 
@@ -99,6 +100,8 @@ def test_split_k_focus_draws_cases_the_split_k_backward_can_run_on(tmp_path):
                for c in cases)
     assert {(c["split_k"], c["split_k1"]) for c in cases} == {(True, False), (False, True),
                                                              (True, True)}
+    forced = [c["constraints"].get("split_k_bwd") for c in cases]
+    assert {1, 2} <= set(forced) and None in forced
     plain = FZ.draw(7)
     focused = FZ.focus_split_k(plain, 7)
     assert focused["shape"]["lengths"] == plain["shape"]["lengths"]

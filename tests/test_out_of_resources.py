@@ -263,3 +263,37 @@ def test_gpu_refused_launches_fall_back_to_a_plan_that_fits(backend, monkeypatch
     assert max(errs.values()) <= 4 * 2.0**-8, errs
     refused = {key[0] for key in backend._smaller if key[-1].family == "persistent_cta"}
     assert refused == {"forward", "backward"}, backend._smaller
+
+
+@pytest.mark.parametrize("one", [False, True], ids=["two-barriers", "one-barrier"])
+def test_a_refused_split_k_backward_runs_the_familys_own(backend, monkeypatch, one):
+    """The split-K backward that a switch gives the plan (LSTM H=96: the persistent grid),
+    refused -> the same plan on the grid's own backward (its forward unchanged), kept for the
+    shape; the layer matches the oracle."""
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1" if one else "_BWD_SPLIT_K", True)
+    calls = {}
+    _refuse(monkeypatch, split_k, "split_k_backward", calls)
+    _count(monkeypatch, pg, "grid_backward", calls)
+    _count(monkeypatch, pg, "grid_forward", calls)
+    form = "one barrier" if one else "two barriers"
+    case = dict(L=1, lengths="varlen", I=4, H=96, T=4, backend="triton", **FP32)
+    with pytest.warns(RuntimeWarning, match=rf"the persistent_grid backward kernel \(16 x 16 "
+                      rf"tiles, weights resident, split-K backward \({form}\)\) for lstm H=96 "
+                      rf".*running persistent_grid \(16 x 16 tiles, weights resident\)"):
+        compare_with_torch("lstm", **case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compare_with_torch("lstm", seed=3, **case)
+    assert calls == {"split_k_backward": 1, "grid_backward": 2, "grid_forward": 2}
+    lp, _ = recurrence_choice("lstm", 96, 96, 0, torch.float32, 4, PRESETS["interpreter"])
+    assert lp.split_k_bwd == (1 if one else 2)
+    with monkeypatch.context() as m:
+        m.setattr(split_k, "_BWD_SPLIT_K1", False)
+        m.setattr(split_k, "_BWD_SPLIT_K", False)
+        plain, _ = recurrence_choice("lstm", 96, 96, 0, torch.float32, 4,
+                                     PRESETS["interpreter"])
+    assert plain.split_k_bwd == 0
+    assert smaller_choice(lp, "lstm", 96, 96, 0, torch.float32, 4,
+                          PRESETS["interpreter"]) == plain

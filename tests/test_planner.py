@@ -729,7 +729,8 @@ def test_candidates_run_on_the_device():
     lp = p.layer(0)
     own = {"family": lp.family, "block_b": lp.block_b, "num_warps": lp.num_warps,
            "block_h": lp.block_h, "block_k": lp.block_k, "num_warps_bwd": lp.backward_warps,
-           "num_stages": 3, "num_stages_bwd": 3}  # streamed: the stages named, the default
+           "num_stages": 3, "num_stages_bwd": 3,  # streamed: the stages named, the default
+           "split_k_bwd": 0}
     cands = candidates(p)
     assert own in cands and lp.block_b == 128 and own == lp.choice(), own
     assert lp.num_stages == 0  # (64 x 128 gated tiles: `_STAGED_TILE`)
@@ -1058,7 +1059,7 @@ def test_backward_tile_constraints():
     plan = _plan(H=768, B=64)
     own = {"family": base.family, "block_b": base.block_b, "num_warps": base.num_warps,
            "num_warps_bwd": base.backward_warps, "block_h": base.block_h, "block_k": 0,
-           "block_h_bwd": 32, "block_b_bwd": 16}
+           "block_h_bwd": 32, "block_b_bwd": 16, "split_k_bwd": 0}
     assert own in candidates(plan)
     with plan_constraints(**own):
         assert _plan(H=768, B=64).layer(0) == base
@@ -1176,7 +1177,16 @@ def test_stage_constraints():
         assert _plan(H=768, B=256).layer(0) == base
     staged = [c for c in cands if "num_stages" in c]
     assert staged and all(c["block_k"] for c in staged)
-    for c in staged:
+    # A split-K backward's candidates name the forward's stages alone (its backward streams
+    # nothing).
+    split = [c for c in staged if c["split_k_bwd"]]
+    assert split and not any("num_stages_bwd" in c for c in split)
+    for c in split:
+        with plan_constraints(**c):
+            got = _plan(H=768, B=256).layer(0)
+        assert (got.num_stages or 3, got.split_k_bwd) == (c["num_stages"], c["split_k_bwd"])
+        assert got.choice() == c
+    for c in (c for c in staged if not c["split_k_bwd"]):
         with plan_constraints(**c):
             got = _plan(H=768, B=256).layer(0)
         assert (got.num_stages or 3, got.backward_stages or 3) == (c["num_stages"],
@@ -1215,3 +1225,128 @@ def test_stage_constraints_that_cannot_apply(H, B, dtype, constraints, message):
     with plan_constraints(**constraints), pytest.raises(ValueError,
                                                         match=re.escape(message)):
         _plan(H=H, B=B, dtype=dtype).layer(0)
+
+
+# ----------------------------------------------------------------------------- split-K backward
+
+
+def test_split_k_backward_is_a_plan_choice(monkeypatch):
+    """split_k_bwd: forced, the plan's backward runs the split-K kernel in that form on its
+    rule's tiles (LSTM H=1024 B=16 on an H100: one barrier 256 x 128 x 16, two 64 x 512 x
+    16; 128 programs each), its forward as before; the plan counts the larger launch's
+    programs, so the layer pipeline that two 64-program grid layers would get is refused
+    (two 128-program launches in flight are not co-resident); its choice round-trips and
+    `explain` names it; its workspace is in the buffers. 0 forced keeps the plan's own
+    backward with a switch on, and a choice that names none gets the switches' form."""
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setenv("TRITONRNN_PIPELINE", "1")
+    plan = _plan(H=1024, B=16, num_layers=3)
+    base = plan.layer(0)
+    assert (base.split_k_bwd, base.num_programs, plan.pipeline.width) == (0, 64, 2)
+    assert base.choice()["split_k_bwd"] == 0
+    for form, tiles in ((1, "256 x 128 x 16, one barrier"), (2, "64 x 512 x 16, two barriers")):
+        with plan_constraints(split_k_bwd=form):
+            p = _plan(H=1024, B=16, num_layers=3)
+        lp = p.layer(0)
+        assert (lp.family, lp.block_h, lp.block_b, lp.num_warps) == (
+            base.family, base.block_h, base.block_b, base.num_warps)
+        assert (lp.split_k_bwd, lp.backward_warps, lp.num_programs) == (form, 8, 128)
+        assert (lp.pair_gates, lp.own_backward_tiles) == (False, False)
+        assert lp.onchip_bytes == max(base.onchip_bytes, split_k.onchip_bytes(
+            *split_k.form_tiles(form, "lstm", 1024, 16, torch.bfloat16, PRESETS["h100"])[:3],
+            torch.bfloat16, form == 1))
+        assert p.pipeline.chunks == 1 and "2 x 128" in p.pipeline.reason
+        assert f"backward split-K {tiles}" in p.explain()
+        assert {b.name for b in p.buffers if b.name.startswith("split_k.")} == {
+            "split_k.partials", "split_k.carries"}
+        with plan_constraints(**lp.choice()):
+            assert _plan(H=1024, B=16, num_layers=3).layer(0) == lp
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
+    assert _plan(H=1024, B=16).layer(0).split_k_bwd == 1
+    with plan_constraints(family="persistent_grid", block_h=16):
+        assert _plan(H=1024, B=16).layer(0).split_k_bwd == 1
+    with plan_constraints(split_k_bwd=0):
+        assert _plan(H=1024, B=16).layer(0) == base
+    # The switches' form replaces the heuristic's own backward tiles (H=768 B=64: 32 x 16),
+    # not forced ones.
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    wide = _plan(H=768, B=64).layer(0)
+    assert (wide.split_k_bwd, wide.own_backward_tiles) == (2, False)
+    with plan_constraints(block_h_bwd=32, block_b_bwd=16):
+        forced = _plan(H=768, B=64).layer(0)
+    assert (forced.split_k_bwd, forced.backward_block_h, forced.backward_block_b) == (0, 32, 16)
+
+
+def test_split_k_backward_from_the_tuning_cache():
+    """A tuning entry that names a split-K form plans it (source tuned); one that names a
+    form with no tiles for the shape is ignored with a warning."""
+    base = _plan(H=1024, B=16)
+    store_tuning_entry(base.key, {**base.layer(0).choice(), "split_k_bwd": 2,
+                                  "num_warps_bwd": 8}, 1.0, "h100")
+    tuned = _plan(H=1024, B=16)
+    assert (tuned.source, tuned.layer(0).split_k_bwd) == ("tuned", 2)
+    wide = _plan(H=1024, B=64)
+    store_tuning_entry(wide.key, {**wide.layer(0).choice(), "split_k_bwd": 1}, 1.0, "h100")
+    with pytest.warns(RuntimeWarning, match=r"split_k_bwd = 1 has no tiles .* B <= 32"):
+        again = _plan(H=1024, B=64)
+    assert again.source == "heuristic" and again.layer(0) == wide.layer(0)
+
+
+@pytest.mark.parametrize("mode, H, B, P, constraints, message", [
+    ("lstm", 64, 16, 0, dict(family="persistent_cta", split_k_bwd=1),
+     "split_k_bwd = 1 cannot apply to family 'persistent_cta': the split-K backward runs a "
+     "persistent-grid or stepwise plan's backward"),
+    ("lstm", 64, 16, 0, dict(split_k_bwd=2),
+     "split_k_bwd = 2 cannot apply to family 'persistent_cta' (the heuristic's family for "
+     "this shape)"),
+    ("lstm", 1024, 16, 256, dict(split_k_bwd=2),
+     "split_k_bwd = 2 needs a layer without a projection (num_proj = 0), got num_proj = 256"),
+    ("lstm", 1024, 64, 0, dict(split_k_bwd=1),
+     "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 B=64 on NVIDIA H100 80GB "
+     "HBM3 (`kernels.split_k.split_k1_tiles`: power-of-two unit and K blocks that divide H, "
+     "on at most 132 programs within its shared memory; B <= 32)"),
+    ("gru", 1000, 16, 0, dict(family="persistent_grid", split_k_bwd=2),
+     "split_k_bwd = 2 has no tiles for gru H=1000"),
+    ("lstm", 768, 64, 0, dict(split_k_bwd=2, block_h_bwd=32, block_b_bwd=16),
+     "block_h_bwd = 32 cannot apply with split_k_bwd = 2: the split-K backward runs the tiles "
+     "its rule picks"),
+    ("lstm", 768, 256, 0, dict(split_k_bwd=2, num_stages_bwd=4),
+     "num_stages_bwd = 4 cannot apply with split_k_bwd = 2"),
+])
+def test_split_k_backward_constraints_that_cannot_apply(mode, H, B, P, constraints, message):
+    with plan_constraints(**constraints), pytest.raises(ValueError, match=re.escape(message)):
+        _plan(mode=mode, H=H, B=B, num_proj=P).layer(0)
+
+
+@pytest.mark.parametrize("value", [3, -1, True, "1", 1.0])
+def test_split_k_backward_constraint_refuses_bad_values(value):
+    message = (f"split_k_bwd expected 0 (the family's own backward), 1 (the split-K backward, "
+               f"one grid barrier a step) or 2 (the split-K backward, two), got {value!r}")
+    with pytest.raises(ValueError, match=re.escape(message)), plan_constraints(split_k_bwd=value):
+        pass
+
+
+@pytest.mark.parametrize("mode, H, B, P, forms", [
+    ("lstm", 1024, 16, 0, {1, 2}), ("gru", 1536, 16, 0, {2}), ("lstm", 1024, 256, 0, {2}),
+    ("lstm", 1024, 16, 256, set()),
+])
+def test_candidates_try_each_split_k_form_once_per_forward(mode, H, B, P, forms):
+    """`tritonrnn tune` times the split-K backward's forms that have tiles beside every
+    persistent-grid forward among the candidates (one candidate per forward and form, the
+    kernel's 8 warps), and each plans as spelled."""
+    plan = _plan(mode=mode, H=H, B=B, num_proj=P)
+    cands = candidates(plan)
+    split = [c for c in cands if c.get("split_k_bwd")]
+    assert {c["split_k_bwd"] for c in split} == forms
+    forwards = {tuple(sorted((k, v) for k, v in c.items()
+                             if k not in ("num_warps_bwd", "block_h_bwd", "block_b_bwd",
+                                          "num_stages_bwd", "split_k_bwd")))
+                for c in cands if c["family"] == "persistent_grid" and not c["split_k_bwd"]}
+    assert len(split) == len(forwards) * len(forms)
+    for c in split:
+        assert c["family"] == "persistent_grid" and c["num_warps_bwd"] == 8
+        assert not {"block_h_bwd", "block_b_bwd", "num_stages_bwd"} & set(c)
+        with plan_constraints(**c):
+            lp = _plan(mode=mode, H=H, B=B, num_proj=P).layer(0)
+        assert lp.choice() == c

@@ -334,6 +334,38 @@ def test_split_k_backward_switch(family, mode, bidirectional, proj, lengths, two
     assert seen == want
 
 
+# plan_constraints(split_k_bwd=...) names the backward whatever the switches say: a form forced
+# with both switches off runs (on its rule's tiles, with the kernel's 8 warps or num_warps_bwd),
+# 0 forced with both on runs the plan's own; every gradient against the oracle. Seen: (units,
+# kblock, btile, one_barrier, persistent, num_warps).
+@pytest.mark.parametrize("family, mode, bidirectional, form, switched, warps, want", [
+    ("persistent_grid", "lstm", False, 2, False, None, {(16, 64, 16, False, True, 8)}),
+    ("persistent_grid", "gru", True, 1, False, 4, {(16, 48, 16, True, True, 4)}),
+    ("stepwise", "rnn_tanh", False, 1, False, None, {(16, 16, 16, True, False, 8)}),
+    ("persistent_grid", "rnn_relu", False, 2, False, 4, {(16, 64, 16, False, True, 4)}),
+    ("persistent_grid", "lstm", False, 0, True, None, set()),
+])
+def test_split_k_backward_forced_by_the_plan(family, mode, bidirectional, form, switched,
+                                             warps, want, monkeypatch):
+    from tritonrnn.kernels import split_k
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", switched)
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", switched)
+    seen, run = set(), split_k.split_k_backward
+
+    def spy(*args, **kw):
+        seen.add((kw["units"], kw["kblock"], kw["btile"], kw["one_barrier"], kw["persistent"],
+                  kw["num_warps"]))
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", spy)
+    bwd = {} if warps is None else {"num_warps_bwd": warps}
+    with plan_constraints(family=family, block_h=16, split_k_bwd=form, **bwd):
+        compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths="varlen", I=4,
+                           H=64, T=4, backend="triton", **FP32)
+    assert seen == want
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("two, one", [(True, False), (False, True)],
                          ids=["two-barriers", "one-barrier"])
