@@ -127,13 +127,7 @@ class TritonRecurrence:
 
                 cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
             elif (split := _split_k(lp, choice[2])) is not None:
-                from tritonrnn.kernels.split_k import split_k_backward
-
-                _persistent_or_stepwise(lambda persistent: split_k_backward(
-                    cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
-                    reverse, dpre_x, dpre_h, dh0, dc0, units=split.units,
-                    kblock=split.kblock, btile=split.btile, one_barrier=split.one_barrier,
-                    num_warps=lp.backward_warps, persistent=persistent), lp.family)
+                _split_k_backward(lp, split, *args)
             else:
                 from tritonrnn.kernels.persistent_grid import grid_backward
 
@@ -172,8 +166,14 @@ class TritonRecurrence:
         choice = self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward")
 
         def launch(lp: LayerPlan) -> None:
-            if (not self._shares_launch(lp)
-                    or _split_k(lp, choice[2]) is not None):
+            if (split := _split_k(lp, choice[2])) is not None:
+                # The pair plan's split-K backward, one launch per direction (not the
+                # one-direction plan `backward` would look up: a tuning entry of the pair
+                # key names its own).
+                for d in range(2):
+                    _split_k_backward(lp, split, cell, *(_dir(t, d) for t in ins), info,
+                                      d == 1, *(_dir(t, d) for t in outs))
+            elif not self._shares_launch(lp):
                 for d in range(2):
                     self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
                                   *(_dir(t, d) for t in outs))
@@ -219,6 +219,22 @@ def _split_k(lp: LayerPlan, shape: tuple):
     `_shape` gives it (the plan's device properties among them)."""
     cell, H, _, _, dtype, batch, props, _ = shape
     return split_k_launch(lp, cell, H, batch, dtype, props)
+
+
+def _split_k_backward(lp: LayerPlan, split, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq,
+                      c_prev, dy, dhT, dcT, info, reverse, dpre_x, dpre_h, dh0, dc0, dh_total,
+                      m_seq) -> None:
+    """One direction's backward (`TritonRecurrence.backward`'s arguments; Pw, dh_total and
+    m_seq None: no projection) on the split-K kernel: `split`, lp's launch (`_split_k`), on
+    lp's backward warps, persistent for a persistent_grid plan (rerun stepwise where that
+    launch fails, `_persistent_or_stepwise`), stepwise for a stepwise one."""
+    from tritonrnn.kernels.split_k import split_k_backward
+
+    _persistent_or_stepwise(lambda persistent: split_k_backward(
+        cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, reverse, dpre_x,
+        dpre_h, dh0, dc0, units=split.units, kblock=split.kblock, btile=split.btile,
+        one_barrier=split.one_barrier, num_warps=lp.backward_warps, persistent=persistent),
+        lp.family)
 
 
 def _tiles(lp: LayerPlan) -> str:

@@ -366,6 +366,33 @@ def test_split_k_backward_forced_by_the_plan(family, mode, bidirectional, form, 
     assert seen == want
 
 
+@pytest.mark.parametrize("form", [1, 2])
+def test_a_bidirectional_layer_runs_its_pair_plans_split_k_backward(form, tmp_path,
+                                                                    monkeypatch):
+    """A tuning entry of the pair key (|D2) naming a split-K form: both directions' backward
+    run it (one launch each, reversed for direction 1), although the one-direction key's
+    plan (here the heuristic's persistent CTA at H=64) names none; the layer matches the
+    oracle."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import device_properties, recurrence_key, store_tuning_entry
+
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    props = device_properties(torch.device("cpu"))
+    key = recurrence_key("lstm", 64, 0, torch.float32, 4, props, num_dirs=2)
+    store_tuning_entry(key, {"family": "persistent_grid", "block_h": 16, "split_k_bwd": form},
+                       1.0, props.name)
+    seen, run = [], split_k.split_k_backward
+
+    def spy(*args, **kw):
+        seen.append((args[12], kw["one_barrier"]))  # (reverse, form)
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", spy)
+    compare_with_torch("lstm", L=1, bidirectional=True, lengths="varlen", I=4, H=64, T=4,
+                       backend="triton", **FP32)
+    assert sorted(seen) == [(False, form == 1), (True, form == 1)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("two, one", [(True, False), (False, True)],
                          ids=["two-barriers", "one-barrier"])
