@@ -270,7 +270,7 @@ class AotShape:
 def plan_layer(shape: AotShape, preset: str = "h100", constraints: dict | None = None):
     """(LayerPlan, source) the planner picks for the shape's recurrences on a device preset;
     `constraints` are plan_constraints keys (family, block_b, block_h, block_k, num_warps,
-    num_warps_bwd, num_stages, num_stages_bwd)."""
+    num_warps_bwd, num_stages, num_stages_bwd, split_k_bwd)."""
     from tritonrnn.rnn.planner import plan_constraints, recurrence_choice
 
     props = device_preset(preset)
@@ -309,8 +309,8 @@ def capture(shape: AotShape, layer_plan, whole_backward: bool = False,
     GEMMs after it took minutes on a CPU at B = 4096). whole_backward: the backward runs to
     its end instead, and each pass must have launched exactly one kernel (the premise).
     props: the device preset's DeviceProperties, for what the backend derives from the device
-    at launch rather than from the plan (the opt-in split-K backward's tiles); default, those
-    of the dummy tensors' device (the interpreter preset)."""
+    at launch rather than from the plan (the split-K backward's tiles, from the plan's form
+    and the device); default, those of the dummy tensors' device (the interpreter preset)."""
     from tritonrnn.rnn import engine
     from tritonrnn.rnn.config import make_config
     from tritonrnn.rnn.packing import make_pack_info

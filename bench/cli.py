@@ -8,8 +8,8 @@
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
                     [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
-                    [--num-stages N] [--num-stages-bwd N] [--maxnreg N] [--json PATH]
-                    [--dump DIR]   (no GPU needed)
+                    [--num-stages N] [--num-stages-bwd N] [--split-k-bwd 0|1|2] [--maxnreg N]
+                    [--json PATH] [--dump DIR]   (no GPU needed)
     tritonrnn barrier [--time T] [--dtype D] [--mode M..] [--hidden H..] [--batch B..]
                       [--out DIR]   (GPU only)
 
@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "streamed weights only)")
     a.add_argument("--num-stages-bwd", type=int, metavar="N",
                    help="force the backward's streamed-loop pipeline depth (int >= 1)")
+    a.add_argument("--split-k-bwd", type=int, choices=(0, 1, 2), metavar="FORM",
+                   help="force the backward (0: the family's own; the split-K kernel's form "
+                   "with 1 or 2 grid barriers a step: grid families without a projection)")
     a.add_argument("--maxnreg", type=int, metavar="N",
                    help="experiment: cap registers per thread (Triton's maxnreg option, "
                    "16..255) on top of what the launchers pass")
@@ -491,6 +494,8 @@ def _aot_constraints(args) -> dict:
         if not ok:
             raise UsageError(f"{opt}: expected {what}, got {v}")
         out[key] = v
+    if args.split_k_bwd is not None:  # (argparse checked the value)
+        out["split_k_bwd"] = args.split_k_bwd
     return out
 
 

@@ -898,6 +898,25 @@ def test_split_k_capture_takes_its_tiles_from_the_preset(monkeypatch, one, prese
     assert bwd.grid == (split_k.tiles("lstm", 1024, B, U, KB, BB, one_barrier=one)[0],)
 
 
+@pytest.mark.parametrize("form, kernel, tiles", [
+    (1, "_split_k1_bwd_kernel", (256, 128, 16)), (2, "_split_k_bwd_kernel", (64, 512, 16)),
+])
+def test_split_k_capture_follows_a_forced_form(form, kernel, tiles):
+    """plan_constraints(split_k_bwd=...) through `plan_layer` (`tritonrnn aot --split-k-bwd`),
+    both switches off: the captured backward at LSTM H=1024 B=16 on the H100 preset is that
+    form's kernel on its rule's tiles and the kernel's 8 warps; the forward is the plan's
+    grid forward."""
+    shape = aot.AotShape("lstm", hidden=1024, batch=16, dtype=torch.bfloat16)
+    lp, source = aot.plan_layer(shape, "h100", {"split_k_bwd": form})
+    assert (source, lp.split_k_bwd) == ("constrained", form)
+    got = aot.capture(shape, lp, props=PRESETS["h100"])
+    bwd = got["backward"]
+    assert got["forward"].name == "_grid_fwd_kernel" and bwd.name == kernel
+    kb = 4 * bwd.kwargs["KU" if form == 1 else "KC"]
+    assert (bwd.kwargs["U"], kb, bwd.kwargs["BB"]) == tiles
+    assert bwd.kwargs["num_warps"] == 8
+
+
 def test_report_table_and_json_round_trip(reports, tmp_path):
     text = aot.format_report(reports["lstm256-grid-bf16"])
     assert "_grid_fwd_kernel" in text and "BARRIER=1" in text

@@ -490,11 +490,15 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
          "family 'persistent_cta' needs"),
         (["aot", "--hidden", "1536", "--batch", "256", "--family", "persistent_grid",
           "--block-h", "16"], "co-resident programs for H=1536"),
+        (["aot", "--split-k-bwd", "3"], "--split-k-bwd: invalid choice: 3"),
+        (["aot", "--hidden", "1024", "--batch", "64", "--split-k-bwd", "1"],
+         "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 B=64"),
     ],
     ids=["block-h", "block-b", "block-k", "num-warps", "num-stages", "stages-resident", "arch",
          "device-preset", "jobs",
          "family",
-         "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident"],
+         "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident", "split-k-form",
+         "split-k-no-tiles"],
 )
 def test_aot_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
