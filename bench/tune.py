@@ -17,8 +17,8 @@ Order: the planner's own choice first, then the others by how far they are from 
 (`by_promise`: the choices that change one of its tiles or warps, then two, ...; another
 family counts as three changes), so that a run cut short, or limited with
 --max-candidates N, has timed the neighbourhood of the planner's choice first. A key has up
-to a few hundred candidates (LSTM H=1024 B=64 on an H100: 172), each compiled before it
-runs.
+to a few hundred candidates (LSTM H=1024 B=64 on an H100: 300, 64 of them the split-K
+backward beside a persistent-grid forward; 236 before those), each compiled before it runs.
 
 Resumable: every measured choice is recorded at once in `tuning.partial.json` next to the
 cache; an interrupted run picks up where it stopped. Keys already in the cache are skipped

@@ -2144,13 +2144,15 @@ def grid_programs(H: int, Hout: int, P: int, B: int, block_h: int, block_b: int,
 def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, block_h: int,
                       block_b: int, block_k: int = 0, num_warps: int = 8,
                       fwd_warps: int | None = None, smem_limit: int | None = None,
-                      stages: int = DEFAULT_STAGES, stages_bwd: int | None = None) -> int:
+                      stages: int = DEFAULT_STAGES, stages_bwd: int | None = None,
+                      backward: bool = True) -> int:
     """Per-program shared-memory bytes of the larger direction (num_warps: the backward's
     warps, whose split-K scratch grows with them; fwd_warps: the forward's, whose split-K
     scratch grows with them; default num_warps; smem_limit: the
     budget within which the backward pairs its gates, `grid_pairs_gates`; stages /
     stages_bwd: the streamed loops' pipeline depth in the forward / backward, the launch's
-    num_stages, default stages).
+    num_stages, default stages; backward=False: the forward's alone, for a plan whose
+    backward is another kernel's, `kernels.split_k`).
 
     Resident weights (block_k = 0): the weight slice, kept for all steps, plus per step the
     larger of the dot operand staged from the exchange (in the dtype: the per-gate forward
@@ -2204,7 +2206,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
             scratch_f = 4 * S * bh * bb if S > 1 else 0
         per_stage = [stream_stage_bytes(cell, H, P, dtype, bh, bb, block_k, p)
                      for p in ("fwd", "bwd")]
-        return max(stages * per_stage[0], (stages_bwd or stages) * per_stage[1], scratch_f)
+        bwd = (stages_bwd or stages) * per_stage[1] if backward else 0
+        return max(stages * per_stage[0], bwd, scratch_f)
     (KF, kf2), (KB, kb2) = _ksplit(Hout, 0, bb), _ksplit(H, 0, bb)
     RF, RB = KF + kf2, KB + kb2
     proj = P > 0
@@ -2217,6 +2220,8 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     if proj:
         stage_f = max(stage_f, e * bb * KB, _split_scratch(KB, kb2, fw, BO, bb))
     fwd = e * (G * bh * RF + (BO * RB if proj else 0)) + stage_f
+    if not backward:
+        return fwd
     paired = grid_pairs_gates(cell, H, Hout, P, dtype, bh, bb, block_k, smem_limit, num_warps)
     return max(fwd, _grid_bwd_bytes(cell, H, Hout, P, dtype, bh, bb, num_warps, paired))
 

@@ -1112,11 +1112,10 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
     stages. A split-K plan keeps its forward; its backward runs on the tiles the form's rule
     picks at the batch bucket (`split_k_launch`) with num_warps_bwd (default
     `kernels.split_k.NUM_WARPS`; forced num_warps apply to both passes, as elsewhere), and
-    num_programs and onchip_bytes count that launch where it is the larger (onchip_bytes
-    keeps the family's backward estimate in, an overcount where it was the larger: the
-    forward has no estimate of its own): the layer pipeline's co-residency bound
-    (`pipeline.concurrent_layers`) sees its programs. Raises ValueError where a named form
-    cannot apply: a family other than the grid families, a projection, the backward's own
+    num_programs and onchip_bytes are the larger of the forward's (`grid_programs`,
+    `grid_onchip_bytes(backward=False)`) and that launch's: the layer pipeline's
+    co-residency bound (`pipeline.concurrent_layers`) sees them. Raises ValueError where a
+    named form cannot apply: a family other than the grid families, a projection, the backward's own
     tiles or stages named beside it, or no tiles on the device."""
     from tritonrnn.kernels import split_k
 
@@ -1142,17 +1141,29 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
                          f"resident weights")
     launch = split_k.form_tiles(form, cell, H, batch, dtype, props)
     if launch is None:
-        one = form == split_k.ONE_BARRIER
+        rule = (f"split_k1_tiles`: power-of-two unit blocks and K blocks of >= 16 units that "
+                f"divide H, B <= {split_k.ONE_BARRIER_BATCH}" if form == split_k.ONE_BARRIER
+                else "split_k_tiles`: power-of-two unit blocks that divide H and K blocks of "
+                     ">= 64 gate rows that divide the G*H")
         raise ValueError(
             f"{where}: {name} has no tiles for {cell} H={H} {dtype} B={batch} on "
-            f"{props.name} (`kernels.split_k.split_k{'1' if one else ''}_tiles`: power-of-two "
-            f"unit and K blocks that divide H, on at most {props.sm_count} programs within its "
-            f"shared memory" + (f"; B <= {split_k.ONE_BARRIER_BATCH}" if one else "") + ")")
+            f"{props.name} (`kernels.split_k.{rule}, on at most {props.sm_count} programs "
+            f"within its shared memory)")
+    from tritonrnn.kernels.persistent_grid import (
+        DEFAULT_STAGES,
+        grid_onchip_bytes,
+        grid_programs,
+    )
+
     programs, onchip = split_k.footprint(cell, H, batch, dtype, launch)
+    fwd_programs = grid_programs(H, H, 0, batch, lp.block_h, lp.block_b, lp.num_dirs)
+    fwd_onchip = grid_onchip_bytes(cell, H, H, 0, dtype, lp.block_h, lp.block_b, lp.block_k,
+                                   fwd_warps=lp.num_warps,
+                                   stages=lp.num_stages or DEFAULT_STAGES, backward=False)
     warps = choice.get("num_warps_bwd", choice.get("num_warps", split_k.NUM_WARPS))
     return replace(lp, split_k_bwd=form, block_h_bwd=0, block_b_bwd=0, num_stages_bwd=0,
-                   pair_gates=False, num_programs=max(lp.num_programs, programs),
-                   onchip_bytes=max(lp.onchip_bytes, onchip)).with_backward_warps(warps)
+                   pair_gates=False, num_programs=max(fwd_programs, programs),
+                   onchip_bytes=max(fwd_onchip, onchip)).with_backward_warps(warps)
 
 
 def split_k_launch(lp: LayerPlan, cell: str, H: int, batch: int, dtype: torch.dtype,
@@ -1339,18 +1350,19 @@ def recurrence_choice(
     if forced:
         return _apply(base, forced, *args), "constrained"
     entry = tuning_entry(key)
-    heuristic = _with_split_k(base, {}, cell, H, P, dtype, bucket, props)
     if entry:
         try:
             lp = _apply(base, entry, *args, where=f"tuning cache entry {key!r}")
         except ValueError as e:  # e.g. a CTA entry whose weights no longer fit the estimate
             warnings.warn(f"tritonrnn: {e} (ignored: the planner's heuristic runs)",
                           RuntimeWarning, stacklevel=2)
-            return heuristic, "heuristic"
-        source = "tuned" if tuning_complete(entry) else (
-            f"tuned, partial: best of {entry['measured']} of {entry['candidates']} candidates")
-        return lp, source
-    return heuristic, "heuristic"
+        else:
+            source = "tuned" if tuning_complete(entry) else (
+                f"tuned, partial: best of {entry['measured']} of {entry['candidates']} "
+                f"candidates")
+            return lp, source
+    # (the heuristic's backward: the switches' split-K form where one is on)
+    return _with_split_k(base, {}, cell, H, P, dtype, bucket, props), "heuristic"
 
 
 def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,

@@ -1234,10 +1234,11 @@ def test_split_k_backward_is_a_plan_choice(monkeypatch):
     """split_k_bwd: forced, the plan's backward runs the split-K kernel in that form on its
     rule's tiles (LSTM H=1024 B=16 on an H100: one barrier 256 x 128 x 16, two 64 x 512 x
     16; 128 programs each), its forward as before; the plan counts the larger launch's
-    programs, so the layer pipeline that two 64-program grid layers would get is refused
-    (two 128-program launches in flight are not co-resident); its choice round-trips and
-    `explain` names it; its workspace is in the buffers. 0 forced keeps the plan's own
-    backward with a switch on, and a choice that names none gets the switches' form."""
+    programs and shared memory (the forward's, not the grid backward's), so the layer
+    pipeline that two 64-program grid layers would get is refused (two 128-program launches
+    in flight are not co-resident); its choice round-trips and `explain` names it; its
+    workspace is in the buffers. 0 forced keeps the plan's own backward with a switch on,
+    and a choice that names none gets the switches' form."""
     from tritonrnn.kernels import split_k
 
     monkeypatch.setenv("TRITONRNN_PIPELINE", "1")
@@ -1253,7 +1254,11 @@ def test_split_k_backward_is_a_plan_choice(monkeypatch):
             base.family, base.block_h, base.block_b, base.num_warps)
         assert (lp.split_k_bwd, lp.backward_warps, lp.num_programs) == (form, 8, 128)
         assert (lp.pair_gates, lp.own_backward_tiles) == (False, False)
-        assert lp.onchip_bytes == max(base.onchip_bytes, split_k.onchip_bytes(
+        # (the forward's alone, 163840 B, not the grid backward's 196608 in base's)
+        forward = pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16, 0,
+                                       fwd_warps=8, backward=False)
+        assert (forward, base.onchip_bytes) == (163840, 196608)
+        assert lp.onchip_bytes == max(forward, split_k.onchip_bytes(
             *split_k.form_tiles(form, "lstm", 1024, 16, torch.bfloat16, PRESETS["h100"])[:3],
             torch.bfloat16, form == 1))
         assert p.pipeline.chunks == 1 and "2 x 128" in p.pipeline.reason
@@ -1276,6 +1281,13 @@ def test_split_k_backward_is_a_plan_choice(monkeypatch):
     with plan_constraints(block_h_bwd=32, block_b_bwd=16):
         forced = _plan(H=768, B=64).layer(0)
     assert (forced.split_k_bwd, forced.backward_block_h, forced.backward_block_b) == (0, 32, 16)
+    # A streamed forward (H=768 B=256: 5 stages, the grid backward's 8 unused): its choice
+    # names the forward's stages alone, and forcing it gives the plan back.
+    streamed = _plan(H=768, B=256).layer(0)
+    assert (streamed.split_k_bwd, streamed.block_k, streamed.num_stages) == (2, 64, 5)
+    assert "num_stages_bwd" not in streamed.choice()
+    with plan_constraints(**streamed.choice()):
+        assert _plan(H=768, B=256).layer(0) == streamed
 
 
 def test_split_k_backward_from_the_tuning_cache():
@@ -1304,10 +1316,12 @@ def test_split_k_backward_from_the_tuning_cache():
      "split_k_bwd = 2 needs a layer without a projection (num_proj = 0), got num_proj = 256"),
     ("lstm", 1024, 64, 0, dict(split_k_bwd=1),
      "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 B=64 on NVIDIA H100 80GB "
-     "HBM3 (`kernels.split_k.split_k1_tiles`: power-of-two unit and K blocks that divide H, "
-     "on at most 132 programs within its shared memory; B <= 32)"),
+     "HBM3 (`kernels.split_k.split_k1_tiles`: power-of-two unit blocks and K blocks of >= 16 "
+     "units that divide H, B <= 32, on at most 132 programs within its shared memory)"),
     ("gru", 1000, 16, 0, dict(family="persistent_grid", split_k_bwd=2),
-     "split_k_bwd = 2 has no tiles for gru H=1000"),
+     "split_k_bwd = 2 has no tiles for gru H=1000 torch.bfloat16 B=16 on NVIDIA H100 80GB HBM3 "
+     "(`kernels.split_k.split_k_tiles`: power-of-two unit blocks that divide H and K blocks "
+     "of >= 64 gate rows that divide the G*H, on at most 132 programs"),
     ("lstm", 768, 64, 0, dict(split_k_bwd=2, block_h_bwd=32, block_b_bwd=16),
      "block_h_bwd = 32 cannot apply with split_k_bwd = 2: the split-K backward runs the tiles "
      "its rule picks"),
