@@ -98,42 +98,21 @@ class TritonRecurrence:
 
     def forward(self, cell, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT) -> None:
         args = (cell, xg, R, bR, Pw, h0, c0, info, reverse, y, c_seq, hT, cT)
-
-        def launch(lp: LayerPlan) -> None:
-            if lp.family == "reference":
-                reference.recurrence_forward(*args)
-            elif lp.family == "persistent_cta":
-                from tritonrnn.kernels.persistent_cta import cta_forward
-
-                cta_forward(*args, block_b=lp.block_b, num_warps=lp.num_warps)
-            else:
-                from tritonrnn.kernels.persistent_grid import grid_forward
-
-                _with_stepwise_fallback(grid_forward, args, lp)
-
-        self._run("forward", self._choice(cell, R, Pw, info.B, 1, "forward"), launch)
+        self._run("forward", self._choice(cell, R, Pw, info.B, 1, "forward"),
+                  lambda lp: _forward_launch(lp, args))
 
     def backward(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                  reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
         args = (cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info,
                 reverse, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         choice = self._choice(cell, R, Pw, info.B, 1, "backward")
+        self._run("backward", choice, lambda lp: _backward_launch(lp, choice[2], args))
 
-        def launch(lp: LayerPlan) -> None:
-            if lp.family == "reference":
-                reference.recurrence_backward(*args)
-            elif lp.family == "persistent_cta":
-                from tritonrnn.kernels.persistent_cta import cta_backward
-
-                cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-            elif (split := _split_k(lp, choice[2])) is not None:
-                _split_k_backward(lp, split, *args)
-            else:
-                from tritonrnn.kernels.persistent_grid import grid_backward
-
-                _with_stepwise_fallback(grid_backward, args, lp, backward=True)
-
-        self._run("backward", choice, launch)
+    # A bidirectional layer runs the pair key's plan (the planner's choice for num_dirs = 2,
+    # its tuning entry or constraints): both directions in one launch where it says so
+    # (LayerPlan.num_dirs = 2), else one launch per direction on that same plan, not the
+    # one-direction key's (whose tuning entry, or heuristic, may differ from what a tuning run
+    # of the pair key timed).
 
     def forward_bidir(self, cell, xg, R, bR, Pw, h0, c0, info, y, c_seq, hT, cT) -> None:
         """Both directions of a bidirectional layer; every tensor argument is a pair
@@ -143,8 +122,9 @@ class TritonRecurrence:
         def launch(lp: LayerPlan) -> None:
             if not self._shares_launch(lp):
                 for d in range(2):
-                    self.forward(cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)), info,
-                                 d == 1, *(_dir(t, d) for t in (y, c_seq, hT, cT)))
+                    _forward_launch(lp, (cell, *(_dir(t, d) for t in (xg, R, bR, Pw, h0, c0)),
+                                         info, d == 1,
+                                         *(_dir(t, d) for t in (y, c_seq, hT, cT))))
             elif lp.family == "persistent_cta":
                 from tritonrnn.kernels.persistent_cta import cta_forward_pair
 
@@ -159,24 +139,18 @@ class TritonRecurrence:
 
     def backward_bidir(self, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                        info, dpre_x, dpre_h, dh0, dc0, dh_total, m_seq) -> None:
-        """Both directions' backward; pairs as in `forward_bidir`."""
+        """Both directions' backward; pairs as in `forward_bidir`, and one launch per
+        direction where the plan's backward is the split-K kernel's."""
         ins = (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT)
         outs = (dpre_x, dpre_h, dh0, dc0, dh_total, m_seq)
         args = (cell, *ins, info, *outs)
         choice = self._choice(cell, R[0], _dir(Pw, 0), info.B, 2, "backward")
 
         def launch(lp: LayerPlan) -> None:
-            if (split := _split_k(lp, choice[2])) is not None:
-                # The pair plan's split-K backward, one launch per direction (not the
-                # one-direction plan `backward` would look up: a tuning entry of the pair
-                # key names its own).
+            if not self._shares_launch(lp) or lp.split_k_bwd:
                 for d in range(2):
-                    _split_k_backward(lp, split, cell, *(_dir(t, d) for t in ins), info,
-                                      d == 1, *(_dir(t, d) for t in outs))
-            elif not self._shares_launch(lp):
-                for d in range(2):
-                    self.backward(cell, *(_dir(t, d) for t in ins), info, d == 1,
-                                  *(_dir(t, d) for t in outs))
+                    _backward_launch(lp, choice[2], (cell, *(_dir(t, d) for t in ins), info,
+                                                     d == 1, *(_dir(t, d) for t in outs)))
             elif lp.family == "persistent_cta":
                 from tritonrnn.kernels.persistent_cta import cta_backward_pair
 
@@ -211,6 +185,38 @@ def _replaced_key(phase: str, shape: tuple, lp: LayerPlan) -> tuple:
     by its power-of-two bucket) and the plan that was refused."""
     cell, H, Hout, P, dtype, batch, props, num_dirs = shape
     return phase, cell, H, Hout, P, dtype, _bucket(batch), props, num_dirs, lp
+
+
+def _forward_launch(lp: LayerPlan, args: tuple) -> None:
+    """One direction's forward (`TritonRecurrence.forward`'s arguments) on lp's kernel."""
+    if lp.family == "reference":
+        reference.recurrence_forward(*args)
+    elif lp.family == "persistent_cta":
+        from tritonrnn.kernels.persistent_cta import cta_forward
+
+        cta_forward(*args, block_b=lp.block_b, num_warps=lp.num_warps)
+    else:
+        from tritonrnn.kernels.persistent_grid import grid_forward
+
+        _with_stepwise_fallback(grid_forward, args, lp)
+
+
+def _backward_launch(lp: LayerPlan, shape: tuple, args: tuple) -> None:
+    """One direction's backward (`TritonRecurrence.backward`'s arguments) on lp's kernel:
+    the split-K kernel's where lp names it (`_split_k`; shape: the recurrence as `_shape`
+    gives it)."""
+    if lp.family == "reference":
+        reference.recurrence_backward(*args)
+    elif lp.family == "persistent_cta":
+        from tritonrnn.kernels.persistent_cta import cta_backward
+
+        cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
+    elif (split := _split_k(lp, shape)) is not None:
+        _split_k_backward(lp, split, *args)
+    else:
+        from tritonrnn.kernels.persistent_grid import grid_backward
+
+        _with_stepwise_fallback(grid_backward, args, lp, backward=True)
 
 
 def _split_k(lp: LayerPlan, shape: tuple):

@@ -371,6 +371,41 @@ def test_backend_falls_back_per_direction_when_pair_is_not_coresident(monkeypatc
                 torch.testing.assert_close(pair[d].double(), ref[d][name], **KERNEL_TOL)
 
 
+def test_a_pair_plan_that_does_not_share_a_launch_runs_per_direction_as_planned(
+        monkeypatch, tmp_path):
+    """The pair key's tuning entry (|D2) names a persistent grid on 2 warps whose pair is not
+    co-resident (2 programs per direction, 3 SMs): each direction runs that plan in a launch
+    of its own, forward and backward, not the one-direction key's plan (the heuristic's
+    persistent CTA at H=20), and the layer matches the oracle."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    props = replace(PRESETS["interpreter"], name="3-SM test device", sm_count=3)
+    monkeypatch.setattr(tb, "device_properties", lambda device=None: props)
+    from tritonrnn.rnn.planner import recurrence_choice, recurrence_key, store_tuning_entry
+
+    assert recurrence_choice("rnn_tanh", 20, 20, 0, torch.float32, 4, props)[0].family == (
+        "persistent_cta")
+    choice = {"family": "persistent_grid", "block_h": 16, "num_warps": 2}
+    store_tuning_entry(recurrence_key("rnn_tanh", 20, 0, torch.float32, 4, props, 2), choice,
+                       1.0, props.name)
+    lp, source = recurrence_choice("rnn_tanh", 20, 20, 0, torch.float32, 4, props, 2)
+    assert (source, lp.family, lp.num_dirs, lp.num_warps) == ("tuned", "persistent_grid", 1, 2)
+    seen = defaultdict(list)
+    for name in ("grid_forward", "grid_backward", "cta_forward", "cta_backward"):
+        module = pg if name.startswith("grid") else pc
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, _name=name, **kw):
+            seen[_name].append((args[8] if _name.endswith("forward") else args[13],
+                                kw["num_warps"]))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(module, name, spy)
+    compare_with_torch("rnn_tanh", L=1, bidirectional=True, lengths="varlen", I=4, H=20, T=4,
+                       backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5)
+    assert dict(seen) == {"grid_forward": [(False, 2), (True, 2)],
+                          "grid_backward": [(False, 2), (True, 2)]}
+
+
 # -------------------------------------------------------------------------------------------
 # Engine: pairs handed to the backend, per-direction path kept for other backends
 # -------------------------------------------------------------------------------------------
