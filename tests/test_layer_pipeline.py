@@ -256,6 +256,31 @@ def test_triton_matches_unpipelined(mode, constraints, H, proj, chunks):
     _assert_same(_run(mode, chunks=chunks, **kw), want, torch.float32)
 
 
+@pytest.mark.parametrize("mode, H, form, chunks", [("lstm", 32, 1, 3), ("gru", 64, 2, 2)])
+def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, monkeypatch):
+    """The split-K backward forced (plan_constraints split_k_bwd): the pipelined run's
+    backward runs it on each (layer, window), every window's rows a packed layout of their
+    own, and matches the unpipelined run, which runs it once per layer."""
+    from tritonrnn.kernels import split_k
+
+    seen, run = [], split_k.split_k_backward
+
+    def spy(*args, **kw):
+        seen.append(kw["one_barrier"])
+        return run(*args, **kw)
+
+    monkeypatch.setattr(split_k, "split_k_backward", spy)
+    kw = dict(L=2, H=H, I=4, proj=0, dropout=0.3, backend="triton", lengths=[T, 3, 0, 5],
+              constraints={"family": "persistent_grid", "block_h": 16, "split_k_bwd": form})
+    want = _run(mode, chunks=1, **kw)
+    assert seen == [form == 1] * 2
+    got = _run(mode, chunks=chunks, **kw)
+    assert len(seen) > 2 + 2 and set(seen) == {form == 1}
+    _assert_same(got, want, torch.float32)
+    _assert_same(want, _run(mode, chunks=1, **{**kw, "backend": "reference",
+                                               "constraints": None}), torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["persistent_cta", "persistent_grid"])
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
