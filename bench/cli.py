@@ -5,6 +5,7 @@
     tritonrnn tune  [--preset NAME | shape options] [--force] [--max-candidates N]
     tritonrnn plan  [--preset NAME | shape options]
                     [--device-preset current|h100|h200|a100|interpreter] [--pipeline-chunks C]
+                    [--split-k-bwd 0|1|2]
     tritonrnn aot   [--preset NAME | shape options] [--device-preset h100|h200|a100|current]
                     [--arch CC] [--jobs N]
                     [--family F] [--block-h N] [--block-b N] [--block-k N] [--num-warps N]
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pipeline-chunks", type=int, metavar="C",
                     help="force the layer pipeline to C time chunks (plan_constraints; 1: off); "
                     "default: the automatic rule, opt-in with TRITONRNN_PIPELINE=1")
+    pl.add_argument("--split-k-bwd", type=int, choices=(0, 1, 2), metavar="FORM",
+                    help="force the backward (plan_constraints split_k_bwd; 0: the family's "
+                    "own; the split-K kernel's form with 1 or 2 grid barriers a step)")
     a = sub.add_parser(
         "aot", help="compile the planner's kernels for a GPU target (no GPU needed) and report "
         "shared memory, registers, spills, MMA kind and a step-loop profile",
@@ -457,6 +461,8 @@ def cmd_plan(args) -> int:
     _, shapes = resolve_shapes(args, "anchor")
     props = None if args.device_preset == "current" else args.device_preset
     forced = {"pipeline_chunks": chunks} if chunks is not None else {}
+    if args.split_k_bwd is not None:  # (argparse checked the value)
+        forced["split_k_bwd"] = args.split_k_bwd
     for i, s in enumerate(shapes):
         with plan_constraints(**forced):
             plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,

@@ -295,6 +295,23 @@ def test_plan_shows_the_layer_pipeline(capsys, monkeypatch):
     assert "\n  layer pipeline: off (the automatic choice is opt-in" in capsys.readouterr().out
 
 
+def test_plan_shows_a_forced_split_k_backward(capsys):
+    """--split-k-bwd: the plan's backward on the split-K kernel (its tiles and form, its
+    programs counted, its workspace listed); a form without tiles for the shape is a one-line
+    error naming it."""
+    shape = ["plan", "--hidden", "1024", "--batch", "16", "--device-preset", "h100"]
+    assert main([*shape, "--split-k-bwd", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "backward split-K 256 x 128 x 16, one barrier programs=128 " in out
+    assert "backward  split_k.partials" in out
+    assert main([*shape, "--split-k-bwd", "0"]) == 0
+    assert "split" not in capsys.readouterr().out
+    assert main(["plan", "--hidden", "1024", "--batch", "64", "--device-preset", "h100",
+                 "--split-k-bwd", "1"]) == 2
+    assert _one_line_error(capsys).startswith(
+        "tritonrnn: error: plan_constraints: split_k_bwd = 1 has no tiles for lstm H=1024")
+
+
 def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
     """End to end: tune (two forced candidates, interpreter/GPU) stores the best in the cache
     and `plan` then reports the tuned choice."""
