@@ -1795,7 +1795,9 @@ def candidates(plan: Plan) -> list[dict]:
     those the planner accepts forced (`_apply`: within its shared memory and, for the
     persistent grid, co-resident; every choice on the interpreter preset). A streamed
     choice names its stages (`LayerPlan.choice`), and one that `_stream_stages` pipelines
-    deeper is also tried on Triton's default."""
+    deeper is also tried on Triton's default. A grid-family choice names its backward
+    (split_k_bwd = 0), and each form of the split-K backward is tried beside every
+    persistent-grid forward (`_split_k_candidates`)."""
     from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, vector_tiles
 
     if plan.dtype == "float64":
