@@ -116,8 +116,8 @@ def focus_split_k(case: dict, i: int) -> dict:
     / 64 (the unit and K blocks are multiples of 16), no projection, a persistent-grid or
     stepwise plan (the drawn family where it is one), the two-barrier switch, the
     one-barrier switch or both, and in some cases a form forced by the constraint
-    split_k_bwd instead (a drawn split_k_bwd = 0 kept where none is forced); the rest as
-    drawn. Whether the planner's forced tiles fit,
+    split_k_bwd instead (the plain draw's split_k_bwd, if any, kept where none is forced);
+    the rest as drawn. Whether the planner's forced tiles fit,
     and which form has tiles (the one-barrier form up to B = 32), stays the case's own."""
     rng = random.Random(i * 7919 + 17)
     shape = dict(case["shape"], H=rng.choice([16, 32, 48, 64]), proj=0)
