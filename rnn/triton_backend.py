@@ -203,42 +203,34 @@ def _forward_launch(lp: LayerPlan, args: tuple) -> None:
 
 def _backward_launch(lp: LayerPlan, shape: tuple, args: tuple) -> None:
     """One direction's backward (`TritonRecurrence.backward`'s arguments) on lp's kernel:
-    the split-K kernel's where lp names it (`_split_k`; shape: the recurrence as `_shape`
-    gives it)."""
+    the split-K kernel's where lp names it (`planner.split_k_launch`; shape: the recurrence
+    as `_shape` gives it)."""
+    cell, H, _, _, dtype, batch, props, _ = shape
     if lp.family == "reference":
         reference.recurrence_backward(*args)
     elif lp.family == "persistent_cta":
         from tritonrnn.kernels.persistent_cta import cta_backward
 
         cta_backward(*args, block_b=lp.block_b, num_warps=lp.backward_warps)
-    elif (split := _split_k(lp, shape)) is not None:
-        _split_k_backward(lp, split, *args)
+    elif (split := split_k_launch(lp, cell, H, batch, dtype, props)) is not None:
+        _split_k_backward(lp, split, args)
     else:
         from tritonrnn.kernels.persistent_grid import grid_backward
 
         _with_stepwise_fallback(grid_backward, args, lp, backward=True)
 
 
-def _split_k(lp: LayerPlan, shape: tuple):
-    """The split-K backward's launch (kernels/split_k.py, a `SplitK`) where the plan runs it
-    (LayerPlan.split_k_bwd, `planner.split_k_launch`), else None; shape: the recurrence as
-    `_shape` gives it (the plan's device properties among them)."""
-    cell, H, _, _, dtype, batch, props, _ = shape
-    return split_k_launch(lp, cell, H, batch, dtype, props)
-
-
-def _split_k_backward(lp: LayerPlan, split, cell, pre_x, pre_h, R, Pw, y, h_prev, c_seq,
-                      c_prev, dy, dhT, dcT, info, reverse, dpre_x, dpre_h, dh0, dc0, dh_total,
-                      m_seq) -> None:
-    """One direction's backward (`TritonRecurrence.backward`'s arguments; Pw, dh_total and
-    m_seq None: no projection) on the split-K kernel: `split`, lp's launch (`_split_k`), on
-    lp's backward warps, persistent for a persistent_grid plan (rerun stepwise where that
-    launch fails, `_persistent_or_stepwise`), stepwise for a stepwise one."""
+def _split_k_backward(lp: LayerPlan, split, args: tuple) -> None:
+    """One direction's backward (args: `TritonRecurrence.backward`'s, without a projection:
+    Pw, dh_total and m_seq None) on the split-K kernel: `split`, lp's launch
+    (`planner.split_k_launch`), on lp's backward warps, persistent for a persistent_grid plan
+    (rerun stepwise where that launch fails, `_persistent_or_stepwise`), stepwise for a
+    stepwise one."""
     from tritonrnn.kernels.split_k import split_k_backward
 
+    inputs = args[:4] + args[5:-2]  # split_k_backward's: all but Pw, dh_total and m_seq
     _persistent_or_stepwise(lambda persistent: split_k_backward(
-        cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, reverse, dpre_x,
-        dpre_h, dh0, dc0, units=split.units, kblock=split.kblock, btile=split.btile,
+        *inputs, units=split.units, kblock=split.kblock, btile=split.btile,
         one_barrier=split.one_barrier, num_warps=lp.backward_warps, persistent=persistent),
         lp.family)
 
