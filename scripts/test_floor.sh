@@ -34,7 +34,8 @@ export TRITON_INTERPRET=1
   "${VERSION_TEST_FILES[@]}" -k "$VERSION_TEST_K" "$@"
 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
   tests/test_compile.py tests/test_ops_api.py tests/test_ops_reference.py tests/test_modules.py \
-  tests/test_errors.py tests/test_tensorarray.py tests/test_tensorarray_grad.py \
+  tests/test_errors.py tests/test_errors_random.py tests/test_tensorarray.py \
+  tests/test_tensorarray_grad.py \
   tests/test_tensorarray_autograd.py tests/test_tensorarray_model.py tests/test_rnn_tensorarray.py \
   tests/test_ddp.py \
   tests/test_cli.py tests/test_planner.py tests/test_plan_pipeline.py \
