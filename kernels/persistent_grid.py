@@ -1997,13 +1997,12 @@ def hoist_tiles(block_k: int, block_b: int, persistent: bool, proj: int = 0) -> 
 
 def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool = True,
                    proj: int = 0, thread_bytes: int = 0, num_warps: int = 4,
-                   first_bytes: int = 0, by_default: bool = False) -> Hoist:
+                   first_bytes: int = 0) -> Hoist:
     """HOIST for a launch of `pass_name` ("fwd" / "bwd") where it applies (`hoist_tiles`):
     by default `_hoist_by_default` (thread_bytes: the whole slice's `weight_thread_bytes`
     on num_warps warps, first_bytes: its first chunk's where it has two, else 0), else as
-    TRITONRNN_HOIST_WEIGHTS says (Hoist.ALL for the passes it names); by_default: the
-    default rule whatever the variable says."""
-    asked = "auto" if by_default else _env_passes("TRITONRNN_HOIST_WEIGHTS")
+    TRITONRNN_HOIST_WEIGHTS says (Hoist.ALL for the passes it names)."""
+    asked = _env_passes("TRITONRNN_HOIST_WEIGHTS")
     if asked == "off" or not hoist_tiles(block_k, block_b, persistent, proj):
         return Hoist.NONE
     if asked == "auto":
@@ -2045,8 +2044,12 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
         rows, (ka, kb) = G * _block_o(H, P, block_h), _ksplit(H, block_k, block_b)
     thread_bytes = weight_thread_bytes(rows, ka, kb, dtype, num_warps)
     first_bytes = weight_thread_bytes(rows, ka, 0, dtype, num_warps) if kb else 0
+    if by_default:  # (not through _hoist_weights, which the ablation variants replace)
+        if not hoist_tiles(block_k, block_b, persistent, P):
+            return Hoist.NONE
+        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps, first_bytes)
     return _hoist_weights(pass_name, block_k, block_b, persistent, P, thread_bytes, num_warps,
-                          first_bytes, by_default)
+                          first_bytes)
 
 
 def _swap_dots(block_k: int, block_b: int) -> bool:
