@@ -4,27 +4,28 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
-# Next session, in this order (each step's call and timeout_s; give the machine back after
-# the last):
-#   1. `tests` (230): the GPU-marked tests; never run on a GPU yet among them: the split-K
-#      backward's (test_gpu_split_k_backward, ..._in_the_layer) and the first-chunk hoist's
-#      (test_gpu_first_chunk_hoisted).
-#   2. `splitk` (500): the split-K backward (kernels/split_k.py, off by default: a third of
-#      the streamed grid's L2 bytes per step at LSTM H=1024 B=256, a quarter of the resident
-#      grid's at B=64 and B=16, for a second grid barrier; or one barrier with each K block's
-#      cells run by all its programs, B <= 32) against the plan's backward in the layer, then
-#      cuDNN's backward, then the kernel alone in both forms. It aims at the largest gaps of
-#      issue 5 (LSTM B=256 backward 0.73x cuDNN-graph, B=64 H >= 768). If a form wins, a
-#      planner rule for it needs `tests` and `all` in a later session.
-#   3. With time left, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (270): the
-#      untimed planner rules (the backward's own tiles against the forward's, `samebwd`;
-#      the streamed stages against Triton's 3, `st3`, and 8, `st8`; `bw4`, `fw4`, `bk0`).
+# Next session, in this order (give the machine back after the last call):
+#   1. `tests` (timeout_s 230): the GPU-marked tests; never run on a GPU yet among them:
+#      the split-K backward's (test_gpu_split_k_backward, ..._in_the_layer) and the
+#      first-chunk hoist's (test_gpu_first_chunk_hoisted).
+#   2. `splitk` (timeout_s 500): the split-K backward (kernels/split_k.py, off by default:
+#      a third of the streamed grid's L2 bytes per step at LSTM H=1024 B=256, a quarter of
+#      the resident grid's at B=64 and B=16, for a second grid barrier; or one barrier with
+#      each K block's cells run by all its programs, B <= 32) against the plan's backward in
+#      the layer, then cuDNN's backward, then the kernel alone in both forms. It aims at the
+#      largest gaps of issue 5 (LSTM B=256 backward 0.73x cuDNN-graph, B=64 H >= 768). If a
+#      form wins, a planner rule for it needs `tests` and `all` in a later session.
+#   3. With time left, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s
+#      270): the untimed planner rules (the backward's own tiles against the forward's,
+#      `samebwd`; the streamed stages against Triton's 3, `st3`, and 8, `st8`; `bw4`, `fw4`,
+#      `bk0`); in a session of `tests` and `decide`, then `barrier` (timeout_s 230).
 # Since the last timed sweep (`all`: the grid and targets presets against cuDNN, the bare
 # barrier, check; 2026-11-27) the planner's rules changed the plans at B >= 32 (the 16 x 32
 # forward on 8 warps, `_split_k_on_8`; resident tiles past 1024 elements streamed,
 # `_RESIDENT_TILE`; the backward's own 32 x 16 tiles at B = 64, `_taller_backward`; the
-# streamed stages, `_stream_stages`, 904 of the 3960 H100 / H200 plans): `all` (490) re-times
-# issue 5's evidence with them, the session after, or this one where `splitk` fails early.
+# streamed stages, `_stream_stages`, 904 of the 3960 H100 / H200 plans): `all` (timeout_s
+# 490) re-times issue 5's evidence with them, the session after, or this one where `splitk`
+# fails early.
 # A change that `decide` motivates needs `tests` and `all` (timeout_s 490)
 # in the session after (on 2026-11-27 `tests` took 169 s, `all` 269, `decide` 243). Later
 # `phases` (timeout_s 330): where a step's
