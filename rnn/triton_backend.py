@@ -228,9 +228,11 @@ def _split_k_backward(lp: LayerPlan, split, args: tuple) -> None:
     stepwise one."""
     from tritonrnn.kernels.split_k import split_k_backward
 
-    inputs = args[:4] + args[5:-2]  # split_k_backward's: all but Pw, dh_total and m_seq
+    (cell, pre_x, pre_h, R, _Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, reverse, dpre_x,
+     dpre_h, dh0, dc0, _dh_total, _m_seq) = args
     _persistent_or_stepwise(lambda persistent: split_k_backward(
-        *inputs, units=split.units, kblock=split.kblock, btile=split.btile,
+        cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, reverse, dpre_x,
+        dpre_h, dh0, dc0, units=split.units, kblock=split.kblock, btile=split.btile,
         one_barrier=split.one_barrier, num_warps=lp.backward_warps, persistent=persistent),
         lp.family)
 
