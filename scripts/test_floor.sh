@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The oldest torch and Triton that pyproject.toml admits, together: torch 2.8.0 and the Triton
-# it pins (3.4.0), in an environment of their own, .venv-floor/. PyPI's torch 2.8 for Linux is a
-# CUDA build (about 4.5 GB with the CUDA libraries it needs to import, GPU or not; 2 minutes to
-# install on a CI machine). Runs, under the interpreter:
+# it pins (3.4.0), in an environment of their own, .venv-floor/ (scripts/setup_floor.sh builds
+# it where it is missing). Runs, under the interpreter:
 # - the tests that depend on the Triton version (scripts/version_test_selection.sh) but the
 #   `compiler_specific` ones, which assert what 3.6 and newer compile the kernels to (3.4
 #   spills elsewhere, and its persistent-CTA backward takes more shared memory than the
@@ -14,24 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/version_test_selection.sh
-torch_version=2.8.0 triton_version=3.4.0 venv=.venv-floor
-versions_ok() {
-  "$venv/bin/python" -c "import sys, torch, triton; sys.exit(not (
-    torch.__version__.split('+')[0] == '$torch_version' and triton.__version__ == '$triton_version'))" \
-    2>/dev/null
-}
-if ! versions_ok || ! "$venv/bin/python" -c "import tritonrnn.rnn" 2>/dev/null; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "torch==$torch_version" "triton==$triton_version"
-  "$venv/bin/python" -m pip install -q -e ".[test,bench]"
-  versions_ok || { echo "test_floor.sh: installing the project changed torch or Triton" >&2; exit 1; }
-fi
+bash scripts/setup_floor.sh
+venv=.venv-floor
 export TRITON_INTERPRET=1
-"$venv/bin/python" -c "import torch, triton; print('torch', torch.__version__, '/ Triton', triton.__version__)"
 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider -m "not compiler_specific" \
-  "${VERSION_TEST_FILES[@]}" -k "$VERSION_TEST_K" "$@"
+  "${VERSION_TEST_FILES[@]}" "${VERSION_TEST_PROBES[@]}" "$@"
 "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
   tests/test_compile.py tests/test_ops_api.py tests/test_ops_reference.py tests/test_modules.py \
   tests/test_errors.py tests/test_errors_random.py tests/test_tensorarray.py \

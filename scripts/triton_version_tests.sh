@@ -20,4 +20,4 @@ fi
 export PYTHONPATH=$PWD/$dir TRITON_INTERPRET=1
 .venv/bin/python -c "import triton; print('Triton', triton.__version__, 'from', triton.__file__)"
 .venv/bin/python -m pytest -q -n 2 -p no:cacheprovider "${VERSION_TEST_FILES[@]}" \
-  -k "$VERSION_TEST_K" "$@"
+  "${VERSION_TEST_PROBES[@]}" "$@"

@@ -48,3 +48,22 @@ def test_int32_overflow_is_checked_only_in_debug(monkeypatch, debug):
         assert out.item() == 0  # 2**32, wrapped to 32 bits
     _scale_kernel[(1,)](x, out, 3)  # a product that fits passes either way
     assert out.item() == 3 << 16
+
+
+def test_every_version_probe_is_a_test():
+    """tests/version_probes.txt (scripts/version_probes.py) names tests that exist: a renamed
+    test or case would otherwise fail the version jobs only (pytest: "not found")."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    probes = [line for line in (root / "tests" / "version_probes.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    assert len(probes) >= 20 and len(set(probes)) == len(probes)
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *probes], cwd=root, capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    collected = [line for line in res.stdout.splitlines() if "::" in line]
+    assert sorted(collected) == sorted(probes)
