@@ -547,13 +547,14 @@ class SplitK(NamedTuple):
 
     def describe(self) -> str:
         """The tiles in a few words, for messages and `Plan.explain`."""
-        form = "one barrier" if self.one_barrier else "two barriers"
+        form = FORM_NAMES[ONE_BARRIER if self.one_barrier else TWO_BARRIERS]
         return f"{self.units} x {self.kblock} x {self.btile}, {form}"
 
 
 # A plan's split_k_bwd (`rnn.planner.LayerPlan`): the grid barriers a step of the split-K
 # backward that runs its backward, 0 for the family's own backward.
 ONE_BARRIER, TWO_BARRIERS = 1, 2
+FORM_NAMES = {ONE_BARRIER: "one barrier", TWO_BARRIERS: "two barriers"}
 # The backward's warps where a plan does not name them: the sm_90 compiles above are of 8.
 NUM_WARPS = 8
 

@@ -239,6 +239,8 @@ def _split_k_backward(lp: LayerPlan, split, args: tuple) -> None:
 
 def _tiles(lp: LayerPlan) -> str:
     """A plan's tiles in a few words, for messages."""
+    from tritonrnn.kernels.split_k import FORM_NAMES
+
     if lp.family == "persistent_cta":
         return f"block_b={lp.block_b}"
     weights = f"streamed/{lp.block_k}" if lp.block_k else "resident"
@@ -247,8 +249,7 @@ def _tiles(lp: LayerPlan) -> str:
             f" (backward {lp.backward_stages})" if lp.backward_stages != lp.num_stages else "")
     bwd = (f" (backward {lp.backward_block_h} x {lp.backward_block_b})"
            if lp.own_backward_tiles else "")
-    split = (f", split-K backward ({'one barrier' if lp.split_k_bwd == 1 else 'two barriers'})"
-             if lp.split_k_bwd else "")
+    split = f", split-K backward ({FORM_NAMES[lp.split_k_bwd]})" if lp.split_k_bwd else ""
     return f"{lp.block_h} x {lp.block_b} tiles{bwd}, weights {weights}{split}"
 
 
