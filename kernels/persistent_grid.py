@@ -2003,19 +2003,20 @@ def _hoist_weights(pass_name: str, block_k: int, block_b: int, persistent: bool 
     on num_warps warps, first_bytes: its first chunk's where it has two, else 0), else as
     TRITONRNN_HOIST_WEIGHTS says (Hoist.ALL for the passes it names)."""
     asked = _env_passes("TRITONRNN_HOIST_WEIGHTS")
+    if asked == "auto":
+        return _hoist_by_default(pass_name, block_k, block_b, persistent, proj, thread_bytes,
+                                 num_warps, first_bytes)
     if asked == "off" or not hoist_tiles(block_k, block_b, persistent, proj):
         return Hoist.NONE
-    if asked == "auto":
-        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps, first_bytes)
     return Hoist.ALL if pass_name in asked else Hoist.NONE
 
 
-def _hoist_by_default(pass_name: str, block_b: int, thread_bytes: int, num_warps: int,
-                      first_bytes: int = 0) -> Hoist:
-    """HOIST's default rule where it applies: 16-wide batch tiles whose weights take at most
-    `hoist_budget` bytes per thread (Hoist.ALL), else, on 8 warps, whose first of two chunks
-    takes at most _HOIST_FIRST_THREAD_BYTES (Hoist.FIRST)."""
-    if block_b != 16:
+def _hoist_by_default(pass_name: str, block_k: int, block_b: int, persistent: bool, proj: int,
+                      thread_bytes: int, num_warps: int, first_bytes: int = 0) -> Hoist:
+    """HOIST's default rule where it applies (`hoist_tiles`): 16-wide batch tiles whose
+    weights take at most `hoist_budget` bytes per thread (Hoist.ALL), else, on 8 warps, whose
+    first of two chunks takes at most _HOIST_FIRST_THREAD_BYTES (Hoist.FIRST)."""
+    if block_b != 16 or not hoist_tiles(block_k, block_b, persistent, proj):
         return Hoist.NONE
     if thread_bytes <= hoist_budget(pass_name, num_warps):
         return Hoist.ALL
@@ -2045,9 +2046,8 @@ def hoist_pass(pass_name: str, cell: str, H: int, Hout: int, P: int, dtype: torc
     thread_bytes = weight_thread_bytes(rows, ka, kb, dtype, num_warps)
     first_bytes = weight_thread_bytes(rows, ka, 0, dtype, num_warps) if kb else 0
     if by_default:  # (not through _hoist_weights, which the ablation variants replace)
-        if not hoist_tiles(block_k, block_b, persistent, P):
-            return Hoist.NONE
-        return _hoist_by_default(pass_name, block_b, thread_bytes, num_warps, first_bytes)
+        return _hoist_by_default(pass_name, block_k, block_b, persistent, P, thread_bytes,
+                                 num_warps, first_bytes)
     return _hoist_weights(pass_name, block_k, block_b, persistent, P, thread_bytes, num_warps,
                           first_bytes)
 

@@ -8,4 +8,4 @@
 # cases' time). The numerics of every case are the main suite's, under the newest Triton.
 # shellcheck shell=bash
 VERSION_TEST_FILES=(tests/test_aot.py tests/test_harness.py)
-mapfile -t VERSION_TEST_PROBES < <(grep -v '^#' "$(dirname "${BASH_SOURCE[0]}")/../tests/version_probes.txt")
+mapfile -t VERSION_TEST_PROBES < <(grep -v -e '^#' -e '^$' "$(dirname "${BASH_SOURCE[0]}")/../tests/version_probes.txt")
