@@ -16,13 +16,18 @@ the pool covers is covered.
     PYTHONPATH=.triton36 TRITON_INTERPRET=1 .venv/bin/python scripts/version_probes.py
 
 writes tests/version_probes.txt (run it again after a change to kernels/ or to the pool's
-tests; tests/test_harness.py checks that every listed test still exists). Takes about 8
-minutes on two cores (`--workers`).
+tests). Takes about 8 minutes on two cores (`--workers`). The file also lists every function
+of kernels/ then, each marked with whether the pool ran it. tests/test_harness.py checks that
+every listed test still exists and that kernels/ still has the listed functions, no more and
+no fewer: a function added (or renamed) since would otherwise run under the older releases'
+interpreters only if a probe happened to reach it. A line added inside a listed function is
+not caught.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import datetime
 import os
@@ -42,6 +47,47 @@ POOL_FILES = [
 POOL_K = ("not (test_kernels_grid or test_bidir_launch or test_triton_backend) or (lstm and "
           "not rev_dir and (test_kernels_grid or pair_launch or engine_pair or "
           "unidirectional_varlen_zero_lengths))")
+
+
+FUNCTION_MARK = "# function "
+
+
+def kernel_functions(root: Path = ROOT) -> dict[str, tuple[int, int]]:
+    """Every function and method of kernels/*.py (nested ones too), as "path::qualified.name"
+    -> (first line, last line), the decorators included."""
+    found: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, prefix: str, path: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    found[f"{path}::{name}"] = (first, child.end_lineno or child.lineno)
+                visit(child, f"{name}.", path)
+
+    for file in sorted((root / "kernels").glob("*.py")):
+        path = file.relative_to(root).as_posix()
+        visit(ast.parse(file.read_text(), filename=path), "", path)
+    return found
+
+
+def recorded_functions(text: str) -> dict[str, bool]:
+    """The functions a probe list records: name -> whether the pool ran it."""
+    recorded = {}
+    for line in text.splitlines():
+        if line.startswith(FUNCTION_MARK):
+            mark, name = line[len(FUNCTION_MARK):].split(" ", 1)
+            recorded[name] = mark == "+"
+    return recorded
+
+
+def functions_run(covered: set[tuple[str, int]]) -> dict[str, bool]:
+    """Each function of kernels/ -> whether the pool ran one of its lines (a def or decorator
+    line runs at import, outside every test's context, so in effect: one of its body's)."""
+    return {name: any(p == name.split("::", 1)[0] and first <= line <= last
+                      for p, line in covered)
+            for name, (first, last) in kernel_functions().items()}
 
 
 def run_pool(data_dir: Path, workers: int) -> dict[str, float]:
@@ -108,7 +154,11 @@ def main() -> None:
         f"{triton.__version__}): {len(chosen)} of the pool's {len(per)} tests, which run all "
         f"{lines} lines of kernels/ the pool runs\n# ({chosen_s:.0f} of {pool_s:.0f} "
         "test-seconds under coverage). Run by scripts/version_test_selection.sh's jobs.\n")
-    OUT.write_text(header + "".join(f"{t}\n" for t in chosen))
+    ran = functions_run(set().union(*per.values()))
+    header += (f"# The functions of kernels/ then, + where the pool ran them ({sum(ran.values())} "
+               f"of {len(ran)}): tests/test_harness.py checks that kernels/ still has these.\n")
+    OUT.write_text(header + "".join(f"{t}\n" for t in chosen)
+                   + "".join(f"{FUNCTION_MARK}{'+' if r else '-'} {n}\n" for n, r in ran.items()))
     print(header, end="")
 
 

@@ -67,3 +67,25 @@ def test_every_version_probe_is_a_test():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     collected = [line for line in res.stdout.splitlines() if "::" in line]
     assert sorted(collected) == sorted(probes)
+
+
+def test_version_probes_know_every_kernel_function():
+    """tests/version_probes.txt lists the functions kernels/ had when its probes were chosen:
+    a function added or renamed since runs under the older releases' interpreters only if a
+    probe happens to reach it, so the list must be chosen again (the message says how)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("version_probes",
+                                                  root / "scripts" / "version_probes.py")
+    probes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probes)
+    recorded = probes.recorded_functions((root / "tests" / "version_probes.txt").read_text())
+    current = probes.kernel_functions(root)
+    assert len(current) > 100
+    added, gone = sorted(current.keys() - recorded), sorted(recorded.keys() - current)
+    assert not added and not gone, (
+        f"kernels/ has functions the probe list does not know ({added}) or lacks listed ones "
+        f"({gone}): choose the probes again with `PYTHONPATH=.triton36 TRITON_INTERPRET=1 "
+        f"python scripts/version_probes.py` (needs coverage and pytest-cov)")
