@@ -12,7 +12,7 @@ order. The choice: run the pool once under coverage (a context per test) with it
 then greedily take the test that adds the most uncovered lines per second until every line
 the pool covers is covered.
 
-    pip install coverage pytest-cov   # not among the project's extras
+    .venv/bin/python -m pip install -e ".[probes]"   # coverage and pytest-cov
     PYTHONPATH=.triton36 TRITON_INTERPRET=1 .venv/bin/python scripts/version_probes.py
 
 writes tests/version_probes.txt (run it again after a change to kernels/ or to the pool's

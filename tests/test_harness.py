@@ -88,4 +88,4 @@ def test_version_probes_know_every_kernel_function():
     assert not added and not gone, (
         f"kernels/ has functions the probe list does not know ({added}) or lacks listed ones "
         f"({gone}): choose the probes again with `PYTHONPATH=.triton36 TRITON_INTERPRET=1 "
-        f"python scripts/version_probes.py` (needs coverage and pytest-cov)")
+        f"python scripts/version_probes.py` (after `pip install -e .[probes]`)")
