@@ -270,8 +270,9 @@ def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, monk
         return run(*args, **kw)
 
     monkeypatch.setattr(split_k, "split_k_backward", spy)
-    kw = dict(L=2, H=H, I=4, proj=0, dropout=0.3, backend="triton", lengths=[T, 3, 0, 5],
-              constraints={"family": "persistent_grid", "block_h": 16, "split_k_bwd": form})
+    kw = dict(L=2, H=H, I=4, proj=0, dropout=0.3, backend="triton", lengths=[4, 3, 0, 2],
+              steps=4, constraints={"family": "persistent_grid", "block_h": 16,
+                                    "split_k_bwd": form})
     want = _run(mode, chunks=1, **kw)
     assert seen == [form == 1] * 2
     got = _run(mode, chunks=chunks, **kw)

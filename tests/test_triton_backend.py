@@ -299,23 +299,18 @@ def test_backward_on_its_own_tiles(family, mode, bidirectional, proj, monkeypatc
 # default): a grid-family plan's backward without a projection runs the split-K kernel, its
 # one-barrier form where that switch is on and `split_k1_tiles` has tiles (B <= 32), else its
 # two-barrier form where that switch is on, per direction of a bidirectional layer
-# (persistent for persistent_grid, stepwise launches for stepwise), and matches the oracle;
-# with a projection, past the one-barrier form's batch with only its switch on, or with
-# both off, the plan's own backward runs. Seen: (units, kblock, btile, one_barrier,
-# persistent).
-@pytest.mark.parametrize("family, mode, bidirectional, proj, lengths, two, one, want", [
-    ("persistent_grid", "lstm", False, 0, "varlen", True, False, {(16, 64, 16, False, True)}),
-    ("persistent_grid", "lstm", False, 0, "varlen", False, True, {(16, 64, 16, True, True)}),
-    ("persistent_grid", "gru", True, 0, "varlen", True, False, {(16, 64, 16, False, True)}),
-    ("persistent_grid", "gru", True, 0, "varlen", True, True, {(16, 48, 16, True, True)}),
-    ("stepwise", "rnn_tanh", False, 0, "varlen", True, False, {(16, 64, 16, False, False)}),
-    ("stepwise", "rnn_relu", False, 0, "zero", False, True, {(16, 16, 16, True, False)}),
-    ("persistent_grid", "lstm", False, 0, "batch70", True, True, {(16, 64, 128, False, True)}),
-    ("persistent_grid", "lstm", False, 0, "batch70", False, True, set()),
-    ("persistent_grid", "lstm", False, 8, "varlen", True, True, set()),
-    ("persistent_grid", "rnn_relu", False, 0, "varlen", False, False, set()),
+# (persistent for persistent_grid, stepwise launches for stepwise), and matches the oracle.
+# Seen: (units, kblock, btile, one_barrier, persistent).
+@pytest.mark.parametrize("family, mode, bidirectional, lengths, two, one, want", [
+    ("persistent_grid", "lstm", False, "varlen", True, False, (16, 64, 16, False, True)),
+    ("persistent_grid", "lstm", False, "varlen", False, True, (16, 64, 16, True, True)),
+    ("persistent_grid", "gru", True, "varlen", True, False, (16, 64, 16, False, True)),
+    ("persistent_grid", "gru", True, "varlen", True, True, (16, 48, 16, True, True)),
+    ("stepwise", "rnn_tanh", False, "varlen", True, False, (16, 64, 16, False, False)),
+    ("stepwise", "rnn_relu", False, "zero", False, True, (16, 16, 16, True, False)),
+    ("persistent_grid", "lstm", False, "batch70", True, True, (16, 64, 128, False, True)),
 ])
-def test_split_k_backward_switch(family, mode, bidirectional, proj, lengths, two, one, want,
+def test_split_k_backward_switch(family, mode, bidirectional, lengths, two, one, want,
                                  monkeypatch):
     from tritonrnn.kernels import split_k
 
@@ -330,8 +325,30 @@ def test_split_k_backward_switch(family, mode, bidirectional, proj, lengths, two
     monkeypatch.setattr(split_k, "split_k_backward", spy)
     with plan_constraints(family=family, block_h=16):
         compare_with_torch(mode, L=1, bidirectional=bidirectional, lengths=lengths, I=4,
-                           H=64, T=4, proj=proj, backend="triton", **FP32)
-    assert seen == want
+                           H=64, T=4, backend="triton", **FP32)
+    assert seen == {want}
+
+
+# ... and with a projection, past the one-barrier form's batch with only its switch on, or
+# with both off, the plan names no split-K form, so the plan's own backward runs (the backend
+# runs a plan's split_k_bwd alone: test_split_k_backward_forced_by_the_plan).
+@pytest.mark.parametrize("mode, proj, batch, two, one", [
+    ("lstm", 0, 70, False, True), ("lstm", 8, 4, True, True), ("rnn_relu", 0, 4, False, False)])
+def test_split_k_switches_leave_these_backwards_alone(mode, proj, batch, two, one,
+                                                     monkeypatch):
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import device_properties, recurrence_choice
+
+    props = device_properties(torch.device("cpu"))
+    with plan_constraints(family="persistent_grid", block_h=16):
+        # (both switches on, without a projection: the layer's backward would be split-K)
+        monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+        monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
+        assert recurrence_choice(mode, 64, 64, 0, torch.float32, batch, props)[0].split_k_bwd
+        monkeypatch.setattr(split_k, "_BWD_SPLIT_K", two)
+        monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", one)
+        lp = recurrence_choice(mode, 64, proj or 64, proj, torch.float32, batch, props)[0]
+    assert (lp.family, lp.split_k_bwd) == ("persistent_grid", 0)
 
 
 # plan_constraints(split_k_bwd=...) names the backward whatever the switches say: a form forced
