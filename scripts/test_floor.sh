@@ -8,7 +8,9 @@
 #   planner estimates; a launch it refuses falls back, rnn/triton_backend.py);
 # - the tests of the torch APIs the library is built on: the custom ops, their fake
 #   implementations and autograd, torch.compile, the modules, DDP, the TensorArray ops, the
-#   planner and the command line.
+#   planner and the command line, and the fallbacks from a launch Triton refuses (but the
+#   cases of the projection and the split-K backward, whose kernels the version selection's
+#   probes run and whose fallback is the library's own, as in the other cases).
 # Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +27,6 @@ export TRITON_INTERPRET=1
   tests/test_tensorarray_autograd.py tests/test_tensorarray_model.py tests/test_rnn_tensorarray.py \
   tests/test_ddp.py \
   tests/test_cli.py tests/test_planner.py tests/test_plan_pipeline.py \
-  tests/test_out_of_resources.py "$@"
+  tests/test_out_of_resources.py \
+  -k "not test_a_refused_split_k_backward_runs_the_familys_own and not cta_is_refused[lstm-5]" \
+  "$@"
