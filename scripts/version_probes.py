@@ -85,9 +85,14 @@ def recorded_functions(text: str) -> dict[str, bool]:
 def functions_run(covered: set[tuple[str, int]]) -> dict[str, bool]:
     """Each function of kernels/ -> whether the pool ran one of its lines (a def or decorator
     line runs at import, outside every test's context, so in effect: one of its body's)."""
-    return {name: any(p == name.split("::", 1)[0] and first <= line <= last
-                      for p, line in covered)
-            for name, (first, last) in kernel_functions().items()}
+    lines_of: dict[str, list[int]] = collections.defaultdict(list)
+    for path, line in covered:
+        lines_of[path].append(line)
+    ran = {}
+    for name, (first, last) in kernel_functions().items():
+        path = name.split("::", 1)[0]
+        ran[name] = any(first <= line <= last for line in lines_of[path])
+    return ran
 
 
 def run_pool(data_dir: Path, workers: int) -> dict[str, float]:

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 from tritonrnn.rnn import canonical_to_params
 
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """The module of `<root>/<folder>/<name>.py`, a script rather than a package module (the
+    scripts and examples are run by path, not installed), loaded under the name `name`."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def stepwise_runs(hoistable: bool) -> bool:

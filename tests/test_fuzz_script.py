@@ -4,17 +4,13 @@ fails is reported as one (exit status 1)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fuzz_configs", ROOT / "scripts" / "fuzz_configs.py")
-FZ = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(FZ)
+FZ = load_script("fuzz_configs")
 
 
 def test_draws_are_reproducible_and_varied():

@@ -11,7 +11,6 @@ run its swapped kernels (in the interpreter: the outputs are garbage, only the r
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -21,24 +20,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, load_script
 
 from tritonrnn.bench.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide", "large",
           "warps", "hoist", "vector", "spills", "spills2", "huge", "late",
           "decide", "confirm", "barrier", "phases", "splitk", "profile"]
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ABL = _load_script("step_ablation")
-PROBE = _load_script("split_k_probe")
+ABL = load_script("step_ablation")
+PROBE = load_script("split_k_probe")
 
 # A stub records its name and arguments as one JSON line and runs nothing.
 RECORDER = """import json, os, sys

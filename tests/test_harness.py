@@ -73,16 +73,11 @@ def test_version_probes_know_every_kernel_function():
     """tests/version_probes.txt lists the functions kernels/ had when its probes were chosen:
     a function added or renamed since runs under the older releases' interpreters only if a
     probe happens to reach it, so the list must be chosen again (the message says how)."""
-    import importlib.util
-    from pathlib import Path
+    from helpers import ROOT, load_script
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("version_probes",
-                                                  root / "scripts" / "version_probes.py")
-    probes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probes)
-    recorded = probes.recorded_functions((root / "tests" / "version_probes.txt").read_text())
-    current = probes.kernel_functions(root)
+    probes = load_script("version_probes")
+    recorded = probes.recorded_functions((ROOT / "tests" / "version_probes.txt").read_text())
+    current = probes.kernel_functions(ROOT)
     assert len(current) > 100
     added, gone = sorted(current.keys() - recorded), sorted(recorded.keys() - current)
     assert not added and not gone, (

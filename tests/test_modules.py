@@ -795,13 +795,9 @@ def test_autocast_runs_the_op_as_a_plain_call_in_its_dtype(mode):
 
 
 def test_example_trains_a_few_steps(capsys):
-    import importlib.util
-    from pathlib import Path
+    from helpers import load_script
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "train_varlen.py"
-    spec = importlib.util.spec_from_file_location("train_varlen", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script("train_varlen", "examples")
     results = example.main(["--device", "cpu", "--steps", "4", "--warmup", "1",
                             "--eval-batches", "1", "--batch-size", "8", "--hidden", "8",
                             "--layers", "2", "--bidirectional", "--dropout", "0.1",

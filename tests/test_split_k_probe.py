@@ -6,17 +6,12 @@ sm_90 report path records the kernel's persistent launch."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("split_k_probe",
-                                               ROOT / "scripts" / "split_k_probe.py")
-PROBE = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(PROBE)
+PROBE = load_script("split_k_probe")
 
 
 @pytest.mark.parametrize(("cell", "H", "U", "KB"), [("lstm", 32, 16, 64), ("gru", 64, 32, 64),
