@@ -55,14 +55,14 @@ def test_every_version_probe_is_a_test():
     test or case would otherwise fail the version jobs only (pytest: "not found")."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    probes = [line for line in (root / "tests" / "version_probes.txt").read_text().splitlines()
+    from helpers import ROOT
+
+    probes = [line for line in (ROOT / "tests" / "version_probes.txt").read_text().splitlines()
               if line and not line.startswith("#")]
     assert len(probes) >= 20 and len(set(probes)) == len(probes)
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", *probes], cwd=root, capture_output=True,
+                          "-p", "no:cacheprovider", *probes], cwd=ROOT, capture_output=True,
                          text=True, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     collected = [line for line in res.stdout.splitlines() if "::" in line]
