@@ -1111,7 +1111,7 @@ def test_the_launch_path_finds_every_kernel_aot_compiled(tmp_path):
 # Every kind of kernel the planner launches, as it plans them for an H100: they compile and
 # fit on every supported Triton (scripts/test_floor.sh runs them with the oldest, 3.4).
 # What the compiles cost, shared memory against the planner's estimates included, is the
-# business of the GPU machines' Triton (3.6) and newer: the compiler_specific tests.
+# business of the GPU machines' Triton (3.6): the compiler_specific tests.
 KINDS = [  # (id, shape, family, block_k, MMA kind: fma for one-row tiles and exact fp32 dots)
     ("cta", aot.AotShape("lstm", hidden=64, batch=16), "persistent_cta", 0, "mma"),
     ("grid-16x16", aot.AotShape("lstm", hidden=768, batch=16), "persistent_grid", 0, "mma"),

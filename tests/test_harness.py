@@ -84,3 +84,17 @@ def test_version_probes_know_every_kernel_function():
         f"kernels/ has functions the probe list does not know ({added}) or lacks listed ones "
         f"({gone}): choose the probes again with `PYTHONPATH=.triton36 TRITON_INTERPRET=1 "
         f"python scripts/version_probes.py` (after `pip install -e .[probes]`)")
+
+
+def test_compile_costs_are_asserted_under_the_release_the_version_job_installs():
+    """The `compiler_specific` tests run under the calibration release only (tests/conftest.py
+    skips them elsewhere), so the job meant to run them must install that release."""
+    import re
+
+    from helpers import ROOT, compile_costs_apply
+
+    assert compile_costs_apply("3.6.0") and compile_costs_apply("3.6.1+git4a2b")
+    assert not any(compile_costs_apply(v) for v in ("3.4.0", "3.9.0", "3.60.0", "4.6.0", "3"))
+    job = (ROOT / "scripts" / "test_triton36.sh").read_text()
+    (installed,) = re.findall(r"triton_version_tests\.sh\" ([\d.]+) ", job)
+    assert compile_costs_apply(installed), installed
