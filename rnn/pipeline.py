@@ -30,6 +30,8 @@ import dataclasses
 import functools
 import math
 import os
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -78,18 +80,23 @@ def step_bounds(max_len: int, chunks: int) -> tuple[int, ...]:
     return tuple(k * max_len // chunks for k in range(chunks + 1))
 
 
-def stack_plans(cfg: RNNConfig, backend: str, batch: int, dtype: torch.dtype,
+def stack_plans(cfg: RNNConfig, backend: object, batch: int, dtype: torch.dtype,
                 props: DeviceProperties) -> tuple[LayerPlan, ...]:
-    """The recurrence plan of each layer as the backend named `backend` will run it: the
-    planner's choice for "triton" (the call TritonRecurrence.plan_choice makes; every layer of a
-    unidirectional stack has the same (H, Hout, P, B), hence the same plan), a "reference"
-    plan for any other backend (torch ops: never pipelined by the rule)."""
-    if backend == "triton":
-        lp = recurrence_choice(cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype,
-                               batch, props)[0]
-    else:
-        lp = LayerPlan("reference")
-    return (lp,) * cfg.num_layers
+    """The recurrence plans of the stack as `backend` (a backend, or its name) will run them:
+    for a backend with `plans_run` (TritonRecurrence) each layer's forward and backward plan,
+    the planner's choice or what replaced it after a launch the device refused (a refused
+    persistent CTA runs as a persistent grid of more programs); for the name "triton" the
+    planner's choice (the call TritonRecurrence.plan_choice makes); a "reference" plan for
+    any other backend (torch ops: never pipelined by the rule). Every layer of a
+    unidirectional stack has the same (H, Hout, P, B), hence the same plans."""
+    name = backend if isinstance(backend, str) else getattr(backend, "name", "")
+    if name != "triton":
+        return (LayerPlan("reference"),) * cfg.num_layers
+    shape = (cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props, 1)
+    plans_run = getattr(backend, "plans_run", None)
+    if plans_run is not None:
+        return tuple(plans_run(shape)) * cfg.num_layers
+    return (recurrence_choice(*shape)[0],) * cfg.num_layers
 
 
 def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
@@ -148,7 +155,7 @@ class Decision:
 
 def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
            plans: Sequence[LayerPlan] | None = None, *, dtype: torch.dtype = torch.float32,
-           props: DeviceProperties | None = None, backend: str = "triton",
+           props: DeviceProperties | None = None, backend: object = "triton",
            automatic: bool | None = None) -> Decision:
     """The layer-pipeline decision for a stack (the one place it is made: the engine, through
     `plan_pipeline`, `pipeline_chunks` and Plan.explain() all call this).
@@ -163,9 +170,9 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
       - the device is CUDA (elsewhere nothing runs concurrently), the stack unidirectional
         with L >= 2 layers, max_len >= 2 * MIN_CHUNK_STEPS (two chunks of >= 32 steps);
       - every layer's recurrence is persistent (persistent_cta / persistent_grid; `plans`, by
-        default `stack_plans(cfg, backend, ...)`) and at least two layers' programs are
-        co-resident together (`concurrent_layers` W >= 2; see there why this also rules out
-        a barrier deadlock);
+        default `stack_plans(cfg, backend, ...)`; backend: a backend or its name) and at
+        least two layers' programs are co-resident together (`concurrent_layers` W >= 2; see
+        there why this also rules out a barrier deadlock);
       - the model (`model_time_us`, T_STEP_US = 5 us per step, T_LAUNCH_US = 10 us per
         (layer, chunk)) of the best C in [2, T // 32] (chunks of >= 32 steps) beats the
         unpipelined time by 10%. With W = L the best C is near sqrt((L - 1) T t_step /
@@ -256,7 +263,7 @@ def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
     measured on a GPU: the side-stream schedule has only run on the CPU so far (same calls,
     in order). `plan_constraints(pipeline_chunks=k)` always applies."""
     return decide(cfg, info.B, info.max_len, device, dtype=dtype,
-                  backend=getattr(backend, "name", "")).pipeline
+                  backend=backend if backend is not None else "").pipeline
 
 
 # ----------------------------------------------------------------------------- workspaces
@@ -353,9 +360,21 @@ def _side_streams(index: int, width: int) -> tuple:
     return tuple(torch.cuda.Stream(device=index) for _ in range(width))
 
 
-@functools.lru_cache(maxsize=1024)
+# layout -> the stream tuples its tensors were recorded on (`_used_on`). Weak keys: a window
+# its cache evicted is freed as soon as no run holds it (a cache of its own here would keep
+# it, and its parent layout's index tensors, alive).
+_RECORDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RECORDED_LOCK = threading.Lock()
+
+
 def _used_on(layout, streams: tuple) -> None:
-    """record_stream of every device tensor of `layout` on every stream, once (cached)."""
+    """record_stream of every device tensor of `layout` on every stream, once per
+    (layout, streams) while the layout lives."""
+    with _RECORDED_LOCK:
+        seen = _RECORDED.setdefault(layout, set())
+        if streams in seen:
+            return
+        seen.add(streams)
     for f in dataclasses.fields(layout):
         t = getattr(layout, f.name)
         if isinstance(t, torch.Tensor) and t.is_cuda:

@@ -63,9 +63,22 @@ class TritonRecurrence:
         the planner's, or what replaced it after a launch needed more than the device has."""
         shape = _shape(cell, R, Pw, batch, num_dirs, self.properties(R.device))
         lp, source = self.plan_choice(shape)
+        return self._replaced(phase, shape, lp), source, shape
+
+    def _replaced(self, phase: str, shape: tuple, lp: LayerPlan) -> LayerPlan:
+        """lp, or the plan that replaced it for `phase` of `shape` (`_run`), transitively."""
         while (key := _replaced_key(phase, shape, lp)) in self._smaller:
             lp = self._smaller[key]
-        return lp, source, shape
+        return lp
+
+    def plans_run(self, shape: tuple) -> tuple[LayerPlan, LayerPlan]:
+        """The plans that run the forward and the backward of a recurrence given as `_shape`
+        makes it: the planner's choice, or what replaced it after a launch needed more than
+        the device has. The layer pipeline bounds the layers it keeps in flight by their
+        programs (`pipeline.stack_plans`): a replacement may be another family with more
+        programs (a refused persistent CTA runs as a persistent grid)."""
+        lp, _ = self.plan_choice(shape)
+        return self._replaced("forward", shape, lp), self._replaced("backward", shape, lp)
 
     def _run(self, phase: str, choice: tuple[LayerPlan, str, tuple],
              launch: Callable[[LayerPlan], None]) -> None:

@@ -534,3 +534,31 @@ def test_automatic_pipeline_is_opt_in(monkeypatch):
     monkeypatch.delenv("TRITONRNN_PIPELINE", raising=False)
     assert pipeline_mod.plan_pipeline(cfg, None, info, torch.float32,
                                       torch.device("cuda")) is None
+
+
+def test_recorded_windows_are_freed_with_their_caches():
+    """`_Slots.keep` remembers which layouts it recorded on the side streams; that memory
+    must not keep a window (and its parent layout's index tensors) alive once the packing
+    caches evicted it."""
+    import gc
+    import weakref
+
+    from tritonrnn.rnn import packing
+    from tritonrnn.rnn import pipeline as pipeline_mod
+
+    refs = []
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        lengths = [64] + torch.randint(1, 64, (7,), generator=g).tolist()
+        info = make_pack_info(lengths, 64, torch.device("cpu"))
+        for k in range(2):
+            w = window(info, 32 * k, 32 * (k + 1))
+            pipeline_mod._used_on(w, ())
+            pipeline_mod._used_on(w, ())  # once per (layout, streams): no second entry
+            assert pipeline_mod._RECORDED[w] == {()}
+            refs.append(weakref.ref(w))
+    del info, w
+    packing._window.cache_clear()
+    packing._make_pack_info.cache_clear()
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)

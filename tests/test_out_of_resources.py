@@ -297,3 +297,42 @@ def test_a_refused_split_k_backward_runs_the_familys_own(backend, monkeypatch, o
     assert plain.split_k_bwd == 0
     assert smaller_choice(lp, "lstm", 96, 96, 0, torch.float32, 4,
                           PRESETS["interpreter"]) == plain
+
+
+def test_the_layer_pipeline_counts_the_programs_of_a_replacement(backend):
+    """The pipeline keeps W layers in flight only where W launches' programs fit the SMs
+    together (`pipeline.concurrent_layers`, the bound that rules out a barrier deadlock). It
+    must count the plan that runs: here the refused persistent CTA (32 programs, W = 4)
+    runs as a persistent grid of 128 programs, so W = 1 on 132 SMs."""
+    from types import SimpleNamespace
+
+    from tritonrnn.rnn import pipeline
+    from tritonrnn.rnn.config import make_config
+
+    cfg = make_config(rnn_mode="lstm", num_layers=4, num_units=128, input_size=128)
+    B, dtype, cpu = 512, torch.bfloat16, torch.device("cpu")
+    R = torch.empty(4 * 128, 128, dtype=dtype)
+    info = SimpleNamespace(B=B, max_len=1024)
+    sms = backend.properties(cpu).sm_count
+
+    def width() -> int:
+        with plan_constraints(pipeline_chunks=8):
+            return pipeline.plan_pipeline(cfg, backend, info, dtype, cpu).width
+
+    planned = backend._choice("lstm", R, None, B, 1, "forward")[0]
+    assert planned.family == "persistent_cta" and width() == sms // planned.num_programs == 4
+
+    def launch(lp):
+        if lp.family == "persistent_cta":
+            raise OutOfResources(300000, 232448, "shared memory")
+
+    with pytest.warns(RuntimeWarning, match="needs more than this device has"):
+        backend._run("forward", backend._choice("lstm", R, None, B, 1, "forward"), launch)
+    runs = backend._choice("lstm", R, None, B, 1, "forward")[0]
+    assert runs.family == "persistent_grid" and runs.num_programs > sms // 2
+    assert width() == 1
+    # The backward's plan counts too: replaced alone, it bounds W as well.
+    backend._smaller.clear()
+    with pytest.warns(RuntimeWarning, match="needs more than this device has"):
+        backend._run("backward", backend._choice("lstm", R, None, B, 1, "backward"), launch)
+    assert width() == 1
