@@ -238,16 +238,18 @@ def _setup_context(ctx, inputs, output):
     (input, input_h, input_c, params, lengths, seeds, rnn_mode, input_mode, direction,
      dropout, seed, seed2, num_proj, is_training, time_major, backend) = inputs
     lstm = rnn_mode == "lstm"
-    out, out_h, out_c, reserve, host = output
+    out, _, _, reserve, host = output
     ctx.attrs = dict(
         rnn_mode=rnn_mode, input_mode=input_mode, direction=direction, dropout=dropout,
         seed=seed, seed2=seed2, num_proj=num_proj, time_major=time_major, backend=backend,
     )
     ctx.is_training = is_training
     ctx.lstm = lstm
+    # Not output_h / output_c: the backprop op only checks their shapes (those of input_h /
+    # input_c), and a saved final state could not be edited in place before backward, which
+    # torch.nn allows.
     ctx.save_for_backward(
-        input, input_h, input_c if lstm else None, params, lengths, seeds, out, out_h,
-        out_c if lstm else None, reserve, host,
+        input, input_h, input_c if lstm else None, params, lengths, seeds, out, reserve, host,
     )
     ctx.mark_non_differentiable(reserve, host)
 
@@ -258,17 +260,17 @@ def _backward(ctx, d_out, d_h, d_c, _d_reserve, _d_host):
             "is_training: expected True for a forward whose outputs are differentiated, "
             "got False (no reserve space was kept for backprop)"
         )
-    (input, input_h, input_c, params, lengths, seeds, out, out_h, out_c, reserve,
-     host) = ctx.saved_tensors
+    input, input_h, input_c, params, lengths, seeds, out, reserve, host = ctx.saved_tensors
     d_out = torch.zeros_like(out) if d_out is None else d_out
-    d_h = torch.zeros_like(out_h) if d_h is None else d_h
+    d_h = torch.zeros_like(input_h) if d_h is None else d_h
     if ctx.lstm:
-        d_c = torch.zeros_like(out_c) if d_c is None else d_c
+        d_c = torch.zeros_like(input_c) if d_c is None else d_c
     else:
         d_c = None
     a = ctx.attrs
+    # input_h / input_c stand for output_h / output_c (same shapes; see _setup_context).
     dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(
-        input, input_h, input_c, params, lengths, out, out_h, out_c, d_out, d_h, d_c,
+        input, input_h, input_c, params, lengths, out, input_h, input_c, d_out, d_h, d_c,
         reserve, host, seeds, a["rnn_mode"], a["input_mode"], a["direction"], a["dropout"],
         a["seed"], a["seed2"], a["num_proj"], a["time_major"], a["backend"],
     )

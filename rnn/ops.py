@@ -242,6 +242,13 @@ def _time_major(t: torch.Tensor, time_major: bool) -> torch.Tensor:
     return t if time_major else t.transpose(0, 1)
 
 
+def _own_state(t: torch.Tensor, time_major: bool) -> torch.Tensor:
+    """A final state in the caller's layout, not a view: batch-major, a copy with the
+    transposed view's strides ([L*D, B, H] is small). Autograd refuses in-place changes to
+    an output that is a view, and users edit final states in place (torch.nn allows it)."""
+    return t if time_major else t.transpose(0, 1).clone()
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -253,12 +260,12 @@ def _forward(call: _Call, rec, input, input_h, input_c, params, time_major, trai
     res = engine.forward(cfg, rec, x, h0, c0, params, info, training)
     out = unpack(res.y, info)
     output_c = (
-        _time_major(res.cT, time_major) if cfg.is_lstm
+        _own_state(res.cT, time_major) if cfg.is_lstm
         else torch.empty(0, dtype=input.dtype, device=input.device)
     )
     return CudnnRNNOutput(
         _time_major(out, time_major),
-        _time_major(res.hT, time_major),
+        _own_state(res.hT, time_major),
         output_c,
         res.reserve,
         res.host_reserved,

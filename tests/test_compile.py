@@ -271,6 +271,33 @@ def test_opcheck_backprop_op(mode):
                           test_utils=["test_schema", "test_faketensor"])
 
 
+@pytest.mark.parametrize("time_major", [True, False], ids=["time-major", "batch-major"])
+@pytest.mark.parametrize("api", ["ops", "library"])
+def test_final_states_can_be_edited_in_place_before_backward(api, time_major):
+    """output_h / output_c are neither views (batch-major: a multi-output function's views
+    refuse in-place changes) nor saved for the backward (a saved one would fail autograd's
+    version check): editing them in place, as torch.nn allows, leaves the gradients as they
+    were."""
+    from tritonrnn.rnn import ops
+
+    fn = ops.cudnn_rnn if api == "ops" else library.cudnn_rnn
+    x, h0, c0, p, lens = _sample_args("lstm", [4, 1, 3], True, time_major)[:5]
+    kw = dict(rnn_mode="lstm", direction="bidirectional", num_proj=2, time_major=time_major,
+              backend="reference")
+    grads = []
+    for edit in (False, True):
+        out = fn(x, h0, c0, p, lens, **kw)
+        h, c = out.output_h, out.output_c
+        assert h._base is None and c._base is None
+        if edit:
+            h.add_(1.0)
+            c.add_(1.0)
+        loss = out.output.sum() + h.sum() + c.sum()
+        grads.append(torch.autograd.grad(loss, [x, h0, c0, p]))
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_library_op_matches_ops_and_rejects_inference_backward():
     from tritonrnn.rnn import ops
 

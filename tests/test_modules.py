@@ -636,6 +636,25 @@ def test_inplace_update_between_forward_and_backward_is_caught():
         out.sum().backward()
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_final_states_edited_in_place_before_backward_like_torch(mode):
+    """torch.nn lets a caller edit h_n (and c_n) in place before the backward: the op keeps
+    no final state for its backward, so the gradients match torch.nn's."""
+    ours, theirs = make_pair(mode, num_layers=2)
+    x = torch.randn(T, 3, I, dtype=F64, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for m in (ours, theirs):
+        xi = x.clone().requires_grad_()
+        out, hn = m(xi)
+        states = hn if isinstance(hn, tuple) else (hn,)
+        for s in states:
+            s.mul_(2.0)
+        loss = out.sum() + sum((s * s).sum() for s in states)
+        grads.append(torch.autograd.grad(loss, [xi, *m.parameters()]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
 def test_no_grad_eval_keeps_no_reserve(monkeypatch):
     seen = []
     real = modules_mod.library.cudnn_rnn
