@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import os
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
@@ -327,19 +328,71 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
              "kernels": kernels_fingerprint()}
     if measured is not None and candidates is not None and measured < candidates:
         entry.update(measured=measured, candidates=candidates)
+    path = tuning_cache_path()
     with tuning_cache_lock():
-        write_json_atomic(tuning_cache_path(),
-                          {"version": 1, "entries": {**load_tuning_cache(), key: entry}})
+        write_json_atomic(path, {"version": 1, "entries": {**_stored_entries(path), key: entry}})
+
+
+def _stored_entries(path: Path) -> dict:
+    """The entries a store adds to: those of the tuning cache file at `path` ({} without
+    one). The planner reads a file it cannot use as empty (`load_tuning_cache`), but a store
+    replaces the file whole, so here such a file (damaged JSON, another format version, a
+    hand edit) raises instead of being overwritten with one entry; `tritonrnn tune` keeps
+    its measurements in its partial file, so a rerun after moving the file loses nothing."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    what = f"tuning cache {path}: expected a JSON object with version 1 and its entries"
+    fix = "move it aside (or delete it) to start a new cache; it is left as it is"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{what}, got unreadable JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}, got a JSON {type(data).__name__}; {fix}")
+    if data.get("version") != 1:
+        raise ValueError(f"{what}, got version {data.get('version')!r}; {fix}")
+    entries = data.get("entries", {})
+    if not isinstance(entries, dict):
+        raise ValueError(f"{what}, got entries of type {type(entries).__name__}; {fix}")
+    return entries
+
+
+def _umask() -> int:
+    """The process's umask (read without changing it where /proc has it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """`data` as `path`'s whole new content: written beside it, then renamed over it (a
-    reader sees the old file or the new one, never part of either)."""
+    reader sees the old file or the new one, never part of either). The new file keeps the
+    old one's permissions, or gets those a plain open() would give (0o666 less the umask):
+    a cache directory shared between users stays readable by them."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager
@@ -1146,7 +1199,7 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
                 else "split_k_tiles`: power-of-two unit blocks that divide H and K blocks of "
                      ">= 64 gate rows that divide the G*H")
         raise ValueError(
-            f"{where}: {name} has no tiles for {cell} H={H} {dtype} B={batch} on "
+            f"{where}: {name} has no tiles for {cell} H={H} {dtype} batch bucket {batch} on "
             f"{props.name} (`kernels.split_k.{rule}, on at most {props.sm_count} programs "
             f"within its shared memory)")
     from tritonrnn.kernels.persistent_grid import (
@@ -1254,7 +1307,9 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
             f"{where}: block_h = {block_h} needs vector tiles (block_b 1, 2 or "
             f"4); MMA tiles (block_b = {block_b}) take block_h >= 16"
         )
-    block_k = choice.get("block_k", base.block_k)
+    # Vector tiles hold their weights resident (checked above where block_k is named): forced
+    # on a heuristic that streams them, resident.
+    block_k = choice.get("block_k", 0 if vector_tiles(block_b) else base.block_k)
     retiled = any(k in choice for k in ("block_h", "block_b", "block_k"))
     if "num_warps" not in choice and not vector_tiles(block_b) and (
         vector or (retiled and family == "persistent_grid" == base.family)
@@ -1314,7 +1369,8 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
                     f"block_b={plan.backward_block_b})" if plan.own_backward_tiles else "")
         raise ValueError(
             f"{where}: family 'persistent_grid' needs {plan.num_programs} "
-            f"co-resident programs for H={H}, block_h={block_h}, B={batch}{bwd_note}; "
+            f"co-resident programs for H={H}, block_h={block_h}, block_b={block_b}, batch "
+            f"bucket {batch}{bwd_note}; "
             f"{props.name} has {props.sm_count} SMs"
         )
     # Both grid families stage their weight slice (or a streamed chunk's tiles) in shared
@@ -1700,7 +1756,8 @@ def plan_for(
             f"{props!r}"
         )
     if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64, got {dtype}")
+        raise TypeError(f"dtype: expected torch.float16, bfloat16, float32 or float64, got "
+                        f"{type(dtype).__name__} {dtype!r}")
     # Python or NumPy ints (as make_config takes its sizes), as Python ints from here on.
     batch = check_int("batch", batch, minimum=1)
     max_time = check_int("max_time", max_time, minimum=1)

@@ -509,7 +509,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
           "--block-h", "16"], "co-resident programs for H=1536"),
         (["aot", "--split-k-bwd", "3"], "--split-k-bwd: invalid choice: 3"),
         (["aot", "--hidden", "1024", "--batch", "64", "--split-k-bwd", "1"],
-         "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 B=64"),
+         "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 batch bucket 64"),
     ],
     ids=["block-h", "block-b", "block-k", "num-warps", "num-stages", "stages-resident", "arch",
          "device-preset", "jobs",

@@ -22,6 +22,7 @@ from tritonrnn.rnn.planner import (
     sources_fingerprint,
     store_tuning_entry,
     tuning_cache_path,
+    write_json_atomic,
 )
 
 
@@ -620,6 +621,14 @@ def test_vector_tile_constraints():
     with plan_constraints(block_b=1, block_k=64), pytest.raises(
             ValueError, match=r"block_b = 1 \(vector tiles\) needs resident weights"):
         _plan(H=768, B=1)
+    # Vector tiles forced on a heuristic that streams the weights (float32 on a GPU): resident,
+    # not the heuristic's block_k, which no vector-tile launch takes.
+    for b, B in ((4, 16), (2, 8)):  # 4 batch tiles of 32 hidden slices: 128 programs
+        assert _plan(H=512, B=B, dtype=torch.float32).layer(0).block_k == 64
+        with plan_constraints(block_b=b):
+            lp = _plan(H=512, B=B, dtype=torch.float32).layer(0)
+        assert (lp.family, lp.block_b, lp.block_k, lp.num_stages) == (
+            "persistent_grid", b, 0, 0)
     with plan_constraints(block_b=2, family="persistent_cta"), pytest.raises(
             ValueError, match=r"family 'persistent_cta'"):
         _plan(H=64, B=2)
@@ -767,8 +776,10 @@ def test_plan_for_errors():
         _plan(device="a700")
     with pytest.raises(ValueError, match=r"batch: expected an int >= 1, got 0"):
         _plan(B=0)
-    with pytest.raises(TypeError, match=r"dtype: expected float16.*torch.int32"):
+    with pytest.raises(TypeError, match=r"dtype: expected torch.float16.*got dtype torch.int32"):
         _plan(dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"dtype: expected torch.float16.*got str 'float16'"):
+        _plan(dtype="float16")
 
 
 # ----------------------------------------------------------------------------- audit fixes
@@ -816,6 +827,50 @@ def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
     with pytest.warns(RuntimeWarning, match=rf"tuning cache entry '{base.key}': {problem}"):
         plan = _plan(H=768, B=16)
     assert plan.source == "heuristic" and plan.layers == base.layers
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"version": 1, "entries": {"a": {}', "got unreadable JSON"),
+    ('{"version": 2, "entries": {"a": {}}}', "got version 2"),
+    ('[1, 2]', "got a JSON list"),
+    ('{"version": 1, "entries": [1]}', "got entries of type list"),
+], ids=["truncated", "version-2", "list", "entries-list"])
+def test_a_store_leaves_a_cache_it_cannot_read_alone(content, problem):
+    """The planner reads such a file as empty; a store, which replaces the file whole,
+    raises instead of overwriting its entries with one."""
+    path = tuning_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    base = _plan(H=128)
+    assert base.source == "heuristic"
+    with pytest.raises(ValueError, match=rf"tuning cache {re.escape(str(path))}: expected a "
+                       rf"JSON object with version 1 and its entries, {problem}.*move it aside"):
+        store_tuning_entry(base.key, {"family": "stepwise"}, 1.0, "h100")
+    assert path.read_text() == content
+    assert not list(path.parent.glob("*.tmp"))  # no temporary left
+
+
+def test_a_store_keeps_the_cache_files_permissions(monkeypatch):
+    """Written beside the cache and renamed over it, the file keeps its mode (a directory
+    shared between users stays readable by them); a new one gets a plain open()'s."""
+    import os
+    import stat
+
+    path = tuning_cache_path()
+    old = os.umask(0o022)
+    try:
+        store_tuning_entry("k1", {"family": "stepwise"}, 1.0, "h100")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.chmod(path, 0o664)
+        store_tuning_entry("k2", {"family": "stepwise"}, 1.0, "h100")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o664
+    finally:
+        os.umask(old)
+    assert set(load_tuning_cache()) == {"k1", "k2"}
+    before = path.read_text()
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        write_json_atomic(path, {"entries": object()})
+    assert path.read_text() == before and not list(path.parent.glob("*.tmp"))
 
 
 @pytest.mark.parametrize("stale", ["kernels", "unnamed"])
@@ -1088,8 +1143,8 @@ def test_backward_tile_constraints_refuse_bad_values(constraints, message):
      "needs 128 co-resident programs"),  # fits: the H = 512 plan's own 16 x 16 tiles
     (1024, 64, dict(family="persistent_grid", block_k=0, block_h=16, block_b=32,
                     block_h_bwd=16, block_b_bwd=16),
-     "needs 256 co-resident programs for H=1024, block_h=16, B=64 (backward block_h=16, "
-     "block_b=16)"),
+     "needs 256 co-resident programs for H=1024, block_h=16, block_b=32, batch bucket 64 "
+     "(backward block_h=16, block_b=16)"),
 ])
 def test_backward_tile_constraints_that_cannot_apply(H, B, constraints, message):
     with plan_constraints(**constraints):
@@ -1315,12 +1370,14 @@ def test_split_k_backward_from_the_tuning_cache():
     ("lstm", 1024, 16, 256, dict(split_k_bwd=2),
      "split_k_bwd = 2 needs a layer without a projection (num_proj = 0), got num_proj = 256"),
     ("lstm", 1024, 64, 0, dict(split_k_bwd=1),
-     "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 B=64 on NVIDIA H100 80GB "
-     "HBM3 (`kernels.split_k.split_k1_tiles`: power-of-two unit blocks and K blocks of >= 16 "
-     "units that divide H, B <= 32, on at most 132 programs within its shared memory)"),
+     "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 batch bucket 64 on NVIDIA "
+     "H100 80GB HBM3 (`kernels.split_k.split_k1_tiles`: power-of-two unit blocks and K blocks "
+     "of >= 16 units that divide H, B <= 32, on at most 132 programs within its shared "
+     "memory)"),
     ("gru", 1000, 16, 0, dict(family="persistent_grid", split_k_bwd=2),
-     "split_k_bwd = 2 has no tiles for gru H=1000 torch.bfloat16 B=16 on NVIDIA H100 80GB HBM3 "
-     "(`kernels.split_k.split_k_tiles`: power-of-two unit blocks that divide H and K blocks "
+     "split_k_bwd = 2 has no tiles for gru H=1000 torch.bfloat16 batch bucket 16 on NVIDIA "
+     "H100 80GB HBM3 (`kernels.split_k.split_k_tiles`: power-of-two unit blocks that divide H "
+     "and K blocks "
      "of >= 64 gate rows that divide the G*H, on at most 132 programs"),
     ("lstm", 768, 64, 0, dict(split_k_bwd=2, block_h_bwd=32, block_b_bwd=16),
      "block_h_bwd = 32 cannot apply with split_k_bwd = 2: the split-K backward runs the tiles "
