@@ -65,8 +65,10 @@ replay.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 from collections import deque
 
 import torch
@@ -154,8 +156,9 @@ def run_bare_barriers(n_barriers: int, programs: int, device: torch.device, *,
     if programs > sms:
         raise ValueError(f"{programs} programs cannot all be resident on {sms} SMs")
     sync = torch.zeros(2, dtype=torch.int32, device=device)
-    _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps,
-                                       **FP_FUSION)
+    with torch.cuda.device(device):  # Triton launches on the current device
+        _bare_barriers_kernel[(programs,)](sync, n_barriers, max_spin, num_warps=num_warps,
+                                           **FP_FUSION)
     return sync
 
 
@@ -183,7 +186,10 @@ _TIMEOUT_MESSAGE = (
 )
 _CHECK_MODES = ("deferred", "sync")
 # Flags of launches not yet known to have succeeded: (event, pinned host flags, launch name).
+# Launchers of several threads (one per device under DataParallel) share it: `_poll` takes an
+# entry off only under the lock, and only the one it checked.
 _pending: deque = deque()
+_pending_lock = threading.Lock()
 # Flags of launches captured into CUDA graphs, (device flags, launch name), most recent last:
 # every replay rewrites them (the capture zeroes the sync tensor before the launch), so they
 # hold the latest replay's outcome; `check_barriers` reads them. Bounded: the oldest fall off.
@@ -226,14 +232,23 @@ def _raise_if_failed(flags: torch.Tensor, what: str, earlier: bool) -> None:
 
 
 def _poll(wait: bool) -> None:
-    """Checks the queued flags whose launches have finished (all of them when wait)."""
-    while _pending:
-        event, flags, what = _pending[0]
+    """Checks the queued flags whose launches have finished (all of them when wait). Another
+    thread may check the same entry meanwhile (the wait releases the GIL): whichever takes it
+    off the queue reports it."""
+    while True:
+        with _pending_lock:
+            if not _pending:
+                return
+            entry = _pending[0]
+        event, flags, what = entry
         if wait:
             event.synchronize()
         elif not event.query():
             return
-        _pending.popleft()
+        with _pending_lock:
+            if not _pending or _pending[0] is not entry:
+                continue  # taken off by another thread, which reports it
+            _pending.popleft()
         _raise_if_failed(flags, what, earlier=True)
 
 
@@ -252,17 +267,22 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
     `poll_earlier_launches` / `check_barriers`. During a CUDA-graph capture (either mode):
     keeps the device flags, which each replay rewrites, for `check_barriers`."""
     flags = sync[:, 1]
-    if _capturing():
-        _captured.append((flags, what))
-        return
-    if barrier_check_mode() == "sync" or flags.device.type != "cuda":
-        _raise_if_failed(flags.cpu(), what, earlier=False)
-        return
-    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-    host.copy_(flags, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    _pending.append((event, host, what))
+    on_gpu = flags.device.type == "cuda"
+    # On the flags' device (the launch's), whatever the current one: its capture state, and
+    # the stream the copy below is issued on, which the event must follow.
+    with torch.cuda.device(flags.device) if on_gpu else contextlib.nullcontext():
+        if _capturing():
+            _captured.append((flags, what))
+            return
+        if barrier_check_mode() == "sync" or not on_gpu:
+            _raise_if_failed(flags.cpu(), what, earlier=False)
+            return
+        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        host.copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    with _pending_lock:
+        _pending.append((event, host, what))
 
 
 def check_barriers() -> None:
@@ -275,7 +295,12 @@ def check_barriers() -> None:
         raise RuntimeError("check_barriers: called during a CUDA-graph capture (it waits for "
                            "the GPU); call it after the graph's replays")
     _poll(wait=True)
-    for flags, what in list(_captured):
+    kept = list(_captured)
+    # A replay may run on any stream of its device: wait for the whole device, not the
+    # current stream alone (which `flags.any()` would).
+    for dev in {flags.device for flags, _ in kept if flags.device.type == "cuda"}:
+        torch.cuda.synchronize(dev)
+    for flags, what in kept:
         if bool(flags.any()):
             raise BarrierTimeoutError(f"a CUDA-graph replay of {what}: {_TIMEOUT_MESSAGE}",
                                       earlier=True)

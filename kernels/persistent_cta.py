@@ -32,6 +32,7 @@ with R_k = R[k*H:(k+1)*H, :] and BLOCK_HO the padded Hout (= P with a projection
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import NamedTuple
@@ -490,9 +491,14 @@ def _row_stride(name: str, t: torch.Tensor | None) -> int:
     return t.stride(0)
 
 
-def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int, others):
+def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int, others,
+                  anchor: str = "xg"):
+    """xg: the tensor that sets the dtype (named `anchor`: the backward's is dy)."""
     if cell not in cells.CELL_IDS:
         raise ValueError(f"cell: expected one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+    if not isinstance(xg, torch.Tensor) or not isinstance(R, torch.Tensor):
+        name, t = (anchor, xg) if not isinstance(xg, torch.Tensor) else ("R", R)
+        raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
     if xg.dtype not in _SUPPORTED:
         raise ValueError(
             f"dtype: the persistent-CTA kernels take float32/float16/bfloat16, got {xg.dtype} "
@@ -632,6 +638,16 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
     H = R.shape[0] // G
     Hout = R.shape[1]
     lstm = cid == cells.CELL_LSTM
+    N, B = info.N, info.B
+    shapes = dict(xg=(N, G * H), bR=(G * H,), h0=(B, Hout), y=(N, Hout), hT=(B, Hout))
+    if Pw is not None:
+        shapes["Pw"] = (Hout, H)
+    if lstm:
+        shapes.update(c0=(B, H), cT=(B, H), **({"c_seq": (N, H)} if c_seq is not None else {}))
+    for name, shape in shapes.items():  # the kernel addresses them by these
+        if t[name] is None or tuple(t[name].shape) != shape:
+            got = None if t[name] is None else list(t[name].shape)
+            raise ValueError(f"{name}: expected shape {list(shape)} for cell {cell!r}, got {got}")
     if info.B == 0:
         return
     R, bR = R.contiguous(), bR.contiguous()
@@ -640,21 +656,24 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
     num_dirs = 1 if dirs is None else 2
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     grid = (triton.cdiv(info.B, block_b), num_dirs)
-    _cta_forward_kernel[grid](
-        xg, R, bR, Pw if Pw is not None else R, h0, c0 if lstm else h0,
-        info.lengths_sorted, info.offsets, y, c_seq if c_seq is not None else y,
-        hT, cT if lstm else hT,
-        info.B,
-        _row_stride("xg", xg), _row_stride("y", y), _row_stride("c_seq", c_seq),
-        _row_stride("h0", h0), _row_stride("c0", c0), _row_stride("hT", hT),
-        _row_stride("cT", cT),
-        *(dirs[k] for k in FORWARD_TENSORS),
-        H, Hout,
-        CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
-        REVERSE=bool(reverse), NUM_DIRS=num_dirs, UPCAST=upcast, IEEE=ieee,
-        BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
-    )
+    # Triton launches on the current device: make it the tensors'.
+    on = torch.cuda.device(xg.device) if xg.device.type == "cuda" else contextlib.nullcontext()
+    with on:
+        _cta_forward_kernel[grid](
+            xg, R, bR, Pw if Pw is not None else R, h0, c0 if lstm else h0,
+            info.lengths_sorted, info.offsets, y, c_seq if c_seq is not None else y,
+            hT, cT if lstm else hT,
+            info.B,
+            _row_stride("xg", xg), _row_stride("y", y), _row_stride("c_seq", c_seq),
+            _row_stride("h0", h0), _row_stride("c0", c0), _row_stride("hT", hT),
+            _row_stride("cT", cT),
+            *(dirs[k] for k in FORWARD_TENSORS),
+            H, Hout,
+            CELL=cid, G=G, HAS_PROJ=Pw is not None, HAS_CSEQ=lstm and c_seq is not None,
+            REVERSE=bool(reverse), NUM_DIRS=num_dirs, UPCAST=upcast, IEEE=ieee,
+            BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
+            HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
+        )
 
 
 def cta_backward(
@@ -723,7 +742,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     _check_common(cell, dy, R, Pw, block_b,
-                  {k: t[k] for k in BACKWARD_TENSORS if k != "dy"})
+                  {k: t[k] for k in BACKWARD_TENSORS if k != "dy"}, anchor="dy")
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G
@@ -732,10 +751,19 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     lstm = cid == cells.CELL_LSTM
     gru = cid == cells.CELL_GRU
     proj = Pw is not None
-    if gru and dpre_h is None:
-        raise ValueError("dpre_h: expected a [N, G*H] buffer for cell 'gru', got None")
-    if proj and (dh_total is None or m_seq is None):
-        raise ValueError("dh_total, m_seq: expected [N, P] and [N, H] buffers with Pw, got None")
+    N, B = info.N, info.B
+    shapes = dict(dpre_x=(N, G * H), y=(N, Hout), h_prev=(N, Hout), dy=(N, Hout),
+                  dhT=(B, Hout), dh0=(B, Hout))
+    if gru:
+        shapes["dpre_h"] = (N, G * H)
+    if lstm:
+        shapes.update(c_seq=(N, H), c_prev=(N, H), dcT=(B, H), dc0=(B, H))
+    if proj:
+        shapes.update(Pw=(Hout, H), dh_total=(N, Hout), m_seq=(N, H))
+    for name, shape in shapes.items():  # the kernel addresses them by these
+        if t[name] is None or tuple(t[name].shape) != shape:
+            got = None if t[name] is None else list(t[name].shape)
+            raise ValueError(f"{name}: expected shape {list(shape)} for cell {cell!r}, got {got}")
     if info.B == 0:
         return
     R = R.contiguous()
@@ -745,28 +773,31 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     grid = (triton.cdiv(info.B, block_b), num_dirs)
     dummy = dy  # stands in for absent tensors; never dereferenced (constexpr branches)
-    _cta_backward_kernel[grid](
-        pre_x if pre_x is not None else dummy, pre_h if pre_h is not None else dummy, R,
-        Pw if proj else dummy, y, h_prev,
-        c_seq if lstm else dummy, c_prev if lstm else dummy, dy, dhT,
-        dcT if lstm else dummy, info.lengths_sorted, info.offsets,
-        dpre_x, dpre_h if gru else dummy, dh0, dc0 if lstm else dummy,
-        dh_total if proj else dummy, m_seq if proj else dummy,
-        info.B,
-        _row_stride("pre_x", pre_x), _row_stride("pre_h", pre_h), _row_stride("y", y),
-        _row_stride("h_prev", h_prev), _row_stride("c_seq", c_seq if lstm else None),
-        _row_stride("c_prev", c_prev if lstm else None), _row_stride("dy", dy),
-        _row_stride("dhT", dhT), _row_stride("dcT", dcT if lstm else None),
-        _row_stride("dpre_x", dpre_x), _row_stride("dpre_h", dpre_h if gru else None),
-        _row_stride("dh0", dh0), _row_stride("dc0", dc0 if lstm else None),
-        _row_stride("dh_total", dh_total if proj else None),
-        _row_stride("m_seq", m_seq if proj else None),
-        *(dirs[k] for k in BACKWARD_TENSORS),
-        H, Hout,
-        CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), NUM_DIRS=num_dirs,
-        UPCAST=upcast, IEEE=ieee, BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
-        HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
-    )
+    # Triton launches on the current device: make it the tensors'.
+    on = torch.cuda.device(dy.device) if dy.device.type == "cuda" else contextlib.nullcontext()
+    with on:
+        _cta_backward_kernel[grid](
+            pre_x if pre_x is not None else dummy, pre_h if pre_h is not None else dummy, R,
+            Pw if proj else dummy, y, h_prev,
+            c_seq if lstm else dummy, c_prev if lstm else dummy, dy, dhT,
+            dcT if lstm else dummy, info.lengths_sorted, info.offsets,
+            dpre_x, dpre_h if gru else dummy, dh0, dc0 if lstm else dummy,
+            dh_total if proj else dummy, m_seq if proj else dummy,
+            info.B,
+            _row_stride("pre_x", pre_x), _row_stride("pre_h", pre_h), _row_stride("y", y),
+            _row_stride("h_prev", h_prev), _row_stride("c_seq", c_seq if lstm else None),
+            _row_stride("c_prev", c_prev if lstm else None), _row_stride("dy", dy),
+            _row_stride("dhT", dhT), _row_stride("dcT", dcT if lstm else None),
+            _row_stride("dpre_x", dpre_x), _row_stride("dpre_h", dpre_h if gru else None),
+            _row_stride("dh0", dh0), _row_stride("dc0", dc0 if lstm else None),
+            _row_stride("dh_total", dh_total if proj else None),
+            _row_stride("m_seq", m_seq if proj else None),
+            *(dirs[k] for k in BACKWARD_TENSORS),
+            H, Hout,
+            CELL=cid, G=G, HAS_PROJ=proj, REVERSE=bool(reverse), NUM_DIRS=num_dirs,
+            UPCAST=upcast, IEEE=ieee, BLOCK_B=block_b, BLOCK_H=_block(H), BLOCK_HO=_block(Hout),
+            HOST_STEPS=_host_steps(info), num_warps=num_warps, **FP_FUSION,
+        )
 
 
 class CtaFootprint(NamedTuple):

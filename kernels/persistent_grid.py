@@ -2335,12 +2335,13 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_
         raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
     # The first tensor given sets the dtype and device (the backward's pre_x is absent for
     # tanh / relu).
-    anchor = next(t for _, t in name_tensors if t is not None)
+    anchor_name, anchor = next((n, t) for n, t in name_tensors if t is not None)
     dtype = anchor.dtype
-    if dtype == torch.float64:
-        raise ValueError("grid kernels do not run float64: route float64 to the reference")
     if dtype not in _DOT_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype}")
+        raise ValueError(
+            f"{anchor_name}: expected dtype float32, float16 or bfloat16 (the grid kernels'), "
+            f"got {dtype}" + (" (float64 runs on the reference backend)"
+                              if dtype == torch.float64 else ""))
     for name, t in name_tensors:
         if t is not None and t.dtype != dtype:
             raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
@@ -2370,7 +2371,8 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_
     dev = anchor.device
     interp = _interpreting()
     if not interp and dev.type != "cuda":
-        raise ValueError("grid kernels need CUDA tensors (or TRITON_INTERPRET=1)")
+        raise ValueError(f"{anchor_name}: expected a CUDA tensor (or TRITON_INTERPRET=1 for "
+                         f"the interpreter), got device {dev}")
     return dtype, dev, not interp
 
 
@@ -2381,7 +2383,7 @@ def _stages_option(num_stages: int) -> dict:
 
 def _check_shape(name, t, shape):
     if t is None:
-        raise ValueError(f"{name} is required here")
+        raise ValueError(f"{name}: expected a tensor of shape {tuple(shape)}, got None")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 

@@ -38,6 +38,7 @@ the carries go through global memory between launches: the same kernel code, no 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import NamedTuple
@@ -674,13 +675,14 @@ def split_k_backward(
     programs, nk, us = tiles(cell, H, B, units, kblock, btile, one_barrier)
     dev = dy.device
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    barriers = S if one_barrier else 2 * (S + 1)
-    if barriers * programs > 2**31 - 1:  # the barrier counter is an int32
-        raise ValueError(f"split_k: {S} steps on {programs} programs pass the grid barrier's "
-                         f"int32 counter ({barriers} barriers * programs <= 2**31 - 1)")
     # One launch for all steps on a GPU, and in the interpreter where a single program
     # meets no barrier (the in-kernel step loop, covered by the interpreter tests too).
     whole_launch = _steps_in_one_launch(persistent, not interp, programs)
+    barriers = S if one_barrier else 2 * (S + 1)
+    if whole_launch and not interp and barriers * programs > 2**31 - 1:
+        # The barrier counter is an int32 that one launch never resets: a run this long
+        # (some 8 million steps on 132 programs) takes a launch per step, without barriers.
+        whole_launch = False
     if persistent and not interp:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
@@ -721,14 +723,17 @@ def split_k_backward(
     else:  # then which phases run: both, or one per launch without the barrier
         kernel, meta = _split_k_bwd_kernel, dict(KC=kblock // 4, US=us, SPLIT=split(units, btile))
         whole, per_step = (1, 1), ((1, 0), (0, 1))
-    if whole_launch:
-        options = cooperative_launch_options() if not interp else {}
-        kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp), **common,
-                     **meta, **options)
-        check_flags(sync, "split_k_backward")
-    else:
-        for q in range(S + 1):
-            for phases in per_step:
-                kernel[grid](*args, q, q + 1, *phases, _max_spin, BARRIER=0, **common, **meta)
+    # Triton launches on the current device: make it the tensors'.
+    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+        if whole_launch:
+            options = cooperative_launch_options() if not interp else {}
+            kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp),
+                         **common, **meta, **options)
+            check_flags(sync, "split_k_backward")
+        else:
+            for q in range(S + 1):
+                for phases in per_step:
+                    kernel[grid](*args, q, q + 1, *phases, _max_spin, BARRIER=0, **common,
+                                 **meta)
     for o in outs:
         o.copy_(stand_in[id(o)])

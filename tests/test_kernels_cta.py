@@ -9,6 +9,7 @@ forward (so pre_h, y, h_prev, c_seq, c_prev are mutually consistent, as in the e
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -332,6 +333,34 @@ def test_rejects_bad_arguments():
                     q.info, False, **run_forward(q, torch.float32))
     with pytest.raises(ValueError, match="cell"):
         cta_onchip_bytes("lstmx", 16, 16, 0, torch.float32, 16)
+
+
+@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 8)],
+                         ids=["lstm", "gru", "lstm-proj"])
+def test_rejects_tensors_of_other_shapes(cell, P):
+    """The kernel addresses every tensor by the layer's sizes: one row short (or a state
+    missing) is refused by name before anything is written, never read or written past."""
+    p = make_problem(cell, 16, P, [3, 1], False)
+    f_names = ("xg", "R", "bR", "Pw", "h0", "c0")
+    fwd_out = run_forward(p, torch.float32)
+    bwd_out = run_backward(p, torch.float32)
+    b_names = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dhT",
+               "dcT")
+    fwd = {**{k: p.fwd_in[k] for k in f_names}, **fwd_out}
+    bwd = {**{k: p.bwd_in[k] for k in b_names}, **bwd_out}
+    for tensors, call in ((fwd, cta_forward), (bwd, cta_backward)):
+        for name, t in tensors.items():
+            if t is None or name in ("R", "pre_x", "pre_h"):  # (checked by their own rules)
+                continue
+            for bad, got in ((t[:-1], list(t[:-1].shape)), (None, None)):
+                if bad is None and name in ("c_seq", "Pw"):
+                    continue  # optional (c_seq), or another layer (no projection)
+                args = {**tensors, name: bad}
+                want = (f"{name}: expected a tensor, got NoneType" if bad is None and name in
+                        ("xg", "dy") else  # the tensor that sets the dtype
+                        f"{name}: expected shape {list(t.shape)} for cell {cell!r}, got {got}")
+                with pytest.raises(ValueError, match=re.escape(want)):
+                    call(cell, info=p.info, reverse=False, **args)
 
 
 def test_onchip_bytes_formula():

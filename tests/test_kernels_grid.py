@@ -980,8 +980,12 @@ def test_rejects_float64_bad_tiles_and_gru_projection():
                          num_stages=bad)
     ins64 = {k: (v.double() if torch.is_tensor(v) else v) for k, v in ins.items()}
     outs64 = {k: (v.double() if v is not None else None) for k, v in outs.items()}
-    with pytest.raises(ValueError, match="float64"):
+    with pytest.raises(ValueError, match=r"xg: expected dtype float32, float16 or bfloat16 "
+                       r"\(the grid kernels'\), got torch.float64 \(float64 runs on the "
+                       r"reference backend\)"):
         _run_forward(ins64, outs64, False, persistent=False, block_h=16)
+    with pytest.raises(ValueError, match=r"hT: expected a tensor of shape \(1, 16\), got None"):
+        _run_forward(ins, {**outs, "hT": None}, False, persistent=False, block_h=16)
     ins, outs = _backward_problem("gru", 16, 0, [2], 2)
     with pytest.raises(ValueError, match=r"num_stages applies to streamed weights"):
         _run_backward(ins, outs, False, persistent=False, block_h=16, num_stages=6)
@@ -1562,6 +1566,51 @@ def test_captured_launch_flags_are_checked_after_replays(monkeypatch, mode):
         gb.check_barriers()
     sync[1, 1] = 0  # the next replay succeeded and rewrote the flags
     gb.check_barriers()
+
+
+def test_two_threads_polling_report_a_failed_launch_once(monkeypatch):
+    """The deferred checks' queue is shared by the launching threads (one per device under
+    DataParallel). A thread waiting on the oldest launch's event (the GIL released) while
+    another takes that launch off the queue must not then take the next one unchecked: the
+    failed launch is reported exactly once. Events are stand-ins with fixed completion times
+    (A at 0.3 s, B, which failed, at 0.6 s; a waiter returns 0.1 s after completion)."""
+    import threading
+    import time
+    from collections import deque
+
+    from tritonrnn.kernels import grid_barrier as gb
+
+    class Event:
+        def __init__(self, done_at):
+            self.done_at = done_at
+
+        def query(self):
+            return time.monotonic() >= self.done_at
+
+        def synchronize(self):
+            while time.monotonic() < self.done_at:
+                time.sleep(0.01)
+            time.sleep(0.1)
+
+    t0 = time.monotonic()
+    monkeypatch.setattr(gb, "_pending", deque([
+        (Event(t0 + 0.3), torch.zeros(1, dtype=torch.int32), "launch A"),
+        (Event(t0 + 0.6), torch.ones(1, dtype=torch.int32), "launch B")]))
+    reports = []
+
+    def check(fn):
+        try:
+            fn()
+        except gb.BarrierTimeoutError as e:
+            reports.append(str(e))
+
+    waiter = threading.Thread(target=check, args=(gb.check_barriers,))
+    waiter.start()
+    time.sleep(0.35)  # A done, B not: another thread's next launch polls
+    check(gb.poll_earlier_launches)
+    waiter.join()
+    assert len(reports) == 1 and "launch B" in reports[0], reports
+    assert not gb._pending
 
 
 def test_barrier_check_mode_is_validated(monkeypatch):

@@ -281,6 +281,32 @@ def test_split_k_backward_names_a_wrong_argument():
                          None, units=16, kblock=64, btile=16)
 
 
+@pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
+def test_launches_without_barriers_take_any_length(monkeypatch, one_barrier):
+    """The grid barrier's int32 counter bounds one persistent launch's steps (barriers x
+    programs < 2**31); launches of one step each meet no barrier, so no length is refused for
+    it. Many programs stand in for a long sequence (the launches are recorded, not run)."""
+    from tritonrnn.kernels import split_k
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw["BARRIER"]))
+
+    real_tiles = split_k.tiles
+    monkeypatch.setattr(split_k, "tiles", lambda *a: (2**30, *real_tiles(*a)[1:]))
+    monkeypatch.setattr(split_k, "_split_k1_bwd_kernel" if one_barrier
+                        else "_split_k_bwd_kernel", Recorder())
+    x = _inputs("lstm", 16, [2, 1], seed=0)
+    out = _outputs("lstm", 16, x["info"])
+    args = {k: v for k, v in x.items() if k != "cell"}
+    split_k_backward("lstm", **args, reverse=False, **out, units=16, kblock=64, btile=16,
+                     persistent=False, one_barrier=one_barrier)
+    steps = x["info"].max_len + 1
+    assert launches == [((2**30,), 0)] * (steps * (1 if one_barrier else 2))
+
+
 # (units, kblock per gate, btile): the two-barrier form (each cell run by one program), the
 # one-barrier form with 4 programs in each K block (the stepwise launches run them one after
 # another, so a gradient stored before every program of its K block has read that step's
