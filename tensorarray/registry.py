@@ -118,15 +118,19 @@ class TensorArrayRegistry:
 
     def close_all(self) -> None:
         """Close every live array of this registry."""
-        for handle in list(self._handles.values()):
+        with self._lock:  # (a snapshot: closing unregisters, under the same lock)
+            handles = list(self._handles.values())
+        for handle in handles:
             handle._res.close()
 
     def names(self) -> list[str]:
         """Names of the live arrays, gradient arrays included, in creation order."""
-        return list(self._handles.keys())
+        with self._lock:  # other threads register arrays meanwhile
+            return list(self._handles.keys())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._handles
+        with self._lock:
+            return name in self._handles
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -20,6 +20,7 @@ every soft-copied entry) or a list of tensors with their shapes.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING
 
@@ -268,6 +269,26 @@ class ArrayResource:
             self.shapes.extend([None] * extra)  # type: ignore[union-attr]
         self.size = new_size
 
+    @contextlib.contextmanager
+    def _undone_on_failure(self):
+        """What a store sets before its storage exists (the device, an inferred element shape,
+        slab mode, a grown size) put back if the store fails (an allocator's error: out of
+        memory, a planner's refusal): a failed op changes nothing."""
+        saved = (self.device, self.element_shape, self.shape_origin, self.slab_shape,
+                 self.items, self.shapes, self.size)
+        try:
+            yield
+        except BaseException:
+            (self.device, self.element_shape, self.shape_origin, self.slab_shape, self.items,
+             self.shapes, size) = saved
+            for flags in (self.written, self.soft, self.read_, self.cleared, self.hist):
+                del flags[size:]
+            if self.items is not None:
+                del self.items[size:]
+                del self.shapes[size:]  # type: ignore[union-attr]
+            self.size = size
+            raise
+
     def _check_range(self, i: int, op: str, for_write: bool) -> None:
         if for_write and self.dynamic_size:
             if i < 0:
@@ -402,14 +423,16 @@ class ArrayResource:
         self._check_element_shape(shape, op)
         if i < self.size:
             self._check_write_target(i, shape, op)
-        self._adopt_device(value)
-        self._infer_shape(shape)
-        if i >= self.size:
-            self._grow(i + 1)
+        with self._undone_on_failure():
+            self._adopt_device(value)
+            self._infer_shape(shape)
+            if i >= self.size:
+                self._grow(i + 1)
+            if self.slab_shape is not None:
+                row = _unversioned(self._ensure_capacity(i + 1))[i]
         value = value.detach()
         has_data = self.written[i] and not self.soft[i]
         if self.slab_shape is not None:
-            row = _unversioned(self._ensure_capacity(i + 1))[i]
             if has_data:
                 row.add_(value)
             else:
@@ -471,11 +494,12 @@ class ArrayResource:
                 if i < self.size or i in seen:
                     self._check_write_target(i, elem, op, dup=i in seen)
                 seen.add(i)
-        self._adopt_device(value)
-        self._infer_shape(elem)
-        if hi >= self.size:
-            self._grow(hi + 1)
-        self._put_rows(None if contiguous else indices, lo, hi + 1, value.detach())
+        with self._undone_on_failure():
+            self._adopt_device(value)
+            self._infer_shape(elem)
+            if hi >= self.size:
+                self._grow(hi + 1)
+            self._put_rows(None if contiguous else indices, lo, hi + 1, value.detach())
         if hist:
             self._mark(self.hist, None if contiguous else indices, lo, hi + 1, True)
 
@@ -618,15 +642,16 @@ class ArrayResource:
                 )
         if n:
             self._check_range_targets(0, min(n, self.size), op, shapes=shapes)
-            self._adopt_device(value)
-            self._infer_shape(shapes[0])
-            if n > self.size:
-                self._grow(n)
             value = value.detach()
-            if self.slab_shape is not None:
-                # Every piece has the slab shape here (checked above), so value is a stack.
-                self._put_rows(None, 0, n, value.reshape(n, *self.slab_shape))
-            else:
+            with self._undone_on_failure():
+                self._adopt_device(value)
+                self._infer_shape(shapes[0])
+                if n > self.size:
+                    self._grow(n)
+                if self.slab_shape is not None:
+                    # Every piece has the slab shape here (checked above): value is a stack.
+                    self._put_rows(None, 0, n, value.reshape(n, *self.slab_shape))
+            if self.slab_shape is None:
                 self._put_list(range(n), value.split(lengths))
                 self._mark(self.written, None, 0, n, True)
                 self._mark(self.soft, None, 0, n, False)
@@ -958,13 +983,16 @@ class ArrayResource:
         closed arrays stay in the resource manager until the end of the step: grad(source)
         returns it again and every op on it raises, instead of handing out a fresh zero
         accumulator that would silently drop what was accumulated."""
-        if self.closed:
-            return
-        self.closed = True
+        # Under the lock that gradient-array creation holds (`make_grad`'s callers): one made
+        # meanwhile is either refused (closed) or among the gradient arrays closed here.
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            grads = list(self.grads.values())
+            self.grads.clear()
         self.slab = None
         self.items = None
-        grads = list(self.grads.values())
-        self.grads.clear()
         for handle in grads:
             handle._res.close()
         self.registry.unregister(self.name)

@@ -420,6 +420,96 @@ def test_allocator_returning_a_wrong_tensor_raises(bad, fragments):
     assert not ta.handle._res.written[0], "a failed allocation must leave the index unwritten"
 
 
+def _failing_once():
+    """An allocator whose first call fails (out of memory, a planner's refusal), then works."""
+    calls = []
+
+    def allocate(shape, dtype, device):
+        calls.append(shape)
+        if len(calls) == 1:
+            raise MemoryError("simulated out of memory")
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    return allocate
+
+
+@pytest.mark.parametrize("kw, op", [
+    (dict(element_shape=(3,)), "write"),
+    (dict(identical_element_shapes=True), "write"),
+    (dict(element_shape=(3,)), "scatter"),
+    (dict(identical_element_shapes=True), "scatter"),
+], ids=["write", "write-identical", "scatter", "scatter-identical"])
+def test_a_failed_allocation_changes_nothing(kw, op):
+    """A dynamic array's store that fails in its allocator leaves the size, the element shape
+    and the storage as they were, so the array behaves as if the op had never run."""
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, allocator=_failing_once(), **kw)
+    res = ta.handle._res
+    before = (res.size, res.element_shape, res.slab_shape, res.device)
+    value = torch.ones(2, 3)
+    store = {"write": lambda: ta.write(1, value[0]),
+             "scatter": lambda: ta.scatter(torch.tensor([0, 3]), value)}[op]
+    with pytest.raises(MemoryError, match="simulated out of memory"):
+        store()
+    assert (res.size, res.element_shape, res.slab_shape, res.device) == before
+    assert not any(res.written) and len(res.written) == res.size == 0
+    ta2 = store()  # the allocator works now: as on a fresh array
+    assert ta2.size() == (4 if op == "scatter" else 2)
+
+
+def test_registry_reads_hold_its_lock(registry):
+    """Other threads register arrays while one lists them (a weak dict changing size under an
+    iteration raises): names(), iteration, `in` and close_all() read under the registry's
+    lock, as register() writes under it."""
+    import threading
+
+    held = []
+
+    class Recording:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def __enter__(self):
+            held.append(True)
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    TensorArray(torch.float32, 1, registry=registry)
+    registry._lock = Recording()
+    for read in (registry.names, lambda: list(registry), lambda: "x" in registry,
+                 registry.close_all):
+        held.clear()
+        read()
+        assert held, read
+
+
+def test_close_during_grad_creation_closes_the_new_gradient_array():
+    """close() waits for a gradient array being created on another thread, then closes it
+    with the forward array: none is left open and registered."""
+    import threading
+    import time
+
+    entered = threading.Event()
+
+    class SlowRegistry(TensorArrayRegistry):
+        def register(self, handle):
+            if "@" in handle.name:  # the gradient array, inside grad()
+                entered.set()
+                time.sleep(0.2)
+            super().register(handle)
+
+    reg = SlowRegistry()
+    ta = TensorArray(torch.float32, 2, element_shape=(3,), registry=reg).write(0, torch.ones(3))
+    made = []
+    worker = threading.Thread(target=lambda: made.append(ta.grad("gradients")))
+    worker.start()
+    assert entered.wait(5)
+    ta.close()
+    worker.join()
+    assert made[0].handle.closed and reg.names() == []
+
+
 @pytest.mark.parametrize("flag", ["dynamic_size", "clear_after_read", "identical_element_shapes"])
 @pytest.mark.parametrize("value", ["no", None, 2])
 def test_error_flags_must_be_bools(flag, value):
