@@ -1190,5 +1190,6 @@ def format_report(report: dict) -> str:
 
 
 def write_json(reports: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"reports": reports}, indent=1) + "\n")
+    from tritonrnn.rnn.planner import write_json_atomic
+
+    write_json_atomic(path, {"reports": reports}, sort_keys=False)

@@ -577,9 +577,10 @@ def cmd_aot(args) -> int:
 
 def cmd_barrier(args, argv: list[str] | None = None) -> int:
     import datetime as _dt
-    import json
 
     import torch
+
+    from tritonrnn.rnn.planner import write_json_atomic
 
     from . import barrier
     from .barrier import format_rows, run
@@ -618,7 +619,7 @@ def cmd_barrier(args, argv: list[str] | None = None) -> int:
         print(format_rows([row]).splitlines()[1], flush=True)
         done.append(row)
         if path is not None:  # after every shape: a run cut short keeps what it finished
-            path.write_text(json.dumps({**header, "rows": done}, indent=1) + "\n")
+            write_json_atomic(path, {**header, "rows": done}, sort_keys=False)
 
     rows = run(args.time, dtypes[args.dtype], timing, shapes, on_row=on_row)
     print(format_rows(rows))

@@ -90,6 +90,9 @@ def environment(device: torch.device) -> dict:
         "flashrnn": flash,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        # The kernel and planner switches set (kernels/NOTES.md, "Switches"): an ablation's
+        # report says which variant ran.
+        "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITONRNN_")},
     }
 
 
@@ -320,6 +323,9 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
         bar.set_postfix_str(msg[:60], refresh=False)
         bar.update(1)
 
+    # One time for the run: its checkpoints and the final report carry it, and the report's
+    # file name its date (a run past midnight UTC writes over its own checkpoints).
+    created = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     try:
         tick("measuring the roofline (copy, matmul)")
         ceilings = measure_ceilings(opts.device, dtypes, opts.timing)
@@ -328,15 +334,15 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
         for shape in shapes:
             results.append(run_shape(shape, opts, ceilings, tick))
             if checkpoint is not None and len(results) < len(shapes):
-                checkpoint({**_report(results, opts, ceilings, env, dtypes, preset, argv),
-                            "partial": True})
+                checkpoint({**_report(results, opts, ceilings, env, dtypes, preset, argv,
+                                      created), "partial": True})
     finally:
         bar.close()
-    return _report(results, opts, ceilings, env, dtypes, preset, argv)
+    return _report(results, opts, ceilings, env, dtypes, preset, argv, created)
 
 
 def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: dict,
-            dtypes: list, preset: str, argv: list[str] | None) -> dict:
+            dtypes: list, preset: str, argv: list[str] | None, created: str) -> dict:
     failures = []
     for r in results:
         if "tritonrnn" not in r["implementations"]:
@@ -347,7 +353,9 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
         elif tr["correctness"] and not tr["correctness"]["ok"]:
             c = tr["correctness"]
             why = []
-            if not c.get("within_tolerance", c["ok"]):
+            if c.get("missing"):
+                why.append(f"without {', '.join(c['missing'])}")
+            elif not c.get("within_tolerance", c["ok"]):
                 why.append("outside the dtype tolerance")
             if c.get("vs_baseline") and not c["vs_baseline"]["ok"]:
                 why.append("more than 4x the baseline's error")
@@ -357,7 +365,7 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
                      and run["status"] != "ok"]
     return {
         "schema": SCHEMA,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": created,
         "command": ["tritonrnn", *(argv or [])],
         "preset": preset,
         "environment": env,
@@ -393,7 +401,7 @@ def write_report(report: dict, out_dir: Path) -> Path:
     one directory (gpu_session.sh's `vector` stage, LSTM then GRU) must not overwrite each
     other's report; a preset whose shape options were overridden adds them
     (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report."""
-    import json
+    from tritonrnn.rnn.planner import write_json_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     date = report["created"][:10]
@@ -403,7 +411,9 @@ def write_report(report: dict, out_dir: Path) -> Path:
     elif report.get("overrides"):  # a preset with shape options overridden
         stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["overrides"].items()))
     path = out_dir / f"{stem}.json"
-    path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
+    # Replaced whole (each checkpoint too): a write cut short (a kill, a full disk) leaves
+    # the last complete report, never a truncated one.
+    write_json_atomic(path, report, sort_keys=False)
     return path
 
 

@@ -140,10 +140,15 @@ def compare(case: Case, got: dict[str, torch.Tensor | None], *,
     ref = compute_oracle(case)
     tols = tolerances(case, tf32=tf32)
     errors: dict[str, float] = {}
+    missing = []  # what the oracle has and the implementation did not give: a failure
     ok = True
     for name, tensor in got.items():
         expected = getattr(ref, name)
-        if tensor is None or expected is None:
+        if expected is None:
+            continue
+        if tensor is None:
+            missing.append(name)
+            ok = False
             continue
         err = scaled_error(tensor, expected)
         errors[name] = err
@@ -151,7 +156,7 @@ def compare(case: Case, got: dict[str, torch.Tensor | None], *,
         if not err <= tols[kind]:
             ok = False
     return {"scaled_error": errors, "max_scaled_error": max(errors.values(), default=0.0),
-            "tolerance": tols, "ok": ok}
+            "tolerance": tols, "ok": ok, "missing": missing}
 
 
 @dataclass
@@ -474,6 +479,9 @@ def torch_graph_runner(case: Case) -> Runner:
     for name, fn in (("fwd", fwd), ("bwd", lambda: grads_of(saved, retain=True)),
                      ("fwdbwd", lambda: grads_of(fwd(), retain=False))):
         replays[name], outputs[name], pools[name] = _capture(fn, stream)
+    # The captured backward reads `saved`'s outputs and autograd's saved tensors (cuDNN's
+    # reserve) at their addresses on every replay: they live as long as the replay does.
+    replays["bwd"].saved = saved
     torch.cuda.synchronize(case.device)
 
     def replayed(name):

@@ -159,7 +159,11 @@ def tune_key(
     path = partial_path()
     partial = _read_partial(path)
     pkey = _partial_key(key)
-    done: dict = _measurements(partial.get(pkey)) if not force else {}
+    # A run carries on from the timed and screened measurements of earlier ones; a choice
+    # that failed is measured again (its cause may be gone: another process holding the
+    # GPU's memory, a barrier timeout on a shared GPU).
+    done: dict = {cid: m for cid, m in _measurements(partial.get(pkey)).items()
+                  if "error" not in m} if not force else {}
     for i, choice in enumerate(choices):
         cid = choice_id(choice)
         if cid in done:

@@ -373,7 +373,7 @@ def _umask() -> int:
     return mask
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
+def write_json_atomic(path: Path, data: dict, *, sort_keys: bool = True) -> None:
     """`data` as `path`'s whole new content: written beside it, then renamed over it (a
     reader sees the old file or the new one, never part of either). The new file keeps the
     old one's permissions, or gets those a plain open() would give (0o666 less the umask):
@@ -386,7 +386,8 @@ def write_json_atomic(path: Path, data: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(data, f, indent=1, sort_keys=sort_keys)
+            f.write("\n")
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

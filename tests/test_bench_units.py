@@ -428,6 +428,9 @@ def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch
     summary = tune.tune_key("k2", [{"family": "stepwise"}], measure, "dev")
     assert summary["status"] == "failed"
     assert "k2" not in load_tuning_cache()
+    # A later run measures the failed choice again (its cause may be gone), without --force.
+    summary = tune.tune_key("k2", [{"family": "stepwise"}], lambda _c, _b: 2.5, "dev")
+    assert summary["status"] == "tuned" and load_tuning_cache()["k2"]["ms"] == 2.5
 
 
 def test_plan_summary_records_the_layer_pipeline():
@@ -800,3 +803,94 @@ def test_concurrent_tune_runs_keep_each_others_entries(tmp_path, monkeypatch):
     assert set(entries) == want, sorted(want - set(entries))[:5]
     assert all(e["num_warps"] == 2 for e in entries.values())
     assert json.loads(tune.partial_path().read_text()) == {}
+
+
+def test_a_report_write_cut_short_keeps_the_last_complete_one(tmp_path):
+    """write_report replaces the file whole (each checkpoint too): a write that fails part
+    way (a full disk, here a 4 KiB file-size limit in a child process) leaves the previous
+    report, valid, and no temporary file."""
+    import subprocess
+    import sys
+
+    script = f"""
+import json, pathlib, resource, signal
+from tritonrnn.bench import harness
+out = pathlib.Path({str(tmp_path)!r})
+base = {{"created": "2026-11-29T10:00:00+00:00", "preset": "smoke",
+        "environment": {{"device": "CPU x86_64"}}, "partial": True}}
+harness.write_report({{**base, "results": [{{"label": "s1", "x": "a" * 2000}}]}}, out)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    harness.write_report({{**base, "results": [{{"label": f"s{{i}}", "x": "a" * 2000}}
+                                             for i in range(3)]}}, out)
+except OSError as e:
+    print("failed:", e.errno)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "failed: 27" in done.stdout, done.stderr
+    (report,) = tmp_path.glob("*.json")
+    assert [r["label"] for r in json.loads(report.read_text())["results"]] == ["s1"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_run_names_its_checkpoints_and_report_by_one_time(tmp_path, monkeypatch):
+    """A run past midnight UTC: its checkpoint and its final report carry the time the run
+    started and go to one file (the report over the checkpoint)."""
+    import datetime as dt
+
+    from tritonrnn.bench import harness
+
+    times = iter(dt.datetime(2026, 11, 29, 23, 59, 50, tzinfo=dt.UTC) + dt.timedelta(minutes=m)
+                 for m in range(100))
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return next(times)
+
+    monkeypatch.setattr(harness, "_dt", type("M", (), {"datetime": Clock, "UTC": dt.UTC}))
+    monkeypatch.setattr(harness, "measure_ceilings",
+                        lambda *a: roofline.Ceilings("cpu", 1e9, {"float32": 1e9}))
+    monkeypatch.setattr(harness, "environment",
+                        lambda d: {"device": "CPU x86_64", "device_type": "cpu"})
+    monkeypatch.setattr(harness, "run_shape", lambda s, o, c, t: {
+        "label": s.label, "implementations": {}, "runs": []})
+    shapes = presets.PRESETS["smoke"][:1] * 2
+    checkpoints = []
+
+    def checkpoint(partial):
+        checkpoints.append(partial["created"])
+        harness.write_report(partial, tmp_path)
+
+    report = harness.run_benchmark(shapes, harness.BenchOptions(device=torch.device("cpu")),
+                                   progress=False, preset="smoke", checkpoint=checkpoint)
+    path = harness.write_report(report, tmp_path)
+    assert checkpoints == [report["created"]] == ["2026-11-29T23:59:50+00:00"]
+    assert [p.name for p in tmp_path.glob("*.json")] == [path.name]
+    assert "partial" not in json.loads(path.read_text())
+
+
+def test_compare_fails_an_output_the_implementation_did_not_give():
+    """An implementation that returns None where the oracle has a tensor (a missing gradient)
+    fails the check, naming it; it is not skipped as if there were nothing to compare."""
+    case = runners.build_case(presets.BenchShape(mode="lstm", hidden=8, input_size=4, batch=2,
+                                                 time=3, dtype="float32"), torch.device("cpu"))
+    ref = runners.compute_oracle(case)
+    got = {name: getattr(ref, name) for name in ("y", "hT", "cT", "dx", "dh0", "dparams")}
+    assert runners.compare(case, {**got, "dc0": ref.dc0})["ok"]
+    verdict = runners.compare(case, {**got, "dc0": None})
+    assert not verdict["ok"] and verdict["missing"] == ["dc0"]
+
+
+def test_reports_record_the_switches_set(monkeypatch):
+    """A report of an ablation (a switch of kernels/NOTES.md set) says so: the environment
+    block lists the TRITONRNN_ variables."""
+    from tritonrnn.bench.harness import environment
+
+    monkeypatch.setenv("TRITONRNN_FWD_PAIRED_CHUNKS", "off")
+    monkeypatch.delenv("TRITONRNN_PIPELINE", raising=False)
+    switches = environment(torch.device("cpu"))["switches"]
+    assert switches["TRITONRNN_FWD_PAIRED_CHUNKS"] == "off"
+    assert "TRITONRNN_PIPELINE" not in switches
