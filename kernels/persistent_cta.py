@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from tritonrnn.rnn.packing import PackInfo
-from tritonrnn.rnn.reference import check_backward_preacts
+from tritonrnn.rnn.reference import check_backward_preacts, check_shapes
 
 from . import cells
 from .compile_options import FP_FUSION
@@ -644,10 +644,7 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
         shapes["Pw"] = (Hout, H)
     if lstm:
         shapes.update(c0=(B, H), cT=(B, H), **({"c_seq": (N, H)} if c_seq is not None else {}))
-    for name, shape in shapes.items():  # the kernel addresses them by these
-        if t[name] is None or tuple(t[name].shape) != shape:
-            got = None if t[name] is None else list(t[name].shape)
-            raise ValueError(f"{name}: expected shape {list(shape)} for cell {cell!r}, got {got}")
+    check_shapes({k: (t[k], shape) for k, shape in shapes.items()}, cell)
     if info.B == 0:
         return
     R, bR = R.contiguous(), bR.contiguous()
@@ -760,10 +757,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
         shapes.update(c_seq=(N, H), c_prev=(N, H), dcT=(B, H), dc0=(B, H))
     if proj:
         shapes.update(Pw=(Hout, H), dh_total=(N, Hout), m_seq=(N, H))
-    for name, shape in shapes.items():  # the kernel addresses them by these
-        if t[name] is None or tuple(t[name].shape) != shape:
-            got = None if t[name] is None else list(t[name].shape)
-            raise ValueError(f"{name}: expected shape {list(shape)} for cell {cell!r}, got {got}")
+    check_shapes({k: (t[k], shape) for k, shape in shapes.items()}, cell)
     if info.B == 0:
         return
     R = R.contiguous()

@@ -153,7 +153,7 @@ import triton
 import triton.language as tl
 
 from ..rnn.packing import PackInfo
-from ..rnn.reference import check_backward_preacts
+from ..rnn.reference import check_backward_preacts, check_shapes
 from . import cells
 from .compile_options import FP_FUSION
 from .grid_barrier import (
@@ -2382,10 +2382,7 @@ def _stages_option(num_stages: int) -> dict:
 
 
 def _check_shape(name, t, shape):
-    if t is None:
-        raise ValueError(f"{name}: expected a tensor of shape {tuple(shape)}, got None")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    check_shapes({name: (t, shape)})
 
 
 def _inp(t):

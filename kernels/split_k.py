@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from ..rnn.packing import PackInfo
-from ..rnn.reference import check_backward_preacts
+from ..rnn.reference import check_backward_preacts, check_shapes
 from . import cells
 from .compile_options import FP_FUSION
 from .grid_barrier import (
@@ -628,10 +628,7 @@ def _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, 
                       dc0=(dc0, (B, H)))
     if cid == cells.CELL_GRU:
         expect["dpre_h"] = (dpre_h, (N, GH))
-    for name, (x, shape) in expect.items():
-        if x is None or tuple(x.shape) != shape:
-            raise ValueError(f"{name}: expected shape {list(shape)}, got "
-                             f"{None if x is None else list(x.shape)}")
+    check_shapes(expect)
     return cid, G, H
 
 

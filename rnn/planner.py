@@ -241,14 +241,9 @@ def load_tuning_cache() -> dict:
 @functools.lru_cache(maxsize=4)
 def _load_cache(path: str, _stamp: tuple[int, int, int]) -> dict:
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        return _stored_entries(Path(path))
+    except (OSError, ValueError):  # unreadable: planned as if empty (a store refuses it)
         return {}
-    if not isinstance(data, dict) or data.get("version") != 1:
-        return {}
-    entries = data.get("entries", {})
-    return entries if isinstance(entries, dict) else {}
 
 
 def sources_fingerprint(folder: Path) -> str:
@@ -334,11 +329,12 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
 
 
 def _stored_entries(path: Path) -> dict:
-    """The entries a store adds to: those of the tuning cache file at `path` ({} without
-    one). The planner reads a file it cannot use as empty (`load_tuning_cache`), but a store
-    replaces the file whole, so here such a file (damaged JSON, another format version, a
-    hand edit) raises instead of being overwritten with one entry; `tritonrnn tune` keeps
-    its measurements in its partial file, so a rerun after moving the file loses nothing."""
+    """The entries of the tuning cache file at `path` ({} without one); a file that is not
+    the format (damaged JSON, another format version, a hand edit) raises ValueError naming
+    it. The planner reads such a file as empty (`_load_cache`); a store, which replaces the
+    file whole, lets the error through instead of overwriting it with one entry (`tritonrnn
+    tune` keeps its measurements in its partial file, so a rerun after moving the file loses
+    nothing)."""
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -38,6 +38,17 @@ def backward_preacts(cell: str) -> tuple[bool, bool]:
     return gated, gated
 
 
+def check_shapes(expect: dict, cell: str | None = None) -> None:
+    """ValueError naming the first of `expect` ({name: (tensor or None, shape)}) that is not
+    a tensor of its shape: the launchers' check of what their kernels address by the layer's
+    sizes (`cell`, where given, is named in the message)."""
+    for name, (x, shape) in expect.items():
+        if x is None or tuple(x.shape) != tuple(shape):
+            what = f" for cell {cell!r}" if cell is not None else ""
+            raise ValueError(f"{name}: expected shape {list(shape)}{what}, got "
+                             f"{None if x is None else list(x.shape)}")
+
+
 def check_backward_preacts(cell: str, pre_x, pre_h, shape: tuple[int, int]) -> None:
     """ValueError naming pre_x / pre_h where it is not what `backward_preacts` asks for
     `cell`: a tensor of `shape`, or None."""
