@@ -428,7 +428,7 @@ class _RNNBase(nn.Module):
         return x
 
     @staticmethod
-    def _check_lengths(lengths: object, B: int) -> torch.Tensor:
+    def _check_lengths(lengths: object, B: int, T: int) -> torch.Tensor:
         if isinstance(lengths, (list, tuple)):
             if not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
                 raise TypeError(f"lengths: expected ints, got {lengths!r}")
@@ -441,6 +441,11 @@ class _RNNBase(nn.Module):
         if tuple(lengths.shape) != (B,):
             raise ValueError(f"lengths: expected shape [{B}] (the batch), got "
                              f"{list(lengths.shape)}")
+        if not lengths.is_meta:  # the op reads them on the host too; here they keep their name
+            for b, n in enumerate(lengths.tolist()):
+                if not 0 <= n <= T:
+                    raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), "
+                                     f"got {n}")
         return lengths
 
     def _empty_batch(
@@ -489,7 +494,8 @@ class _RNNBase(nn.Module):
                 x = x.unsqueeze(1)
             elif self.batch_first:
                 x = x.transpose(0, 1)
-            seq_lengths = None if lengths is None else self._check_lengths(lengths, x.shape[1])
+            seq_lengths = (None if lengths is None
+                           else self._check_lengths(lengths, x.shape[1], x.shape[0]))
         B = x.shape[1]
         cast = _autocast_dtype(x.device)
         if cast is not None:  # autocast: input, states and weights in its dtype (fp32 masters)

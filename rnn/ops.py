@@ -222,8 +222,9 @@ def _validate(
             )
     elif rnn_mode == "lstm" and Hout != H:
         raise ValueError(
-            f"input_c: expected last dimension {Hout} (num_units, from input_h), got shape "
-            f"{list(input_c.shape)}"
+            f"input_c: expected last dimension {Hout}, input_h's (without num_proj both state "
+            f"sizes are num_units), got shape {list(input_c.shape)} (input_h "
+            f"{list(input_h.shape)})"
         )
     cfg = make_config(
         rnn_mode=rnn_mode, num_layers=L, num_units=H, input_size=I, input_mode=input_mode,

@@ -49,7 +49,8 @@ FORWARD_CASES = {
     "input_h_batch": ({"input_h": torch.randn(1, B + 1, H)}, ValueError,
                       r"input_h: expected batch 3.*got shape \[1, 4, 6\]"),
     "input_c_shape": ({"input_c": torch.randn(1, B, H + 1)}, ValueError,
-                      r"input_c: expected last dimension 6.*got shape \[1, 3, 7\]"),
+                      r"input_c: expected last dimension 6, input_h's .*got shape \[1, 3, 7\] "
+                      r"\(input_h \[1, 3, 6\]\)"),
     "input_c_batch": ({"input_c": torch.randn(1, B + 2, H)}, ValueError,
                       r"input_c: expected shape \[1, 3, 6\].*got \[1, 5, 6\]"),
     "input_c_missing": ({"input_c": None}, TypeError, r"input_c: expected a tensor, got NoneType"),
@@ -163,6 +164,8 @@ BACKPROP_CASES = {
                       r"host_reserved: expected the 64-byte tensor"),
     "host_reserved_dtype": (12, torch.zeros(64), r"host_reserved: expected the 64-byte int8 "
                             r"tensor.*got dtype torch.float32"),
+    "host_reserved_bool": (12, torch.zeros(64, dtype=torch.bool), r"host_reserved: expected the "
+                           r"64-byte int8 tensor.*got dtype torch.bool"),
     "host_reserved_meta": (12, torch.zeros(64, dtype=torch.int8, device="meta"),
                            r"host_reserved: expected a tensor with data.*meta"),
     "reserve_meta": (11, torch.zeros(8, dtype=torch.uint8, device="meta"),

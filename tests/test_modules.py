@@ -731,9 +731,9 @@ def _forward_cases():
         ("lengths_float", lambda m: m(x, lengths=torch.ones(2)), TypeError, "lengths"),
         ("lengths_type", lambda m: m(x, lengths="6"), TypeError, "lengths"),
         ("lengths_too_long", lambda m: m(x, lengths=[T + 1, 2]), ValueError,
-         r"sequence_lengths\[0\]"),
+         r"^lengths\[0\]: expected a length in \[0, 6\] \(max time\), got 7"),
         ("lengths_negative", lambda m: m(x, lengths=[2, -1]), ValueError,
-         r"sequence_lengths\[1\]"),
+         r"^lengths\[1\]: expected a length in \[0, 6\] \(max time\), got -1"),
         ("lengths_with_packed", lambda m: m(packed, lengths=[T, 3]), ValueError, "lengths"),
         ("lengths_unbatched", lambda m: m(x[:, 0], lengths=[T]), ValueError, "lengths"),
     ]

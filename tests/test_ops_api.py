@@ -353,6 +353,29 @@ def test_inference_mode_keeps_no_reserve_and_backprop_says_so():
         out.output.sum().backward()
 
 
+@pytest.mark.parametrize("L, dropout", [(1, 0.5), (2, 0.0)])
+def test_reserve_ignores_seeds_where_no_mask_is_applied(L, dropout):
+    """Without a dropout mask (dropout = 0, or one layer) the seeds change nothing: a backprop
+    given other seeds takes the reserve and gives the same gradients. With a mask it is
+    another forward, and the reserve is rejected."""
+    x, h, c, p = _inputs("lstm", L=L)
+    fwd = cudnn_rnn(x, h, c, p, rnn_mode="lstm", dropout=dropout, seed=1, seed2=2,
+                    backend="reference")
+    args = (x, h, c, p, None, fwd.output, fwd.output_h, fwd.output_c, fwd.output,
+            fwd.output_h, fwd.output_c, fwd.reserve_space, fwd.host_reserved)
+    want = cudnn_rnn_backprop(*args, rnn_mode="lstm", dropout=dropout, seed=1, seed2=2,
+                              backend="reference")
+    got = cudnn_rnn_backprop(*args, rnn_mode="lstm", dropout=dropout, seed=7, seed2=8,
+                             backend="reference")
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    x, h, c, p = _inputs("lstm", L=2)
+    fwd = cudnn_rnn(x, h, c, p, rnn_mode="lstm", dropout=0.5, seed=1, backend="reference")
+    args = (x, h, c, p, None, fwd.output, fwd.output_h, fwd.output_c, fwd.output,
+            fwd.output_h, fwd.output_c, fwd.reserve_space, fwd.host_reserved)
+    with pytest.raises(ValueError, match="host_reserved: .*it is from another forward"):
+        cudnn_rnn_backprop(*args, rnn_mode="lstm", dropout=0.5, seed=2, backend="reference")
+
+
 def test_reserve_from_another_configuration_is_rejected():
     x, h, c, p = _inputs("lstm", B=3)
     a = cudnn_rnn(x, h, c, p, torch.tensor([5, 4, 3]), rnn_mode="lstm", backend="reference")
@@ -372,6 +395,11 @@ def test_reserve_from_another_configuration_is_rejected():
     with pytest.raises(ValueError, match="host_reserved: .*got no valid header"):
         cudnn_rnn_backprop(*args, a.reserve_space, torch.zeros_like(a.host_reserved),
                            backend="reference")
+    # The header's bytes as uint8 are the same header; read back, they give the same gradients.
+    want = cudnn_rnn_backprop(*args, a.reserve_space, a.host_reserved, backend="reference")
+    got = cudnn_rnn_backprop(*args, a.reserve_space, a.host_reserved.view(torch.uint8),
+                             backend="reference")
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     with pytest.raises(ValueError, match="bytes"):
         cudnn_rnn_backprop(*args, a.reserve_space[:-8], None, backend="reference")
     with pytest.raises(TypeError, match="uint8"):
