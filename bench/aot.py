@@ -1190,6 +1190,11 @@ def format_report(report: dict) -> str:
 
 
 def write_json(reports: list[dict], path: Path) -> None:
+    """{"host": where it was compiled (commit, source hash, Triton version, switches), "reports":
+    one per shape}: a compile's figures belong to the source and Triton that produced them."""
     from tritonrnn.rnn.planner import write_json_atomic
 
-    write_json_atomic(path, {"reports": reports}, sort_keys=False)
+    from .harness import environment
+
+    write_json_atomic(path, {"host": environment(torch.device("cpu")), "reports": reports},
+                      sort_keys=False)

@@ -57,6 +57,7 @@ from .grid_barrier import (
     cooperative_launch_options,
     grid_arrive,
     grid_wait,
+    poll_earlier_launches,
 )
 from .persistent_grid import (
     _env_on_off,
@@ -681,6 +682,7 @@ def split_k_backward(
         # (some 8 million steps on 132 programs) takes a launch per step, without barriers.
         whole_launch = False
     if persistent and not interp:
+        poll_earlier_launches()  # an earlier launch's known failure first, as the grid's do
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from tritonrnn.bench import aot
+from tritonrnn.bench.harness import environment
 from tritonrnn.kernels import persistent_cta as pc
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.kernels.persistent_grid import SMEM_SLACK as _SMEM_SLACK
@@ -932,7 +933,11 @@ def test_report_table_and_json_round_trip(reports, tmp_path):
     assert {len(ln) for ln in (head, *rows)} == {len(head)}  # columns line up
     path = tmp_path / "aot.json"
     aot.write_json(list(reports.values()), path)
-    loaded = json.loads(path.read_text())["reports"]
+    written = json.loads(path.read_text())
+    here = environment(torch.device("cpu"))
+    assert {k: written["host"][k] for k in ("commit", "source_sha256", "triton")} == {
+        k: here[k] for k in ("commit", "source_sha256", "triton")}
+    loaded = written["reports"]
     assert len(loaded) == len(COMPILES)
     for key in ("LDL", "STL", "LDL_outside", "STL_outside"):
         assert all(isinstance(k["profile"][key], int) for r in loaded for k in r["kernels"])

@@ -1315,6 +1315,28 @@ def test_gpu_split_k_backward(cell, H, units, kblock, btile, dtype, one):
 
 
 @pytest.mark.gpu
+def test_gpu_split_k_reports_an_earlier_failed_launch_first(monkeypatch):
+    # A persistent split-K launch first reports a failed launch that the deferred checks
+    # already know of (stand-in: a finished event with its error flag set), as the grid's do.
+    from collections import deque
+
+    from tritonrnn.kernels import grid_barrier as gb
+    from tritonrnn.kernels.split_k import split_k_backward
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "deferred")
+    done = torch.cuda.Event()
+    done.record()
+    monkeypatch.setattr(gb, "_pending", deque([
+        (done, torch.ones(1, dtype=torch.int32), "an earlier stand-in")]))
+    ins, outs = _backward_problem("lstm", 128, 0, *_swap_lengths(), dtype=torch.float32)
+    with pytest.raises(gb.BarrierTimeoutError, match="an earlier launch of an earlier stand-in"):
+        split_k_backward(ins["cell"], *(ins[k] for k in _BWD_IN if k != "Pw"), ins["info"],
+                         True, *(outs[k] for k in _BWD_OUT[:4]), units=64, kblock=128,
+                         btile=16, one_barrier=False)
+    assert not gb._pending
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cell,kblock", [("lstm", 64), ("gru", 48)])
 def test_gpu_one_barrier_split_k_writes_over_the_preacts(cell, kblock):
     # The one-barrier form with its gradients written over the pre-activations (as the
