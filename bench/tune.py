@@ -50,13 +50,15 @@ def partial_path() -> Path:
 
 def _partial_key(key: str) -> str:
     """A plan key's record in the partial file: its unfinished measurements are resumed only
-    by the Triton release and kernels that took them (as the cache's entries,
+    by the Triton release, kernels and kernel switches that took them (as the cache's entries,
     `planner.tuning_entry`)."""
     import triton
 
-    from tritonrnn.rnn.planner import kernels_fingerprint
+    from tritonrnn.rnn.planner import kernel_variants, kernels_fingerprint
 
-    return f"{key}|triton {triton.__version__}|kernels {kernels_fingerprint()}"
+    variants = kernel_variants()
+    switches = "".join(f"|{k}={v}" for k, v in sorted(variants.items()))
+    return f"{key}|triton {triton.__version__}|kernels {kernels_fingerprint()}{switches}"
 
 
 def _read_partial(path: Path) -> dict:

@@ -263,6 +263,35 @@ def kernels_fingerprint() -> str:
     return sources_fingerprint(Path(__file__).resolve().parent.parent / "kernels")
 
 
+# The kernel switches that change what a launch runs (kernels/NOTES.md, "Switches"): module
+# globals read at import (tests and ablations set them in-process) and their defaults.
+_VARIANT_GLOBALS = (
+    ("persistent_grid", "_FWD_JOINED_SUMS", True), ("persistent_grid", "_FWD_MASK_IN_LOOP", True),
+    ("persistent_grid", "_FWD_PAIRED_CHUNKS", True),
+    ("persistent_grid", "_BWD_PAIRED_GATES", True),
+    ("persistent_grid", "_BWD_PAIRED_GATES_WIDE", False),
+    ("split_k", "_BWD_SPLIT_K", False), ("split_k", "_BWD_SPLIT_K1", False),
+)
+
+
+def kernel_variants() -> dict[str, object]:
+    """The kernel switches set away from their defaults ({} by default): the variant a timing
+    ran, which a tuning entry and tune's partial record carry, so that the planner uses a
+    choice only under the variant that timed it."""
+    from tritonrnn.kernels import persistent_grid, split_k
+
+    modules = {"persistent_grid": persistent_grid, "split_k": split_k}
+    out: dict[str, object] = {}
+    for module, name, default in _VARIANT_GLOBALS:
+        value = getattr(modules[module], name)
+        if value != default:
+            out[name.lstrip("_")] = value
+    hoist = persistent_grid._env_passes("TRITONRNN_HOIST_WEIGHTS")
+    if hoist != "auto":
+        out["HOIST_WEIGHTS"] = hoist if isinstance(hoist, str) else ",".join(sorted(hoist))
+    return out
+
+
 def tuning_entry(key: str) -> dict | None:
     """The tuning cache's entry for a plan key when the running Triton timed the running
     kernels, else None.
@@ -272,15 +301,17 @@ def tuning_entry(key: str) -> dict | None:
     shared memory than 3.6's at LSTM H=128 / 64 bf16) and to the kernels' code (a choice that
     won on one version of the kernels can spill or lose on the next), so the planner ignores
     an entry from another release or other kernel sources (`kernels_fingerprint`; or one
-    that names neither) and `tritonrnn tune` times its key again.
+    that names neither), or timed under other kernel switches (`kernel_variants`; an entry
+    without "variants" ran the defaults), and `tritonrnn tune` times its key again.
     An entry that is not a valid choice (not a dict, a field `plan_constraints` would refuse,
     such as block_b "16" or num_warps 3, or a malformed measured / candidates pair: an edited
     or damaged file) is ignored as well, with a warning naming the key and the problem."""
     entry = load_tuning_cache().get(key)
     if entry is None or (isinstance(entry, dict) and (
             entry.get("triton") != triton.__version__
-            or entry.get("kernels") != kernels_fingerprint())):
-        return None  # none, or another release's or other kernels' timing (or unnamed)
+            or entry.get("kernels") != kernels_fingerprint()
+            or entry.get("variants", {}) != kernel_variants())):
+        return None  # none, or another release's, other kernels' or variant's timing
     problem = _entry_problem(entry)
     if problem is not None:
         warnings.warn(f"tritonrnn: tuning cache entry {key!r}: {problem} (ignored: the "
@@ -314,13 +345,16 @@ def tuning_complete(entry: dict) -> bool:
 
 def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
                        measured: int | None = None, candidates: int | None = None) -> None:
-    """Records the best choice for a plan key with the Triton release and the kernels'
-    sources that timed it (atomic replace of the JSON file; an entry for the key from
-    another release or other kernels is replaced).
+    """Records the best choice for a plan key with the Triton release, the kernels' sources
+    and the kernel switches (`kernel_variants`, where any is set) that timed it (atomic
+    replace of the JSON file; an entry for the key from another release, other kernels or
+    other switches is replaced).
     measured < candidates: the best of only the first `measured` candidates (`tuning_complete`)."""
     entry = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
              "ms": float(ms), "device": device, "triton": triton.__version__,
              "kernels": kernels_fingerprint()}
+    if variants := kernel_variants():
+        entry["variants"] = variants
     if measured is not None and candidates is not None and measured < candidates:
         entry.update(measured=measured, candidates=candidates)
     path = tuning_cache_path()
@@ -1764,12 +1798,11 @@ def plan_for(
     )
     constraints = _constraints.get()
     automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
-    from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import barrier_check_mode
 
     return _plan_cached(cfg, batch, max_time, dtype, props, constraints, _tuning_cache_stamp(),
                         automatic, barrier_check_mode(), triton.__version__,
-                        (split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1))
+                        tuple(sorted(kernel_variants().items())))
 
 
 def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
@@ -1794,13 +1827,13 @@ def _pipeline_decision(cfg, batch: int, max_time: int, dtype: torch.dtype,
 @functools.lru_cache(maxsize=1024)
 def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
                  automatic: bool, barrier_check: str, _triton: str,
-                 _split_k: tuple[bool, bool]) -> Plan:
+                 _variants: tuple) -> Plan:
     """plan_for's Plan, cached by everything it depends on: the tuning cache's file and
     version (_cache_stamp; not the id of its loaded dict, which Python reuses once the dict
     is freed: a plan made without a cache was returned for a tuned key), the barrier check
     mode (the buffers: `backward_writes_over_preacts`), the Triton release whose entries
-    count (_triton) among them, and the split-K backward's two switches (the form a choice
-    that does not name one gets, `_with_split_k`)."""
+    count (_triton) among them, and the kernel switches (`kernel_variants`: the entries
+    that count, and the split-K form a choice that does not name one gets, `_with_split_k`)."""
     key = recurrence_key(cfg.rnn_mode, cfg.num_units, cfg.num_proj, dtype, batch, props,
                          cfg.num_dirs)
     choice, source = recurrence_choice(

@@ -889,6 +889,41 @@ def test_a_tuning_entry_from_other_kernels_is_ignored(stale):
     assert plan.source == "tuned" and plan.layer(0).family == "stepwise"
 
 
+@pytest.mark.parametrize("switch, value, variants", [
+    ("_FWD_PAIRED_CHUNKS", False, {"FWD_PAIRED_CHUNKS": False}),
+    ("_BWD_SPLIT_K", True, {"BWD_SPLIT_K": True}),
+    ("HOIST_WEIGHTS", "bwd,fwd", {"HOIST_WEIGHTS": "bwd,fwd"}),
+])
+def test_a_tuning_entry_applies_only_under_the_switches_that_timed_it(switch, value, variants,
+                                                                      monkeypatch):
+    """`tune` run under a kernel switch stores its variant with the entry and in its partial
+    key: default runs ignore that entry (the heuristic runs), runs under the switch use it,
+    and an entry stored by default runs names no variant."""
+    from tritonrnn.bench import tune
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import kernel_variants
+
+    choice = {"family": "stepwise", "block_b": 16, "block_h": 32, "block_k": 64, "num_warps": 4}
+    base = _plan(H=768, B=16)
+    default_partial = tune._partial_key(base.key)
+    store_tuning_entry(base.key, choice, 1.0, "h100")
+    assert "variants" not in load_tuning_cache()[base.key] and kernel_variants() == {}
+    assert _plan(H=768, B=16).source == "tuned"
+    with monkeypatch.context() as m:
+        if switch == "HOIST_WEIGHTS":
+            m.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd, bwd")
+        else:
+            m.setattr(split_k if "SPLIT_K" in switch else pg, switch, value)
+        assert kernel_variants() == variants
+        assert _plan(H=768, B=16).source == "heuristic"  # the default's timing, not this
+        assert tune._partial_key(base.key) != default_partial
+        store_tuning_entry(base.key, choice, 1.0, "h100")
+        assert load_tuning_cache()[base.key]["variants"] == variants
+        assert _plan(H=768, B=16).source == "tuned"
+    plan = _plan(H=768, B=16)
+    assert plan.source == "heuristic" and plan.layers == base.layers
+
+
 def test_kernels_fingerprint_follows_the_kernel_sources(tmp_path):
     """The fingerprint is that of kernels/*.py: any byte or name of a source changes it,
     other files do not."""
