@@ -236,9 +236,28 @@ def run_shape(shape: BenchShape, opts: BenchOptions, ceilings: Ceilings, tick=No
         del runner
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    _record_replacements(record, shape, opts)
     _compare_with_baseline(record, case)
     _derive(record, case, ceilings)
     return record
+
+
+def _record_replacements(record: dict, shape: BenchShape, opts: BenchOptions) -> None:
+    """Names in the report's plan each pass whose planned kernel the device refused, and the
+    plan that ran (and was timed) instead (`TritonRecurrence._run`): the planned
+    `recurrence` alone would name a kernel that never ran."""
+    if "tritonrnn" not in opts.impls or "error" in record["plan"]:
+        return
+    from tritonrnn.rnn.triton_backend import _BACKEND, _tiles
+
+    done = _BACKEND.replacements(shape.mode, shape.hidden, shape.proj, shape.torch_dtype,
+                                 shape.batch, opts.device)
+    if done:
+        record["plan"]["replaced"] = [
+            {"pass": phase, "refused": asdict(refused), "ran": asdict(ran),
+             "summary": f"{refused.family} ({_tiles(refused)}) refused by the device, ran "
+                        f"{ran.family} ({_tiles(ran)})"}
+            for phase, refused, ran in done]
 
 
 BASELINE_FACTOR = 4.0
@@ -505,6 +524,8 @@ def format_table(report: dict) -> str:
         else:
             lines.append(f"  plan: {', '.join(plan['families'])} ({plan['source']}), planned "
                          f"reserve {_fmt_bytes(plan['reserve_bytes'])}")
+            for replaced in plan.get("replaced", []):
+                lines.append(f"  {replaced['pass']}: {replaced['summary']}")
     roof = report["roofline"]
     lines.append("")
     lines.append(

@@ -80,6 +80,15 @@ class TritonRecurrence:
         lp, _ = self.plan_choice(shape)
         return self._replaced("forward", shape, lp), self._replaced("backward", shape, lp)
 
+    def replacements(self, cell: str, H: int, P: int, dtype: torch.dtype, batch: int,
+                     device: torch.device) -> list[tuple[str, LayerPlan, LayerPlan]]:
+        """(pass, refused plan, plan run instead) for every replacement made so far in this
+        process for recurrences of this cell, size, dtype and batch bucket on `device`'s
+        properties (either direction count), in the order they were made: what a report of
+        those runs must name as run."""
+        want = (cell, H, P or H, P, dtype, _bucket(batch), self.properties(device))
+        return [(k[0], k[-1], v) for k, v in self._smaller.items() if k[1:8] == want]
+
     def _run(self, phase: str, choice: tuple[LayerPlan, str, tuple],
              launch: Callable[[LayerPlan], None]) -> None:
         """Launches `choice`'s plan. A kernel that Triton refuses at launch for needing more

@@ -336,3 +336,33 @@ def test_the_layer_pipeline_counts_the_programs_of_a_replacement(backend):
     with pytest.warns(RuntimeWarning, match="needs more than this device has"):
         backend._run("backward", backend._choice("lstm", R, None, B, 1, "backward"), launch)
     assert width() == 1
+
+
+def test_a_bench_report_names_the_plan_that_ran(backend, monkeypatch):
+    """A bench record's plan is the planner's; where the device refused a pass's kernel, it
+    also names the plan that ran and was timed instead (`plan.replaced`)."""
+    from tritonrnn.bench import harness, roofline
+    from tritonrnn.bench.presets import BenchShape
+    from tritonrnn.bench.timing import TimingConfig
+
+    calls, real = {}, pc.cta_backward
+    _refuse(monkeypatch, pc, "cta_backward", calls)
+    shape = BenchShape(mode="lstm", hidden=16, batch=3, time=4, dtype="float32")
+    opts = harness.BenchOptions(device=torch.device("cpu"), passes=("bwd",),
+                                impls=("tritonrnn",), timing=TimingConfig(cpu_rep=1))
+    ceilings = roofline.Ceilings("cpu", 1e9, {"float32": 1e9})
+    with pytest.warns(RuntimeWarning, match="running persistent_grid"):
+        record = harness.run_shape(shape, opts, ceilings)
+    assert calls["cta_backward"] == 1
+    assert record["plan"]["recurrence"]["family"] == CTA  # planned
+    [replaced] = record["plan"]["replaced"]
+    assert replaced["pass"] == "backward" and replaced["refused"]["family"] == CTA
+    assert replaced["ran"]["family"] == GRID and replaced["ran"]["block_h"] > 0
+    assert "persistent_cta (block_b=16) refused by the device, ran persistent_grid (" in (
+        replaced["summary"])
+    assert all(r["status"] == "ok" for r in record["runs"]), record["runs"]
+    # Another shape's record names no replacement (the CTA's backward accepted again).
+    monkeypatch.setattr(pc, "cta_backward", real)
+    other = harness.run_shape(BenchShape(mode="gru", hidden=16, batch=3, time=4,
+                                         dtype="float32"), opts, ceilings)
+    assert "replaced" not in other["plan"]
