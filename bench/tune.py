@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,18 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
     runners.compute_oracle(case)
 
     def measure_choice(choice: dict, bound: float | None = None) -> float | Screened:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = _measure(choice, bound)
+        for w in seen:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        fallback = [str(w.message) for w in seen if "rerunning stepwise" in str(w.message)]
+        if fallback:
+            # The time is the stepwise kernels', not the choice's: no result for the choice.
+            raise RuntimeError(f"its persistent launch failed and ran stepwise ({fallback[0]})")
+        return result
+
+    def _measure(choice: dict, bound: float | None) -> float | Screened:
         with plan_constraints(**choice):
             runner = runners.tritonrnn_runner(case, "triton")
         # Each choice answers for its own launches' barriers (deferred flags), here and

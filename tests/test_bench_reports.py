@@ -176,6 +176,31 @@ def test_tune_fails_a_candidate_whose_timed_launch_had_a_barrier_time_out(monkey
     assert timed == [None]
 
 
+def test_tune_fails_a_grid_candidate_that_ran_stepwise(monkeypatch):
+    """A persistent-grid launch that raises RuntimeError (a cooperative launch the driver
+    refuses) is rerun stepwise with a warning; tune timed that as the grid choice. Now the
+    choice fails, naming the fallback (interpreter; the refusal stands in)."""
+    from tritonrnn.kernels import persistent_grid as pg
+
+    shape = BenchShape(mode="gru", hidden=16, batch=3, time=3, dtype="float32").validated()
+    measure_choice = tune.shape_measurer(shape, torch.device("cpu"), TimingConfig(cpu_rep=1))
+    choice = {"family": "persistent_grid", "block_h": 16, "block_b": 16}
+    assert measure_choice(choice, None) > 0  # the grid itself: a time
+    real = pg.grid_forward
+
+    def refused(*args, persistent, **kw):
+        if persistent:
+            raise RuntimeError("cooperative launch refused")
+        return real(*args, persistent=persistent, **kw)
+
+    monkeypatch.setattr(pg, "grid_forward", refused)
+    with pytest.warns(RuntimeWarning, match="rerunning stepwise"), pytest.raises(
+            RuntimeError, match=r"its persistent launch failed and ran stepwise \(tritonrnn: "
+                                r"persistent-grid launch failed \(cooperative launch refused"):
+        measure_choice(choice, None)
+    assert measure_choice({"family": "stepwise", "block_h": 16, "block_b": 16}, None) > 0
+
+
 # ----------------------------------------------------------------------------- labels
 
 
