@@ -441,7 +441,9 @@ class _RNNBase(nn.Module):
         if tuple(lengths.shape) != (B,):
             raise ValueError(f"lengths: expected shape [{B}] (the batch), got "
                              f"{list(lengths.shape)}")
-        if not lengths.is_meta:  # the op reads them on the host too; here they keep their name
+        # The op reads them on the host too; read here, they keep their name in its errors.
+        # Not while compiling: the op reads them inside, where a graph does not trace it.
+        if not lengths.is_meta and not torch.compiler.is_compiling():
             for b, n in enumerate(lengths.tolist()):
                 if not 0 <= n <= T:
                     raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), "

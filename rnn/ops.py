@@ -259,13 +259,12 @@ def _forward(call: _Call, rec, input, input_h, input_c, params, time_major, trai
     h0 = _time_major(input_h, time_major)
     c0 = _time_major(input_c, time_major) if cfg.is_lstm else None
     res = engine.forward(cfg, rec, x, h0, c0, params, info, training)
-    out = unpack(res.y, info)
     output_c = (
         _own_state(res.cT, time_major) if cfg.is_lstm
         else torch.empty(0, dtype=input.dtype, device=input.device)
     )
     return CudnnRNNOutput(
-        _time_major(out, time_major),
+        unpack(res.y, info, time_major),
         _own_state(res.hT, time_major),
         output_c,
         res.reserve,

@@ -155,11 +155,20 @@ def pack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
     return x.reshape(info.T * info.B, -1).index_select(0, info.padded_index)
 
 
-def unpack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
-    """[N, C] packed -> [T, B, C] time-major padded, exact zeros at padding."""
-    out = x.new_zeros(info.T * info.B, x.shape[1])
-    out.index_copy_(0, info.padded_index, x)
-    return out.view(info.T, info.B, x.shape[1])
+def unpack(x: torch.Tensor, info: PackInfo, time_major: bool = True) -> torch.Tensor:
+    """[N, C] packed -> [T, B, C] time-major padded, exact zeros at padding; time_major=False:
+    [B, T, C] with the strides of a transposed time-major tensor. Either is a tensor of its
+    own, not a view (autograd refuses in-place changes to a view among a function's outputs)."""
+    T, B, C = info.T, info.B, x.shape[1]
+    if time_major:
+        out = x.new_empty((T, B, C))
+        rows = out.view(T * B, C)
+    else:
+        out = torch.empty_strided((B, T, C), (C, B * C, 1), dtype=x.dtype, device=x.device)
+        rows = out.transpose(0, 1).view(T * B, C)
+    rows.zero_()
+    rows.index_copy_(0, info.padded_index, x)
+    return out
 
 
 def prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:

@@ -1848,13 +1848,15 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
         layers=layers, source=source,
         buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0,
-                         barrier_check) + _split_k_buffers(cfg, batch, dtype, props, choice),
+                         barrier_check)
+        + _split_k_buffers(cfg, batch, dtype, props, choice,
+                           pipe.width if pipe.chunks > 1 else 1),
         pipeline=pipe,
     )
 
 
 def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DeviceProperties,
-                     lp: LayerPlan) -> tuple[Buffer, ...]:
+                     lp: LayerPlan, copies: int = 1) -> tuple[Buffer, ...]:
     """The workspace `kernels.split_k.split_k_backward` allocates per call where the plan
     runs it as the layers' backward (LayerPlan.split_k_bwd, `split_k_launch`; one direction
     at a time): `kernels.split_k.workspace`, the fp32
@@ -1862,7 +1864,9 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
     ([2, 2, Bpad, H] for the one-barrier form's two slots of each), and the one-barrier
     form's gradients held between launches in the layer's dtype where the steps take
     several launches (stepwise plans, the interpreter; on a GPU a persistent plan's one
-    launch holds none, though its stepwise rerun after a failed launch would)."""
+    launch holds none, though its stepwise rerun after a failed launch would).
+    copies: the layers whose backwards run at once (the layer pipeline's width, each on its
+    own stream and so with its own workspace), a leading dimension where above 1."""
     from tritonrnn.kernels.split_k import workspace
 
     split = split_k_launch(lp, cfg.rnn_mode, cfg.num_units, batch, dtype, props)
@@ -1870,10 +1874,12 @@ def _split_k_buffers(cfg, batch: int, dtype: torch.dtype, props: DevicePropertie
         return ()
     ws = workspace(cfg.rnn_mode, cfg.num_units, batch, *split,
                    persistent=lp.family == "persistent_grid", on_gpu=not props.interpreter)
-    out = (_buffer("split_k.partials", ws["partials"], "backward", torch.float32),
-           _buffer("split_k.carries", (2, *ws["dh_carry"]), "backward", torch.float32))
+    lead = (copies,) if copies > 1 else ()
+    out = (_buffer("split_k.partials", (*lead, *ws["partials"]), "backward", torch.float32),
+           _buffer("split_k.carries", (*lead, 2, *ws["dh_carry"]), "backward",
+                   torch.float32))
     if "held" in ws:
-        out += (_buffer("split_k.held", ws["held"], "backward", dtype),)
+        out += (_buffer("split_k.held", (*lead, *ws["held"]), "backward", dtype),)
     return out
 
 

@@ -298,6 +298,33 @@ def test_final_states_can_be_edited_in_place_before_backward(api, time_major):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("time_major", [True, False], ids=["time-major", "batch-major"])
+@pytest.mark.parametrize("api", ["ops", "library"])
+def test_output_is_its_own_tensor_and_saved(api, time_major):
+    """output is not a view (autograd's error for an edited view among a function's outputs
+    named no argument), in the layout the fake promises (batch-major: a transposed time-major
+    tensor's strides). The backward reads it, as cuDNN's does: an in-place edit before
+    backward fails autograd's version check, naming it; without grad it is free to edit."""
+    from tritonrnn.rnn import ops
+
+    fn = ops.cudnn_rnn if api == "ops" else library.cudnn_rnn
+    x, h0, c0, p, lens = _sample_args("lstm", [4, 1, 3], True, time_major)[:5]
+    kw = dict(rnn_mode="lstm", direction="bidirectional", num_proj=2, time_major=time_major,
+              backend="reference")
+    out = fn(x, h0, c0, p, lens, **kw)
+    y = out.output
+    assert y._base is None
+    T, B = (y.shape[0], y.shape[1]) if time_major else (y.shape[1], y.shape[0])
+    assert y.stride() == ((B * 4, 4, 1) if time_major else (4, B * 4, 1))
+    y.mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*output 0"):
+        y.sum().backward()
+    with torch.no_grad():
+        free = fn(x, h0, c0, p, lens, **kw).output
+    free.mul_(2.0)
+    assert torch.equal(free, y.detach())
+
+
 def test_library_op_matches_ops_and_rejects_inference_backward():
     from tritonrnn.rnn import ops
 

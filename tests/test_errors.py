@@ -250,10 +250,16 @@ def test_meta_tensors_run_on_the_reference_backend_only(monkeypatch):
                   backend="triton")
 
 
-def test_backprop_reserve_of_other_mode_rejected():
+def test_backprop_reserve_of_other_lengths_rejected():
+    # (dropout on one layer applies no mask: the same forward, the reserve taken)
     args = _backprop_args()
-    with pytest.raises(ValueError, match="reserve_space|host_reserved"):
-        cudnn_rnn_backprop(*args, backend="reference", num_proj=0, dropout=0.5)
+    want = cudnn_rnn_backprop(*args, backend="reference")
+    got = cudnn_rnn_backprop(*args, backend="reference", num_proj=0, dropout=0.5)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    args[4] = torch.tensor([T] * (B - 1) + [T - 1])
+    with pytest.raises(ValueError, match=r"host_reserved: expected the header of a forward "
+                                         r"with this configuration, lengths and dtype"):
+        cudnn_rnn_backprop(*args, backend="reference")
 
 
 def test_params_helper_errors():

@@ -493,6 +493,30 @@ def test_split_k_workspace_is_in_the_plans_buffers(two, one, family, device, wan
                                            * math.prod(b.shape)), b
 
 
+def test_split_k_workspace_counts_each_layer_in_flight(monkeypatch):
+    """In the layer pipeline's backward, the layers in flight (its width) each run their
+    split-K backward on their own stream, with their own workspace: the plan lists that many
+    copies, and counts them in its peak."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import plan_for
+
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    plans = {}
+    for chunks in (1, 4):
+        with plan_constraints(family="persistent_grid", pipeline_chunks=chunks):
+            plans[chunks] = plan_for(rnn_mode="lstm", num_units=64, input_size=64, batch=16,
+                                     max_time=8, num_layers=3, dtype=torch.bfloat16,
+                                     device_properties="h100")
+    assert plans[4].pipeline.width == 3
+    one, many = ({b.name: b for b in plans[k].buffers if b.name.startswith("split_k.")}
+                 for k in (1, 4))
+    assert {n: b.shape for n, b in one.items()} == {"split_k.partials": (4, 16, 64),
+                                                    "split_k.carries": (2, 16, 64)}
+    assert {n: b.shape for n, b in many.items()} == {"split_k.partials": (3, 4, 16, 64),
+                                                     "split_k.carries": (3, 2, 16, 64)}
+    assert all(many[n].nbytes == 3 * one[n].nbytes for n in one)
+
+
 def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch):
     """As the grid launches (`_with_stepwise_fallback`): a persistent split-K launch that
     raises RuntimeError (a refused cooperative launch, a barrier timeout in sync mode) is
