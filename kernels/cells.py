@@ -63,7 +63,8 @@ def cell_forward(CELL: tl.constexpr, x0, x1, x2, x3, h0, h1, h2, h3, h_prev, c_p
         m = tanh(x0 + h0)
         c_new = zero
     else:
-        m = tl.maximum(x0 + h0, 0.0)
+        # NaN stays NaN, as torch.relu (tl.maximum's default returns the other operand).
+        m = tl.maximum(x0 + h0, 0.0, propagate_nan=tl.PropagateNan.ALL)
         c_new = zero
     return m, c_new
 
@@ -108,6 +109,7 @@ def cell_backward(CELL: tl.constexpr, x0, x1, x2, x3, h0, h1, h2, h3, dm, h_new,
     elif CELL == 2:
         d = dm * (1.0 - h_new * h_new)
         return d, zero, zero, zero, zero, zero, zero, zero
-    else:  # relu: h_t > 0 exactly where the pre-activation was
-        d = tl.where(h_new > 0.0, dm, 0.0)
+    else:  # relu: h_t > 0 exactly where the pre-activation was; a NaN h_t passes dm on,
+        # as torch's relu backward (zero only where h_t <= 0)
+        d = tl.where(h_new <= 0.0, 0.0, dm)
         return d, zero, zero, zero, zero, zero, zero, zero

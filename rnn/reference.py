@@ -176,8 +176,9 @@ def cell_backward(
         return torch.cat([dpr, dpz, dpn], 1), torch.cat([dpr, dpz, dpn * r], 1), dh * z, None, None
     if cell == "rnn_tanh":
         dpre = dh * (1 - h_new * h_new)
-    else:  # relu: h_t > 0 exactly where the pre-activation was
-        dpre = dh * (h_new > 0).to(dh.dtype)
+    else:  # relu: h_t > 0 exactly where the pre-activation was; as torch's relu backward,
+        # zero only where h_t <= 0 (a NaN h_t passes dh on, an inf dh is not multiplied by 0)
+        dpre = torch.where(h_new <= 0, 0.0, dh)
     return dpre, dpre, None, None, None
 
 
