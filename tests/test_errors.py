@@ -159,6 +159,10 @@ BACKPROP_CASES = {
     "output_h_backprop_dtype": (9, torch.randn(1, B, H, dtype=torch.float64),
                                 r"output_h_backprop: expected dtype torch.float32"),
     "output_c_shape": (7, torch.randn(1, B + 1, H), r"output_c: expected shape \[1, 3, 6\]"),
+    "output_h_shape": (6, torch.randn(2, B, H), r"output_h: expected shape \[1, 3, 6\].*got "
+                       r"\[2, 3, 6\]"),
+    "output_h_backprop_shape": (9, torch.randn(1, B, H + 1), r"output_h_backprop: expected "
+                                r"shape \[1, 3, 6\].*got \[1, 3, 7\]"),
     "reserve_type": (11, "reserve", r"reserve_space: expected a tensor, got str"),
     "host_reserved": (12, torch.zeros(3, dtype=torch.int8),
                       r"host_reserved: expected the 64-byte tensor"),

@@ -430,6 +430,7 @@ def test_dropout_is_deterministic_and_seeded():
     none = cudnn_rnn(x, h, c, p, torch.tensor([5, 2, 4]), rnn_mode="lstm", backend="reference")
     assert torch.equal(a.output, b.output) and torch.equal(a.reserve_space, b.reserve_space)
     assert not torch.equal(a.output, other.output)
+    assert not torch.equal(a.output, _dropout_run(4, 2, x, h, c, p).output)  # seed counts too
     assert torch.equal(off.output, none.output)  # no dropout when is_training=False
     assert not torch.equal(a.output, none.output)
 
@@ -439,6 +440,10 @@ def test_dropout_mask_rate_and_scale():
     from tritonrnn.rnn.packing import make_pack_info
 
     info = make_pack_info([64] * 32, 64, torch.device("cpu"))
+    # Each of seed, seed2 and the layer draws another mask.
+    mask = dmod.keep_mask(info, 64, 0.5, 7, 8, 0)
+    for other in ((9, 8, 0), (7, 9, 0), (7, 8, 1)):
+        assert not torch.equal(mask, dmod.keep_mask(info, 64, 0.5, *other)), other
     for p in (0.1, 0.5, 0.9):
         keep = dmod.keep_mask(info, 64, p, 7, 8, 0)
         rate = 1 - keep.double().mean().item()

@@ -198,9 +198,10 @@ def test_block_k_constraint():
     assert (lp.family, lp.block_k) == ("persistent_grid", 128)
     with plan_constraints(block_k=0):
         assert _plan(H=768).layer(0).block_k == 0
-    with pytest.raises(ValueError, match=r"block_k expected 0 .* got 48"), \
-            plan_constraints(block_k=48):
-        pass
+    for bad in (48, 8):  # not a power of two; a power of two below 16 (tl.dot's minimum)
+        with pytest.raises(ValueError, match=rf"block_k expected 0 .* got {bad}"), \
+                plan_constraints(block_k=bad):
+            pass
 
 
 def test_grid_plans_are_co_resident_and_fit():
