@@ -26,11 +26,13 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 [ -n "$ncu" ] || { echo "gpu_profile.sh: ncu not found" >&2; exit 1; }
 sections=(--section SpeedOfLight --section WarpStateStats --section SourceCounters
           --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis)
-report() {  # $1: report stem
+report() {  # $1: report stem; each conversion cut at NCU_CONVERT_SECONDS (default 30)
   [ -f "$1.ncu-rep" ] || return 0
-  "$ncu" -i "$1.ncu-rep" --page details > "$1-details.txt" 2>&1
-  "$ncu" -i "$1.ncu-rep" --page source --csv --print-source sass > "$1-sass.csv" 2>&1 \
-    || "$ncu" -i "$1.ncu-rep" --page source --csv > "$1-sass.csv" 2>&1
+  local cut=${NCU_CONVERT_SECONDS:-30}
+  timeout "$cut" "$ncu" -i "$1.ncu-rep" --page details > "$1-details.txt" 2>&1
+  timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv --print-source sass \
+    > "$1-sass.csv" 2>&1 \
+    || timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv > "$1-sass.csv" 2>&1
   rm -f "$1.ncu-rep"
 }
 profile() {  # $1: kernel regex, $2: report stem, the rest: step_ablation.py arguments

@@ -15,10 +15,12 @@
 #      the layer, then cuDNN's backward, then the kernel alone in both forms. It aims at the
 #      largest gaps of issue 5 (LSTM B=256 backward 0.73x cuDNN-graph, B=64 H >= 768). If a
 #      form wins, a planner rule for it needs `tests` and `all` in a later session.
-#   3. With time left, `DECIDE_SECONDS=240 bash scripts/gpu_session.sh decide` (timeout_s
-#      270): the untimed planner rules (the backward's own tiles against the forward's,
-#      `samebwd`; the streamed stages against Triton's 3, `st3`, and 8, `st8`; `bw4`, `fw4`,
-#      `bk0`); in a session of `tests` and `decide`, then `barrier` (timeout_s 230).
+#   Those two take 730 s of the 900 with the start: nothing else fits after them. A session
+#   whose `tests` fails early (a broken install) runs `DECIDE_SECONDS=240 bash
+#   scripts/gpu_session.sh decide` (timeout_s 270) instead of `splitk`: the untimed planner
+#   rules (the backward's own tiles against the forward's, `samebwd`; the first resident
+#   chunk hoisted against `nohoist`; the streamed stages against Triton's 3, `st3`, and 8,
+#   `st8`; `bw4`, `fw4`, `bk0`), then `barrier` (timeout_s 230).
 # Since the last timed sweep (`all`: the grid and targets presets against cuDNN, the bare
 # barrier, check; 2026-11-27) the planner's rules changed the plans at B >= 32 (the 16 x 32
 # forward on 8 warps, `_split_k_on_8`; resident tiles past 1024 elements streamed,
@@ -31,7 +33,7 @@
 # `phases` (timeout_s 330): where a step's
 # time goes (on 2026-11-27 the recurrent product was half a forward step; `noload` prices
 # h's read alone since, its operand kept loop-variant) and
-# `profile` (timeout_s 380): Nsight Compute on the anchor and on LSTM H=1024 B=64
+# `profile` (timeout_s 450): Nsight Compute on the anchor and on LSTM H=1024 B=64
 # (scripts/gpu_profile.sh). The other stages are the sweeps and
 # ablation sets for later sessions (the layer pipeline is in `grid`, tune in `tune`).
 # What a stage writes goes to $WORK/<stage> (default /tmp/tritonrnn-gpu) and, after each step,
@@ -106,12 +108,12 @@
 #                                         (nolate: LSTM 494 / 476 local loads per step
 #                                         instead of 70 / 73)
 #   bash scripts/gpu_session.sh splitk    the split-K backward against the plan's (the layer,
-#                                         step_ablation sets splitk1, splitk), cuDNN's backward
+#                                         step_ablation's decisions splitk), cuDNN's backward
 #                                         (preset split-k), the kernel alone in both its forms
 #                                         (scripts/split_k_probe.py)
 #   bash scripts/gpu_session.sh profile   scripts/gpu_profile.sh (Nsight Compute, forward and
 #                                         backward: the anchor, LSTM H=1024 B=64), each ncu
-#                                         run cut at 85 s
+#                                         run cut at 60 s, its conversions at 15 s each
 # On that machine `pip` and the console script may belong to another Python: use python -m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +136,10 @@ export PYTHONUNBUFFERED=1
 # Compiled kernels kept in the tree (ignored): a warm machine reuses them between calls.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.tcache}
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then  # every step after would fail on the missing package
+  echo "gpu_session.sh: pip install failed; nothing run" | tee "$out/install-failed.txt" >&2
+  exit 1
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$out/gpu.txt"
@@ -143,9 +149,10 @@ tr() { python -m tritonrnn.bench "$@"; }
 # no time box, as for timeout). Before a device session, on the CPU, compile every set's
 # kernels for sm_90 with the GPU machine's Triton (no device minute on a kernel that does not
 # compile or fit): PYTHONPATH=.triton36 .venv/bin/python scripts/step_ablation.py --aot --set all
-ablate() { local secs=$1 name=$2
+ablate() { local secs=$1 name=$2 t0=$SECONDS
   timeout "$secs" python scripts/step_ablation.py --out "$out/$name" --set "$name" 2>&1 \
     | tee "$out/ablation-$name.log" | tail -20
+  echo "ablation $name: rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s (124: cut at its box)"
   pack; }
 # box SECONDS NAME COMMAND...: one time-boxed step, its output in $out/NAME.log.
 box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
@@ -174,41 +181,53 @@ case "$stage" in
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
   bench)
+    # --no-tune: bench otherwise tunes every plan key first, unboxed (the anchor alone has
+    # 150 candidates on the h200 preset); reports are checkpointed per shape.
     for p in anchor small-batch gru fp16; do
-      tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
+      box 110 "bench-$p" python -m tritonrnn.bench bench --preset "$p" --no-tune \
+        --no-progress --out "$out"
+      tail -30 "$out/bench-$p.log"
     done
-    tr barrier --out "$out" 2>&1 | tee "$out/barrier.log" | tail -25 ;;
+    box 100 barrier python -m tritonrnn.bench barrier --out "$out"
+    tail -25 "$out/barrier.log" ;;
   bench2)
     for p in large-batch varlen; do
-      tr bench --preset "$p" --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -30
+      box 250 "bench-$p" python -m tritonrnn.bench bench --preset "$p" --no-tune \
+        --no-progress --out "$out"
+      tail -30 "$out/bench-$p.log"
     done ;;
   grid)
     for p in grid stack; do
-      tr bench --preset "$p" --pass fwdbwd --out "$out" 2>&1 | tee "$out/bench-$p.log" | tail -40
+      box 170 "bench-$p" python -m tritonrnn.bench bench --preset "$p" --pass fwdbwd \
+        --no-tune --no-progress --out "$out"
+      tail -40 "$out/bench-$p.log"
     done
     # The layer pipeline: the same 2-layer stack without and with the automatic overlap.
-    tr bench --preset pipeline --pass fwdbwd --out "$out/serial" 2>&1 \
-      | tee "$out/bench-pipeline-serial.log" | tail -20
-    TRITONRNN_PIPELINE=1 tr bench --preset pipeline --pass fwdbwd --out "$out" 2>&1 \
-      | tee "$out/bench-pipeline.log" | tail -20 ;;
+    box 110 bench-pipeline-serial python -m tritonrnn.bench bench --preset pipeline \
+      --pass fwdbwd --no-tune --no-progress --out "$out/serial"
+    TRITONRNN_PIPELINE=1 box 110 bench-pipeline python -m tritonrnn.bench bench \
+      --preset pipeline --pass fwdbwd --no-tune --no-progress --out "$out"
+    tail -n 20 "$out/bench-pipeline-serial.log" "$out/bench-pipeline.log" ;;
   tune)
     export TRITONRNN_CACHE_DIR="$out/cache"
-    # The anchor has 96 candidates (`planner.candidates` on the h200 preset; 68 before the
-    # streamed loops' stages, whose 28 deeper-pipelined streamed grid candidates are also
-    # tried on Triton's default): the plan's own and its 23 nearest (a partial entry that a
-    # later call carries on).
-    tr tune --mode lstm --hidden 768 --batch 16 --time 1024 --dtype bf16 --max-candidates 24 \
-      2>&1 | tee "$out/tune.log" | tail -30
-    tr bench --preset anchor --out "$out" 2>&1 | tee "$out/bench-anchor-tuned.log" | tail -30 ;;
+    # The anchor has 150 candidates (`planner.candidates` on the h200 preset): the plan's own
+    # and its 23 nearest (a partial entry that a later call carries on), then the anchor
+    # timed on the tuned entry (--no-tune: not the rest of the key's candidates).
+    box 330 tune python -m tritonrnn.bench tune --mode lstm --hidden 768 --batch 16 \
+      --time 1024 --dtype bf16 --max-candidates 24 --no-progress
+    box 120 bench-anchor-tuned python -m tritonrnn.bench bench --preset anchor --no-tune \
+      --no-progress --out "$out"
+    tail -n 30 "$out/tune.log" "$out/bench-anchor-tuned.log" ;;
   ablation)
-    python scripts/step_ablation.py --out "$out" 2>&1 | tee "$out/ablation.log" | tail -50 ;;
+    box 560 ablation python scripts/step_ablation.py --out "$out"
+    tail -50 "$out/ablation.log" ;;
   wide)
     ablate 560 wide ;;
   large)
     # Time-boxed to fit one call (each ablation variant also has its own 240 s limit).
-    ablate 220 large
+    ablate 200 large
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
-    ablate 200 b64
+    ablate 190 b64
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
       --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
   warps)
@@ -216,9 +235,9 @@ case "$stage" in
   hoist)
     ablate 560 hoist ;;
   vector)
-    ablate 400 vector
+    ablate 380 vector
     for shape in "lstm 768" "gru 1024"; do set -- $shape
-      timeout 90 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
+      timeout 80 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
         | tee "$out/bench-$1-$2-b1.log" | tail -10
     done ;;
@@ -257,26 +276,45 @@ case "$stage" in
     box 150 barrier python -m tritonrnn.bench barrier --out "$out"
     tail -22 "$out/barrier.log" ;;
   splitk)
-    # The split-K backward (kernels/split_k.py; R resident in blocks): the layer on the
-    # plan's backward, on the two-barrier form (TRITONRNN_BWD_SPLIT_K) and on the one-barrier
-    # form (TRITONRNN_BWD_SPLIT_K1) at LSTM / GRU H = 1024 B = 16 (step_ablation set
-    # splitk1), then with and without the two-barrier form (set splitk: LSTM H = 1024 / 768
-    # at B = 256 and 64, GRU H = 1024 B = 64 and H = 1536 B = 16), then the library's
-    # backward and cuDNN's at the LSTM shapes (preset split-k, the plan's kernels compiled
-    # by the ablation already), then the kernel alone (scripts/split_k_probe.py: its step
-    # against the bare barriers, the GEMMs outside the recurrence), and its one-barrier form
+    # The split-K backward (kernels/split_k.py; R resident in blocks): first every kernel the
+    # step after compiles, compiled ahead (each shape's plan, its two-barrier form and at
+    # B <= 32 its one-barrier form, `aot --split-k-bwd`: the JIT's own compile for this GPU,
+    # all at once); then the layer on the plan's backward against the two-barrier form
+    # (TRITONRNN_BWD_SPLIT_K) and at B = 16 the one-barrier form (TRITONRNN_BWD_SPLIT_K1),
+    # one shape a job, the largest gaps first (step_ablation's decisions `splitk`: a cut
+    # keeps whole comparisons); then the library's backward and cuDNN's at the LSTM shapes
+    # (preset split-k), then the kernel alone (scripts/split_k_probe.py: its step against the
+    # bare barriers, the GEMMs outside the recurrence), and its one-barrier form
     # (--one-barrier: LSTM H = 1024 / 768 at B = 16, H = 1024 at B = 32; kernels/NOTES.md,
     # "A split-K backward").
-    ablate 70 splitk1
-    ablate 140 splitk
-    box 100 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
+    cached "at the start"
+    t0=$SECONDS
+    for sh in lstm,1024,256 lstm,1024,16 lstm,1024,64 gru,1024,64 lstm,768,64 gru,1024,16 \
+        lstm,768,256 gru,1536,16; do
+      IFS=, read -r m h b <<< "$sh"
+      for form in 0 2 $([ "$b" -le 32 ] && echo 1); do
+        timeout 60 python -m tritonrnn.bench aot --mode "$m" --hidden "$h" --batch "$b" \
+          --dtype bf16 --device-preset current --split-k-bwd "$form" \
+          > "$out/warm-$m-$h-$b-$form.log" 2>&1 &
+      done
+    done
+    wait
+    cached "after warm ($((SECONDS - t0)) s)"
+    pack
+    ablate 240 splitk
+    box 80 bench-split-k python -m tritonrnn.bench bench --preset split-k --pass bwd \
       --no-tune --no-progress --out "$out"
-    box 110 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
-    box 50 splitk1 python scripts/split_k_probe.py --one-barrier \
+    box 60 splitk python scripts/split_k_probe.py --json "$out/split-k-probe.json"
+    box 30 splitk1 python scripts/split_k_probe.py --one-barrier \
       --json "$out/split-k-probe-one-barrier.json"
     tail -n 12 "$out/bench-split-k.log"; cat "$out/splitk.log" "$out/splitk1.log" ;;
   profile)
-    NCU_SECONDS=85 OUT="$out" bash scripts/gpu_profile.sh lstm,768,16 lstm,1024,64 ;;
+    # One shape a call of gpu_profile.sh, packed after each (a cut keeps the shapes done):
+    # its two ncu runs cut at NCU_SECONDS, each report's conversions at NCU_CONVERT_SECONDS.
+    for shape in lstm,768,16 lstm,1024,64; do
+      NCU_SECONDS=60 NCU_CONVERT_SECONDS=15 OUT="$out" bash scripts/gpu_profile.sh "$shape"
+      pack
+    done ;;
   all)
     # Each step is cut at its budget; bench reports are checkpointed per shape (the barrier
     # JSON too), so a cut step keeps what it finished. Measured on an H200 (2026-11-26, with

@@ -116,8 +116,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -146,13 +149,6 @@ SETS = {
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
-    # The split-K backward (kernels/split_k.py) against the plan's at the shapes where the
-    # layer stays under 2x cuDNN's CUDA graph (B = 16 / 64) or under cuDNN (B = 256).
-    "splitk": ("lstm,1024,256;lstm,768,256;lstm,1024,64;lstm,768,64;gru,1024,64;gru,1536,16",
-               "layer;splitk,layer"),
-    # Its one-barrier form against both at B = 16, where it has tiles (`split_k1_tiles`;
-    # not at GRU H=1536).
-    "splitk1": ("lstm,1024,16;gru,1024,16", "layer;splitk,layer;splitk1,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
     # backward), the whole product (nodot, nobdot), the barrier (nowait,noarrive), at the
@@ -302,14 +298,29 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # loads per step) and the 16 x 32 forward hoisted on 8 warps (fw8,hoistf at LSTM
         # H=768 / 1024 B=64: 10 / 13).
     ],
+    # The split-K backward (kernels/split_k.py) against the plan's, at the shapes where the
+    # layer stays under 2x cuDNN's CUDA graph (B = 16 / 64) or under cuDNN (B = 256), its
+    # one-barrier form too at B = 16 (`split_k1_tiles`; none at GRU H=1536), the largest
+    # gaps of issue 5 first. One shape a job: a run cut at its box keeps whole comparisons
+    # (a job's variants each run over all its shapes, the plan's first).
+    "splitk": [
+        ("lstm,1024,256", "layer;splitk,layer"),
+        ("lstm,1024,16", "layer;splitk,layer;splitk1,layer"),
+        ("lstm,1024,64", "layer;splitk,layer"),
+        ("gru,1024,64", "layer;splitk,layer"),
+        ("lstm,768,64", "layer;splitk,layer"),
+        ("gru,1024,16", "layer;splitk,layer;splitk1,layer"),
+        ("lstm,768,256;gru,1536,16", "layer;splitk,layer"),
+    ],
     # The rules `decide` motivated (2026-11-27, the third session), checked where they were
     # not timed, in one short call: 32 x 16 tiles against the planner's 16 x 32 (its forward
-    # on 8 warps since) at B = 64; the 8-warp forward at a one-gate 16 x 32 tile (the rule
-    # keeps 4 there); the wide resident tiles the planner streams since (`bk0` restores
-    # them; their sm_90 compiles spill).
+    # on 8 warps since) at B = 64; the one-gate cells' 16 x 32 forward on 8 warps (a rule of
+    # the same session, so the plan's since) against 4 (`fw4`; `fw8` timed the plan twice);
+    # the wide resident tiles the planner streams since (`bk0` restores them; their sm_90
+    # compiles spill).
     "confirm": [
         ("lstm,768,64;gru,768,64;lstm,512,64;gru,512,64", "layer;bb16,layer"),
-        ("rnn_tanh,1024,64", "layer;fw8,layer"),
+        ("rnn_tanh,1024,64", "layer;fw4,layer"),
         ("gru,512,512;rnn_tanh,512,1024", "layer;bk0,layer"),
     ],
 }
@@ -524,7 +535,9 @@ def parse_shapes(text: str, option: str = "--shapes") -> list[tuple[str, int, in
     return shapes
 
 
-def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
+def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list[dict]:
+    """The variant's rows, one per shape; emit(row), where given, gets each as soon as it is
+    measured (a variant process prints it then: a process cut at its limit keeps them)."""
     from tritonrnn.bench.barrier import _recurrence_inputs
     from tritonrnn.kernels.grid_barrier import run_bare_barriers
     from tritonrnn.kernels.persistent_grid import grid_forward
@@ -570,6 +583,8 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False) -> list[dict]:
                      "step_us": ms * 1e3 / T})
         if "layer" in parts:
             rows[-1].update(_layer_ms(mode, H, B, constraints(variant)))
+        if emit is not None:
+            emit(rows[-1])
     return rows
 
 
@@ -752,6 +767,34 @@ def _time_line(row: dict, plan: dict | None = None) -> str:
             f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}")
 
 
+def run_variant(cmd: list[str], limit: float, on_row) -> tuple[int, bool, list[str]]:
+    """Runs one variant process, passing on_row each JSON row it prints, as it prints it;
+    kills it after `limit` seconds, and on the way out (this process stopped). Returns (exit
+    code, killed by the limit, its stderr's last line)."""
+    killed = threading.Event()
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+        def kill():
+            killed.set()
+            proc.kill()
+
+        timer = threading.Timer(limit, kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    on_row(json.loads(line))
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        return rc, killed.is_set(), err.read().strip().splitlines()[-1:]
+
+
 def main() -> int:
     ap = build_parser()
     args = ap.parse_args()
@@ -772,10 +815,19 @@ def main() -> int:
         _measure(variants[0], shapes, once=True)
         return 0
     if args.variant:
-        rows = _aot_rows(args.variant, shapes) if args.aot else _measure(args.variant, shapes)
-        for row in rows:
+        def emit(row):
             print(json.dumps(row), flush=True)
+
+        if args.aot:
+            for row in _aot_rows(args.variant, shapes):
+                emit(row)
+        else:
+            _measure(args.variant, shapes, emit=emit)
         return 0
+    # A time box (gpu_session.sh's `timeout`) stops this process with SIGTERM: exit through
+    # the finally clauses, which stop the variant process running (it would hold the GPU
+    # through the next step).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     # Each variant in its own process (its swaps must precede the first compile).
     rows, failed = [], []
     # The JSON is tagged as bench reports are: the device (the CPU that compiled, for --aot),
@@ -792,27 +844,26 @@ def main() -> int:
         if args.aot:
             cmd.append("--aot")
         limit = 120 * len(shapes) if args.aot else 240
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-        except subprocess.TimeoutExpired:  # a hung variant costs its limit, not the set
-            failed.append(v)
-            print(f"{v}: killed after {limit} s (a process prints its rows at its end)",
-                  flush=True)
-            continue
-        got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-        if r.returncode != 0:
-            failed.append(v)
-            print(f"{v}: rc {r.returncode}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
-        rows += got
-        for row in got:
+
+        def take(row, v=v):
+            rows.append(row)
             if v == "layer":
                 plans[row["mode"], row["H"], row["B"]] = row
             print(_aot_line(row) if args.aot else
                   _time_line(row, plans.get((row["mode"], row["H"], row["B"]))), flush=True)
-        if args.out:  # after every variant: a run cut short keeps what it finished
-            args.out.mkdir(parents=True, exist_ok=True)
-            name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
-            (args.out / name).write_text(json.dumps({**header, "rows": rows}, indent=1) + "\n")
+            if args.out:  # after every row: a run cut short keeps what it finished
+                args.out.mkdir(parents=True, exist_ok=True)
+                name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
+                (args.out / name).write_text(json.dumps({**header, "rows": rows}, indent=1)
+                                             + "\n")
+
+        rc, killed, why = run_variant(cmd, limit, take)
+        if killed:  # a hung variant costs its limit, not the set
+            failed.append(v)
+            print(f"{v}: killed after {limit} s (its rows until then are kept)", flush=True)
+        elif rc != 0:
+            failed.append(v)
+            print(f"{v}: rc {rc}: {why}", flush=True)
     if args.aot:
         errors = [r for r in rows if r["error"]]
         misfits = [r for r in rows if not r["error"] and not r["fits"]]

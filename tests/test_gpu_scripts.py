@@ -112,8 +112,9 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
             "confirm": {"gpu.txt", "warm-grid.log", "bench-grid.log", "ablation-confirm.log",
                         "check.log"},
             "barrier": {"gpu.txt", "warm-grid.log", "barrier.log"},
-            "splitk": {"gpu.txt", "ablation-splitk1.log", "ablation-splitk.log",
-                       "bench-split-k.log", "splitk.log", "splitk1.log"},
+            "splitk": {"gpu.txt", "warm-lstm-1024-256-2.log", "warm-gru-1024-16-1.log",
+                       "ablation-splitk.log", "bench-split-k.log", "splitk.log",
+                       "splitk1.log"},
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names
@@ -130,10 +131,14 @@ def _budgets(stage: str) -> list[int]:
     cap = re.findall(r"timeout \$\(\((\d+) - ", block)
     if cap:
         return [int(cap[-1])]
-    # gpu_profile.sh cuts each of its ncu runs, a forward and a backward per shape.
-    ncu = re.search(r"NCU_SECONDS=(\d+) .*gpu_profile\.sh((?: [\w,]+)+)", block)
+    # gpu_profile.sh, one call a shape, cuts each of its ncu runs (a forward and a backward
+    # per shape) and each of a run's report conversions (two, three where the first SASS
+    # page fails).
+    ncu = re.search(r"for shape in ((?:[\w,]+ ?)+); do\s+NCU_SECONDS=(\d+) "
+                    r"NCU_CONVERT_SECONDS=(\d+) .*gpu_profile\.sh", block)
     if ncu:
-        return [int(ncu.group(1))] * 2 * len(ncu.group(2).split())
+        run, convert = int(ncu.group(2)), int(ncu.group(3))
+        return [run + 3 * convert] * 2 * len(ncu.group(1).split())
     # A box may be a variable with a default: ablate "${NAME:-N}".
     return [int(n) for n in re.findall(r'(?:box|timeout|ablate) "?(?:\$\{\w+:-)?(\d+)\}?"? ',
                                        block)]
@@ -150,7 +155,7 @@ def test_each_stage_fits_one_device_command(stage):
                                                (("tests", "decide", "barrier"), 170),
                                                (("tests", "splitk"), 170),
                                                (("all", "phases"), 80),
-                                               (("tests", "profile"), 280)])
+                                               (("tests", "profile"), 170)])
 def test_a_session_fits_the_device_budget(stages, spare):
     """The stages the script's header runs in a 15-minute session (tests, then all; tests,
     decide with the shorter box the header names, then barrier; tests, then splitk; all,
@@ -440,29 +445,23 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
     """Each variant's line ends with its layer fwd + bwd against the same shape's plan
     (`layer`); a variant process that outlives its limit is reported and the set goes on
     (the subprocesses are faked: nothing is timed)."""
-    import subprocess as sp
-
     started = []
-    real_run = sp.run
 
-    def fake_run(cmd, **kw):
-        if "--variant" not in cmd:  # not a variant's process (the report's git commit)
-            return real_run(cmd, **kw)
-        timeout = kw["timeout"]
+    def fake_run(cmd, limit, on_row):
         v = cmd[cmd.index("--variant") + 1]
         started.append(v)
+        assert limit == 240
         if v == "hoist,layer":
-            raise sp.TimeoutExpired(cmd, timeout)
+            return -9, True, []
         ms = {"layer": 2.0, "fw8,layer": 3.0}.get(v, 1.0)
-        rows = [{"variant": v, "mode": m, "H": int(h), "B": int(b), "programs": 48,
-                 "num_warps": 4, "step_us": 5.0, "fwd_ms": ms, "bwd_ms": ms}
-                for m, h, b in (sh.split(",") for sh in cmd[cmd.index("--shapes") + 1]
-                                .split(";"))]
-        return sp.CompletedProcess(cmd, 0, "\n".join(json.dumps(r) for r in rows), "")
+        for m, h, b in (sh.split(",") for sh in cmd[cmd.index("--shapes") + 1].split(";")):
+            on_row({"variant": v, "mode": m, "H": int(h), "B": int(b), "programs": 48,
+                    "num_warps": 4, "step_us": 5.0, "fwd_ms": ms, "bwd_ms": ms})
+        return 0, False, []
 
     monkeypatch.setitem(ABL.DECISIONS, "decide", [
         ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nosums,layer")])
-    monkeypatch.setattr(ABL.subprocess, "run", fake_run)
+    monkeypatch.setattr(ABL, "run_variant", fake_run)
     monkeypatch.setattr(sys, "argv", ["step_ablation.py", "--set", "decide",
                                       "--out", str(tmp_path)])
     assert ABL.main() == 0
@@ -470,9 +469,59 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
     assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nosums,layer"]
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
     assert "= 0.50x the plan's fwd+bwd" in out  # nosums against gru's plan
-    assert "hoist,layer: killed after 240 s" in out
+    assert "hoist,layer: killed after 240 s (its rows until then are kept)" in out
     report = json.loads((tmp_path / "step_ablation.json").read_text())
     assert {"device", "commit", "torch", "triton"} <= set(report["environment"])
     assert report["command"] == ["step_ablation.py", "--set", "decide", "--out", str(tmp_path)]
     rows = report["rows"]
     assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nosums,layer"]
+
+
+def test_a_variant_process_cut_at_its_limit_keeps_the_rows_it_printed(tmp_path):
+    """run_variant passes each row on as the process prints it (a set cut by its box keeps
+    them: the rows of a process used to come at its end), and kills the process at its
+    limit; a failing one gives its exit code and last stderr line."""
+    import time
+
+    slow = tmp_path / "slow.py"
+    slow.write_text("import json, time\n"
+                    "for i in range(3):\n"
+                    "    print(json.dumps({'i': i}), flush=True)\n"
+                    "    time.sleep(0.3 if i < 2 else 60)\n")
+    got = []
+    t0 = time.monotonic()
+    rc, killed, _ = ABL.run_variant([sys.executable, str(slow)], 2.0, got.append)
+    assert killed and rc != 0 and got == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert time.monotonic() - t0 < 30
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nprint('{\"i\": 7}')\nsys.exit('broken')\n")
+    rc, killed, why = ABL.run_variant([sys.executable, str(broken)], 30, got.append)
+    assert (rc, killed, why, got[-1]) == (1, False, ["broken"], {"i": 7})
+
+
+def test_a_stopped_set_stops_its_variant_process(tmp_path):
+    """gpu_session.sh's time box stops step_ablation with SIGTERM: its variant process must
+    not outlive it (it would hold the GPU through the next step)."""
+    import signal
+    import time
+
+    marker = tmp_path / "child.pid"
+    child = tmp_path / "child.py"
+    child.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                     "time.sleep(60)\n")
+    parent = tmp_path / "parent.py"
+    parent.write_text(f"import signal, sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+                      "import step_ablation\n"
+                      "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+                      f"step_ablation.run_variant([sys.executable, {str(child)!r}], 60, print)\n")
+    proc = subprocess.Popen([sys.executable, str(parent)], cwd=ROOT)
+    for _ in range(600):
+        if marker.exists() and marker.read_text():
+            break
+        time.sleep(0.1)
+    pid = int(marker.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
