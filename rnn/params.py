@@ -124,7 +124,12 @@ def _config_from_keywords(
     input_mode: str,
     direction: str,
     num_proj: int,
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
 ) -> RNNConfig:
+    """The helpers' configuration. dropout, seed and seed2 are attributes of TensorFlow's
+    params ops too: checked as the RNN ops check them, and without effect on the layout."""
     return make_config(
         rnn_mode=rnn_mode,
         num_layers=num_layers,
@@ -133,6 +138,9 @@ def _config_from_keywords(
         input_mode=input_mode,
         direction=direction,
         num_proj=num_proj,
+        dropout=dropout,
+        seed=seed,
+        seed2=seed2,
     )
 
 
@@ -145,10 +153,15 @@ def params_size(
     input_mode: str = "linear_input",
     direction: str = "unidirectional",
     num_proj: int = 0,
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
 ) -> int:
-    """CudnnRNNParamsSize: the number of elements of the flat params buffer."""
+    """CudnnRNNParamsSize: the number of elements of the flat params buffer (dropout, seed,
+    seed2: TensorFlow's attributes of the op, checked; the size does not depend on them)."""
     cfg = _config_from_keywords(
-        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
+        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj,
+        dropout, seed, seed2,
     )
     return config_params_size(cfg)
 
@@ -164,6 +177,9 @@ def canonical_to_params(
     input_mode: str = "linear_input",
     direction: str = "unidirectional",
     num_proj: int = 0,
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
 ) -> torch.Tensor:
     """CudnnRNNCanonicalToParams: concatenates canonical weights and biases into one buffer.
 
@@ -171,7 +187,8 @@ def canonical_to_params(
     match exactly; a 1-D tensor of `params_size(...)` elements is returned.
     """
     cfg = _config_from_keywords(
-        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
+        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj,
+        dropout, seed, seed2,
     )
     w_shapes, b_shapes = canonical_shapes(cfg)
     for arg, tensors, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
@@ -210,13 +227,17 @@ def params_to_canonical(
     input_mode: str = "linear_input",
     direction: str = "unidirectional",
     num_proj: int = 0,
+    dropout: float = 0.0,
+    seed: int = 0,
+    seed2: int = 0,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """CudnnRNNParamsToCanonical: splits the flat buffer into canonical weights and biases.
 
     Returns (weights, biases) as views of `params` in canonical order.
     """
     cfg = _config_from_keywords(
-        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj
+        rnn_mode, num_layers, num_units, input_size, input_mode, direction, num_proj,
+        dropout, seed, seed2,
     )
     check_params_tensor(cfg, params)
     w_shapes, b_shapes = canonical_shapes(cfg)

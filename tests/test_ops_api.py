@@ -353,6 +353,24 @@ def test_inference_mode_keeps_no_reserve_and_backprop_says_so():
         out.output.sum().backward()
 
 
+def test_params_helpers_take_tensorflows_dropout_attributes():
+    """TensorFlow's params ops carry dropout, seed and seed2 too: taken, checked as the RNN
+    ops check them, and without effect on the layout."""
+    kw = dict(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3, num_proj=2)
+    tf = dict(dropout=0.5, seed=7, seed2=-3)
+    n = params_size(**kw)
+    assert params_size(**kw, **tf) == n
+    p = torch.randn(n, dtype=F64)
+    w, b = params_to_canonical(p, **kw, **tf)
+    assert all(torch.equal(x, y) for x, y in zip(w + b, sum(params_to_canonical(p, **kw), []),
+                                                  strict=True))
+    assert torch.equal(canonical_to_params(w, b, **kw, **tf), p)
+    with pytest.raises(ValueError, match=r"dropout: expected a float in \[0, 1\), got 1.5"):
+        params_size(**kw, dropout=1.5)
+    with pytest.raises(TypeError, match=r"seed2: expected an int, got str '1'"):
+        params_to_canonical(p, **kw, seed2="1")
+
+
 @pytest.mark.parametrize("L, dropout", [(1, 0.5), (2, 0.0)])
 def test_reserve_ignores_seeds_where_no_mask_is_applied(L, dropout):
     """Without a dropout mask (dropout = 0, or one layer) the seeds change nothing: a backprop
