@@ -64,10 +64,11 @@ def check_cases(base: BenchShape, modes: tuple[str, ...] = MODES) -> list[CheckC
 def run_check(cases: list[CheckCase], device: torch.device, backend: str, seed: int = 0,
               progress: bool = True) -> list[dict]:
     """Runs every case; each row has the scaled errors, the tolerances and ok/error."""
-    from tqdm import tqdm
+    from .progress import progress_bar
 
     rows = []
-    for case in tqdm(cases, desc="tritonrnn check", disable=not progress, leave=False):
+    bar = progress_bar(len(cases), "tritonrnn check", progress)
+    for case in cases:
         row = {"case": case.label, "shape": case.shape.as_dict(), "lengths": case.lengths}
         try:
             data = runners.build_case(case.shape, device, seed, lengths=case.lengths)
@@ -80,6 +81,8 @@ def run_check(cases: list[CheckCase], device: torch.device, backend: str, seed: 
         except Exception as e:  # a crash is a failed row, the table goes on
             row.update(status="ERROR", reason=f"{type(e).__name__}: {e}".splitlines()[0])
         rows.append(row)
+        bar.update(1)
+    bar.close()
     return rows
 
 

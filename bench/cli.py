@@ -367,9 +367,12 @@ def cmd_bench(args, argv) -> int:
     report.update(extra)
     report["tritonrnn_backend"] = backend
     json_path = write_report(report, args.out)
-    png_path = plot_report(report, json_path.with_suffix(".png"))
+    try:
+        png = f"wrote {plot_report(report, json_path.with_suffix('.png'))}"
+    except ImportError as e:  # matplotlib: the `bench` extra
+        png = f"no plot: {e} (pip install matplotlib)"
     print(format_table(report))
-    print(f"\nwrote {json_path}\nwrote {png_path}")
+    print(f"\nwrote {json_path}\n{png}")
     if report["failures"]:
         print(f"FAILED ({len(report['failures'])}):")
         for f in report["failures"]:

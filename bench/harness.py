@@ -331,12 +331,11 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
     "partial": true) after each shape, so that a run cut off (a lease or a time limit) still
     leaves its finished shapes behind.
     """
-    from tqdm import tqdm
+    from .progress import progress_bar
 
     dtypes = sorted({s.torch_dtype for s in shapes}, key=str)
     per_shape = 1 + len(opts.impls) * len(opts.passes)
-    bar = tqdm(total=1 + per_shape * len(shapes), desc="tritonrnn bench", unit="step",
-               disable=not progress, leave=False)
+    bar = progress_bar(1 + per_shape * len(shapes), "tritonrnn bench", progress, unit="step")
 
     def tick(msg: str) -> None:
         bar.set_postfix_str(msg[:60], refresh=False)

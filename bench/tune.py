@@ -289,9 +289,9 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
                 limit: int | None = None) -> list[dict]:
     """Tunes every shape's plan key on `device` (see the module docstring); limit: at most
     that many candidates per key (`tune_key`)."""
-    from tqdm import tqdm
-
     from tritonrnn.rnn.planner import candidates, device_properties, plan_for
+
+    from .progress import progress_bar
 
     plans = []
     for s in shapes:
@@ -302,7 +302,7 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
     total = sum(len(c) for _, _, c in plans)
     name = device_properties(device).name
     out = []
-    with tqdm(total=total, desc="tritonrnn tune", disable=not progress, leave=False) as bar:
+    with progress_bar(total, "tritonrnn tune", progress) as bar:
 
         def tick(msg: str) -> None:
             bar.set_postfix_str(msg[:60], refresh=False)

@@ -170,6 +170,25 @@ def test_bench_smoke_writes_json_and_plot(tmp_path, capsys, monkeypatch):
         assert "say nothing about GPU speed" in out
 
 
+def test_bench_and_check_run_without_the_bench_extra(tmp_path, capsys, monkeypatch):
+    """tqdm and matplotlib are the `bench` extra: without them bench and check still run
+    (no bars, no PNG, which bench says), with progress asked for too."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--impl", "tritonrnn",
+               "--pass", "fwd", "--out", str(tmp_path), "--no-tune", "--cpu-rep", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    [report] = tmp_path.glob("*.json")
+    assert "no plot: " in out and "matplotlib" in out and not list(tmp_path.glob("*.png"))
+    assert json.loads(report.read_text())["results"][0]["implementations"]["tritonrnn"][
+        "correctness"]["ok"]
+    assert main(["check", "--backend", "reference", "--mode", "gru"]) == 0
+    assert "combinations pass" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("offset", "why"), [
     (8e-6, "more than 4x the baseline's error"),
     (1e-3, "outside the dtype tolerance"),
