@@ -7,11 +7,18 @@ from typing import NamedTuple
 import torch
 
 from .autograd import ConcatFn, GatherFn, ReadFn, ScatterFn, SplitFn, WriteFn
-from .errors import TensorArrayShapeError, TensorArrayTypeError
+from .errors import TensorArrayDTypeError, TensorArrayShapeError, TensorArrayTypeError
 from .registry import TensorArrayHandle, TensorArrayRegistry, default_registry, unique_name
 from .resource import ArrayResource, new_flow
 from .shapes import PartialShape, as_index, as_index_list, as_partial_shape, is_fully_defined
 from .storage import Allocator, resolve_device
+
+# The element dtypes: those whose rows torch copies, fills and adds by index (a scatter, an
+# unwritten row's zeros, a gradient's aggregation). Its unsigned integers past 8 bits and the
+# float8 types have none of these.
+DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+          torch.complex128)
 
 __all__ = ["TensorArray", "TensorArrayGradResult", "tensor_array_grad"]
 
@@ -116,6 +123,12 @@ class TensorArray:
         if not isinstance(dtype, torch.dtype):
             raise TensorArrayTypeError(
                 f"TensorArray {base!r}: dtype must be a torch.dtype, got {dtype!r}"
+            )
+        if dtype not in DTYPES:
+            raise TensorArrayDTypeError(
+                f"TensorArray {base!r}: dtype must be one of "
+                f"[{', '.join(str(d).removeprefix('torch.') for d in DTYPES)}], got {dtype} "
+                f"(torch implements no row copy or addition for it)"
             )
         n = as_index(size, "size", base)
         if n < 0:

@@ -630,6 +630,14 @@ class ArrayResource:
                 f"{self._prefix(op)}len(lengths) must equal the size {self.size} of this "
                 f"fixed-size array, got {n} lengths"
             )
+        if self.dynamic_size and n < self.size:
+            # TensorFlow's kernel grows a dynamic array to the number of lengths, and refuses
+            # fewer lengths than elements (a split never shrinks an array).
+            raise TensorArrayShapeError(
+                f"{self._prefix(op)}len(lengths) must be at least the size {self.size} of this "
+                f"dynamic array (it grows to the number of lengths, never shrinks), got {n} "
+                f"lengths"
+            )
         rest = tuple(value.shape[1:])
         shapes = [torch.Size((length, *rest)) for length in lengths]
         for k, shape in enumerate(shapes):

@@ -7,6 +7,7 @@ A partial shape is ``None`` (unknown rank) or a tuple whose entries are ints or 
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -87,6 +88,8 @@ def as_index(index: object, what: str, array_name: str) -> int:
         )
     if isinstance(index, numbers.Integral) and not isinstance(index, bool):
         return int(index)
+    if _is_ndarray(index) and index.ndim == 0 and index.dtype.kind in "iu":
+        return int(index)
     raise TensorArrayTypeError(
         f"TensorArray {array_name!r}: {what} must be an int or a 0-d integer tensor, got "
         f"{type(index).__name__} {index!r}"
@@ -99,8 +102,14 @@ def _is_int_scalar(i: object) -> bool:
     return isinstance(i, numbers.Integral) and not isinstance(i, bool)
 
 
+def _is_ndarray(x: object) -> bool:
+    """Whether x is a NumPy array (without importing NumPy: one exists only once loaded)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
 def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
-    """A list of ints from a list/tuple/range of ints or a 1-d integer tensor.
+    """A list of ints from a list/tuple/range of ints, a 1-d integer tensor or NumPy array.
 
     Raises:
         TensorArrayShapeError: ``indices`` is not a vector (a scalar or a nested list).
@@ -117,6 +126,16 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
         return indices.tolist()
     if isinstance(indices, range):
         return list(indices)
+    if _is_ndarray(indices):  # as TensorFlow takes them
+        if indices.ndim != 1:
+            raise TensorArrayShapeError(
+                f"{prefix} must be a vector, got an array of shape {indices.shape}"
+            )
+        if indices.dtype.kind not in "iu":
+            raise TensorArrayTypeError(
+                f"{prefix} must have an integer dtype, got NumPy {indices.dtype}"
+            )
+        return [int(i) for i in indices]
     if isinstance(indices, (list, tuple)):
         out = []
         for i in indices:
@@ -124,7 +143,12 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
                 out.append(i)
             elif _is_int_scalar(i):
                 out.append(int(i))
-            elif isinstance(i, (list, tuple, torch.Tensor)):
+            elif isinstance(i, torch.Tensor) and i.dim() == 0:
+                raise TensorArrayTypeError(
+                    f"{prefix} must contain ints, got a 0-d tensor of dtype {i.dtype} "
+                    f"({i.item()!r})"
+                )
+            elif isinstance(i, (list, tuple, torch.Tensor)) or _is_ndarray(i):
                 raise TensorArrayShapeError(
                     f"{prefix} must be a vector, got a nested sequence {indices!r}"
                 )
@@ -134,6 +158,7 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
                 )
         return out
     raise TensorArrayShapeError(
-        f"{prefix} must be a vector (list, tuple, range or 1-d integer tensor), got "
+        f"{prefix} must be a vector (list, tuple, range, 1-d integer tensor or NumPy array), "
+        f"got "
         f"{type(indices).__name__} {indices!r}"
     )

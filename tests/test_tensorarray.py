@@ -220,6 +220,28 @@ def test_index_lists_may_hold_0d_integer_tensors():
     assert torch.equal(ta.gather([torch.tensor(2), 0, 1]), x)
 
 
+def test_numpy_indices_and_misfit_index_entries():
+    """NumPy integer arrays and 0-d arrays index as TensorFlow takes them; a 0-d tensor of
+    another dtype in an index list is named by its dtype (it was called a nested sequence)."""
+    import numpy as np
+
+    x = rand((3, 2))
+    ta = TensorArray(torch.float32, 3, clear_after_read=False).scatter(np.array([2, 0, 1]),
+                                                                       x[[2, 0, 1]])
+    assert torch.equal(ta.gather(np.array([1, 2], dtype=np.uint8)), x[[1, 2]])
+    assert torch.equal(ta.read(np.array(2)), x[2])
+    sp = TensorArray(torch.float32, 2).split(x.reshape(-1), np.array([2, 4]))
+    assert torch.equal(sp.concat(), x.reshape(-1))
+    for bad, got in ((torch.tensor(True), "torch.bool"), (torch.tensor(1.0), "torch.float32")):
+        with raises(TensorArrayTypeError, ta, "must contain ints, got a 0-d tensor of dtype",
+                    got):
+            ta.gather([0, bad])
+    with raises(TensorArrayTypeError, ta, "integer dtype, got NumPy float64"):
+        ta.gather(np.array([0.0]))
+    with raises(TensorArrayShapeError, ta, "must be a vector, got an array of shape (1, 2)"):
+        ta.gather(np.array([[0, 1]]))
+
+
 def test_size_counts_dynamic_growth():
     ta = TensorArray(torch.float32, 2, dynamic_size=True)
     assert ta.size() == 2
@@ -823,6 +845,10 @@ def test_error_split_count_differs_from_fixed_size():
         ta.split(torch.ones(4), [1, 3])
     dyn = TensorArray(torch.float32, 1, dynamic_size=True).split(torch.ones(4), [1, 3])
     assert dyn.size() == 2
+    # As TensorFlow's kernel: a dynamic array grows to the lengths' count, never shrinks.
+    with raises(TensorArrayShapeError, dyn, "at least the size 2 of this dynamic array",
+                "got 1 lengths"):
+        dyn.split(torch.ones(4), [4])
 
 
 def test_error_scatter_indices_count_differs_from_value_rows():
@@ -929,6 +955,16 @@ def test_error_argument_types(call, fragment):
 def test_error_constructor_arguments():
     with pytest.raises(TensorArrayTypeError, match="dtype must be a torch.dtype"):
         TensorArray("float32")
+    # Dtypes torch copies, fills and adds no rows of by index: refused up front (a scatter or
+    # a gather's zeros raised torch's own NotImplementedError, naming neither array nor dtype).
+    for dtype in (torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn):
+        with pytest.raises(TensorArrayDTypeError, match=rf"dtype must be one of \[bool, uint8, "
+                           rf".*complex128\], got {dtype}"):
+            TensorArray(dtype, 2)
+    for dtype in (torch.bool, torch.int16, torch.complex128):  # accepted: rows move and add
+        ta = TensorArray(dtype, 4, element_shape=(2,)).scatter([3, 0], torch.ones(2, 2,
+                                                                                  dtype=dtype))
+        assert torch.equal(ta.gather([0, 1]), torch.tensor([[1, 1], [0, 0]]).to(dtype))
     with pytest.raises(TensorArrayShapeError, match="size must be >= 0, got -1"):
         TensorArray(torch.float32, -1)
     with pytest.raises(TensorArrayShapeError, match="element_shape"):

@@ -156,7 +156,8 @@ class Model:
         self._value(value)
         if value.dim() < 1 or sum(lengths) != value.shape[0] or any(n < 0 for n in lengths):
             raise ModelError("split lengths")
-        if not self.dynamic and len(lengths) != len(self.elems):
+        if len(lengths) != len(self.elems) and not (self.dynamic
+                                                    and len(lengths) > len(self.elems)):
             raise ModelError("split count")
         pieces, at = [], 0
         for n in lengths:
