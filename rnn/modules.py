@@ -96,11 +96,12 @@ def _check_bool(name: str, value: object) -> bool:
 
 
 def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """value as a Python int: Python and NumPy integers (torch.nn takes both), not bools."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 class _RNNBase(nn.Module):
@@ -123,10 +124,10 @@ class _RNNBase(nn.Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        _check_positive_int("input_size", input_size)
-        _check_positive_int("hidden_size", hidden_size)
-        _check_positive_int("num_layers", num_layers)
-        _check_positive_int("proj_size", proj_size, minimum=0)
+        input_size = _check_positive_int("input_size", input_size)
+        hidden_size = _check_positive_int("hidden_size", hidden_size)
+        num_layers = _check_positive_int("num_layers", num_layers)
+        proj_size = _check_positive_int("proj_size", proj_size, minimum=0)
         _check_bool("bias", bias)
         _check_bool("batch_first", batch_first)
         _check_bool("bidirectional", bidirectional)
@@ -538,8 +539,13 @@ class _RNNBase(nn.Module):
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype when autocast is on for `device` (a float16/bfloat16 dtype)."""
-    if torch.is_autocast_enabled(device.type):
+    """The autocast dtype when autocast is on for `device` (a float16/bfloat16 dtype); None
+    on a device type without autocast (meta: shape-only runs)."""
+    try:
+        enabled = torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return None
+    if enabled:
         dtype = torch.get_autocast_dtype(device.type)
         if dtype in (torch.float16, torch.bfloat16):
             return dtype
@@ -596,9 +602,10 @@ class GRU(_RNNBase):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
                  bidirectional: bool = False, device=None, dtype=None, *,
-                 backend: str = "auto") -> None:
+                 proj_size: int = 0, backend: str = "auto") -> None:
+        # proj_size: taken as torch.nn.GRU takes it, an error unless 0 (LSTM only)
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first,
-                         dropout, bidirectional, 0, device, dtype, backend=backend)
+                         dropout, bidirectional, proj_size, device, dtype, backend=backend)
 
 
 class RNN(_RNNBase):
@@ -612,11 +619,11 @@ class RNN(_RNNBase):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
                  dropout: float = 0.0, bidirectional: bool = False, device=None, dtype=None,
-                 *, backend: str = "auto") -> None:
+                 *, proj_size: int = 0, backend: str = "auto") -> None:
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"nonlinearity: expected one of ['tanh', 'relu'], got "
                              f"{nonlinearity!r}")
         self.nonlinearity = nonlinearity
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size,
                          hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         0, device, dtype, backend=backend)
+                         proj_size, device, dtype, backend=backend)

@@ -694,17 +694,40 @@ def test_no_grad_eval_keeps_no_reserve(monkeypatch):
         (lambda: LSTM(I, H, 2, dropout="0.1"), TypeError, "dropout"),
         (lambda: LSTM(I, H, proj_size=H), ValueError, "proj_size"),
         (lambda: LSTM(I, H, proj_size=-1), ValueError, "proj_size"),
-        (lambda: GRU(I, H, proj_size=2), TypeError, "proj_size"),
+        (lambda: GRU(I, H, proj_size=2), ValueError, r"^proj_size: expected 0 for GRU"),
+        (lambda: RNN(I, H, proj_size=2), ValueError, r"^proj_size: expected 0 for RNN_TANH"),
+        (lambda: LSTM(I, H, 2.0), TypeError, "num_layers: expected an int, got float"),
         (lambda: RNN(I, H, nonlinearity="sigmoid"), ValueError, "nonlinearity"),
         (lambda: RNN(I, H, backend="cudnn"), ValueError, "backend"),
     ],
     ids=["input_size0", "input_size_float", "hidden_neg", "layers0", "bias_str",
          "batch_first_int", "bidir_none", "dropout1", "dropout_neg", "dropout_str",
-         "proj_eq_hidden", "proj_neg", "gru_proj", "nonlinearity", "backend"],
+         "proj_eq_hidden", "proj_neg", "gru_proj", "rnn_proj", "layers_float", "nonlinearity",
+         "backend"],
 )
 def test_constructor_errors(ctor, exc, match):
     with pytest.raises(exc, match=match):
         ctor()
+
+
+def test_numpy_sizes_and_a_meta_forward_as_torch_nn():
+    """NumPy ints size a module as torch.nn's take them (stored as Python ints); on the meta
+    device a forward gives torch.nn's shapes (autocast has no meta device: it was asked)."""
+    import numpy as np
+
+    m = LSTM(np.int64(I), np.int32(H), np.int64(2), proj_size=np.int64(3), dtype=F64)
+    assert (m.input_size, m.hidden_size, m.num_layers, m.proj_size) == (I, H, 2, 3)
+    assert all(type(v) is int for v in (m.input_size, m.hidden_size, m.num_layers))
+    for ours, theirs in ((LSTM(I, H, 2, proj_size=3, device="meta"),
+                          torch.nn.LSTM(I, H, 2, proj_size=3, device="meta")),
+                         (GRU(I, H, bidirectional=True, device="meta"),
+                          torch.nn.GRU(I, H, bidirectional=True, device="meta"))):
+        x = torch.randn(T, 2, I, device="meta")
+        got, want = ours(x), theirs(x)
+        assert got[0].shape == want[0].shape and got[0].device.type == "meta"
+        for a, b in zip(got[1] if isinstance(got[1], tuple) else (got[1],),
+                        want[1] if isinstance(want[1], tuple) else (want[1],), strict=True):
+            assert a.shape == b.shape and a.device.type == "meta"
 
 
 def test_dropout_single_layer_warns_like_torch():
