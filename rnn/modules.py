@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -87,6 +88,38 @@ class _FlatParams(torch.autograd.Function):
                                                   strict=True):
             grads.append(g[offset : offset + numel].view(shape) if needed else None)
         return (None, None, *grads)
+
+
+# The storage address of each module's flat buffer -> the module, weakly (`_register_flat`;
+# no weak reference to a Parameter: torch's swap-mode conversions refuse to swap one). A
+# Parameter that views another live module's buffer is left where it is: two modules
+# re-pointing one shared Parameter at their own buffers would rebuild both on every forward.
+_FLAT_OWNERS: dict[int, weakref.ref] = {}
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage
+        return 0
+
+
+def _register_flat(module: nn.Module, flat: torch.Tensor) -> None:
+    for address in [a for a, ref in _FLAT_OWNERS.items() if ref() is None]:
+        del _FLAT_OWNERS[address]
+    address = _storage_address(flat)
+    if address:  # (0: meta tensors, which hold no memory to share)
+        _FLAT_OWNERS[address] = weakref.ref(module)
+
+
+def _buffer_owner(p: torch.Tensor) -> nn.Module | None:
+    """The live module whose current flat buffer `p` views, or None."""
+    address = _storage_address(p)
+    ref = _FLAT_OWNERS.get(address) if address else None
+    owner = ref() if ref is not None else None
+    if owner is None or _storage_address(owner._flat) != address:
+        return None
+    return owner
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -176,6 +209,7 @@ class _RNNBase(nn.Module):
             # A Parameter made from a view shares the buffer's storage and version counter.
             setattr(self, name, nn.Parameter(flat[offset : offset + numel].view(shape)))
         self._flat = flat
+        _register_flat(self, flat)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ the flat buffer
@@ -214,11 +248,18 @@ class _RNNBase(nn.Module):
     def _own_parameters(self) -> list[nn.Parameter] | None:
         """The registered Parameters in slot order when each is one this module registered
         itself; None when a weight is computed (parametrize, prune), removed, or a tensor
-        torch.func.functional_call put in its place (the caller's, never to be re-pointed)."""
+        torch.func.functional_call put in its place (the caller's, never to be re-pointed),
+        and when weights are tied: one Parameter in two slots (it can view only one), or one
+        that another live module's buffer holds (as torch.nn skips flattening aliased
+        weights). Forwards concatenate the weights then."""
         params = [self._parameters.get(n) for n in self._flat_weights_names]
         for name, p in zip(self._flat_weights_names, params, strict=True):
             if p is None or p is not self._owned.get(name):
                 return None
+            if _buffer_owner(p) not in (None, self):
+                return None
+        if len({id(p) for p in params}) != len(params):
+            return None
         return params
 
     def _flat_is_current(self) -> bool:
@@ -270,6 +311,7 @@ class _RNNBase(nn.Module):
                 view.copy_(p)
                 p.data = view
         self._flat = flat
+        _register_flat(self, flat)
 
     def _refresh_flat(self) -> None:
         """After a conversion or an unpickling: the buffer rebuilt from the Parameters, or,

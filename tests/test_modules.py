@@ -730,6 +730,35 @@ def test_numpy_sizes_and_a_meta_forward_as_torch_nn():
             assert a.shape == b.shape and a.device.type == "meta"
 
 
+def test_tied_weights_match_torch_without_rebuilding_a_buffer():
+    """One Parameter in two slots, or shared with another module: torch.nn's results and
+    gradients, and no buffer rebuilt on every forward (a Parameter can view one buffer slot:
+    re-pointed back and forth, each forward copied the whole buffer). The module that holds
+    the shared Parameter in its buffer keeps it there."""
+    x = torch.randn(T, 2, I, dtype=F64)
+    ours, theirs = make_pair("gru", bidirectional=True)
+    for m in (ours, theirs):
+        m.weight_hh_l0_reverse = m.weight_hh_l0
+    for _ in range(2):
+        got, want = ours(x)[0], theirs(x)[0]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        got.sum().backward()
+        want.sum().backward()
+    for (n, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12,
+                                   msg=lambda m, n=n: f"{n}: {m}")
+    a, b = (GRU(I, H, dtype=F64, backend="reference") for _ in range(2))
+    b.weight_hh_l0 = a.weight_hh_l0
+    flat = a._flat
+    for _ in range(3):
+        a(x)
+        b(x)[0].sum().backward()
+        assert a._flat is flat and a._flat_is_current()
+    ref = torch.nn.GRU(I, H, dtype=F64)
+    ref.load_state_dict(b.state_dict())
+    torch.testing.assert_close(b(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_dropout_single_layer_warns_like_torch():
     with pytest.warns(UserWarning, match="num_layers greater than 1"):
         LSTM(I, H, 1, dropout=0.2)
