@@ -20,7 +20,8 @@ T, I, H = 4, 3, 5
 NAN, INF = float("nan"), float("inf")
 
 
-def _check(mode, backend, family, *, x_at=None, h0_at=None, r_at=None, value=NAN, seed=0):
+def _check(mode, backend, family, *, x_at=None, h0_at=None, r_at=None, value=NAN, seed=0,
+           device="cpu"):
     module, x, h0, c0, lens = make_case(mode, I, H, 1, False, 0, T, LENS, True, seed)
     if x_at is not None:
         x[x_at] = value
@@ -37,12 +38,12 @@ def _check(mode, backend, family, *, x_at=None, h0_at=None, r_at=None, value=NAN
     dtype = torch.float64 if backend == "reference" else torch.float32
     tol = dict(rtol=1e-10, atol=1e-10) if backend == "reference" else dict(rtol=2e-5,
                                                                             atol=2e-5)
-    leaves = [t.to(dtype).requires_grad_(True) if t is not None else None
+    leaves = [t.to(device=device, dtype=dtype).requires_grad_(True) if t is not None else None
               for t in (x, h0, c0, params_from_module(module))]
     ctx = plan_constraints(family=family) if family else contextlib.nullcontext()
     with ctx:
         res = cudnn_rnn(*leaves, lens, rnn_mode=mode, backend=backend)
-        loss = sum((o * d.to(dtype)).sum() for o, d in
+        loss = sum((o * d.to(device=device, dtype=dtype)).sum() for o, d in
                    zip((res.output, res.output_h, res.output_c), grads, strict=True)
                    if d is not None)
         got = torch.autograd.grad(loss, [t for t in leaves if t is not None])
@@ -56,7 +57,7 @@ def _check(mode, backend, family, *, x_at=None, h0_at=None, r_at=None, value=NAN
     # not out of the gradients: 0 * inf).
     assert not all(b.isfinite().all() for _, b in pairs.values())
     for name, (a, b) in pairs.items():
-        torch.testing.assert_close(a.detach().double(), b, equal_nan=True, **tol,
+        torch.testing.assert_close(a.detach().cpu().double(), b, equal_nan=True, **tol,
                                    msg=lambda m, n=name: f"{n}: {m}")
     for b, n in enumerate(LENS):  # padding: exactly 0, whatever the valid steps hold
         assert (res.output[n:, b] == 0).all() and (got[0][n:, b] == 0).all()
@@ -79,3 +80,11 @@ def test_a_nan_input_step_gives_torchs_nans(mode, backend, family):
 @pytest.mark.parametrize("mode", MODES)
 def test_nonfinite_states_weights_and_inputs_give_torchs(mode, case):
     _check(mode, "triton", None, **case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["persistent_cta", "persistent_grid", "stepwise"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_a_nan_input_step_gives_torchs_nans(mode, family):
+    # The compiled max / where (max.NaN on sm_80 and newer), not the interpreter's NumPy.
+    _check(mode, "triton", family, x_at=(1, 0, 0), device="cuda")
