@@ -32,8 +32,8 @@ import time
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
-from tqdm import tqdm
 
+from tritonrnn.bench.progress import progress_bar
 from tritonrnn.rnn.modules import GRU, LSTM
 
 VOCAB = 9  # 0 = padding, 1..8 = digits -4..-1, 1..4
@@ -110,8 +110,8 @@ def train(model, args, device, name: str) -> dict:
     step_fn = torch.compile(model) if args.compile else model
     gen = torch.Generator().manual_seed(args.seed)
     tokens_seen, timed_s, loss_avg = 0, 0.0, None
-    bar = tqdm(range(args.steps), desc=name, disable=args.quiet, dynamic_ncols=True)
-    for step in bar:
+    bar = progress_bar(args.steps, name, enabled=not args.quiet)  # tqdm's, where installed
+    for step in range(args.steps):
         tokens, lengths, labels = make_batch(args.batch_size, args.max_len, gen, device)
         _sync(device)
         t0 = time.perf_counter()
@@ -130,7 +130,9 @@ def train(model, args, device, name: str) -> dict:
         loss_avg = loss_val if loss_avg is None else 0.95 * loss_avg + 0.05 * loss_val
         if step % 10 == 0 or step == args.steps - 1:
             tps = tokens_seen / timed_s if timed_s > 0 else float("nan")
-            bar.set_postfix(loss=f"{loss_avg:.3f}", tok_s=f"{tps:,.0f}")
+            bar.set_postfix_str(f"loss={loss_avg:.3f}, tok_s={tps:,.0f}")
+        bar.update(1)
+    bar.close()
     acc = evaluate(model, args, device)
     tps = tokens_seen / timed_s if timed_s > 0 else float("nan")
     return {"name": name, "accuracy": acc, "tokens_per_s": tps, "loss": loss_avg}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with the CPU torch wheel, Triton from PyPI and tritonrnn (editable, test extras).
+# Creates .venv with the CPU torch wheel, Triton from PyPI and tritonrnn (editable, with its
+# test and bench extras).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
