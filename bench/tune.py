@@ -207,6 +207,7 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
                    seed: int = 0) -> Callable[[dict], float]:
     """measure_choice for a shape: forced choice -> oracle check -> forward+backward time."""
     from tritonrnn.rnn.planner import plan_constraints
+    from tritonrnn.rnn.triton_backend import StepwiseFallbackWarning
 
     from . import runners
 
@@ -219,7 +220,8 @@ def shape_measurer(shape: BenchShape, device: torch.device, timing: TimingConfig
             result = _measure(choice, bound)
         for w in seen:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        fallback = [str(w.message) for w in seen if "rerunning stepwise" in str(w.message)]
+        fallback = [str(w.message) for w in seen
+                    if issubclass(w.category, StepwiseFallbackWarning)]
         if fallback:
             # The time is the stepwise kernels', not the choice's: no result for the choice.
             raise RuntimeError(f"its persistent launch failed and ran stepwise ({fallback[0]})")

@@ -38,7 +38,6 @@ the carries go through global memory between launches: the same kernel code, no 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from typing import NamedTuple
@@ -60,6 +59,7 @@ from .grid_barrier import (
     poll_earlier_launches,
 )
 from .persistent_grid import (
+    _device,
     _env_on_off,
     _mm,
     _step_rows,
@@ -723,7 +723,7 @@ def split_k_backward(
         kernel, meta = _split_k_bwd_kernel, dict(KC=kblock // 4, US=us, SPLIT=split(units, btile))
         whole, per_step = (1, 1), ((1, 0), (0, 1))
     # Triton launches on the current device: make it the tensors'.
-    with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+    with _device(dev, dev.type == "cuda"):
         if whole_launch:
             options = cooperative_launch_options() if not interp else {}
             kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp),

@@ -87,7 +87,12 @@ class TritonRecurrence:
         properties (either direction count), in the order they were made: what a report of
         those runs must name as run."""
         want = (cell, H, P or H, P, dtype, _bucket(batch), self.properties(device))
-        return [(k[0], k[-1], v) for k, v in self._smaller.items() if k[1:8] == want]
+        out = []
+        for key, ran in self._smaller.items():
+            phase, *shape, _num_dirs, refused = key  # `_replaced_key`'s fields
+            if tuple(shape) == want:
+                out.append((phase, refused, ran))
+        return out
 
     def _run(self, phase: str, choice: tuple[LayerPlan, str, tuple],
              launch: Callable[[LayerPlan], None]) -> None:
@@ -293,6 +298,11 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
                             lp.family)
 
 
+class StepwiseFallbackWarning(RuntimeWarning):
+    """A persistent-grid launch failed and its pass ran stepwise (`_persistent_or_stepwise`):
+    its outputs are right, its time is the stepwise kernels' (tune refuses such a timing)."""
+
+
 def _persistent_or_stepwise(run: Callable[[bool], None], family: str) -> None:
     """run(persistent) for a grid-family plan: stepwise for the stepwise family; persistent
     for persistent_grid, rerun stepwise where it raises RuntimeError (`_with_stepwise_fallback`
@@ -306,7 +316,7 @@ def _persistent_or_stepwise(run: Callable[[bool], None], family: str) -> None:
         if getattr(err, "earlier", False):  # grid_barrier.BarrierTimeoutError of another launch
             raise
         warnings.warn(f"tritonrnn: persistent-grid launch failed ({err}); rerunning stepwise",
-                      RuntimeWarning, stacklevel=4)
+                      StepwiseFallbackWarning, stacklevel=4)
         run(False)
 
 
