@@ -77,8 +77,9 @@ def dropout_apply(x: torch.Tensor, out: torch.Tensor, padded_index: torch.Tensor
     block_c = min(triton.next_power_of_2(C), 128)
     block_r = max(1, 4096 // block_c)
     grid = (triton.cdiv(N, block_r), triton.cdiv(C, block_c))
-    _dropout_kernel[grid](
-        x, out, padded_index, N, C, x.stride(0), out.stride(0), _signed(key), threshold, scale,
-        BLOCK_R=block_r, BLOCK_C=block_c, **FP_FUSION,
-    )
+    with torch.cuda.device_of(x):  # Triton launches on the current device: the tensors'
+        _dropout_kernel[grid](
+            x, out, padded_index, N, C, x.stride(0), out.stride(0), _signed(key), threshold,
+            scale, BLOCK_R=block_r, BLOCK_C=block_c, **FP_FUSION,
+        )
     return out

@@ -65,7 +65,6 @@ replay.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import threading
@@ -270,7 +269,7 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
     on_gpu = flags.device.type == "cuda"
     # On the flags' device (the launch's), whatever the current one: its capture state, and
     # the stream the copy below is issued on, which the event must follow.
-    with torch.cuda.device(flags.device) if on_gpu else contextlib.nullcontext():
+    with torch.cuda.device_of(flags):
         if _capturing():
             _captured.append((flags, what))
             return

@@ -32,7 +32,6 @@ with R_k = R[k*H:(k+1)*H, :] and BLOCK_HO the padded Hout (= P with a projection
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from typing import NamedTuple
@@ -653,9 +652,7 @@ def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> No
     num_dirs = 1 if dirs is None else 2
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     grid = (triton.cdiv(info.B, block_b), num_dirs)
-    # Triton launches on the current device: make it the tensors'.
-    on = torch.cuda.device(xg.device) if xg.device.type == "cuda" else contextlib.nullcontext()
-    with on:
+    with torch.cuda.device_of(xg):  # Triton launches on the current device: the tensors'
         _cta_forward_kernel[grid](
             xg, R, bR, Pw if Pw is not None else R, h0, c0 if lstm else h0,
             info.lengths_sorted, info.offsets, y, c_seq if c_seq is not None else y,
@@ -767,9 +764,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     dirs = dirs or dict.fromkeys(BACKWARD_TENSORS, 0)
     grid = (triton.cdiv(info.B, block_b), num_dirs)
     dummy = dy  # stands in for absent tensors; never dereferenced (constexpr branches)
-    # Triton launches on the current device: make it the tensors'.
-    on = torch.cuda.device(dy.device) if dy.device.type == "cuda" else contextlib.nullcontext()
-    with on:
+    with torch.cuda.device_of(dy):  # Triton launches on the current device: the tensors'
         _cta_backward_kernel[grid](
             pre_x if pre_x is not None else dummy, pre_h if pre_h is not None else dummy, R,
             Pw if proj else dummy, y, h_prev,

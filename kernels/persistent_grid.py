@@ -144,7 +144,6 @@ float64 is refused (the backend routes it to the reference).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 
@@ -2293,10 +2292,6 @@ def check_coresident(programs: int, sm_count: int) -> None:
         )
 
 
-def _device(dev: torch.device, on_gpu: bool):
-    return torch.cuda.device(dev) if on_gpu else contextlib.nullcontext()
-
-
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -2585,7 +2580,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     dirs = dirs or dict.fromkeys(FORWARD_TENSORS, 0)
     dummy = h_st
     c_seq_arg = c_seq_ if c_seq_ is not None else dummy
-    with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
+    with torch.cuda.device_of(y):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
             if u0 and barrier == 1:
                 sync[:, 0].zero_()  # a new launch's barrier counts from 0 (`_launch_ranges`)
@@ -2787,7 +2782,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     def arg(x):  # (pointer, row stride) of an optional row-indexed tensor
         return (x, x.stride(0)) if x is not None else (carry_ws, 0)
 
-    with _device(dev, on_gpu):  # launch on the tensors' GPU, not the current one
+    with torch.cuda.device_of(dy):  # launch on the tensors' GPU, not the current one
         for u0, u1 in ranges:
             if u0 and barrier == 1:
                 sync[:, 0].zero_()  # a new launch's barrier counts from 0 (`_launch_ranges`)

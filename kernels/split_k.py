@@ -59,7 +59,6 @@ from .grid_barrier import (
     poll_earlier_launches,
 )
 from .persistent_grid import (
-    _device,
     _env_on_off,
     _mm,
     _step_rows,
@@ -722,8 +721,7 @@ def split_k_backward(
     else:  # then which phases run: both, or one per launch without the barrier
         kernel, meta = _split_k_bwd_kernel, dict(KC=kblock // 4, US=us, SPLIT=split(units, btile))
         whole, per_step = (1, 1), ((1, 0), (0, 1))
-    # Triton launches on the current device: make it the tensors'.
-    with _device(dev, dev.type == "cuda"):
+    with torch.cuda.device_of(dy):  # Triton launches on the current device: the tensors'
         if whole_launch:
             options = cooperative_launch_options() if not interp else {}
             kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp),

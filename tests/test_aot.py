@@ -1034,7 +1034,7 @@ def test_parallel_compiles_come_back_in_the_jobs_order(monkeypatch):
 # `tritonrnn aot --device-preset current` a warm-up of a GPU machine's runs. One shape per
 # kind of kernel (small sizes: quick compiles).
 _LAUNCH_CHECK = _DRIVER + r"""
-import contextlib, os, types, torch
+import os, types, torch
 from triton.compiler.compiler import CompiledKernel
 from tritonrnn.bench import aot
 from tritonrnn.kernels import persistent_grid as pg
@@ -1072,7 +1072,6 @@ def on_gpu(*args, **kwargs):
     return dtype, dev, True
 
 pg._check_common = on_gpu
-pg._device = lambda dev, gpu: contextlib.nullcontext()
 torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(
     multi_processor_count=132, shared_memory_per_block_optin=232448)
 launched = 0
