@@ -59,6 +59,7 @@ from .grid_barrier import (
     poll_earlier_launches,
 )
 from .persistent_grid import (
+    _COUNTER_LIMIT,
     _env_on_off,
     _mm,
     _step_rows,
@@ -676,9 +677,10 @@ def split_k_backward(
     # meets no barrier (the in-kernel step loop, covered by the interpreter tests too).
     whole_launch = _steps_in_one_launch(persistent, not interp, programs)
     barriers = S if one_barrier else 2 * (S + 1)
-    if whole_launch and not interp and barriers * programs > 2**31 - 1:
+    if whole_launch and barriers * programs > _COUNTER_LIMIT:
         # The barrier counter is an int32 that one launch never resets: a run this long
-        # (some 8 million steps on 132 programs) takes a launch per step, without barriers.
+        # (some 8 million steps on 132 programs) takes a launch per step, without barriers,
+        # and the one-barrier form's HELD buffer with it.
         whole_launch = False
     if persistent and not interp:
         poll_earlier_launches()  # an earlier launch's known failure first, as the grid's do
@@ -686,7 +688,7 @@ def split_k_backward(
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "
                              f"SMs (units={units}, kblock={kblock}, btile={btile})")
-    ws = workspace(cell, H, B, units, kblock, btile, one_barrier, persistent=persistent,
+    ws = workspace(cell, H, B, units, kblock, btile, one_barrier, persistent=whole_launch,
                    on_gpu=not interp)
     part = torch.empty(ws["partials"], dtype=torch.float32, device=dev)
     hc = torch.zeros(ws["dh_carry"], dtype=torch.float32, device=dev)

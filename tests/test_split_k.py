@@ -347,6 +347,44 @@ def test_split_k_backward_writes_over_the_preacts(cell, form):
             torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["apart", "over-preacts"])
+def test_a_run_past_the_barrier_counter_launches_per_step_with_its_held_buffer(monkeypatch,
+                                                                               in_place):
+    """A persistent launch whose barriers would overflow the int32 counter (barriers x
+    programs > _COUNTER_LIMIT, some 16 million steps) runs a launch per step instead, and
+    the one-barrier form then needs its HELD buffer: without it each launch parked its
+    gradients in dpre_x's first rows (other steps' gradients, or pre-activations not yet
+    read). One program runs all steps in one launch in the interpreter too; a limit of 2
+    stands in for the length."""
+    from tritonrnn.kernels import split_k
+
+    cell, H = "lstm", 64
+    x = _inputs(cell, H, [4, 1, 0, 4, 2, 3, 4, 4], seed=3)
+    want = _outputs(cell, H, x["info"])
+    recurrence_backward(cell, x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
+                        x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
+                        want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"], None, None)
+    launches, kernel = [], split_k._split_k1_bwd_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(split_k, "_split_k1_bwd_kernel", Counted())
+    monkeypatch.setattr(split_k, "_COUNTER_LIMIT", 2)
+    pre_x, got = x["pre_x"].clone(), _outputs(cell, H, x["info"])
+    dpre_x = pre_x if in_place else got["dpre_x"]
+    split_k_backward(cell, pre_x, x["pre_h"], x["R"], x["y"], x["h_prev"], x["c_seq"],
+                     x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False, dpre_x, None,
+                     got["dh0"], got["dc0"], units=64, kblock=256, btile=16, one_barrier=True,
+                     persistent=True)
+    assert launches == [(1,)] * (x["info"].max_len + 1)  # one program, a launch per step
+    torch.testing.assert_close(dpre_x, want["dpre_x"], rtol=2e-5, atol=2e-5)
+    for name in ("dh0", "dc0"):
+        torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=2e-5)
+
+
 def test_workspace_holds_gradients_only_between_launches():
     """The one-barrier form's HELD buffer (the gradients a launch leaves for the next) only
     where its steps take several launches: stepwise, or the interpreter's persistent launch
