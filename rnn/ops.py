@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.autograd import forward_ad
 
 from . import engine
 from . import reserve as reserve_mod
@@ -40,18 +41,33 @@ class CudnnRNNBackpropOutput(NamedTuple):
 # ----------------------------------------------------------------------------- validation
 
 
+# autograd.grad(..., is_grads_batched=True) batches with torch's older vmap, whose tensors
+# is_functorch_wrapped_tensor does not recognise.
+_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
+
+
 def check_untransformed(name: str, t: object) -> None:
-    """Refuses a tensor wrapped by a torch.func transform (grad, vmap, jacrev, ...): the ops
-    read lengths on the host and launch kernels on raw storage, and neither the custom ops
-    nor their autograd have rules for those transforms."""
+    """Refuses a tensor wrapped by a torch.func transform (grad, vmap, jacrev, ...) or by
+    autograd.grad's is_grads_batched, or one carrying a forward-mode tangent
+    (torch.autograd.forward_ad): the ops read lengths on the host and launch kernels on raw
+    storage, and neither the custom ops nor their autograd have rules for those transforms
+    or a forward-mode derivative. (A dual tensor's tangent was dropped without a word
+    wherever no input needed a reverse-mode gradient.)"""
     if torch.compiler.is_compiling() or not isinstance(t, torch.Tensor):
         return  # Dynamo traces fake tensors, and cannot trace the functorch query
-    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+    functorch = torch._C._functorch
+    if functorch.is_functorch_wrapped_tensor(t) or _legacy_batched(t):
         raise RuntimeError(
             f"{name}: expected a plain tensor, got one wrapped by a torch.func transform "
-            f"(grad, vmap, jacrev, ...); tritonrnn's ops and modules do not compose with "
-            f"torch.func: differentiate with torch.autograd (backward, torch.autograd.grad) "
-            f"and batch by concatenating along the batch axis"
+            f"(grad, vmap, jacrev, autograd.grad's is_grads_batched, ...); tritonrnn's ops "
+            f"and modules do not compose with torch.func: differentiate with torch.autograd "
+            f"(backward, torch.autograd.grad) and batch by concatenating along the batch axis"
+        )
+    if forward_ad.unpack_dual(t).tangent is not None:
+        raise RuntimeError(
+            f"{name}: expected a tensor without a forward-mode tangent, got a dual tensor "
+            f"(torch.autograd.forward_ad); tritonrnn's ops have no forward-mode derivative: "
+            f"differentiate in reverse mode (backward, torch.autograd.grad)"
         )
 
 
@@ -327,6 +343,9 @@ class _CudnnRNNFunction(torch.autograd.Function):
                 "is_training: expected True for a forward whose outputs are differentiated, "
                 "got False (no reserve space was kept for backprop)"
             )
+        for name, g in (("output_backprop", d_output), ("output_h_backprop", d_h),
+                        ("output_c_backprop", d_c)):
+            check_untransformed(name, g)  # e.g. autograd.grad(..., is_grads_batched=True)
         input, input_h, input_c, params, output, reserve = ctx.saved_tensors
         with plan_constraints(**ctx.constraints):
             grads = _backprop(

@@ -3,6 +3,8 @@ the explicit backprop op, the reserve space, inference mode, gradcheck and every
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from helpers import GATES, compare_with_torch, make_case, params_from_module, torch_oracle
@@ -261,6 +263,54 @@ def test_torch_func_transforms_are_refused_by_name(path, transform):
     with pytest.raises(RuntimeError, match=rf"^{name}: expected a plain tensor, got one "
                                            r"wrapped by a torch\.func transform"):
         wrapped(args)
+
+
+# Forward-mode AD: where no input needs a reverse-mode gradient the op runs outside autograd,
+# and a dual tensor's tangent was dropped without a word (a frozen module, or trainable
+# weights under no_grad: tangent None where torch.nn gives one).
+@pytest.mark.parametrize("case", ["ops-input", "library-input", "library-params",
+                                  "module-frozen", "module-no-grad"])
+def test_forward_mode_tangents_are_refused_by_name(case):
+    import torch.autograd.forward_ad as fwAD
+
+    x, h, c, p = _inputs("lstm", seed=6)
+    path, what = case.split("-", 1)
+    with fwAD.dual_level():
+        dual_x = fwAD.make_dual(x, torch.randn_like(x))
+        if path == "module":
+            m = LSTM(4, 4, dtype=F64, backend="reference")
+            if what == "frozen":
+                m.requires_grad_(False)
+            with torch.no_grad() if what == "no-grad" else contextlib.nullcontext(), \
+                    pytest.raises(RuntimeError, match=r"^input: expected a tensor without a "
+                                                      r"forward-mode tangent"):
+                m(dual_x)
+            return
+        fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
+        args, name = ((dual_x, h, c, p), "input") if what == "input" else \
+            ((x, h, c, fwAD.make_dual(p, torch.randn_like(p))), "params")
+        with pytest.raises(RuntimeError, match=rf"^{name}: expected a tensor without a "
+                                               r"forward-mode tangent"):
+            fn(*args, rnn_mode="lstm", backend="reference")
+
+
+def test_batched_gradients_through_the_ops_autograd_are_refused_by_name():
+    """autograd.grad(..., is_grads_batched=True) vmaps the backward over the given gradients:
+    the ops' backward names them (it failed inside the engine with vmap's alias error). The
+    library op's registered autograd composes with it: per-row gradients, as one by one."""
+    x, h, c, p = _inputs("lstm", seed=7)
+    kw = dict(rnn_mode="lstm", backend="reference")
+    pg = p.clone().requires_grad_(True)
+    out = cudnn_rnn(x, h, c, pg, **kw).output
+    grads = torch.randn(2, *out.shape, dtype=out.dtype)
+    with pytest.raises(RuntimeError, match=r"^output_backprop: expected a plain tensor, got "
+                                           r"one wrapped by a torch\.func transform"):
+        torch.autograd.grad(out, pg, grads, is_grads_batched=True)
+    out = library.cudnn_rnn(x, h, c, pg, **kw).output
+    (batched,) = torch.autograd.grad(out, pg, grads, is_grads_batched=True, retain_graph=True)
+    for g, row in zip(grads, batched, strict=True):
+        torch.testing.assert_close(row, torch.autograd.grad(out, pg, g, retain_graph=True)[0],
+                                   rtol=1e-12, atol=1e-12)
 
 
 def _strided_copy(t: torch.Tensor) -> torch.Tensor:
