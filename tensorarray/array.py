@@ -7,7 +7,12 @@ from typing import NamedTuple
 import torch
 
 from .autograd import ConcatFn, GatherFn, ReadFn, ScatterFn, SplitFn, WriteFn
-from .errors import TensorArrayDTypeError, TensorArrayShapeError, TensorArrayTypeError
+from .errors import (
+    TensorArrayDTypeError,
+    TensorArrayNameError,
+    TensorArrayShapeError,
+    TensorArrayTypeError,
+)
 from .registry import TensorArrayHandle, TensorArrayRegistry, default_registry, unique_name
 from .resource import ArrayResource, new_flow
 from .shapes import PartialShape, as_index, as_index_list, as_partial_shape, is_fully_defined
@@ -69,6 +74,10 @@ def _check_source(source: object, name: str) -> str:
             f"TensorArray {name!r}: grad: source must be a non-empty str (e.g. 'gradients'), got "
             f"{source!r}"
         )
+    if "@" in source:
+        raise TensorArrayNameError(f"TensorArray {name!r}: grad: source must not contain '@' "
+                                   f"(it separates a gradient array's name: forward@source), "
+                                   f"got {source!r}")
     return source
 
 
@@ -120,6 +129,9 @@ class TensorArray:
         base = "TensorArray" if name is None else name
         if not isinstance(base, str):
             raise TensorArrayTypeError(f"TensorArray: name must be a str, got {name!r}")
+        if "@" in base:  # else "A_0@s" could be array A_0's gradient array for source s
+            raise TensorArrayNameError(f"TensorArray: name must not contain '@' (it separates "
+                                       f"a gradient array's name: forward@source), got {name!r}")
         if not isinstance(dtype, torch.dtype):
             raise TensorArrayTypeError(
                 f"TensorArray {base!r}: dtype must be a torch.dtype, got {dtype!r}"

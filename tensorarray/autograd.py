@@ -59,11 +59,29 @@ def autograd_source() -> str:
     return f"{AUTOGRAD_SOURCE_PREFIX}{torch._C._current_graph_task_id()}"
 
 
+class _ReleaseAtPassEnd:
+    """Closes the gradient array of ``source`` when the backward pass ends, either way: the
+    autograd engine calls its queued callbacks when a pass completes, and drops them
+    uncalled with the pass when a node raises, which deletes this object."""
+
+    __slots__ = ("res", "source")
+
+    def __init__(self, res: ArrayResource, source: str) -> None:
+        self.res, self.source = res, source
+
+    def __call__(self) -> None:
+        res, self.res = self.res, None
+        if res is not None:
+            res.release_grad(self.source)
+
+    __del__ = __call__
+
+
 def grad_resource(res: ArrayResource) -> ArrayResource:
     """The gradient array of ``res`` for the running backward pass (created on first use).
 
-    A callback queued on the autograd engine closes it when the pass ends, so its memory is
-    freed and a later pass starts from a fresh accumulator.
+    It is closed when the pass ends (`_ReleaseAtPassEnd`), also when the pass fails, so its
+    memory is freed and a later pass starts from a fresh accumulator.
     """
     source = autograd_source()
     with res.lock:
@@ -71,8 +89,7 @@ def grad_resource(res: ArrayResource) -> ArrayResource:
         if handle is None:
             handle = res.make_grad(source)
             torch.autograd.Variable._execution_engine.queue_callback(
-                functools.partial(res.release_grad, source)
-            )
+                _ReleaseAtPassEnd(res, source))
     return handle._res
 
 

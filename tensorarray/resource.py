@@ -21,6 +21,7 @@ every soft-copied entry) or a list of tensors with their shapes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,21 @@ def _unversioned(slab: torch.Tensor) -> torch.Tensor:
     the values: a view handed out, or the tensor a full unstack adopted as the slab.
     """
     return slab.data
+
+
+def _locked(op):
+    """Runs a public op of an array under its lock, as TensorFlow's TensorArray kernels each
+    hold the array's mutex: ops on one array from several threads do not interleave (a first
+    write allocating the slab, or a dynamic array growing, is check-then-act). Reentrant:
+    an op may call another, and the autograd functions hold a gradient array's lock across
+    a read-modify-write."""
+
+    @functools.wraps(op)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return op(self, *args, **kwargs)
+
+    return run
 
 
 class ArrayResource:
@@ -149,7 +165,7 @@ class ArrayResource:
         self.forward_name: str | None = None
         self.source: str | None = None
         self.grads: dict[str, TensorArrayHandle] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # each public op holds it (`_locked`)
         self.written = bytearray(size)
         self.soft = bytearray(size)
         self.read_ = bytearray(size)
@@ -381,6 +397,7 @@ class ArrayResource:
                     f"{fmt_shape(existing)} but the new value shape is {fmt_shape(shape)}"
                 )
 
+    @_locked
     def write(self, i: int, value: torch.Tensor, hist: bool = False) -> None:
         """Write (or, in a gradient array, add) ``value`` at index ``i``."""
         # Fast path, the per-step write of a loop: an open array, a fresh in-range index, the
@@ -449,6 +466,7 @@ class ArrayResource:
         if hist:
             self.hist[i] = 1
 
+    @_locked
     def scatter(
         self, indices: list[int], value: torch.Tensor, op: str = "scatter", hist: bool = False
     ) -> None:
@@ -588,6 +606,7 @@ class ArrayResource:
                 shapes[i] = tuple(piece.shape)  # type: ignore[index]
                 done.add(i)
 
+    @_locked
     def unstack(self, value: torch.Tensor, hist: bool = False) -> None:
         """Write ``value[k]`` at index ``k`` for every k; value: ``[n, *element_shape]``."""
         op = "unstack(value)"
@@ -600,6 +619,7 @@ class ArrayResource:
             )
         self.scatter(list(range(value.shape[0])), value, op=op, hist=hist)
 
+    @_locked
     def split(self, value: torch.Tensor, lengths: list[int], hist: bool = False) -> None:
         """Write ``value[sum(lengths[:k]) : sum(lengths[:k+1])]`` at index k.
 
@@ -689,6 +709,7 @@ class ArrayResource:
             "read an index more than once"
         )
 
+    @_locked
     def read(self, i: int) -> torch.Tensor:
         """The value at index ``i`` (zeros for a soft entry); a view of the slab in slab mode."""
         op = f"read(index={i})"
@@ -729,6 +750,7 @@ class ArrayResource:
             self.cleared[i] = 1
         return value  # type: ignore[return-value]
 
+    @_locked
     def gather(self, indices: list[int], op: str = "gather") -> torch.Tensor:
         """Values at ``indices`` stacked: ``[len(indices), *element_shape]``.
 
@@ -751,6 +773,7 @@ class ArrayResource:
         self._check_same_shape(indices, op)
         return self._consume(indices, lo, hi + 1, stack=True)
 
+    @_locked
     def stack(self) -> torch.Tensor:
         """All values stacked: ``[size, *element_shape]`` (a view of the slab when possible)."""
         op = "stack()"
@@ -761,6 +784,7 @@ class ArrayResource:
         self._check_same_shape(range(self.size), op)
         return self._consume(None, 0, self.size, stack=True)
 
+    @_locked
     def concat(self, count: int | None = None) -> tuple[torch.Tensor, list[int]]:
         """The first ``count`` values (default: all) concatenated along dimension 0.
 
@@ -906,6 +930,7 @@ class ArrayResource:
 
     # --------------------------------------------------------------- gradients
 
+    @_locked
     def make_grad(
         self, source: str, shape_to_prepend: tuple[int, ...] | None = None
     ) -> TensorArrayHandle:

@@ -506,6 +506,45 @@ def test_registry_reads_hold_its_lock(registry):
         assert held, read
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
+def test_threads_writing_one_array_lose_nothing(dynamic, monkeypatch):
+    """Each op holds the array's lock, as TensorFlow's kernels hold its mutex: threads
+    writing distinct indices of one array keep every row. A first write allocates the slab
+    (a dynamic array's grows it); a slowed allocation widens the window in which, unlocked,
+    each thread allocated its own slab and all but the last one's rows vanished."""
+    import threading
+    import time
+
+    from tritonrnn.tensorarray import resource
+
+    allocate = resource.allocate_slab
+
+    def slow(*args):
+        time.sleep(0.01)
+        return allocate(*args)
+
+    monkeypatch.setattr(resource, "allocate_slab", slow)
+    n = 6
+    ta = TensorArray(torch.float32, 0 if dynamic else n, dynamic_size=dynamic,
+                     element_shape=(2,))
+    start, errors = threading.Barrier(n), []
+
+    def write(i):
+        start.wait()
+        try:
+            ta.write(i, torch.full((2,), float(i + 1)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert torch.equal(ta.stack(), torch.arange(1.0, n + 1)[:, None].expand(n, 2))
+
+
 def test_close_during_grad_creation_closes_the_new_gradient_array():
     """close() waits for a gradient array being created on another thread, then closes it
     with the forward array: none is left open and registered."""

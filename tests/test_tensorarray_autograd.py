@@ -220,6 +220,50 @@ def test_gradient_arrays_of_a_pass_are_freed_when_it_ends():
     assert ta2.handle._res.grads == {}
 
 
+@pytest.mark.parametrize("failing", ["another_node", "concat_gradient"])
+def test_gradient_arrays_of_a_failed_pass_are_freed_too(failing):
+    """The autograd engine drops its queued callbacks uncalled when a node raises: the
+    gradient array the pass had made stayed open and registered, one more per failed pass,
+    for as long as the forward array lived. It is closed with the failed pass; a later pass
+    gets its exact gradient."""
+    reg = TensorArrayRegistry()
+    x = leaf((3, 2))
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, clear_after_read=False,
+                     registry=reg)
+    seen: list[list[str]] = []
+
+    class Boom(torch.autograd.Function):  # raises after the array's gradient was made
+        @staticmethod
+        def forward(ctx, v):
+            return v.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(list(ta.handle._res.grads))
+            raise RuntimeError("boom")
+
+    if failing == "another_node":
+        boom = Boom.apply(x)  # made first, so its backward runs after the array's
+        ta = ta.write(0, x[0] * 1).write(1, x[1] * 2).write(2, x[2] * 3)
+        loss, error = ta.stack().sum() + boom.sum(), RuntimeError
+    else:  # read's backward makes the gradient array, then concat's raises (the array grew)
+        ta = ta.write(0, x[:1] * 1).write(1, x[1:] * 1)
+        v = ta.concat()
+        ta = ta.write(2, x[:1] * 2)
+        loss, error = v.sum() + ta.read(2).sum(), TensorArrayGradError
+    for _ in range(3):
+        with pytest.raises(error):
+            loss.backward(retain_graph=True)
+        assert ta.handle._res.grads == {}
+        assert reg.names() == [ta.handle.name]
+    if failing == "another_node":
+        assert len(seen) == 3 and all(len(names) == 1 for names in seen)
+    (g,) = grads(ta.read(1).sum() * 5, [x])
+    torch.testing.assert_close(g[1], torch.full((2,), 10.0 if failing == "another_node"
+                                                else 5.0))
+    assert ta.handle._res.grads == {} and reg.names() == [ta.handle.name]
+
+
 def test_autograd_grad_with_selected_inputs():
     a, b = leaf((2,)), leaf((2,))
     ta = TensorArray(torch.float32, 2).write(0, a * 3).write(1, b * 5)
