@@ -33,6 +33,7 @@ import torch
 
 from . import ops
 from .config import GATES, check_dropout, check_int, check_int64
+from .planner import current_constraints, plan_constraints
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
 
@@ -245,6 +246,9 @@ def _setup_context(ctx, inputs, output):
     )
     ctx.is_training = is_training
     ctx.lstm = lstm
+    # Autograd may run the backward on another thread (a CUDA backward: the device's), where
+    # the caller's plan_constraints context is not set: carry it over, as rnn.ops does.
+    ctx.constraints = current_constraints()
     # Not output_h / output_c: the backprop op only checks their shapes (those of input_h /
     # input_c), and a saved final state could not be edited in place before backward, which
     # torch.nn allows.
@@ -269,11 +273,12 @@ def _backward(ctx, d_out, d_h, d_c, _d_reserve, _d_host):
         d_c = None
     a = ctx.attrs
     # input_h / input_c stand for output_h / output_c (same shapes; see _setup_context).
-    dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(
-        input, input_h, input_c, params, lengths, out, input_h, input_c, d_out, d_h, d_c,
-        reserve, host, seeds, a["rnn_mode"], a["input_mode"], a["direction"], a["dropout"],
-        a["seed"], a["seed2"], a["num_proj"], a["time_major"], a["backend"],
-    )
+    with plan_constraints(**ctx.constraints):
+        dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(
+            input, input_h, input_c, params, lengths, out, input_h, input_c, d_out, d_h, d_c,
+            reserve, host, seeds, a["rnn_mode"], a["input_mode"], a["direction"], a["dropout"],
+            a["seed"], a["seed2"], a["num_proj"], a["time_major"], a["backend"],
+        )
     return (dx, dh, dc if ctx.lstm else None, dp) + (None,) * 12
 
 

@@ -42,12 +42,7 @@ from tritonrnn.rnn import triton_backend as tb
 from tritonrnn.rnn.config import make_config
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.params import config_params_size
-from tritonrnn.rnn.planner import (
-    PRESETS,
-    device_properties,
-    plan_constraints,
-    recurrence_choice,
-)
+from tritonrnn.rnn.planner import PRESETS, plan_constraints
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEV.type == "cuda"
@@ -541,16 +536,11 @@ def test_end_to_end_matches_torch_with_shared_launches(family, mode, proj, launc
                            T=T, backend="triton", device=DEV.type, **E2E)
     # The forward (training) and the backward of both layers, both directions sharing launches.
     info = make_pack_info([2, 0, T, 0, 1], T, DEV)  # helpers.LENGTHS["zero"]
-    bwd_family, tiles = family, {}
-    if ON_GPU:
-        # autograd runs a CUDA backward on a worker thread, where plan_constraints (a
-        # contextvar) is unset: the backward runs the heuristic plan, with its tiles.
-        lp = recurrence_choice(mode, H, proj or H, proj, torch.float32, info.B,
-                               device_properties(DEV))[0]
-        bwd_family, tiles = lp.family, dict(block_h=lp.block_h or 16, block_b=lp.block_b)
-    for kind, fam, kw in (("fwd", family, {}), ("bwd", bwd_family, tiles)):
-        name = KERNEL_OF[(fam, kind)]
-        count, grid = _expected_launches(fam, kind, H, proj, info, **kw)
+    # The backward runs the forced family too, also on a GPU, where autograd runs it on a
+    # worker thread: the op carries the forward's plan_constraints over.
+    for kind in ("fwd", "bwd"):
+        name = KERNEL_OF[(family, kind)]
+        count, grid = _expected_launches(family, kind, H, proj, info)
         assert launches[name] == [grid] * (2 * count), f"{name}: {launches[name]}"
 
     # Against per-direction launches: bit for bit inside the engine's pair path (same kernels,

@@ -538,3 +538,43 @@ def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch)
         compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=64, T=4, backend="triton",
                            **FP32)
     assert calls == [True, False]
+
+
+@pytest.mark.parametrize("path", ["ops", "library", "module"])
+def test_the_backward_keeps_the_forwards_plan_constraints_on_another_thread(path, monkeypatch):
+    """Autograd runs a CUDA backward on the device's own thread, where the caller's
+    plan_constraints (a contextvar) is not set: each path carries the forward's constraints
+    to its backward (the torch.library op, which the modules call, ran the heuristic's plan
+    there). A thread of our own stands in for the device's."""
+    import threading
+
+    from tritonrnn.rnn import LSTM, library
+    from tritonrnn.rnn import triton_backend as tb
+    from tritonrnn.rnn.planner import device_properties, recurrence_choice
+
+    families, launch = [], tb._backward_launch
+
+    def spy(lp, shape, args):
+        families.append(lp.family)
+        return launch(lp, shape, args)
+
+    monkeypatch.setattr(tb, "_backward_launch", spy)
+    T, B, I, H = 2, 1, 2, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, B, I, generator=g, requires_grad=True)
+    with plan_constraints(family="stepwise"):
+        if path == "module":
+            out = LSTM(I, H, backend="triton")(x)[0]
+        else:
+            fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
+            n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
+            p = (torch.randn(n, generator=g) * 0.3).requires_grad_()
+            h0 = torch.zeros(1, B, H)
+            out = fn(x, h0, h0, p, rnn_mode="lstm", backend="triton").output
+    assert recurrence_choice("lstm", H, H, 0, torch.float32, B,
+                             device_properties(x.device))[0].family != "stepwise"
+    worker = threading.Thread(target=lambda: out.sum().backward())
+    worker.start()
+    worker.join()
+    assert families == ["stepwise"]
+    assert x.grad is not None and torch.isfinite(x.grad).all()
