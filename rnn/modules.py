@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import warnings
 import weakref
 
@@ -95,6 +96,7 @@ class _FlatParams(torch.autograd.Function):
 # Parameter that views another live module's buffer is left where it is: two modules
 # re-pointing one shared Parameter at their own buffers would rebuild both on every forward.
 _FLAT_OWNERS: dict[int, weakref.ref] = {}
+_FLAT_OWNERS_LOCK = threading.Lock()  # modules built or converted on several threads
 
 
 def _storage_address(t: torch.Tensor) -> int:
@@ -105,11 +107,12 @@ def _storage_address(t: torch.Tensor) -> int:
 
 
 def _register_flat(module: nn.Module, flat: torch.Tensor) -> None:
-    for address in [a for a, ref in _FLAT_OWNERS.items() if ref() is None]:
-        del _FLAT_OWNERS[address]
     address = _storage_address(flat)
-    if address:  # (0: meta tensors, which hold no memory to share)
-        _FLAT_OWNERS[address] = weakref.ref(module)
+    with _FLAT_OWNERS_LOCK:
+        for dead in [a for a, ref in _FLAT_OWNERS.items() if ref() is None]:
+            del _FLAT_OWNERS[dead]
+        if address:  # (0: meta tensors, which hold no memory to share)
+            _FLAT_OWNERS[address] = weakref.ref(module)
 
 
 def _buffer_owner(p: torch.Tensor) -> nn.Module | None:
@@ -378,6 +381,11 @@ class _RNNBase(nn.Module):
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             return _FlatParams.apply(self._flat, self._slots, *params)
         return self._flat
+
+    @property
+    def _flat_weights(self) -> list[nn.Parameter]:
+        """The weights as torch.nn.RNNBase._flat_weights lists them, for code written against it."""
+        return [getattr(self, n) for n in self._flat_weights_names]
 
     @property
     def all_weights(self) -> list[list[nn.Parameter]]:

@@ -88,7 +88,7 @@ class TritonRecurrence:
         those runs must name as run."""
         want = (cell, H, P or H, P, dtype, _bucket(batch), self.properties(device))
         out = []
-        for key, ran in self._smaller.items():
+        for key, ran in list(self._smaller.items()):  # another thread's _run may add one
             phase, *shape, _num_dirs, refused = key  # `_replaced_key`'s fields
             if tuple(shape) == want:
                 out.append((phase, refused, ran))

@@ -310,6 +310,10 @@ def test_same_names_shapes_and_init(mode):
     assert repr(ours) == repr(theirs)
     assert [[p.shape for p in ps] for ps in ours.all_weights] == \
         [[p.shape for p in ps] for ps in theirs.all_weights]
+    assert ours._flat_weights_names == theirs._flat_weights_names
+    assert all(a is getattr(ours, n) and torch.equal(a, b) for a, b, n in
+               zip(ours._flat_weights, theirs._flat_weights, ours._flat_weights_names,
+                   strict=True))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -757,6 +761,35 @@ def test_tied_weights_match_torch_without_rebuilding_a_buffer():
     ref = torch.nn.GRU(I, H, dtype=F64)
     ref.load_state_dict(b.state_dict())
     torch.testing.assert_close(b(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_modules_built_on_several_threads():
+    """The map of flat buffers to their modules (`_FLAT_OWNERS`) is swept and extended
+    under a lock: threads building modules at once raised "dictionary changed size during
+    iteration" (or a KeyError) from the sweep of another thread's insertions. A tiny switch
+    interval makes the threads interleave inside it."""
+    import sys
+    import threading
+
+    errors, interval = [], sys.getswitchinterval()
+
+    def build():
+        try:
+            kept = [LSTM(1, 1) for _ in range(150)]  # live entries: a longer sweep
+            assert all(modules_mod._buffer_owner(m._flat) is m for m in kept)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(6)]
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
 
 
 def test_dropout_single_layer_warns_like_torch():
