@@ -17,6 +17,8 @@ tensor is shared by the two directions and by consecutive layers without any gat
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -75,8 +77,14 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
     row_time = torch.repeat_interleave(torch.arange(max_len), batch_sizes)
     row_sorted = torch.arange(N) - offsets[row_time]
     row_batch = order[row_sorted]
-    as_dev = lambda t, dtype=torch.int64: t.to(device=device, dtype=dtype)  # noqa: E731
-    rt, rb = as_dev(row_time), as_dev(row_batch)
+    # One copy to the device for all six (a GPU's: from pinned memory, without waiting):
+    # six blocking copies were six stream syncs on every new set of lengths, which a varlen
+    # training loop makes at nearly every step.
+    parts = (order, torch.argsort(order), sorted_lens, offsets, row_time, row_batch)
+    host = torch.cat(parts)
+    on_gpu = device.type == "cuda"
+    moved = (host.pin_memory() if on_gpu else host).to(device, non_blocking=on_gpu)
+    perm, inv_perm, lens_sorted, offs, rt, rb = moved.split([len(t) for t in parts])
     return PackInfo(
         T=T,
         B=B,
@@ -84,10 +92,10 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
         max_len=max_len,
         lengths=tuple(lengths),
         batch_sizes=tuple(batch_sizes.tolist()),
-        perm=as_dev(order),
-        inv_perm=as_dev(torch.argsort(order)),
-        lengths_sorted=as_dev(sorted_lens, torch.int32),
-        offsets=as_dev(offsets, torch.int32),
+        perm=perm,
+        inv_perm=inv_perm,
+        lengths_sorted=lens_sorted.to(torch.int32),
+        offsets=offs.to(torch.int32),
         row_time=rt,
         row_batch=rb,
         padded_index=rt * B + rb,
@@ -120,10 +128,28 @@ def window(info: PackInfo, s0: int, s1: int) -> PackInfo:
         raise ValueError(
             f"window: expected 0 <= s0 < s1 <= max_len = {info.max_len}, got [{s0}, {s1})"
         )
-    return _window(info, s0, s1)
+    return _derived(info, ("window", s0, s1), lambda: _window(info, s0, s1))
 
 
-@functools.lru_cache(maxsize=256)
+# layout -> what is derived from it alone (windows, previous-row indices), by key; it lives
+# as long as the layout does. A cache keyed by the layout itself (an lru_cache) kept up to
+# its size of evicted layouts alive, with their device index tensors, in a varlen training
+# loop where each batch makes a new layout.
+_DERIVED: weakref.WeakKeyDictionary[PackInfo, dict] = weakref.WeakKeyDictionary()
+_DERIVED_LOCK = threading.Lock()
+
+
+def _derived(info: PackInfo, key: tuple, build):
+    """info's value for `key`, built once (`build()`) and kept while info lives. The values
+    are shared: callers must not change them in place."""
+    with _DERIVED_LOCK:
+        values = _DERIVED.setdefault(info, {})
+        value = values.get(key)
+        if value is None:
+            value = values[key] = build()
+    return value
+
+
 def _window(info: PackInfo, s0: int, s1: int) -> PackInfo:
     bs = info.batch_sizes
     o0 = sum(bs[:s0])
@@ -172,12 +198,17 @@ def unpack(x: torch.Tensor, info: PackInfo, time_major: bool = True) -> torch.Te
 
 
 def prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:
-    """[N] int64 index of each row's previous step in the direction's order.
+    """[N] int64 index of each row's previous step in the direction's order (cached with
+    info: shared, not to be changed in place).
 
     Entries point into cat([state0 (B rows, sorted order), packed rows]): the previous row
     of (t, j) is row(t-1, j) (forward) or row(t+1, j) (reverse), or the initial state j when
     (t, j) is the direction's first step.
     """
+    return _derived(info, ("prev_rows", reverse), lambda: _prev_rows(info, reverse))
+
+
+def _prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:
     dev = info.row_time.device
     t = info.row_time
     j = torch.arange(info.N, device=dev) - info.offsets.long()[t]

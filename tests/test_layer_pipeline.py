@@ -539,7 +539,8 @@ def test_automatic_pipeline_is_opt_in(monkeypatch):
 def test_recorded_windows_are_freed_with_their_caches():
     """`_Slots.keep` remembers which layouts it recorded on the side streams; that memory
     must not keep a window (and its parent layout's index tensors) alive once the packing
-    caches evicted it."""
+    cache evicted the parent. The windows live as long as their parent layout, no longer
+    (their own cache kept 256 of them, each holding its parent, alive)."""
     import gc
     import weakref
 
@@ -553,12 +554,13 @@ def test_recorded_windows_are_freed_with_their_caches():
         info = make_pack_info(lengths, 64, torch.device("cpu"))
         for k in range(2):
             w = window(info, 32 * k, 32 * (k + 1))
+            assert window(info, 32 * k, 32 * (k + 1)) is w  # cached with its parent
             pipeline_mod._used_on(w, ())
             pipeline_mod._used_on(w, ())  # once per (layout, streams): no second entry
             assert pipeline_mod._RECORDED[w] == {()}
             refs.append(weakref.ref(w))
+        refs.append(weakref.ref(info))
     del info, w
-    packing._window.cache_clear()
     packing._make_pack_info.cache_clear()
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)

@@ -1,0 +1,108 @@
+"""The packed layout (rnn/packing.py): its fields against a plain construction, and what
+building one costs the device."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tritonrnn.rnn import packing
+from tritonrnn.rnn.packing import make_pack_info, prev_rows, window
+
+LENGTHS = [[3, 0, 5, 5, 1], [4], [0, 0], [2, 7, 7, 1, 6, 3]]
+
+
+def _plain(lengths: list[int], T: int) -> dict[str, list[int]]:
+    """The layout's index fields, written out step by step from the packing rule."""
+    order = sorted(range(len(lengths)), key=lambda b: -lengths[b])  # stable: ties keep order
+    rows = [(t, j) for t in range(T) for j in range(len(order)) if lengths[order[j]] > t]
+    max_len = max(lengths, default=0)
+    offsets = [sum(1 for t2, _ in rows if t2 < t) for t in range(max(max_len, 1) + 1)]
+    at = {tj: i for i, tj in enumerate(rows)}
+    B = len(order)
+    return dict(perm=order, inv_perm=[order.index(b) for b in range(B)],
+                lengths_sorted=[lengths[b] for b in order], offsets=offsets,
+                row_time=[t for t, _ in rows], row_batch=[order[j] for _, j in rows],
+                padded_index=[t * B + order[j] for t, j in rows],
+                # into cat([state0 (B rows), packed rows]): the state at a direction's start
+                prev_fwd=[j if t == 0 else B + at[(t - 1, j)] for t, j in rows],
+                prev_rev=[j if t == lengths[order[j]] - 1 else B + at[(t + 1, j)]
+                          for t, j in rows])
+
+
+@pytest.mark.parametrize("lengths", LENGTHS, ids=str)
+def test_layout_fields(lengths):
+    T = max(lengths + [1]) + 1
+    info = make_pack_info(lengths, T, torch.device("cpu"))
+    want = _plain(lengths, T)
+    for reverse in (False, True):
+        got = prev_rows(info, reverse)
+        assert got.tolist() == want.pop("prev_rev" if reverse else "prev_fwd"), reverse
+    for name, values in want.items():
+        got = getattr(info, name)
+        assert got.tolist() == values, name
+        assert got.dtype == (torch.int32 if name in ("lengths_sorted", "offsets")
+                             else torch.int64), name
+    assert (info.N, info.max_len) == (len(want["row_time"]), max(lengths))
+
+
+class _HostToDevice(TorchDispatchMode):
+    """Counts the copies from the CPU to another device."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        src = {torch.ops.aten._to_copy.default: 0, torch.ops.aten.copy_.default: 1}.get(func)
+        if src is not None and args[src].device.type == "cpu" and out.device.type != "cpu":
+            self.copies += 1
+        return out
+
+
+def test_a_new_layout_is_one_copy_to_the_device():
+    """The six index tensors built on the host go to the device in one copy: six blocking
+    copies were six stream syncs on a GPU for every new set of lengths (a varlen training
+    loop makes one at nearly every step). The meta device stands in for a GPU."""
+    counter = _HostToDevice()
+    with counter:
+        info = make_pack_info([5, 2, 7, 0, 3, 1], 9, torch.device("meta"))
+    assert counter.copies == 1
+    assert info.perm.device.type == "meta" and info.padded_index.shape == (18,)
+
+
+@pytest.mark.gpu
+def test_a_new_layout_does_not_sync_the_gpu():
+    """A GPU builds a new layout without a stream sync (one copy from pinned memory), with
+    the host's values."""
+    lengths = [5, 2, 7, 0, 3, 1, 7, 11]  # lengths no other test uses: not cached
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        info = make_pack_info(lengths, 12, torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = make_pack_info(lengths, 12, torch.device("cpu"))
+    for name in ("perm", "inv_perm", "lengths_sorted", "offsets", "row_time", "row_batch",
+                 "padded_index"):
+        assert torch.equal(getattr(info, name).cpu(), getattr(want, name)), name
+
+
+def test_what_is_derived_from_a_layout_is_built_once_and_freed_with_it():
+    """Windows and previous-row indices are cached with their layout (14 device ops a
+    backward direction were repeated on every call), and go with it: the packing cache's
+    eviction frees the layout and everything derived from it."""
+    info = make_pack_info([6, 1, 4, 6, 0], 6, torch.device("cpu"))
+    derived = [prev_rows(info, False), prev_rows(info, True), window(info, 2, 5)]
+    assert all(a is b for a, b in zip(derived, [prev_rows(info, False), prev_rows(info, True),
+                                                window(info, 2, 5)], strict=True))
+    refs = [weakref.ref(info), weakref.ref(derived[2])]
+    del info, derived
+    packing._make_pack_info.cache_clear()
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
