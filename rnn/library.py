@@ -12,10 +12,12 @@ Ops (namespace `tritonrnn`):
 
 - `tritonrnn::cudnn_rnn`: forward; returns (output, output_h, output_c, reserve_space,
   host_reserved) exactly as `rnn.ops.cudnn_rnn`, with two differences that keep compiled graphs
-  free of host syncs: the dropout seeds may come as an int64 tensor `seeds` = [seed, seed2]
-  (read inside the op), and every output is materialized in the layout the fake gives
-  (contiguous time-major tensors; batch-major ones are transposed views of contiguous
-  time-major storage, which is what the op returns anyway).
+  whole (no graph break): the dropout seeds may come as an int64 tensor `seeds` = [seed,
+  seed2] (read inside the op, by the forward and again by the backward op: on a GPU a host
+  sync each, as the lengths' reads are; the modules pass both on the CPU), and every output
+  is materialized in the layout the fake gives (contiguous time-major tensors; batch-major
+  ones are transposed views of contiguous time-major storage, which is what the op returns
+  anyway).
 - `tritonrnn::cudnn_rnn_backprop`: the gradients, from the forward's saved tensors.
 
 The reserve space's size is 256 + itemsize * N * D * (L * H * [lstm] + (L - 1) * Hout) bytes
@@ -256,6 +258,7 @@ def _setup_context(ctx, inputs, output):
         input, input_h, input_c if lstm else None, params, lengths, seeds, out, reserve, host,
     )
     ctx.mark_non_differentiable(reserve, host)
+    ctx.set_materialize_grads(False)  # no reserve-sized zeros for the backward to ignore
 
 
 def _backward(ctx, d_out, d_h, d_c, _d_reserve, _d_host):

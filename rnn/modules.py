@@ -495,10 +495,13 @@ class _RNNBase(nn.Module):
         # The op reads them on the host too; read here, they keep their name in its errors.
         # Not while compiling: the op reads them inside, where a graph does not trace it.
         if not lengths.is_meta and not torch.compiler.is_compiling():
-            for b, n in enumerate(lengths.tolist()):
+            values = lengths.tolist()
+            for b, n in enumerate(values):
                 if not 0 <= n <= T:
                     raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), "
                                      f"got {n}")
+            if lengths.device.type != "cpu":  # one device read: the op's two read this copy
+                lengths = torch.tensor(values, dtype=lengths.dtype)
         return lengths
 
     def _empty_batch(

@@ -334,6 +334,9 @@ class _CudnnRNNFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(out.reserve_space, out.host_reserved)
         if not ctx.lstm:
             ctx.mark_non_differentiable(out.output_c)
+        # Gradients the loss does not give stay None: autograd would fill a reserve-sized
+        # zero tensor (and the host header's) for every backward, only to be ignored.
+        ctx.set_materialize_grads(False)
         return tuple(out)
 
     @staticmethod
@@ -347,6 +350,8 @@ class _CudnnRNNFunction(torch.autograd.Function):
                         ("output_c_backprop", d_c)):
             check_untransformed(name, g)  # e.g. autograd.grad(..., is_grads_batched=True)
         input, input_h, input_c, params, output, reserve = ctx.saved_tensors
+        d_output = torch.zeros_like(output) if d_output is None else d_output
+        d_h = torch.zeros_like(input_h) if d_h is None else d_h  # output_h's shape
         with plan_constraints(**ctx.constraints):
             grads = _backprop(
                 ctx.call, ctx.rec, input, input_h, input_c, params, output,

@@ -763,6 +763,27 @@ def test_tied_weights_match_torch_without_rebuilding_a_buffer():
     torch.testing.assert_close(b(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.gpu
+def test_cuda_lengths_are_read_from_the_device_once(monkeypatch):
+    """A training step with lengths on the GPU reads them on the host once (a sync): the
+    module checks them and hands the op a host copy, which the op's forward and backward
+    read again for free (three device reads before)."""
+    reads = []
+    tolist = torch.Tensor.tolist
+
+    def counted(t):
+        if t.is_cuda:
+            reads.append(t.shape)
+        return tolist(t)
+
+    m = LSTM(I, H, backend="triton").cuda()
+    x = torch.randn(T, 3, I, device="cuda", requires_grad=True)
+    lengths = torch.tensor([T, 2, 4], device="cuda")
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    m(x, lengths=lengths)[0].sum().backward()
+    assert reads == [lengths.shape]
+
+
 def test_modules_built_on_several_threads():
     """The map of flat buffers to their modules (`_FLAT_OWNERS`) is swept and extended
     under a lock: threads building modules at once raised "dictionary changed size during

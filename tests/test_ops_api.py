@@ -313,6 +313,47 @@ def test_batched_gradients_through_the_ops_autograd_are_refused_by_name():
                                    rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("path", ["ops", "library"])
+@pytest.mark.parametrize("used", ["output", "output_h", "output_c"])
+def test_a_backward_fills_no_zeros_for_the_reserve(path, used):
+    """Gradients the loss does not give stay None (set_materialize_grads(False)): autograd
+    filled a reserve-sized zero tensor (and the host header's) on every backward, which the
+    backward ignores. Those it needs are zeros where not given: the gradients equal the
+    explicit backprop's with zero gradients for the unused outputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Fills(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in ("zeros", "zeros_like", "zero_", "fill_",
+                                                 "new_zeros", "full", "full_like"):
+                self.sizes.append((out.numel(), out.dtype))
+            return out
+
+    x, h, c, p = _inputs("lstm", seed=8)
+    pg = p.clone().requires_grad_(True)
+    fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
+    kw = dict(rnn_mode="lstm", backend="reference")
+    out = fn(x, h, c, pg, **kw)
+    fills = Fills()
+    with fills:
+        (got,) = torch.autograd.grad(getattr(out, used).sum(), pg)
+    reserve = (out.reserve_space.numel(), out.reserve_space.dtype)
+    host = (out.host_reserved.numel(), out.host_reserved.dtype)
+    assert reserve not in fills.sizes and host not in fills.sizes
+    grads = [torch.ones_like(t) if name == used else torch.zeros_like(t)
+             for name, t in (("output", out.output), ("output_h", out.output_h),
+                             ("output_c", out.output_c))]
+    want = cudnn_rnn_backprop(x, h, c, p, None, out.output.detach(), out.output_h.detach(),
+                              out.output_c.detach(), *grads, out.reserve_space,
+                              out.host_reserved, **kw).params_backprop
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def _strided_copy(t: torch.Tensor) -> torch.Tensor:
     """t's values in a non-contiguous view (every other element of a buffer twice as long)."""
     out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)
