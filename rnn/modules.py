@@ -557,6 +557,9 @@ class _RNNBase(nn.Module):
         if cast is not None:  # autocast: input, states and weights in its dtype (fp32 masters)
             x = x.to(cast)
         h0, c0 = self._initial_states(hx, x, B, batched)
+        if packed and sorted_indices is not None:  # the op runs the batch in sorted order
+            h0 = h0.index_select(1, sorted_indices)
+            c0 = c0.index_select(1, sorted_indices) if lstm else None
         flat = self._flat_weights_for_forward()
         if cast is not None:
             flat = flat.to(cast)
@@ -583,6 +586,9 @@ class _RNNBase(nn.Module):
                 output.reshape(-1, output.shape[2]).index_select(0, rows),
                 batch_sizes, sorted_indices, input.unsorted_indices,
             )
+            if sorted_indices is not None:  # final states back in the caller's order
+                h_n = h_n.index_select(1, input.unsorted_indices)
+                c_n = c_n.index_select(1, input.unsorted_indices) if lstm else None
         elif not batched:
             output, h_n = output.squeeze(1), h_n.squeeze(1)
             c_n = c_n.squeeze(1) if lstm else None
@@ -607,25 +613,22 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def _pad_packed(data: torch.Tensor, batch_sizes: torch.Tensor,
                 sorted_indices: torch.Tensor | None):
-    """PackedSequence pieces -> (padded [T, B, I], lengths [B] int64 on the host in the
-    original batch order, rows [N]: the padded row t*B + b of every packed row)."""
+    """PackedSequence pieces -> (padded [T, B, I], lengths [B] int64 on the host, rows [N]:
+    the padded row t*B + j of every packed row), the batch in the PackedSequence's sorted
+    order (j: position in it), as torch.nn runs it: the caller permutes the states by
+    sorted_indices and back. Everything is derived from batch_sizes, which lives on the
+    host, so sorted_indices (on the data's device) is never read there: no host sync."""
     # Sizes from shapes where possible (no host read of data, so torch.compile traces it).
     T, N = batch_sizes.numel(), data.shape[0]
     B = sorted_indices.numel() if sorted_indices is not None else int(batch_sizes[0])
-    steps = torch.arange(T)
-    t_of_row = torch.repeat_interleave(steps, batch_sizes, output_size=N)
+    t_of_row = torch.repeat_interleave(torch.arange(T), batch_sizes, output_size=N)
     starts = torch.cumsum(batch_sizes, 0) - batch_sizes
-    slot = torch.arange(N) - starts[t_of_row]
-    lengths_sorted = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
-    if sorted_indices is None:
-        lengths = lengths_sorted
-        rows = t_of_row * B + slot
+    rows = t_of_row * B + (torch.arange(N) - starts[t_of_row])
+    lengths = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
+    if data.is_cuda and not torch.compiler.is_compiling():
+        rows = rows.pin_memory().to(data.device, non_blocking=True)  # no wait on the stream
     else:
-        order = sorted_indices.cpu()
-        lengths = torch.empty_like(lengths_sorted)
-        lengths[order] = lengths_sorted
-        rows = t_of_row * B + order[slot]
-    rows = rows.to(data.device)
+        rows = rows.to(data.device)
     padded = data.new_zeros(T * B, data.shape[1]).index_copy(0, rows, data)
     return padded.view(T, B, data.shape[1]), lengths, rows
 

@@ -763,6 +763,21 @@ def test_tied_weights_match_torch_without_rebuilding_a_buffer():
     torch.testing.assert_close(b(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
 
 
+def test_a_packed_sequence_is_run_without_reading_its_indices_on_the_host():
+    """A PackedSequence runs in its sorted order, the states permuted on the device, as
+    torch.nn does: its sorted_indices (on the data's device) are never read on the host,
+    which on a GPU was a sync, plus a blocking copy of the rows back. On the meta device a
+    host read raises; the shapes are torch.nn's."""
+    m = LSTM(I, H, device="meta")
+    x = torch.randn(T, 3, I, device="meta")
+    packed = pack_padded_sequence(x, torch.tensor([2, T, 3]), enforce_sorted=False)
+    h0 = torch.randn(1, 3, H, device="meta")
+    with torch.no_grad():
+        out, (h_n, c_n) = m(packed, (h0, h0))
+    assert out.data.shape == (T + 5, H) and out.data.is_meta
+    assert h_n.shape == c_n.shape == (1, 3, H)
+
+
 @pytest.mark.gpu
 def test_cuda_lengths_are_read_from_the_device_once(monkeypatch):
     """A training step with lengths on the GPU reads them on the host once (a sync): the
