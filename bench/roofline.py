@@ -68,7 +68,7 @@ def flops(shape: BenchShape, tokens: int, pass_: str) -> float:
 
 def min_bytes(shape: BenchShape, tokens: int, pass_: str) -> float:
     """Compulsory memory traffic of one pass in bytes (module docstring)."""
-    s = torch.empty((), dtype=shape.torch_dtype).element_size()
+    s = shape.torch_dtype.itemsize
     H, Hout, D = shape.hidden, shape.out_size, shape.num_dirs
     Hc = H if shape.mode == "lstm" else 0
     S = shape.layers * D * shape.batch * (Hout + Hc)

@@ -1972,7 +1972,7 @@ def weight_thread_bytes(rows: int, ka: int, kb: int, dtype: torch.dtype,
                         num_warps: int) -> int:
     """Bytes of a resident weight slice [rows, ka + kb] (chunks as held, padding included)
     per thread of a program of num_warps warps: what HOIST keeps in registers."""
-    return rows * (ka + kb) * torch.empty(0, dtype=dtype).element_size() // (32 * num_warps)
+    return rows * (ka + kb) * dtype.itemsize // (32 * num_warps)
 
 
 def _env_passes(var: str) -> str | set[str]:
@@ -2195,7 +2195,7 @@ def grid_onchip_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, 
     if vector_tiles(block_b):
         return 1024
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     bh, bb = block_h, block_b
     BO = _block_o(H, P, block_h)
     if block_k:
@@ -2232,7 +2232,7 @@ def stream_stage_bytes(cell: str, H: int, P: int, dtype: torch.dtype, block_h: i
     of the pass's widest dot (`grid_onchip_bytes`). A launch's num_stages buffers that many
     chunks, num_stages - 1 of them in flight while the MMAs read one."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     BO = _block_o(H, P, block_h)
     if pass_name == "fwd":
         rows = (4 if G > 1 else 1) * block_h
@@ -2247,7 +2247,7 @@ def _grid_bwd_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, bh
     """The resident backward's part of `grid_onchip_bytes` (MMA tiles): it stages one chunk at
     a time, or two gates' chunks at once (paired, `grid_pairs_gates`)."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     BO = _block_o(H, P, bh)
     (KF, kf2), (KB, kb2) = _ksplit(Hout, 0, bb), _ksplit(H, 0, bb)
     RF, RB = KF + kf2, KB + kb2
@@ -2274,7 +2274,7 @@ def grid_vector_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
     slice, `_block_o`). The planner divides it by the program's threads for its register
     budget (`rnn.planner._vector_fit`)."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     BO = _block_o(H, P, block_h)
     fwd = G * block_h * Hout + (BO * H if P else 0)
     bwd = BO * G * H + (block_h * P if P else 0)

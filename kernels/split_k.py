@@ -446,7 +446,7 @@ def onchip_bytes(units: int, kblock: int, btile: int, dtype: torch.dtype,
     x 512 x 16 (73728), GRU H=1536 B=16 128 x 512 x 16 (139264), one barrier LSTM H=1024
     B=16 256 x 128 x 16 (81920), GRU H=1024 B=16 256 x 96 x 16 (65536); above the compiles'
     86016 at B=64 (64 x 512 x 64: 98304)."""
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     staged = 4 * units * btile if one_barrier else kblock * btile * e // 2
     return kblock * units * e + staged
 
@@ -467,7 +467,7 @@ def split_k_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     programs), B=64 64 x 512 x 64, B=16 64 x 512 x 16; H=768 B=256 128 x 512 x 128 (72).
     Untimed (scripts/split_k_probe.py)."""
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     sm_count, smem = props.sm_count, grid_smem_budget(props.smem_per_program)
     bb = min(_MAX_BTILE, max(16, triton.next_power_of_2(max(B, 1))))
     best = None
@@ -517,7 +517,7 @@ def split_k1_tiles(cell: str, H: int, B: int, dtype: torch.dtype,
     if B > ONE_BARRIER_BATCH:
         return None
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    e = torch.empty(0, dtype=dtype).element_size()
+    e = dtype.itemsize
     sm_count, smem = props.sm_count, grid_smem_budget(props.smem_per_program)
     bb = max(16, triton.next_power_of_2(max(B, 1)))
     best = None

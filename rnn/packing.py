@@ -128,18 +128,18 @@ def window(info: PackInfo, s0: int, s1: int) -> PackInfo:
         raise ValueError(
             f"window: expected 0 <= s0 < s1 <= max_len = {info.max_len}, got [{s0}, {s1})"
         )
-    return _derived(info, ("window", s0, s1), lambda: _window(info, s0, s1))
+    return derived(info, ("window", s0, s1), lambda: _window(info, s0, s1))
 
 
-# layout -> what is derived from it alone (windows, previous-row indices), by key; it lives
-# as long as the layout does. A cache keyed by the layout itself (an lru_cache) kept up to
-# its size of evicted layouts alive, with their device index tensors, in a varlen training
-# loop where each batch makes a new layout.
+# layout -> what is derived from it (windows, previous-row indices, reserve layouts), by
+# key; it lives as long as the layout does. A cache keyed by the layout itself (an
+# lru_cache) kept up to its size of evicted layouts alive, with their device index tensors,
+# in a varlen training loop where each batch makes a new layout.
 _DERIVED: weakref.WeakKeyDictionary[PackInfo, dict] = weakref.WeakKeyDictionary()
 _DERIVED_LOCK = threading.Lock()
 
 
-def _derived(info: PackInfo, key: tuple, build):
+def derived(info: PackInfo, key: tuple, build):
     """info's value for `key`, built once (`build()`) and kept while info lives. The values
     are shared: callers must not change them in place."""
     with _DERIVED_LOCK:
@@ -205,7 +205,7 @@ def prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:
     of (t, j) is row(t-1, j) (forward) or row(t+1, j) (reverse), or the initial state j when
     (t, j) is the direction's first step.
     """
-    return _derived(info, ("prev_rows", reverse), lambda: _prev_rows(info, reverse))
+    return derived(info, ("prev_rows", reverse), lambda: _prev_rows(info, reverse))
 
 
 def _prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:

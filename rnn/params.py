@@ -14,6 +14,7 @@ takes them as zero-copy views (`layer_views`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,10 @@ class PseudoLayerOffsets:
     in_w: int
 
 
-def _layout(cfg: RNNConfig) -> tuple[list[PseudoLayerOffsets], int]:
+@functools.lru_cache(maxsize=64)
+def _layout(cfg: RNNConfig) -> tuple[tuple[PseudoLayerOffsets, ...], int]:
+    """(offsets per pseudo-layer, total elements), cached by configuration (several reads a
+    call)."""
     G, H, Hout, P = cfg.num_gates, cfg.num_units, cfg.out_size, cfg.num_proj
     offsets: list[dict[str, int]] = []
     pos = 0
@@ -55,12 +59,13 @@ def _layout(cfg: RNNConfig) -> tuple[list[PseudoLayerOffsets], int]:
         pos += G * H
         entry["br"] = pos
         pos += G * H
-    return [PseudoLayerOffsets(**e) for e in offsets], pos
+    return tuple(PseudoLayerOffsets(**e) for e in offsets), pos
 
 
 def params_layout(cfg: RNNConfig) -> tuple[list[PseudoLayerOffsets], int]:
     """Per pseudo-layer offsets and the total element count."""
-    return _layout(cfg)
+    layout, total = _layout(cfg)
+    return list(layout), total
 
 
 def config_params_size(cfg: RNNConfig) -> int:

@@ -567,7 +567,7 @@ def _cta_fits(cell, H, Hout, P, dtype, props) -> bool:
     from tritonrnn.kernels.persistent_cta import cta_onchip_parts
 
     parts = cta_onchip_parts(cell, H, Hout, P, dtype, 16)
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     return parts.smem <= min(_CTA_SMEM[item], props.smem_per_program) and (
         parts.regs <= _CTA_REGS[item]
     )
@@ -1661,7 +1661,7 @@ def _buffer(name: str, shape, phase: str, dtype: torch.dtype) -> Buffer:
     """A Buffer of `shape` elements of `dtype`, its bytes counted."""
     shape = tuple(shape)
     return Buffer(name, shape, str(dtype).removeprefix("torch."),
-                  math.prod(shape) * torch.empty((), dtype=dtype).element_size(), phase)
+                  math.prod(shape) * dtype.itemsize, phase)
 
 
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,

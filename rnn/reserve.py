@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import RNNConfig
-from .packing import PackInfo
+from .packing import PackInfo, derived
 
 MAGIC = 0x31564E5254495254  # "TRITRNV1" as little-endian bytes
 VERSION = 1
@@ -63,7 +63,7 @@ class ReserveLayout:
 
     @property
     def nbytes(self) -> int:
-        return PAYLOAD_OFFSET + self.elements * torch.empty((), dtype=self.dtype).element_size()
+        return PAYLOAD_OFFSET + self.elements * self.dtype.itemsize
 
 
 def fingerprint(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> int:
@@ -76,6 +76,12 @@ def fingerprint(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> int:
 
 
 def reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> ReserveLayout:
+    """The reserve's layout for a call (kept with info: a forward's backward, and each
+    call on a batch of the same lengths, reuse it)."""
+    return derived(info, ("reserve_layout", cfg, dtype), lambda: _reserve_layout(cfg, info, dtype))
+
+
+def _reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> ReserveLayout:
     N, D, H = info.N, cfg.num_dirs, cfg.num_units
     width = D * cfg.out_size
     pos = 0

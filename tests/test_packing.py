@@ -94,13 +94,22 @@ def test_a_new_layout_does_not_sync_the_gpu():
 
 
 def test_what_is_derived_from_a_layout_is_built_once_and_freed_with_it():
-    """Windows and previous-row indices are cached with their layout (14 device ops a
-    backward direction were repeated on every call), and go with it: the packing cache's
-    eviction frees the layout and everything derived from it."""
+    """Windows, previous-row indices and reserve layouts are cached with their layout (14
+    device ops a backward direction were repeated on every call), and go with it: the
+    packing cache's eviction frees the layout and everything derived from it."""
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.reserve import reserve_layout
+
     info = make_pack_info([6, 1, 4, 6, 0], 6, torch.device("cpu"))
-    derived = [prev_rows(info, False), prev_rows(info, True), window(info, 2, 5)]
-    assert all(a is b for a, b in zip(derived, [prev_rows(info, False), prev_rows(info, True),
-                                                window(info, 2, 5)], strict=True))
+    cfg = make_config(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3)
+
+    def derive(layout):
+        return [prev_rows(layout, False), prev_rows(layout, True), window(layout, 2, 5),
+                reserve_layout(cfg, layout, torch.float32)]
+
+    derived = derive(info)
+    assert all(a is b for a, b in zip(derived, derive(info), strict=True))
+    assert reserve_layout(cfg, info, torch.float16) is not derived[3]
     refs = [weakref.ref(info), weakref.ref(derived[2])]
     del info, derived
     packing._make_pack_info.cache_clear()
