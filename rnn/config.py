@@ -9,7 +9,7 @@ naming the argument, the expected and the given value for every bad attribute.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 RNN_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 INPUT_MODES = ("linear_input", "skip_input", "auto_select")
@@ -94,6 +94,14 @@ class RNNConfig:
     @property
     def pseudo_layers(self) -> int:
         return self.num_layers * self.num_dirs
+
+    def without_dropout(self) -> RNNConfig:
+        """This configuration with dropout and seeds 0: all that the params' and reserve's
+        layouts depend on (a cache keyed by the whole configuration would take one entry
+        per seed pair, and the modules draw a new pair every training step)."""
+        if self.dropout == 0 and self.seed == 0 and self.seed2 == 0:
+            return self
+        return replace(self, dropout=0.0, seed=0, seed2=0)
 
 
 def make_config(

@@ -34,10 +34,14 @@ class PseudoLayerOffsets:
     in_w: int
 
 
-@functools.lru_cache(maxsize=64)
 def _layout(cfg: RNNConfig) -> tuple[tuple[PseudoLayerOffsets, ...], int]:
-    """(offsets per pseudo-layer, total elements), cached by configuration (several reads a
-    call)."""
+    """(offsets per pseudo-layer, total elements), cached by configuration without its
+    dropout attributes (several reads a call)."""
+    return _layout_of(cfg.without_dropout())
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_of(cfg: RNNConfig) -> tuple[tuple[PseudoLayerOffsets, ...], int]:
     G, H, Hout, P = cfg.num_gates, cfg.num_units, cfg.out_size, cfg.num_proj
     offsets: list[dict[str, int]] = []
     pos = 0

@@ -70,15 +70,22 @@ def fingerprint(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> int:
     if cfg.dropout == 0 or cfg.num_layers == 1:
         # No dropout mask is applied (one layer's output feeds no layer): the dropout
         # attributes change nothing in the reserve, so a backprop given other seeds is right.
-        cfg = dataclasses.replace(cfg, dropout=0.0, seed=0, seed2=0)
+        cfg = cfg.without_dropout()
     key = repr((cfg, info.T, info.B, info.lengths, str(dtype))).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little", signed=True)
 
 
 def reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> ReserveLayout:
-    """The reserve's layout for a call (kept with info: a forward's backward, and each
-    call on a batch of the same lengths, reuse it)."""
-    return derived(info, ("reserve_layout", cfg, dtype), lambda: _reserve_layout(cfg, info, dtype))
+    """The reserve's layout for a call. Its offsets are kept with info (a forward's
+    backward, and each call on a batch of the same lengths, reuse them), by the
+    configuration without its dropout attributes; where a dropout mask is applied the
+    fingerprint, which counts the seeds, is the call's own."""
+    base = cfg.without_dropout()
+    layout = derived(info, ("reserve_layout", base, dtype),
+                     lambda: _reserve_layout(base, info, dtype))
+    if cfg.dropout > 0 and cfg.num_layers > 1:
+        layout = dataclasses.replace(layout, fingerprint=fingerprint(cfg, info, dtype))
+    return layout
 
 
 def _reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> ReserveLayout:

@@ -115,3 +115,25 @@ def test_what_is_derived_from_a_layout_is_built_once_and_freed_with_it():
     packing._make_pack_info.cache_clear()
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+def test_seeds_do_not_multiply_the_cached_layouts():
+    """The modules draw new dropout seeds every training step: the layouts kept per
+    configuration ignore the dropout attributes (one entry per seed pair grew without end
+    with a pack layout the packing cache keeps), while the reserve's fingerprint still
+    counts the seeds where a mask applies."""
+    from tritonrnn.rnn import params
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.reserve import reserve_layout
+
+    info = make_pack_info([4, 2, 3], 4, torch.device("cpu"))
+    cfgs = [make_config(rnn_mode="gru", num_layers=2, num_units=4, input_size=3, dropout=0.5,
+                        seed=s, seed2=s + 1) for s in range(6)]
+    layouts = [reserve_layout(cfg, info, torch.float32) for cfg in cfgs]
+    assert len({layout.fingerprint for layout in layouts}) == 6
+    assert {layout.y_offsets for layout in layouts} == {layouts[0].y_offsets}
+    assert len(packing._DERIVED[info]) == 1
+    params._layout_of.cache_clear()
+    for cfg in cfgs:
+        params._layout(cfg)
+    assert params._layout_of.cache_info().currsize == 1
