@@ -7,12 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .autograd import ConcatFn, GatherFn, ReadFn, ScatterFn, SplitFn, WriteFn
-from .errors import (
-    TensorArrayDTypeError,
-    TensorArrayNameError,
-    TensorArrayShapeError,
-    TensorArrayTypeError,
-)
+from .errors import TensorArrayDTypeError, TensorArrayShapeError, TensorArrayTypeError
 from .registry import TensorArrayHandle, TensorArrayRegistry, default_registry, unique_name
 from .resource import ArrayResource, new_flow
 from .shapes import PartialShape, as_index, as_index_list, as_partial_shape, is_fully_defined
@@ -74,10 +69,6 @@ def _check_source(source: object, name: str) -> str:
             f"TensorArray {name!r}: grad: source must be a non-empty str (e.g. 'gradients'), got "
             f"{source!r}"
         )
-    if "@" in source:
-        raise TensorArrayNameError(f"TensorArray {name!r}: grad: source must not contain '@' "
-                                   f"(it separates a gradient array's name: forward@source), "
-                                   f"got {source!r}")
     return source
 
 
@@ -129,9 +120,6 @@ class TensorArray:
         base = "TensorArray" if name is None else name
         if not isinstance(base, str):
             raise TensorArrayTypeError(f"TensorArray: name must be a str, got {name!r}")
-        if "@" in base:  # else "A_0@s" could be array A_0's gradient array for source s
-            raise TensorArrayNameError(f"TensorArray: name must not contain '@' (it separates "
-                                       f"a gradient array's name: forward@source), got {name!r}")
         if not isinstance(dtype, torch.dtype):
             raise TensorArrayTypeError(
                 f"TensorArray {base!r}: dtype must be a torch.dtype, got {dtype!r}"
@@ -317,12 +305,13 @@ class TensorArray:
         i = index if type(index) is int else as_index(index, "write: index", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, f"write(index={i})", "value", value)
-        if value.requires_grad and torch.is_grad_enabled():
-            handle._flow = WriteFn.apply(handle._flow, value, res, i)
-        else:
-            res.write(i, value)
-            handle._flow = _next_flow(handle._flow)
-        return TensorArray._wrap(handle, handle._flow)
+        with res.lock:  # the flow's read and update too, so that threads chain theirs
+            if value.requires_grad and torch.is_grad_enabled():
+                handle._flow = WriteFn.apply(handle._flow, value, res, i)
+            else:
+                res.write(i, value)
+                handle._flow = _next_flow(handle._flow)
+            return TensorArray._wrap(handle, handle._flow)
 
     def scatter(self, indices: list[int] | torch.Tensor, value: torch.Tensor) -> TensorArray:
         """Write ``value[k]`` at ``indices[k]``; value ``[len(indices), *element_shape]``."""
@@ -331,12 +320,13 @@ class TensorArray:
         idx = as_index_list(indices, "scatter: indices", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "scatter", "value", value)
-        if value.requires_grad and torch.is_grad_enabled():
-            handle._flow = ScatterFn.apply(handle._flow, value, res, idx, "scatter")
-        else:
-            res.scatter(idx, value)
-            handle._flow = _next_flow(handle._flow)
-        return TensorArray._wrap(handle, handle._flow)
+        with res.lock:  # the flow's read and update too, so that threads chain theirs
+            if value.requires_grad and torch.is_grad_enabled():
+                handle._flow = ScatterFn.apply(handle._flow, value, res, idx, "scatter")
+            else:
+                res.scatter(idx, value)
+                handle._flow = _next_flow(handle._flow)
+            return TensorArray._wrap(handle, handle._flow)
 
     def unstack(self, value: torch.Tensor) -> TensorArray:
         """Write ``value[k]`` at index k for every k; value ``[n, *element_shape]``.
@@ -348,12 +338,13 @@ class TensorArray:
         res = handle._res
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "unstack", "value", value)
-        if value.requires_grad and torch.is_grad_enabled():
-            handle._flow = ScatterFn.apply(handle._flow, value, res, None, "unstack")
-        else:
-            res.unstack(value)
-            handle._flow = _next_flow(handle._flow)
-        return TensorArray._wrap(handle, handle._flow)
+        with res.lock:  # the flow's read and update too, so that threads chain theirs
+            if value.requires_grad and torch.is_grad_enabled():
+                handle._flow = ScatterFn.apply(handle._flow, value, res, None, "unstack")
+            else:
+                res.unstack(value)
+                handle._flow = _next_flow(handle._flow)
+            return TensorArray._wrap(handle, handle._flow)
 
     def split(self, value: torch.Tensor, lengths: list[int] | torch.Tensor) -> TensorArray:
         """Write ``value`` cut along dimension 0 into pieces of ``lengths``.
@@ -365,12 +356,13 @@ class TensorArray:
         lens = as_index_list(lengths, "split: lengths", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "split", "value", value)
-        if value.requires_grad and torch.is_grad_enabled():
-            handle._flow = SplitFn.apply(handle._flow, value, res, lens)
-        else:
-            res.split(value, lens)
-            handle._flow = _next_flow(handle._flow)
-        return TensorArray._wrap(handle, handle._flow)
+        with res.lock:  # the flow's read and update too, so that threads chain theirs
+            if value.requires_grad and torch.is_grad_enabled():
+                handle._flow = SplitFn.apply(handle._flow, value, res, lens)
+            else:
+                res.split(value, lens)
+                handle._flow = _next_flow(handle._flow)
+            return TensorArray._wrap(handle, handle._flow)
 
     # ------------------------------------------------------------------- reads
 

@@ -71,7 +71,5 @@ class TensorArrayAllocatorError(TensorArrayError, ValueError):
 
 
 class TensorArrayNameError(TensorArrayError, ValueError):
-    """A name already taken by a live array of the registry (a handle registered by hand:
-    the constructors' names carry a process-wide counter and gradient arrays are named
-    ``"<forward name>@<source>"``, neither part containing '@'), or a name or source that
-    contains '@'."""
+    """A name already taken by a live array of the registry (for example a user array named
+    like the gradient array ``"<forward name>@<source>"`` that grad() is about to create)."""

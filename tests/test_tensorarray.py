@@ -506,12 +506,16 @@ def test_registry_reads_hold_its_lock(registry):
         assert held, read
 
 
+@pytest.mark.parametrize("history", [False, True], ids=["values", "autograd"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
-def test_threads_writing_one_array_lose_nothing(dynamic, monkeypatch):
+def test_threads_writing_one_array_lose_nothing(dynamic, history, monkeypatch):
     """Each op holds the array's lock, as TensorFlow's kernels hold its mutex: threads
-    writing distinct indices of one array keep every row. A first write allocates the slab
-    (a dynamic array's grows it); a slowed allocation widens the window in which, unlocked,
-    each thread allocated its own slab and all but the last one's rows vanished."""
+    writing distinct indices of one array keep every row and, with autograd history, every
+    gradient. A first write allocates the slab (a dynamic array's grows it); a slowed
+    allocation widens the window in which, unlocked, each thread allocated its own slab and
+    all but the last one's rows vanished; and each write's flow (the chain the backward
+    follows) was read and replaced outside the lock, so the writes' flows forked and all but
+    one write's gradient were lost."""
     import threading
     import time
 
@@ -525,6 +529,7 @@ def test_threads_writing_one_array_lose_nothing(dynamic, monkeypatch):
 
     monkeypatch.setattr(resource, "allocate_slab", slow)
     n = 6
+    x = torch.arange(1.0, n + 1)[:, None].expand(n, 2).clone().requires_grad_(history)
     ta = TensorArray(torch.float32, 0 if dynamic else n, dynamic_size=dynamic,
                      element_shape=(2,))
     start, errors = threading.Barrier(n), []
@@ -532,7 +537,7 @@ def test_threads_writing_one_array_lose_nothing(dynamic, monkeypatch):
     def write(i):
         start.wait()
         try:
-            ta.write(i, torch.full((2,), float(i + 1)))
+            ta.write(i, x[i] * 1)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -542,7 +547,11 @@ def test_threads_writing_one_array_lose_nothing(dynamic, monkeypatch):
     for t in threads:
         t.join()
     assert errors == []
-    assert torch.equal(ta.stack(), torch.arange(1.0, n + 1)[:, None].expand(n, 2))
+    stacked = TensorArray._wrap(ta.handle, ta.handle._flow).stack()
+    assert torch.equal(stacked.detach(), x.detach())
+    if history:
+        stacked.sum().backward()
+        assert torch.equal(x.grad, torch.ones(n, 2))
 
 
 def test_close_during_grad_creation_closes_the_new_gradient_array():
