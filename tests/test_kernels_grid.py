@@ -1177,13 +1177,16 @@ def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
 def test_gpu_first_chunk_hoisted(monkeypatch, H, block_h):
     """bf16 GRU on 8 warps where HOIST holds only the first resident chunk in registers
     (`pg.Hoist.FIRST`, the default rule): H=1536 on 16 x 16 tiles (1024 of 1536 columns),
-    H=768 on 32 x 16 (512 of 768); a second batch tile whose rows finish early skips only
-    the second chunk's products."""
+    H=768 on 32 x 16 (512 of 768). H=768's second batch tile, whose rows finish early, skips
+    only the second chunk's products; H=1536 has one batch tile (two would be 192 programs,
+    more than an H100's or H200's SMs)."""
     monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
     for p in ("fwd", "bwd"):
         assert pg.hoist_pass(p, "gru", H, H, 0, torch.bfloat16, block_h, 16, 0, 8,
                              True) == pg.Hoist.FIRST, p
-    lengths, T = [9] * 16 + [7, 0, 5, 2], 9
+    lengths, T = ([9] * 12 + [7, 0, 5, 2]) if H == 1536 else ([9] * 16 + [7, 0, 5, 2]), 9
+    programs = pg.grid_programs(H, H, 0, len(lengths), block_h, 16)
+    assert programs <= torch.cuda.get_device_properties(DEV).multi_processor_count, programs
     _check_layer("gru", H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
                  block_h=block_h, num_warps=8)
 
