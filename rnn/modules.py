@@ -67,6 +67,7 @@ from torch.nn.utils.rnn import PackedSequence
 from . import library
 from .config import make_config
 from .ops import BACKENDS, check_untransformed
+from .packing import capturing
 from .params import params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -626,6 +627,10 @@ def _pad_packed(data: torch.Tensor, batch_sizes: torch.Tensor,
     rows = t_of_row * B + (torch.arange(N) - starts[t_of_row])
     lengths = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
     if data.is_cuda and not torch.compiler.is_compiling():
+        if capturing(data.device):  # the copy's pinned source would not outlive the capture
+            raise ValueError("input: a PackedSequence cannot run while a CUDA graph is "
+                             "captured (its rows are copied from the host); capture a padded "
+                             "input with lengths, run once before the capture")
         rows = rows.pin_memory().to(data.device, non_blocking=True)  # no wait on the stream
     else:
         rows = rows.to(data.device)

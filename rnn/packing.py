@@ -52,14 +52,50 @@ class PackInfo:
 
 def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo:
     """The packed layout of a batch, cached by (lengths, T, device): a backprop after its
-    forward, or a training loop that repeats a batch shape, reuses the index tensors."""
-    return _make_pack_info(tuple(lengths), T, torch.device(device))
+    forward, or a training loop that repeats a batch shape, reuses the index tensors. On a
+    GPU the current stream waits for the copy that made them (queued, maybe on another
+    stream, without the host waiting)."""
+    info, ready = _make_pack_info(tuple(lengths), T, torch.device(device))
+    _wait(info.device, ready)
+    return info
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether `device`'s current stream is capturing a CUDA graph."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _recorded(device: torch.device):
+    """An event recorded on `device`'s current stream after the work queued so far (None
+    off a GPU): what a cached value's users on other streams wait for."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _wait(device: torch.device, event) -> None:
+    """The current stream waits for `event` (no host wait). Not while capturing: the cached
+    value was made before the capture began, and a captured stream cannot wait on an event
+    recorded outside it."""
+    if event is not None and not capturing(device):
+        torch.cuda.current_stream(device).wait_event(event)
 
 
 @functools.lru_cache(maxsize=32)
-def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> PackInfo:
-    """Builds the packed layout from host lengths (each in [0, T]) with tensor ops on the host
-    (O(N) vectorised work, no Python loop over rows), then moves the index tensors once."""
+def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device):
+    """(layout, the event after its copy) built from host lengths (each in [0, T]) with
+    tensor ops on the host (O(N) vectorised work, no Python loop over rows), the index
+    tensors then moved in one copy."""
+    if capturing(device):
+        raise ValueError(
+            "sequence_lengths: a new set of lengths cannot be prepared while a CUDA graph is "
+            "captured (its index tensors are copied from the host); run the call once before "
+            "the capture, with the same lengths, to prepare them")
     B = len(lengths)
     lens = torch.tensor(lengths, dtype=torch.int64)
     order = torch.argsort(-lens, stable=True)
@@ -85,7 +121,7 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
     on_gpu = device.type == "cuda"
     moved = (host.pin_memory() if on_gpu else host).to(device, non_blocking=on_gpu)
     perm, inv_perm, lens_sorted, offs, rt, rb = moved.split([len(t) for t in parts])
-    return PackInfo(
+    info = PackInfo(
         T=T,
         B=B,
         N=N,
@@ -100,6 +136,7 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device) -> P
         row_batch=rb,
         padded_index=rt * B + rb,
     )
+    return info, _recorded(device)
 
 
 def window(info: PackInfo, s0: int, s1: int) -> PackInfo:
@@ -139,15 +176,23 @@ _DERIVED: weakref.WeakKeyDictionary[PackInfo, dict] = weakref.WeakKeyDictionary(
 _DERIVED_LOCK = threading.Lock()
 
 
-def derived(info: PackInfo, key: tuple, build):
+def derived(info: PackInfo, key: tuple, build, on_device: bool = True):
     """info's value for `key`, built once (`build()`) and kept while info lives. The values
-    are shared: callers must not change them in place."""
+    are shared: callers must not change them in place. on_device: `build` queues device
+    work, which a GPU's current stream waits for (it may have been queued on another);
+    under a CUDA graph capture such work would run only at replay, so it is built for the
+    capture alone, not kept."""
+    dev = info.device
+    if on_device and capturing(dev):
+        return build()
     with _DERIVED_LOCK:
         values = _DERIVED.setdefault(info, {})
-        value = values.get(key)
-        if value is None:
-            value = values[key] = build()
-    return value
+        entry = values.get(key)
+        if entry is None:
+            value = build()
+            entry = values[key] = (value, _recorded(dev) if on_device else None)
+    _wait(dev, entry[1])
+    return entry[0]
 
 
 def _window(info: PackInfo, s0: int, s1: int) -> PackInfo:

@@ -82,7 +82,7 @@ def reserve_layout(cfg: RNNConfig, info: PackInfo, dtype: torch.dtype) -> Reserv
     fingerprint, which counts the seeds, is the call's own."""
     base = cfg.without_dropout()
     layout = derived(info, ("reserve_layout", base, dtype),
-                     lambda: _reserve_layout(base, info, dtype))
+                     lambda: _reserve_layout(base, info, dtype), on_device=False)
     if cfg.dropout > 0 and cfg.num_layers > 1:
         layout = dataclasses.replace(layout, fingerprint=fingerprint(cfg, info, dtype))
     return layout

@@ -799,6 +799,20 @@ def test_cuda_lengths_are_read_from_the_device_once(monkeypatch):
     assert reads == [lengths.shape]
 
 
+@pytest.mark.gpu
+def test_a_packed_sequence_is_refused_by_name_during_a_capture():
+    """Its padded rows are copied from pinned host memory, which a CUDA graph would read at
+    each replay after the capture freed it: refused, naming the input."""
+    m = LSTM(I, H, backend="triton").cuda()
+    packed = pack_padded_sequence(torch.randn(T, 3, I, device="cuda"), torch.tensor([2, T, 3]),
+                                  enforce_sorted=False)
+    graph = torch.cuda.CUDAGraph()
+    refused = pytest.raises(ValueError, match=r"^input: a PackedSequence cannot run while a "
+                                              r"CUDA graph is captured")
+    with torch.cuda.graph(graph), torch.no_grad(), refused:
+        m(packed)
+
+
 def test_modules_built_on_several_threads():
     """The map of flat buffers to their modules (`_FLAT_OWNERS`) is swept and extended
     under a lock: threads building modules at once raised "dictionary changed size during

@@ -137,3 +137,46 @@ def test_seeds_do_not_multiply_the_cached_layouts():
     for cfg in cfgs:
         params._layout(cfg)
     assert params._layout_of.cache_info().currsize == 1
+
+
+@pytest.mark.gpu
+def test_a_layout_made_on_one_stream_is_ready_on_another():
+    """A layout's copy (and what is derived from it) is queued on the stream current when it
+    is made, the host not waiting: a caller on another stream waits for it on the GPU (an
+    event) before its own work reads the index tensors. A side stream busy with a long
+    kernel first delays the copy."""
+    from tritonrnn.rnn.packing import prev_rows
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    lengths = [3, 9, 1, 4, 4, 8, 2, 6]  # lengths no other test uses: not cached
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # tens of milliseconds of GPU time ahead of the copy
+        made = make_pack_info(lengths, 10, cuda)
+        prev = prev_rows(made, True)
+    info = make_pack_info(lengths, 10, cuda)
+    assert info is made
+    want = make_pack_info(lengths, 10, cpu)
+    assert torch.equal(info.perm.cpu(), want.perm)
+    assert torch.equal(info.padded_index.cpu(), want.padded_index)
+    assert torch.equal(prev_rows(info, True).cpu(), prev_rows(want, True))
+    assert prev_rows(info, True) is prev
+
+
+@pytest.mark.gpu
+def test_new_lengths_are_refused_by_name_during_a_capture():
+    """Preparing a layout copies from the host: under a CUDA graph capture that copy would
+    run at each replay from a buffer the capture does not keep. New lengths are refused
+    with the argument named; lengths prepared before the capture are used."""
+    cuda = torch.device("cuda")
+    ready = make_pack_info([5, 7, 2], 8, cuda)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with pytest.raises(ValueError, match=r"^sequence_lengths: a new set of lengths cannot "
+                                             r"be prepared while a CUDA graph is captured"):
+            make_pack_info([5, 7, 3, 1], 8, cuda)
+        assert make_pack_info([5, 7, 2], 8, cuda) is ready
+        out = ready.padded_index * 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), make_pack_info([5, 7, 2], 8, torch.device("cpu")).padded_index)
