@@ -30,6 +30,7 @@ Use `cudnn_rnn` below (same arguments as `rnn.ops.cudnn_rnn`, plus `seeds`).
 from __future__ import annotations
 
 import contextlib
+import json
 
 import torch
 
@@ -189,9 +190,15 @@ def _cudnn_rnn_backprop_op(
     num_proj: int,
     time_major: bool,
     backend: str,
+    constraints: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # constraints: the forward's plan_constraints as JSON, which the autograd backward
+    # passes (it may run on another thread, and a compiled graph calls the op outside any
+    # Python context of the backward's); "" for the caller's own.
     seed, seed2 = _seeds(seeds, seed, seed2)
-    with _autocast_off(input), torch.no_grad():
+    forced = (plan_constraints(**json.loads(constraints)) if constraints
+              else contextlib.nullcontext())
+    with _autocast_off(input), torch.no_grad(), forced:
         g = ops.cudnn_rnn_backprop(
             input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
             output_backprop, output_h_backprop, output_c_backprop, reserve_space,
@@ -249,8 +256,9 @@ def _setup_context(ctx, inputs, output):
     ctx.is_training = is_training
     ctx.lstm = lstm
     # Autograd may run the backward on another thread (a CUDA backward: the device's), where
-    # the caller's plan_constraints context is not set: carry it over, as rnn.ops does.
-    ctx.constraints = current_constraints()
+    # the caller's plan_constraints context is not set: carry it over, as rnn.ops does, as an
+    # argument of the backprop op (a compiled graph keeps it; it keeps no Python context).
+    ctx.constraints = json.dumps(current_constraints(), sort_keys=True)
     # Not output_h / output_c: the backprop op only checks their shapes (those of input_h /
     # input_c), and a saved final state could not be edited in place before backward, which
     # torch.nn allows.
@@ -276,12 +284,11 @@ def _backward(ctx, d_out, d_h, d_c, _d_reserve, _d_host):
         d_c = None
     a = ctx.attrs
     # input_h / input_c stand for output_h / output_c (same shapes; see _setup_context).
-    with plan_constraints(**ctx.constraints):
-        dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(
-            input, input_h, input_c, params, lengths, out, input_h, input_c, d_out, d_h, d_c,
-            reserve, host, seeds, a["rnn_mode"], a["input_mode"], a["direction"], a["dropout"],
-            a["seed"], a["seed2"], a["num_proj"], a["time_major"], a["backend"],
-        )
+    dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(
+        input, input_h, input_c, params, lengths, out, input_h, input_c, d_out, d_h, d_c,
+        reserve, host, seeds, a["rnn_mode"], a["input_mode"], a["direction"], a["dropout"],
+        a["seed"], a["seed2"], a["num_proj"], a["time_major"], a["backend"], ctx.constraints,
+    )
     return (dx, dh, dc if ctx.lstm else None, dp) + (None,) * 12
 
 

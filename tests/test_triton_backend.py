@@ -540,12 +540,14 @@ def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch)
     assert calls == [True, False]
 
 
-@pytest.mark.parametrize("path", ["ops", "library", "module"])
+@pytest.mark.parametrize("path", ["ops", "library", "library-compiled", "module"])
 def test_the_backward_keeps_the_forwards_plan_constraints_on_another_thread(path, monkeypatch):
     """Autograd runs a CUDA backward on the device's own thread, where the caller's
     plan_constraints (a contextvar) is not set: each path carries the forward's constraints
     to its backward (the torch.library op, which the modules call, ran the heuristic's plan
-    there). A thread of our own stands in for the device's."""
+    there), also from a compiled graph, which calls the backprop op outside any Python
+    context of the backward's (the constraints are an argument of the op). A thread of our
+    own stands in for the device's."""
     import threading
 
     from tritonrnn.rnn import LSTM, library
@@ -570,7 +572,13 @@ def test_the_backward_keeps_the_forwards_plan_constraints_on_another_thread(path
             n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
             p = (torch.randn(n, generator=g) * 0.3).requires_grad_()
             h0 = torch.zeros(1, B, H)
-            out = fn(x, h0, h0, p, rnn_mode="lstm", backend="triton").output
+
+            def run(x, p):
+                return fn(x, h0, h0, p, rnn_mode="lstm", backend="triton").output
+
+            if path == "library-compiled":
+                run = torch.compile(run, backend="aot_eager", fullgraph=True)
+            out = run(x, p)
     assert recurrence_choice("lstm", H, H, 0, torch.float32, B,
                              device_properties(x.device))[0].family != "stepwise"
     worker = threading.Thread(target=lambda: out.sum().backward())
