@@ -72,6 +72,20 @@ def _check_source(source: object, name: str) -> str:
     return source
 
 
+def _store(handle: TensorArrayHandle, value: torch.Tensor, recorded, plain) -> TensorArray:
+    """A mutator's store and the array's next flow, under the array's lock (the flow's read
+    and update too, so that threads writing one array chain their flows): `recorded(flow)`
+    through its autograd function where `value` has history to keep, else `plain()`."""
+    res = handle._res
+    with res.lock:
+        if value.requires_grad and torch.is_grad_enabled():
+            handle._flow = recorded(handle._flow)
+        else:
+            plain()
+            handle._flow = _next_flow(handle._flow)
+        return TensorArray._wrap(handle, handle._flow)
+
+
 class TensorArray:
     """TensorFlow's TensorArray (V3 semantics) for PyTorch, differentiable through autograd.
 
@@ -305,13 +319,9 @@ class TensorArray:
         i = index if type(index) is int else as_index(index, "write: index", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, f"write(index={i})", "value", value)
-        with res.lock:  # the flow's read and update too, so that threads chain theirs
-            if value.requires_grad and torch.is_grad_enabled():
-                handle._flow = WriteFn.apply(handle._flow, value, res, i)
-            else:
-                res.write(i, value)
-                handle._flow = _next_flow(handle._flow)
-            return TensorArray._wrap(handle, handle._flow)
+        return _store(handle, value,
+                      lambda flow: WriteFn.apply(flow, value, res, i),
+                      lambda: res.write(i, value))
 
     def scatter(self, indices: list[int] | torch.Tensor, value: torch.Tensor) -> TensorArray:
         """Write ``value[k]`` at ``indices[k]``; value ``[len(indices), *element_shape]``."""
@@ -320,13 +330,9 @@ class TensorArray:
         idx = as_index_list(indices, "scatter: indices", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "scatter", "value", value)
-        with res.lock:  # the flow's read and update too, so that threads chain theirs
-            if value.requires_grad and torch.is_grad_enabled():
-                handle._flow = ScatterFn.apply(handle._flow, value, res, idx, "scatter")
-            else:
-                res.scatter(idx, value)
-                handle._flow = _next_flow(handle._flow)
-            return TensorArray._wrap(handle, handle._flow)
+        return _store(handle, value,
+                      lambda flow: ScatterFn.apply(flow, value, res, idx, "scatter"),
+                      lambda: res.scatter(idx, value))
 
     def unstack(self, value: torch.Tensor) -> TensorArray:
         """Write ``value[k]`` at index k for every k; value ``[n, *element_shape]``.
@@ -338,13 +344,9 @@ class TensorArray:
         res = handle._res
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "unstack", "value", value)
-        with res.lock:  # the flow's read and update too, so that threads chain theirs
-            if value.requires_grad and torch.is_grad_enabled():
-                handle._flow = ScatterFn.apply(handle._flow, value, res, None, "unstack")
-            else:
-                res.unstack(value)
-                handle._flow = _next_flow(handle._flow)
-            return TensorArray._wrap(handle, handle._flow)
+        return _store(handle, value,
+                      lambda flow: ScatterFn.apply(flow, value, res, None, "unstack"),
+                      lambda: res.unstack(value))
 
     def split(self, value: torch.Tensor, lengths: list[int] | torch.Tensor) -> TensorArray:
         """Write ``value`` cut along dimension 0 into pieces of ``lengths``.
@@ -356,13 +358,9 @@ class TensorArray:
         lens = as_index_list(lengths, "split: lengths", res.name)
         if not isinstance(value, torch.Tensor):
             raise _not_tensor(res, "split", "value", value)
-        with res.lock:  # the flow's read and update too, so that threads chain theirs
-            if value.requires_grad and torch.is_grad_enabled():
-                handle._flow = SplitFn.apply(handle._flow, value, res, lens)
-            else:
-                res.split(value, lens)
-                handle._flow = _next_flow(handle._flow)
-            return TensorArray._wrap(handle, handle._flow)
+        return _store(handle, value,
+                      lambda flow: SplitFn.apply(flow, value, res, lens),
+                      lambda: res.split(value, lens))
 
     # ------------------------------------------------------------------- reads
 

@@ -192,6 +192,25 @@ def test_two_backward_passes_each_get_the_exact_gradient(storage):
     torch.testing.assert_close(x.grad, 2 * expect, rtol=0, atol=0)
 
 
+def _grads_probe(ta: TensorArray, seen: list, fail: bool = False):
+    """An identity whose backward records the names of `ta`'s gradient arrays at that point
+    of the pass in `seen`, then raises if `fail`."""
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            return v.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(list(ta.handle._res.grads))
+            if fail:
+                raise RuntimeError("boom")
+            return g
+
+    return Probe
+
+
 def test_gradient_arrays_of_a_pass_are_freed_when_it_ends():
     reg = TensorArrayRegistry()
     x = leaf((3, 2))
@@ -202,18 +221,7 @@ def test_gradient_arrays_of_a_pass_are_freed_when_it_ends():
     # During the pass, the gradient array exists under a source derived from the pass.
     seen: list[list[str]] = []
     ta2 = TensorArray(torch.float32, 1, registry=reg)
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, v):
-            return v.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(list(ta2.handle._res.grads))
-            return g
-
-    ta2 = ta2.write(0, Probe.apply(x[0]))
+    ta2 = ta2.write(0, _grads_probe(ta2, seen).apply(x[0]))
     ta2.read(0).sum().backward()
     assert len(seen) == 1 and len(seen[0]) == 1
     assert seen[0][0].startswith(AUTOGRAD_SOURCE_PREFIX)
@@ -231,19 +239,9 @@ def test_gradient_arrays_of_a_failed_pass_are_freed_too(failing):
     ta = TensorArray(torch.float32, 0, dynamic_size=True, clear_after_read=False,
                      registry=reg)
     seen: list[list[str]] = []
-
-    class Boom(torch.autograd.Function):  # raises after the array's gradient was made
-        @staticmethod
-        def forward(ctx, v):
-            return v.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(list(ta.handle._res.grads))
-            raise RuntimeError("boom")
-
     if failing == "another_node":
-        boom = Boom.apply(x)  # made first, so its backward runs after the array's
+        # Made first, so its backward runs after the array's, and raises.
+        boom = _grads_probe(ta, seen, fail=True).apply(x)
         ta = ta.write(0, x[0] * 1).write(1, x[1] * 2).write(2, x[2] * 3)
         loss, error = ta.stack().sum() + boom.sum(), RuntimeError
     else:  # read's backward makes the gradient array, then concat's raises (the array grew)
