@@ -5,7 +5,7 @@
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
 # Next session, in this order (give the machine back after the last call):
-#   1. `tests` (timeout_s 250): the GPU-marked tests; never run on a GPU yet among them:
+#   1. `tests` (timeout_s 230): the GPU-marked tests; never run on a GPU yet among them:
 #      the split-K backward's (test_gpu_split_k_backward, ..._in_the_layer), the
 #      first-chunk hoist's (test_gpu_first_chunk_hoisted), NaN propagation, the layout's
 #      copy without a sync, the module's single read of CUDA lengths.
@@ -16,7 +16,7 @@
 #      the layer, then cuDNN's backward, then the kernel alone in both forms. It aims at the
 #      largest gaps of issue 5 (LSTM B=256 backward 0.73x cuDNN-graph, B=64 H >= 768). If a
 #      form wins, a planner rule for it needs `tests` and `all` in a later session.
-#   Those two take 750 s of the 900 with the start: nothing else fits after them. A session
+#   Those two take 730 s of the 900 with the start: nothing else fits after them. A session
 #   whose `tests` fails early (a broken install) runs `DECIDE_SECONDS=240 bash
 #   scripts/gpu_session.sh decide` (timeout_s 270) instead of `splitk`: the untimed planner
 #   rules (the backward's own tiles against the forward's, `samebwd`; the first resident
@@ -47,7 +47,7 @@
 #                                         parallel (warm), the grid and targets sweeps against
 #                                         cuDNN, the bare barrier, check (460 s in all)
 #   bash scripts/gpu_session.sh tests     GPU-marked tests (kernels on CUDA tensors), cut at
-#                                         220 s, the persistent-grid family's first; the log
+#                                         200 s, the persistent-grid family's first; the log
 #                                         names each test as it finishes
 #   bash scripts/gpu_session.sh decide    the untimed planner rules, one decision after another
 #                                         (step_ablation.DECISIONS), cut at 540 s
@@ -167,19 +167,19 @@ case "$stage" in
     # pytest-xdist where the machine has it. The 281 GPU tests took 88 s (the two files
     # below, 156 tests) + 40 s with -n 12 on an H200 (2026-11-26, cold compile cache; 147 s
     # for the stage); the 282 of commit 392b4f0 86 + 84 s, close to the 180 s box then, so
-    # the boxes were 130 s and 200 s since (12 GPU tests more with the paired backward), and
-    # are 160 s and 220 s since 2026-11-29 (327 GPU tests, most of the new ones new kernel
-    # compiles in the first group). -v: a run cut at its box still names each test it
-    # finished; -rf lists the failures at the end.
+    # the boxes are 130 s and 200 s since (12 GPU tests more with the paired backward), the
+    # first 150 s since 2026-11-29 (327 GPU tests, most of the new ones new kernel compiles in
+    # the first group; the stage's 200 s stay, for the session's spare). -v: a run cut at its
+    # box still names each test it finished; -rf lists the failures at the end.
     # The persistent-grid family's (issue 5: bf16 / fp32 against the reference, barrier
     # stress, pair launches) first, so that a cut falls on the others.
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 12")
     first="tests/test_kernels_grid.py tests/test_bidir_launch.py"
     t0=$SECONDS
-    timeout 160 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
+    timeout 150 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
       | tee "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     pack
-    timeout $((220 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
+    timeout $((200 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
       $(printf -- "--ignore=%s " $first) $par 2>&1 \
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
