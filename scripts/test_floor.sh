@@ -18,9 +18,9 @@ source scripts/version_test_selection.sh
 bash scripts/setup_floor.sh
 venv=.venv-floor
 export TRITON_INTERPRET=1
-"$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
+"$venv/bin/python" -m pytest -q -n 2 --dist worksteal -p no:cacheprovider \
   "${VERSION_TEST_FILES[@]}" "${VERSION_TEST_PROBES[@]}" "$@"
-"$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider \
+"$venv/bin/python" -m pytest -q -n 2 --dist worksteal -p no:cacheprovider \
   tests/test_compile.py tests/test_ops_api.py tests/test_ops_reference.py tests/test_modules.py \
   tests/test_errors.py tests/test_errors_random.py tests/test_tensorarray.py \
   tests/test_tensorarray_grad.py \

@@ -19,5 +19,5 @@ if ! PYTHONPATH=$PWD/$dir .venv/bin/python -c \
 fi
 export PYTHONPATH=$PWD/$dir TRITON_INTERPRET=1
 .venv/bin/python -c "import triton; print('Triton', triton.__version__, 'from', triton.__file__)"
-.venv/bin/python -m pytest -q -n 2 -p no:cacheprovider "${VERSION_TEST_FILES[@]}" \
+.venv/bin/python -m pytest -q -n 2 --dist worksteal -p no:cacheprovider "${VERSION_TEST_FILES[@]}" \
   "${VERSION_TEST_PROBES[@]}" "$@"
