@@ -350,8 +350,6 @@ class _CudnnRNNFunction(torch.autograd.Function):
                         ("output_c_backprop", d_c)):
             check_untransformed(name, g)  # e.g. autograd.grad(..., is_grads_batched=True)
         input, input_h, input_c, params, output, reserve = ctx.saved_tensors
-        d_output = torch.zeros_like(output) if d_output is None else d_output
-        d_h = torch.zeros_like(input_h) if d_h is None else d_h  # output_h's shape
         with plan_constraints(**ctx.constraints):
             grads = _backprop(
                 ctx.call, ctx.rec, input, input_h, input_c, params, output,
@@ -418,14 +416,16 @@ def _backprop(call, rec, input, input_h, input_c, params, output, d_output, d_h,
     tm = lambda t: _time_major(t, time_major)  # noqa: E731
     x = pack(tm(input), info)
     y = pack(tm(output), info)
-    dy = pack(tm(d_output), info)
+    # Gradients autograd did not give (None): zeros, already packed for the output's.
+    dy = pack(tm(d_output), info) if d_output is not None else y.new_zeros(y.shape)
     c0 = tm(input_c) if cfg.is_lstm else None
     dcT = None
     if cfg.is_lstm:
         dcT = tm(d_c) if d_c is not None else torch.zeros_like(c0)
     with torch.no_grad():
         res = engine.backward(
-            cfg, rec, x, tm(input_h), c0, params, info, y, dy, tm(d_h), dcT, reserve
+            cfg, rec, x, tm(input_h), c0, params, info, y, dy,
+            tm(d_h) if d_h is not None else torch.zeros_like(tm(input_h)), dcT, reserve
         )
         dinput = tm(unpack(res.dx, info))
         dinput_c = (

@@ -191,7 +191,8 @@ def derived(info: PackInfo, key: tuple, build, on_device: bool = True):
         if entry is None:
             value = build()
             entry = values[key] = (value, _recorded(dev) if on_device else None)
-    _wait(dev, entry[1])
+    if entry[1] is not None:  # (not capturing: checked above)
+        torch.cuda.current_stream(dev).wait_event(entry[1])
     return entry[0]
 
 

@@ -124,8 +124,7 @@ class WriteFn(Function):
     @_first_order
     def backward(ctx, grad_flow):
         g = grad_resource(ctx.res)
-        with g.lock:
-            grad = g.read(ctx.index)
+        grad = g.read(ctx.index)
         return grad_flow, grad, None, None
 
 
@@ -142,8 +141,7 @@ class ReadFn(Function):
     @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
-        with g.lock:
-            g.write(ctx.index, grad)
+        g.write(ctx.index, grad)
         return None, None, None
 
 
@@ -163,8 +161,7 @@ class GatherFn(Function):
     @_first_order
     def backward(ctx, grad):
         g = grad_resource(ctx.res)
-        with g.lock:
-            g.scatter(ctx.indices, grad, op="scatter (gradient of gather/stack)")
+        g.scatter(ctx.indices, grad, op="scatter (gradient of gather/stack)")
         return None, None, None, None
 
 
@@ -188,8 +185,7 @@ class ScatterFn(Function):
         if not ctx.indices:
             return grad_flow, None, None, None, None
         g = grad_resource(ctx.res)
-        with g.lock:
-            grad = g.gather(ctx.indices, op="gather (gradient of scatter/unstack)")
+        grad = g.gather(ctx.indices, op="gather (gradient of scatter/unstack)")
         return grad_flow, grad, None, None, None
 
 
@@ -217,8 +213,7 @@ class ConcatFn(Function):
                 "gradient array: it grew after the concat, and the concat's gradient (a split "
                 "of the gradient array, as in TensorFlow) needs one length per element"
             )
-        with g.lock:
-            g.split(grad, ctx.lengths)
+        g.split(grad, ctx.lengths)
         return None, None
 
 
@@ -238,6 +233,5 @@ class SplitFn(Function):
         if ctx.count == 0:
             return grad_flow, None, None, None
         g = grad_resource(ctx.res)
-        with g.lock:
-            grad, _ = g.concat(count=ctx.count)
+        grad, _ = g.concat(count=ctx.count)
         return grad_flow, grad, None, None

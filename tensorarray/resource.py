@@ -81,8 +81,8 @@ def _locked(op):
     """Runs a public op of an array under its lock, as TensorFlow's TensorArray kernels each
     hold the array's mutex: ops on one array from several threads do not interleave (a first
     write allocating the slab, or a dynamic array growing, is check-then-act). Reentrant:
-    an op may call another, and the autograd functions hold a gradient array's lock across
-    a read-modify-write."""
+    the array module holds it across a mutator's autograd function, which calls the op, and
+    around gradient-array creation (`make_grad`)."""
 
     @functools.wraps(op)
     def run(self, *args, **kwargs):
