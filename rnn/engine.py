@@ -14,7 +14,11 @@ slices of the [L*D, B, C] states and of the reserve, column halves of the layer 
 the two pseudo-layers' weight views into the one params buffer (never copied).
 
 All tensors here are time-major and packed ([N, C], see packing.py); batch-indexed states are
-[L*D, B, C] in the caller's batch order and permuted to sorted order around each recurrence.
+[L*D, B, C] in the caller's batch order and permuted to sorted order around each recurrence
+(`_sorted` / `_unsorted`: no copy for a batch already in order). The caller may hand in the
+buffer the last layer's output (`y_out`) or the input gradient (`dx_out`) is written to: of a
+dense batch, the rows of the padded tensor it returns (`padded_buffer`), which then needs no
+unpacking copy.
 
 A unidirectional stack may instead run as a layer pipeline (rnn/pipeline.py decides when):
 each layer's recurrence over time chunks (`packing.window`), layer l on chunk k while layer
@@ -36,7 +40,7 @@ from . import pipeline as pipeline_mod
 from . import reference
 from . import reserve as reserve_mod
 from .config import RNNConfig
-from .packing import PackInfo, prev_rows, window
+from .packing import PackInfo, padded, prev_rows, window
 from .params import LayerParams, layer_views
 from .planner import backward_writes_over_preacts
 
@@ -44,10 +48,33 @@ from .planner import backward_writes_over_preacts
 def new_buffer(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Uninitialised workspace; NaN-filled when TRITONRNN_POISON=1 (tests set it), so a
     kernel that forgets a write fails the comparison instead of reading stale zeros."""
-    t = torch.empty(*shape, dtype=dtype, device=device)
+    return _poisoned(torch.empty(*shape, dtype=dtype, device=device))
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
     if os.environ.get("TRITONRNN_POISON") == "1" and t.is_floating_point():
         t.fill_(float("nan"))
     return t
+
+
+def padded_buffer(info: PackInfo, C: int, dtype: torch.dtype, device: torch.device,
+                  time_major: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """`packing.padded`'s (out, rows), the rows poisoned as `new_buffer`'s: for a dense
+    batch, the rows to hand `forward` as y_out or `backward` as dx_out."""
+    out, rows = padded(info, C, dtype, device, time_major)
+    _poisoned(rows)
+    return out, rows
+
+
+def _sorted(t: torch.Tensor, info: PackInfo) -> torch.Tensor:
+    """A [L*D, B, C] state in sorted batch order, contiguous (t itself where it already is:
+    read only)."""
+    return t.contiguous() if info.in_order else t.index_select(1, info.perm)
+
+
+def _unsorted(t: torch.Tensor, info: PackInfo) -> torch.Tensor:
+    """A [L*D, B, C] state the engine made, back in the caller's batch order."""
+    return t if info.in_order else t.index_select(1, info.inv_perm)
 
 
 def poison_like(t: torch.Tensor) -> torch.Tensor:
@@ -144,16 +171,17 @@ def _layer_input(cfg, info, layer, x0, ys, training, dropped=None):
     return y
 
 
-def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, reuse=False):
+def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, y_out, reuse=False):
     """What every forward starts from: the parameter views, the initial states in sorted batch
     order and the (poisoned) final-state outputs, the reserve (training: allocated, with its
     c_seq and layer-output views; inference: empty) and every layer's packed output
-    [N, D*Hout] (the inner ones in the reserve when training). reuse (inference, layers run
+    [N, D*Hout] (the inner ones in the reserve when training, the last y_out when given).
+    reuse (inference, layers run
     one after another): the inner outputs alternate between two buffers, as layer l reads
     only layer l-1's; the layer pipeline, whose layers run concurrently, keeps them all."""
     L, D, Hout, lstm = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.is_lstm
-    h0s = h0.index_select(1, info.perm)
-    c0s = c0.index_select(1, info.perm) if lstm else None
+    h0s = _sorted(h0, info)
+    c0s = _sorted(c0, info) if lstm else None
     if training:
         layout = reserve_mod.reserve_layout(cfg, info, dtype)
         reserve, host_reserved = reserve_mod.allocate(layout, dev)
@@ -165,7 +193,9 @@ def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, reuse=False
         inner = [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)
                  for _ in range(min(L - 1, 2) if reuse else L - 1)]
         y_views = [inner[i % len(inner)] for i in range(L - 1)]
-    ys = list(y_views) + [new_buffer(info.N, D * Hout, dtype=dtype, device=dev)]
+    if y_out is None:
+        y_out = new_buffer(info.N, D * Hout, dtype=dtype, device=dev)
+    ys = [*y_views, y_out]
     return (layer_views(cfg, params), h0s, c0s, poison_like(h0s),
             poison_like(c0s) if lstm else None, reserve, host_reserved, c_views, ys)
 
@@ -179,16 +209,19 @@ def forward(
     params: torch.Tensor,
     info: PackInfo,
     training: bool,
+    y_out: torch.Tensor | None = None,
 ) -> ForwardResult:
-    """Runs the whole stack. x: [N, I] packed; h0: [L*D, B, Hout]; c0: [L*D, B, H] or None."""
+    """Runs the whole stack. x: [N, I] packed (only read); h0: [L*D, B, Hout]; c0:
+    [L*D, B, H] or None; y_out: where to write the last layer's packed output ([N, D*Hout],
+    contiguous; the result's y), or None for a new buffer."""
     pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device)
     if pipe is not None:
-        return _forward_pipelined(cfg, rec, x, h0, c0, params, info, training, pipe)
+        return _forward_pipelined(cfg, rec, x, h0, c0, params, info, training, pipe, y_out)
     L, D, Hout = cfg.num_layers, cfg.num_dirs, cfg.out_size
     dtype, dev = x.dtype, x.device
     lstm = cfg.is_lstm
     (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
-     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, reuse=True)
+     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, y_out, reuse=True)
     # The input pre-activations [N, G*H] of each direction in flight, reused by every layer:
     # both directions' ([2, N, G*H]) when the backend runs them in one call.
     paired = pairs_directions(rec, D)
@@ -220,8 +253,8 @@ def forward(
                 info, d == 1, y_dirs[d], c_views[p] if c_views else None, hTs[p],
                 cTs[p] if lstm else None,
             )
-    hT = hTs.index_select(1, info.inv_perm)
-    cT = cTs.index_select(1, info.inv_perm) if lstm else None
+    hT = _unsorted(hTs, info)
+    cT = _unsorted(cTs, info) if lstm else None
     return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
 
 
@@ -241,12 +274,11 @@ def _backward_inputs(cfg, info, dtype, reserve, y_last, params, h0, c0, dhT, dcT
     layout = reserve_mod.reserve_layout(cfg, info, dtype)
     c_views, y_views = reserve_mod.views(reserve, layout)
     dparams = torch.zeros_like(params)
-    perm = info.perm
-    h0s = h0.index_select(1, perm)
-    c0s = c0.index_select(1, perm) if lstm else None
-    return (c_views, list(y_views) + [y_last], layer_views(cfg, params), dparams,
-            layer_views(cfg, dparams), h0s, c0s, dhT.index_select(1, perm),
-            dcT.index_select(1, perm) if lstm else None, poison_like(h0s),
+    h0s = _sorted(h0, info)
+    c0s = _sorted(c0, info) if lstm else None
+    return (c_views, [*y_views, y_last], layer_views(cfg, params), dparams,
+            layer_views(cfg, dparams), h0s, c0s, _sorted(dhT, info),
+            _sorted(dcT, info) if lstm else None, poison_like(h0s),
             poison_like(c0s) if lstm else None)
 
 
@@ -263,15 +295,18 @@ def backward(
     dhT: torch.Tensor,
     dcT: torch.Tensor | None,
     reserve: torch.Tensor,
+    dx_out: torch.Tensor | None = None,
 ) -> BackwardResult:
     """Gradients of the whole stack from the reserve.
 
     x: [N, I] packed input; y_last/dy_last: [N, D*Hout] packed output and its gradient;
-    dhT/dcT: [L*D, B, ...] gradients of the final states (caller's batch order)."""
+    dhT/dcT: [L*D, B, ...] gradients of the final states (caller's batch order); all of
+    them, and the reserve, only read. dx_out: where to write the input gradient ([N, I],
+    contiguous; the result's dx), or None for a workspace."""
     pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device)
     if pipe is not None:
         return _backward_pipelined(cfg, rec, x, h0, c0, params, info, y_last, dy_last, dhT,
-                                   dcT, reserve, pipe)
+                                   dcT, reserve, pipe, dx_out)
     L, D, Hout, H, G = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.num_units, cfg.num_gates
     N, dtype, dev = info.N, x.dtype, x.device
     lstm = cfg.is_lstm
@@ -343,7 +378,10 @@ def backward(
     dy = dy_last
     for layer in reversed(range(L)):
         xl = _layer_input(cfg, info, layer, x, ys, True, dropped)
-        dx = pingpong[layer % 2][: N * xl.shape[1]].view(N, xl.shape[1])
+        if layer == 0 and dx_out is not None:
+            dx = dx_out
+        else:
+            dx = pingpong[layer % 2][: N * xl.shape[1]].view(N, xl.shape[1])
         dy_dirs = [dy[:, d * Hout : (d + 1) * Hout] for d in range(D)]
         if paired:
             p = 2 * layer
@@ -375,8 +413,8 @@ def backward(
             dropout_mod.apply_packed(dx, info, cfg.dropout, cfg.seed, cfg.seed2, layer - 1,
                                      out=dx)
         dy = dx
-    dh0 = dh0s.index_select(1, info.inv_perm)
-    dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
+    dh0 = _unsorted(dh0s, info)
+    dc0 = _unsorted(dc0s, info) if lstm else None
     return BackwardResult(dx, dh0, dc0, dparams)
 
 
@@ -396,7 +434,7 @@ class _Chunks:
 
 
 def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info: PackInfo,
-                       training: bool, pipe) -> ForwardResult:
+                       training: bool, pipe, y_out) -> ForwardResult:
     """`forward` as a layer pipeline (unidirectional, pipe: pipeline.Pipeline with C chunks).
 
     Chunk k of layer l: dropout of layer l-1's output rows of the chunk, the chunk's input
@@ -408,7 +446,7 @@ def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info:
     L = cfg.num_layers
     dtype, dev, lstm = x.dtype, x.device, cfg.is_lstm
     (views, h0s, c0s, hTs, cTs, reserve, host_reserved, c_views,
-     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training)
+     ys) = _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, y_out)
     # Shapes (and the byte formula) in pipeline.forward_workspaces, which Plan.explain()
     # also reads.
     ws = {name: new_buffer(*shape, dtype=dtype, device=dev) for name, shape in
@@ -439,13 +477,13 @@ def _forward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info:
                     ys[layer][r], c_views[layer][r] if c_views else None, h_out, c_out)
 
     pipeline_mod.run(pipe, dev, range(L), range(chunks.count), work, keep=chunks.windows)
-    hT = hTs.index_select(1, info.inv_perm)
-    cT = cTs.index_select(1, info.inv_perm) if lstm else None
+    hT = _unsorted(hTs, info)
+    cT = _unsorted(cTs, info) if lstm else None
     return ForwardResult(ys[-1], hT, cT, reserve, host_reserved)
 
 
 def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info: PackInfo,
-                        y_last, dy_last, dhT, dcT, reserve, pipe) -> BackwardResult:
+                        y_last, dy_last, dhT, dcT, reserve, pipe, dx_out) -> BackwardResult:
     """`backward` as a layer pipeline: layers from the top, chunks in reverse time order.
 
     Chunk k of layer l: its recomputed pre-activations, the recurrence backward over the
@@ -468,9 +506,11 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
     # Shapes (and the byte formula) in pipeline.backward_workspaces, which Plan.explain()
     # also reads; the SLOT_PRIVATE ones are [W, N, C], W = pipe.width.
     ws = {name: new_buffer(*shape, dtype=dtype, device=dev) for name, shape in
-          pipeline_mod.backward_workspaces(cfg, N, B, pipe.width).items()}
+          pipeline_mod.backward_workspaces(cfg, N, B, pipe.width).items()
+          if name != "dx" or dx_out is None}
     pre_x, pre_h, c_prev = ws.get("pre_x"), ws.get("pre_h"), ws.get("c_prev")
-    dyx, dx = ws.get("dy"), ws["dx"]
+    dyx = ws.get("dy")
+    dx = dx_out if dx_out is not None else ws["dx"]
     h_prev, dpre_x, dpre_h = ws["h_prev"], ws["dpre_x"], ws.get("dpre_h")
     dh_total, m_seq = ws.get("dh_total"), ws.get("m_seq")
     drop = cfg.dropout > 0 and L > 1
@@ -548,6 +588,6 @@ def _backward_pipelined(cfg: RNNConfig, rec: Recurrence, x, h0, c0, params, info
 
     pipeline_mod.run(pipe, dev, range(L - 1, -1, -1), range(last, -1, -1), work, finish,
                      keep=chunks.windows)
-    dh0 = dh0s.index_select(1, info.inv_perm)
-    dc0 = dc0s.index_select(1, info.inv_perm) if lstm else None
+    dh0 = _unsorted(dh0s, info)
+    dc0 = _unsorted(dc0s, info) if lstm else None
     return BackwardResult(dx, dh0, dc0, dparams)

@@ -274,13 +274,18 @@ def _forward(call: _Call, rec, input, input_h, input_c, params, time_major, trai
     x = pack(_time_major(input, time_major), info)
     h0 = _time_major(input_h, time_major)
     c0 = _time_major(input_c, time_major) if cfg.is_lstm else None
-    res = engine.forward(cfg, rec, x, h0, c0, params, info, training)
+    # A dense batch's packed output rows are the padded output's: written there, not copied.
+    output = rows = None
+    if info.dense:
+        output, rows = engine.padded_buffer(info, cfg.num_dirs * cfg.out_size, input.dtype,
+                                            input.device, time_major)
+    res = engine.forward(cfg, rec, x, h0, c0, params, info, training, y_out=rows)
     output_c = (
         _own_state(res.cT, time_major) if cfg.is_lstm
         else torch.empty(0, dtype=input.dtype, device=input.device)
     )
     return CudnnRNNOutput(
-        unpack(res.y, info, time_major),
+        output if output is not None else unpack(res.y, info, time_major),
         _own_state(res.hT, time_major),
         output_c,
         res.reserve,
@@ -422,12 +427,19 @@ def _backprop(call, rec, input, input_h, input_c, params, output, d_output, d_h,
     dcT = None
     if cfg.is_lstm:
         dcT = tm(d_c) if d_c is not None else torch.zeros_like(c0)
+    # A dense batch's time-major input gradient is written straight into the padded rows;
+    # batch-major, it is one transposing copy (.contiguous() below) of the packed rows.
+    dinput = dx_out = None
+    if info.dense and time_major:
+        dinput, dx_out = engine.padded_buffer(info, cfg.input_size, input.dtype, input.device)
     with torch.no_grad():
         res = engine.backward(
             cfg, rec, x, tm(input_h), c0, params, info, y, dy,
-            tm(d_h) if d_h is not None else torch.zeros_like(tm(input_h)), dcT, reserve
+            tm(d_h) if d_h is not None else torch.zeros_like(tm(input_h)), dcT, reserve,
+            dx_out=dx_out,
         )
-        dinput = tm(unpack(res.dx, info))
+        if dinput is None:
+            dinput = tm(res.dx.view(info.T, info.B, -1) if info.dense else unpack(res.dx, info))
         dinput_c = (
             tm(res.dc0) if cfg.is_lstm
             else torch.empty(0, dtype=input.dtype, device=input.device)

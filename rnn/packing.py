@@ -44,10 +44,17 @@ class PackInfo:
     row_time: torch.Tensor  # [N] int64 (device): t of each packed row
     row_batch: torch.Tensor  # [N] int64 (device): original batch index of each packed row
     padded_index: torch.Tensor  # [N] int64 (device): t * B + b, to (un)pack time-major
+    in_order: bool  # lengths already non-increasing: perm and inv_perm are the identity
 
     @property
     def device(self) -> torch.device:
         return self.perm.device
+
+    @property
+    def dense(self) -> bool:
+        """Every sequence is T long: packed row t * B + b is padded (t, b), so packing and
+        unpacking are reshapes (the batch is in order, every index tensor the identity)."""
+        return self.N > 0 and self.N == self.T * self.B
 
 
 def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo:
@@ -135,6 +142,7 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device):
         row_time=rt,
         row_batch=rb,
         padded_index=rt * B + rb,
+        in_order=bool((lens[:-1] >= lens[1:]).all()),
     )
     return info, _recorded(device)
 
@@ -219,28 +227,45 @@ def _window(info: PackInfo, s0: int, s1: int) -> PackInfo:
         row_time=row_time,
         row_batch=torch.arange(o1 - o0, device=dev) - offsets.long()[row_time],
         padded_index=info.padded_index[o0:o1],
+        in_order=True,
     )
 
 
 def pack(x: torch.Tensor, info: PackInfo) -> torch.Tensor:
-    """[T, B, C] time-major padded -> [N, C] packed."""
-    return x.reshape(info.T * info.B, -1).index_select(0, info.padded_index)
+    """[T, B, C] time-major padded -> [N, C] packed, contiguous. A dense layout's is x
+    itself where x is contiguous (a view, no copy): callers only read it."""
+    rows = x.reshape(info.T * info.B, -1)
+    if info.dense:
+        return rows.contiguous()
+    return rows.index_select(0, info.padded_index)
 
 
 def unpack(x: torch.Tensor, info: PackInfo, time_major: bool = True) -> torch.Tensor:
     """[N, C] packed -> [T, B, C] time-major padded, exact zeros at padding; time_major=False:
     [B, T, C] with the strides of a transposed time-major tensor. Either is a tensor of its
-    own, not a view (autograd refuses in-place changes to a view among a function's outputs)."""
-    T, B, C = info.T, info.B, x.shape[1]
-    if time_major:
-        out = x.new_empty((T, B, C))
-        rows = out.view(T * B, C)
+    own, not a view (autograd refuses in-place changes to a view among a function's outputs).
+    A dense layout's callers can skip the copy: `padded` gives the rows to write x into."""
+    out, rows = padded(info, x.shape[1], x.dtype, x.device, time_major)
+    if info.dense:
+        rows.copy_(x)
     else:
-        out = torch.empty_strided((B, T, C), (C, B * C, 1), dtype=x.dtype, device=x.device)
-        rows = out.transpose(0, 1).view(T * B, C)
-    rows.zero_()
-    rows.index_copy_(0, info.padded_index, x)
+        rows.zero_()
+        rows.index_copy_(0, info.padded_index, x)
     return out
+
+
+def padded(info: PackInfo, C: int, dtype: torch.dtype, device: torch.device,
+           time_major: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, rows): an uninitialised padded tensor as `unpack` returns it ([T, B, C], or
+    [B, T, C] with a transposed time-major tensor's strides) and its [T * B, C] time-major
+    rows, a contiguous view. Of a dense layout, the rows are its packed rows: an engine
+    writing its packed output there makes `out` without a copy."""
+    T, B = info.T, info.B
+    if time_major:
+        out = torch.empty((T, B, C), dtype=dtype, device=device)
+        return out, out.view(T * B, C)
+    out = torch.empty_strided((B, T, C), (C, B * C, 1), dtype=dtype, device=device)
+    return out, out.transpose(0, 1).view(T * B, C)
 
 
 def prev_rows(info: PackInfo, reverse: bool) -> torch.Tensor:

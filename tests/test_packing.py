@@ -48,6 +48,32 @@ def test_layout_fields(lengths):
         assert got.dtype == (torch.int32 if name in ("lengths_sorted", "offsets")
                              else torch.int64), name
     assert (info.N, info.max_len) == (len(want["row_time"]), max(lengths))
+    assert info.in_order == (lengths == sorted(lengths, reverse=True))
+    assert not info.dense  # T is longer than every sequence
+
+
+@pytest.mark.parametrize("lengths, T, dense", [
+    ([4, 4, 4], 4, True), ([4], 4, True), ([4, 4, 3], 4, False), ([3, 3], 4, False),
+    ([0, 0], 0, False), ([], 3, False),
+])
+def test_a_dense_layout_packs_by_reshaping(lengths, T, dense):
+    """All sequences T long (and at least one row): the packed rows are the padded rows in
+    order, so pack is a reshape (a view of a contiguous input) and unpack one copy."""
+    info = make_pack_info(lengths, T, torch.device("cpu"))
+    assert info.dense == dense
+    if not dense:
+        return
+    assert info.in_order and info.padded_index.tolist() == list(range(info.N))
+    x = torch.randn(T, len(lengths), 5, dtype=torch.float64)
+    rows = packing.pack(x, info)
+    assert rows.data_ptr() == x.data_ptr() and rows.shape == (info.N, 5)
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # a batch-major caller's view
+    assert torch.equal(packing.pack(strided, info), rows) and packing.pack(
+        strided, info).is_contiguous()
+    for time_major in (True, False):
+        out = packing.unpack(rows, info, time_major)
+        assert torch.equal(out if time_major else out.transpose(0, 1), x)
+        assert out.data_ptr() != x.data_ptr()
 
 
 class _HostToDevice(TorchDispatchMode):
@@ -180,3 +206,57 @@ def test_new_lengths_are_refused_by_name_during_a_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), make_pack_info([5, 7, 2], 8, torch.device("cpu")).padded_index)
+
+
+class _Gathers(TorchDispatchMode):
+    """Counts the gathers and scatters (index_select, index_copy) run."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.index_select, torch.ops.aten.index_copy_,
+                                   torch.ops.aten.index_copy):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("lengths, time_major, want", [
+    # Dense: no packing, no unpacking, no state permutations. The backward's two are the
+    # recomputation's previous rows (h and c), which every layout gathers.
+    ([4, 4, 4], True, (0, 2)),
+    ([4, 4, 4], False, (0, 2)),
+    # In order: pack x (forward); pack x, y, dy (backward) and unpack; no state permutation.
+    ([4, 3, 1], True, (2, 6)),
+    # Unsorted: also h0, c0 (both passes), hT, cT (forward), dhT, dcT, dh0, dc0 (backward).
+    ([1, 4, 3], True, (6, 12)),
+])
+def test_gathers_a_call_runs(lengths, time_major, want):
+    """The gathers and scatters around the kernels (the reference's and the kernels' own
+    are not counted: the Triton CTA family in the interpreter runs none)."""
+    from tritonrnn.rnn import cudnn_rnn, cudnn_rnn_backprop, params_size, plan_constraints
+
+    T, B, I, H = 4, len(lengths), 3, 8
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((T, B, I) if time_major else (B, T, I), generator=g)
+    st = (1, B, H) if time_major else (B, 1, H)
+    h0, c0 = torch.randn(st, generator=g), torch.randn(st, generator=g)
+    params = torch.randn(params_size(rnn_mode="lstm", num_layers=1, num_units=H,
+                                     input_size=I), generator=g) * 0.3
+    lens = torch.tensor(lengths)
+    kw = dict(time_major=time_major, backend="triton")
+    make_pack_info(lengths, T, torch.device("cpu"))  # its construction (on the host) apart
+    counts = []
+    with plan_constraints(family="persistent_cta"):
+        counter = _Gathers()
+        with counter:
+            out = cudnn_rnn(x, h0, c0, params, lens, **kw)
+        counts.append(counter.count)
+        counter = _Gathers()
+        with counter:
+            cudnn_rnn_backprop(x, h0, c0, params, lens, out.output, out.output_h, out.output_c,
+                               torch.ones_like(out.output), torch.ones_like(h0),
+                               torch.ones_like(c0), out.reserve_space, out.host_reserved, **kw)
+        counts.append(counter.count)
+    assert tuple(counts) == want
