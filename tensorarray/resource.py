@@ -717,28 +717,34 @@ class ArrayResource:
             self.check_open(op)
         if i < 0 or i >= self.size:
             self._check_range(i, op, for_write=False)
-        if not self.written[i]:
-            es = self.element_shape
-            if not is_fully_defined(es):
-                raise self._unwritten_error(i, op)
+        unwritten = not self.written[i]
+        es = self.element_shape
+        if unwritten and not is_fully_defined(es):
+            raise self._unwritten_error(i, op)
+        if self.cleared[i]:
+            raise self._cleared_error(i, op)
+        zeros_due = unwritten or self.soft[i]
+        # The storage first: an allocation that fails (out of memory, an allocator's refusal)
+        # leaves the index as it was, unwritten or soft.
+        with self._undone_on_failure():
+            if self.slab_shape is not None:
+                slab = self._ensure_capacity(self.size)
+            elif zeros_due:
+                zeros = self._zeros(es if unwritten else self.shapes[i])  # type: ignore[index]
+        if unwritten:
             # TF: an unwritten index of a fully shaped array reads as zeros and counts as written.
             self.written[i] = 1
-            self.soft[i] = 1
             if self.shapes is not None:
                 self.shapes[i] = es  # type: ignore[assignment]
-        elif self.cleared[i]:
-            raise self._cleared_error(i, op)
+        self.soft[i] = 0
         if self.slab_shape is not None:
-            slab = self._ensure_capacity(self.size)
-            if self.soft[i]:
+            if zeros_due:
                 _unversioned(slab)[i].zero_()
-                self.soft[i] = 0
             value = slab[i]
         else:
             items = self.items
-            if self.soft[i]:
-                items[i] = self._zeros(self.shapes[i])  # type: ignore[index]
-                self.soft[i] = 0
+            if zeros_due:
+                items[i] = zeros
             value = items[i]  # type: ignore[index]
             if self.clear_after_read:
                 items[i] = None  # type: ignore[index]

@@ -478,6 +478,19 @@ def test_a_failed_allocation_changes_nothing(kw, op):
     assert ta2.size() == (4 if op == "scatter" else 2)
 
 
+def test_a_read_whose_allocation_fails_changes_nothing():
+    """Reading an unwritten index of a fully shaped array allocates the slab for its zeros;
+    when that fails the index stays unwritten (and the device unchosen), so a later write
+    to it is allowed, as on a fresh array."""
+    ta = TensorArray(torch.float32, 2, element_shape=(3,), allocator=_failing_once())
+    res = ta.handle._res
+    with pytest.raises(MemoryError, match="simulated out of memory"):
+        ta.read(0)
+    assert not res.written[0] and not res.soft[0] and res.device is None
+    ta = ta.write(0, torch.ones(3))
+    assert torch.equal(ta.read(0), torch.ones(3)) and torch.equal(ta.read(1), torch.zeros(3))
+
+
 def test_registry_reads_hold_its_lock(registry):
     """Other threads register arrays while one lists them (a weak dict changing size under an
     iteration raises): names(), iteration, `in` and close_all() read under the registry's
