@@ -68,7 +68,7 @@ from . import library
 from .config import make_config
 from .ops import BACKENDS, check_untransformed
 from .packing import capturing
-from .params import params_layout
+from .params import FLOAT_DTYPES, params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 _SEED_HIGH = 2**62  # seeds drawn in [0, 2**62): any int the op accepts
@@ -141,6 +141,12 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def _check_length_values(values, T: int) -> None:
+    for b, n in enumerate(values):
+        if not 0 <= n <= T:
+            raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), got {n}")
+
+
 class _RNNBase(nn.Module):
     """Shared machinery of LSTM, GRU and RNN (torch.nn.RNNBase's interface)."""
 
@@ -181,6 +187,9 @@ class _RNNBase(nn.Module):
                              f"as torch.nn.LSTM, got {proj_size}")
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64 (None: "
+                            f"torch's default), got {dtype!r}")
         if dropout > 0 and num_layers == 1:
             warnings.warn(
                 "dropout option adds dropout after all but last recurrent layer, so non-zero "
@@ -484,6 +493,7 @@ class _RNNBase(nn.Module):
         if isinstance(lengths, (list, tuple)):
             if not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
                 raise TypeError(f"lengths: expected ints, got {lengths!r}")
+            _check_length_values(lengths, T)  # (before int64 could overflow)
             lengths = torch.tensor(lengths, dtype=torch.int64)
         if not isinstance(lengths, torch.Tensor):
             raise TypeError(f"lengths: expected a 1-D int tensor or a list of ints, got "
@@ -495,12 +505,12 @@ class _RNNBase(nn.Module):
                              f"{list(lengths.shape)}")
         # The op reads them on the host too; read here, they keep their name in its errors.
         # Not while compiling: the op reads them inside, where a graph does not trace it.
-        if not lengths.is_meta and not torch.compiler.is_compiling():
+        if lengths.is_meta:
+            raise ValueError("lengths: expected a tensor with data (the lengths are read on "
+                             "the host), got a meta tensor")
+        if not torch.compiler.is_compiling():
             values = lengths.tolist()
-            for b, n in enumerate(values):
-                if not 0 <= n <= T:
-                    raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), "
-                                     f"got {n}")
+            _check_length_values(values, T)
             if lengths.device.type != "cpu":  # one device read: the op's two read this copy
                 lengths = torch.tensor(values, dtype=lengths.dtype)
         return lengths
@@ -544,6 +554,11 @@ class _RNNBase(nn.Module):
         else:
             x = self._check_input(input)
             batched = x.dim() == 3
+            time_axis = 1 if batched and self.batch_first else 0
+            if x.shape[time_axis] == 0:  # torch.nn refuses it too, whatever the batch
+                layout = "[B, T, I]" if time_axis else "[T, B, I]" if batched else "[T, I]"
+                raise ValueError(f"input: expected max time >= 1, got shape {list(x.shape)} "
+                                 f"({layout})")
             if not batched:
                 if lengths is not None:
                     raise ValueError("lengths: expected None for an unbatched 2-D input, got "

@@ -269,6 +269,9 @@ def test_empty_batch_and_no_steps_is_rejected_like_torch():
     m = LSTM(I, H, dtype=F64, backend="reference")
     with pytest.raises(ValueError, match="input: expected max time"):
         m(torch.randn(0, 0, I, dtype=F64))
+    first = LSTM(I, H, batch_first=True, dtype=F64, backend="reference")
+    with pytest.raises(ValueError, match=r"got shape \[2, 0, 5\] \(\[B, T, I\]\)$"):
+        first(torch.randn(2, 0, I, dtype=F64))  # the shape as given, not time-major
 
 
 def test_packed_enforce_sorted_and_lengths_as_tensor():
@@ -703,11 +706,13 @@ def test_no_grad_eval_keeps_no_reserve(monkeypatch):
         (lambda: LSTM(I, H, 2.0), TypeError, "num_layers: expected an int, got float"),
         (lambda: RNN(I, H, nonlinearity="sigmoid"), ValueError, "nonlinearity"),
         (lambda: RNN(I, H, backend="cudnn"), ValueError, "backend"),
+        (lambda: LSTM(I, H, dtype=torch.int64), TypeError, r"^dtype: expected float16, "),
+        (lambda: GRU(I, H, dtype=torch.complex64), TypeError, r"^dtype: .* got torch.complex64"),
     ],
     ids=["input_size0", "input_size_float", "hidden_neg", "layers0", "bias_str",
          "batch_first_int", "bidir_none", "dropout1", "dropout_neg", "dropout_str",
          "proj_eq_hidden", "proj_neg", "gru_proj", "rnn_proj", "layers_float", "nonlinearity",
-         "backend"],
+         "backend", "dtype_int", "dtype_complex"],
 )
 def test_constructor_errors(ctor, exc, match):
     with pytest.raises(exc, match=match):
@@ -875,6 +880,12 @@ def _forward_cases():
          r"^lengths\[1\]: expected a length in \[0, 6\] \(max time\), got -1"),
         ("lengths_with_packed", lambda m: m(packed, lengths=[T, 3]), ValueError, "lengths"),
         ("lengths_unbatched", lambda m: m(x[:, 0], lengths=[T]), ValueError, "lengths"),
+        ("lengths_beyond_int64", lambda m: m(x, lengths=[2**70, 1]), ValueError,
+         r"^lengths\[0\]: expected a length in \[0, 6\] \(max time\), got 1180591620717411303424"),
+        ("lengths_meta", lambda m: m(x, lengths=torch.tensor([T, 2], device="meta")),
+         ValueError, r"^lengths: expected a tensor with data .* got a meta tensor"),
+        ("no_steps_unbatched", lambda m: m(x[:0, 0]), ValueError,
+         r"^input: expected max time >= 1, got shape \[0, 5\] \(\[T, I\]\)"),
     ]
 
 
