@@ -10,7 +10,14 @@ from .autograd import ConcatFn, GatherFn, ReadFn, ScatterFn, SplitFn, WriteFn
 from .errors import TensorArrayDTypeError, TensorArrayShapeError, TensorArrayTypeError
 from .registry import TensorArrayHandle, TensorArrayRegistry, default_registry, unique_name
 from .resource import ArrayResource, new_flow
-from .shapes import PartialShape, as_index, as_index_list, as_partial_shape, is_fully_defined
+from .shapes import (
+    MAX_SIZE,
+    PartialShape,
+    as_index,
+    as_index_list,
+    as_partial_shape,
+    is_fully_defined,
+)
 from .storage import Allocator, resolve_device
 
 # The element dtypes: those whose rows torch copies, fills and adds by index (a scatter, an
@@ -145,8 +152,9 @@ class TensorArray:
                 f"(torch implements no row copy or addition for it)"
             )
         n = as_index(size, "size", base)
-        if n < 0:
-            raise TensorArrayShapeError(f"TensorArray {base!r}: size must be >= 0, got {n}")
+        if not 0 <= n <= MAX_SIZE:
+            raise TensorArrayShapeError(f"TensorArray {base!r}: size must be in [0, {MAX_SIZE}] "
+                                        f"(TensorFlow's int32 sizes), got {n}")
         es = as_partial_shape(element_shape, "element_shape", base)
         if registry is None:
             registry = default_registry
@@ -219,7 +227,9 @@ class TensorArray:
         registry: TensorArrayRegistry | None = None,
         allocator: Allocator | None = None,
     ) -> TensorArray:
-        """A fixed-size array whose storage is ``slab`` itself, without a copy.
+        """A fixed-size array whose storage is ``slab`` itself, without a copy, when slab is
+        contiguous; otherwise (a transposed or expanded view) a contiguous copy of it, as
+        ``unstack`` makes, which later changes to ``slab`` do not reach.
 
         slab: ``[size, *element_shape]``; element i is ``slab[i]``. Equivalent to
         ``TensorArray(slab.dtype, slab.shape[0], element_shape=slab.shape[1:],
@@ -452,6 +462,8 @@ class TensorArray:
         ``flow`` orders the lookup in TensorFlow graphs; eager PyTorch needs no such edge, so it
         is only checked to be a tensor.
         """
+        if flow is not None:  # under this method's name for it (the op's is flow_in)
+            _check_flow(self._handle._res, "grad", "flow", flow)
         grad_handle, grad_flow = tensor_array_grad(
             self._handle, self._flow if flow is None else flow, source, shape_to_prepend
         )

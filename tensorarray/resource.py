@@ -37,7 +37,7 @@ from .errors import (
     TensorArrayShapeError,
     TensorArrayWriteError,
 )
-from .shapes import PartialShape, fmt_shape, is_compatible, is_fully_defined
+from .shapes import MAX_SIZE, PartialShape, fmt_shape, is_compatible, is_fully_defined
 from .storage import Allocator, allocate_slab
 
 if TYPE_CHECKING:
@@ -312,6 +312,11 @@ class ArrayResource:
                     f"{self._prefix(op)}index must be >= 0 (a dynamic array grows on writes past "
                     f"its end), got {i}"
                 )
+            if i >= MAX_SIZE:
+                raise TensorArrayIndexError(
+                    f"{self._prefix(op)}index must be < {MAX_SIZE} (the largest size, "
+                    f"TensorFlow's int32), got {i}"
+                )
             return
         if i < 0 or i >= self.size:
             if self.dynamic_size:
@@ -385,6 +390,11 @@ class ArrayResource:
                 f"{self._prefix(op)}index {i} must be unread to be written, but it was already read"
             )
         if (exists and self.written[i]) or dup:
+            if not self.aggregate and not (exists and self.written[i]):
+                raise TensorArrayWriteError(
+                    f"{self._prefix(op)}index {i} must appear once in indices, got it more than "
+                    "once (each index of a forward TensorArray is written once)"
+                )
             if not self.aggregate:
                 raise TensorArrayWriteError(
                     f"{self._prefix(op)}index {i} must be unwritten, but it was already written "
@@ -494,6 +504,9 @@ class ArrayResource:
         lo, hi = min(indices), max(indices)
         if lo < 0:
             raise TensorArrayIndexError(f"{self._prefix(op)}indices must be >= 0, got {lo}")
+        if hi >= MAX_SIZE:
+            raise TensorArrayIndexError(f"{self._prefix(op)}indices must be < {MAX_SIZE} (the "
+                                        f"largest size, TensorFlow's int32), got {hi}")
         if hi >= self.size and not self.dynamic_size:
             if op.startswith("unstack"):
                 raise TensorArrayIndexError(
@@ -887,8 +900,14 @@ class ArrayResource:
         for i in indices:
             if not written[i] and not es_full:
                 raise self._unwritten_error(i, op)
-            if cleared[i] or (seen is not None and i in seen):
+            if cleared[i]:
                 raise self._cleared_error(i, op)
+            if seen is not None and i in seen:
+                raise TensorArrayReadError(
+                    f"{self._prefix(op)}index {i} must appear once in indices when reads clear "
+                    "(clear_after_read=True), got it more than once; create the array with "
+                    "clear_after_read=False to read an index more than once"
+                )
             if seen is not None:
                 seen.add(i)
 

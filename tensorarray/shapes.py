@@ -26,6 +26,10 @@ __all__ = [
 
 PartialShape = tuple[int | None, ...] | None
 
+# The largest size of an array (and so its largest index + 1): TensorFlow's sizes and
+# indices are int32.
+MAX_SIZE = 2**31 - 1
+
 _INT_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64,
                          torch.uint8, torch.uint16, torch.uint32, torch.uint64})
 
@@ -57,7 +61,7 @@ def as_partial_shape(shape: object, what: str, array_name: str | None = None) ->
         return None
     prefix = f"TensorArray {array_name!r}: " if array_name else "TensorArray: "
     if isinstance(shape, torch.Tensor):
-        shape = shape.tolist()
+        shape = host_values(shape, f"{prefix}{what}")
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
         raise TensorArrayShapeError(
             f"{prefix}{what} must be None or a sequence of ints/None, got {shape!r}"
@@ -81,7 +85,8 @@ def as_index(index: object, what: str, array_name: str) -> int:
         return index
     if isinstance(index, torch.Tensor):
         if index.dtype in _INT_DTYPES and index.dim() == 0:
-            return int(index)
+            # (tolist, not int(): a uint64 above int64's range is an index out of range)
+            return host_values(index, f"TensorArray {array_name!r}: {what}")
         raise TensorArrayTypeError(
             f"TensorArray {array_name!r}: {what} must be an int or a 0-d integer tensor, got a "
             f"tensor of dtype {index.dtype} and shape {tuple(index.shape)}"
@@ -94,6 +99,15 @@ def as_index(index: object, what: str, array_name: str) -> int:
         f"TensorArray {array_name!r}: {what} must be an int or a 0-d integer tensor, got "
         f"{type(index).__name__} {index!r}"
     )
+
+
+def host_values(t: torch.Tensor, what: str):
+    """t's values as Python numbers (t.tolist()): an argument the ops read on the host. A
+    meta tensor has none."""
+    if t.is_meta:
+        raise TensorArrayTypeError(f"{what} must be a tensor with data (it is read on the "
+                                   f"host), got a meta tensor")
+    return t.tolist()
 
 
 def _is_int_scalar(i: object) -> bool:
@@ -123,7 +137,7 @@ def as_index_list(indices: object, what: str, array_name: str) -> list[int]:
             )
         if indices.dtype not in _INT_DTYPES:
             raise TensorArrayTypeError(f"{prefix} must have an integer dtype, got {indices.dtype}")
-        return indices.tolist()
+        return host_values(indices, prefix)
     if isinstance(indices, range):
         return list(indices)
     if _is_ndarray(indices):  # as TensorFlow takes them

@@ -478,6 +478,50 @@ def test_a_failed_allocation_changes_nothing(kw, op):
     assert ta2.size() == (4 if op == "scatter" else 2)
 
 
+def test_sizes_and_indices_past_int32_are_refused_before_any_storage():
+    """TensorFlow's sizes and indices are int32: a size, a dynamic write's index or a
+    scatter's index of 2**31 - 1 or more is refused by name (before, the per-index flags of
+    such a size raised a bare MemoryError); the array stays usable."""
+    with pytest.raises(TensorArrayShapeError, match=r"size must be in \[0, 2147483647\] .*got "
+                                                    r"4611686018427387904$"):
+        TensorArray(torch.float32, 2**62)
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, element_shape=(2,))
+    with pytest.raises(TensorArrayIndexError, match=r"write\(index=2147483647\): index must "
+                                                    r"be < 2147483647 .*got 2147483647$"):
+        ta.write(2**31 - 1, torch.ones(2))
+    with pytest.raises(TensorArrayIndexError, match=r"scatter: indices must be < 2147483647 "
+                                                    r".*got 4611686018427387904$"):
+        ta.scatter([0, 2**62], torch.ones(2, 2))
+    assert ta.size() == 0
+    assert ta.write(3, torch.ones(2)).size() == 4
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda ta, m: ta.write(m(0), torch.ones(2)), "write: index"),
+    (lambda ta, m: ta.scatter(m([0]), torch.ones(1, 2)), "scatter: indices"),
+    (lambda ta, m: ta.gather(m([0])), "gather: indices"),
+    (lambda ta, m: TensorArray(torch.float32, 2).split(torch.ones(4), m([2, 2])),
+     "split: lengths"),
+    (lambda ta, m: TensorArray(torch.float32, m(2)), "size"),
+    (lambda ta, m: TensorArray(torch.float32, 2, element_shape=m([2])), "element_shape"),
+], ids=["write", "scatter", "gather", "split", "size", "element_shape"])
+def test_meta_tensor_arguments_are_refused_by_name(call, what):
+    """Indices, lengths, sizes and shapes are read on the host: a meta tensor has no values
+    (torch's own error named no argument)."""
+    ta = TensorArray(torch.float32, 2, element_shape=(2,))
+    meta = lambda v: torch.tensor(v, device="meta")  # noqa: E731
+    with pytest.raises(TensorArrayTypeError, match=rf"{what} must be a tensor with data "
+                                                   rf"\(it is read on the host\), got a meta"):
+        call(ta, meta)
+
+
+def test_a_uint64_index_past_int64_is_out_of_range():
+    ta = TensorArray(torch.float32, 2, element_shape=(2,))
+    with pytest.raises(TensorArrayIndexError, match=r"index must be in \[0, 2\) .*got "
+                                                    r"9223372036854775808$"):
+        ta.write(torch.tensor(2**63, dtype=torch.uint64), torch.ones(2))
+
+
 def test_a_read_whose_allocation_fails_changes_nothing():
     """Reading an unwritten index of a fully shaped array allocates the slab for its zeros;
     when that fails the index stays unwritten (and the device unchosen), so a later write
@@ -688,8 +732,10 @@ def test_error_scatter_into_written_index():
 
 
 def test_error_scatter_duplicate_indices_in_forward_array():
+    # Named as a repeat, not as an earlier write (the index was never written).
     ta = TensorArray(torch.float32, 3)
-    with raises(TensorArrayWriteError, ta, "index 2", "already written"):
+    with raises(TensorArrayWriteError, ta, "index 2 must appear once in indices, got it more "
+                "than once"):
         ta.scatter([2, 0, 2], torch.ones(3, 1))
 
 
@@ -699,7 +745,7 @@ def test_error_scatter_duplicate_indices_past_the_end_of_a_dynamic_array(storage
     # and the rejected scatter leaves the array as it was.
     shape = (1,) if storage == "slab" else None
     ta = TensorArray(torch.float32, 1, dynamic_size=True, element_shape=shape)
-    with raises(TensorArrayWriteError, ta, "index 3", "already written"):
+    with raises(TensorArrayWriteError, ta, "index 3 must appear once in indices"):
         ta.scatter([3, 3], torch.ones(2, 1))
     assert ta.size() == 1
     ta = ta.scatter([3, 0], torch.tensor([[3.0], [0.0]]))
@@ -744,8 +790,10 @@ def test_error_read_cleared_index_suggests_clear_after_read_false():
 
 
 def test_error_gather_repeated_index_with_clear_after_read():
+    # Named as a repeat, not as an earlier read (the index was never read).
     ta = TensorArray(torch.float32, 2).unstack(torch.ones(2, 1))
-    with raises(TensorArrayReadError, ta, "index 1", "clear_after_read=False"):
+    with raises(TensorArrayReadError, ta, "index 1 must appear once in indices when reads "
+                "clear", "clear_after_read=False"):
         ta.gather([1, 1])
 
 
@@ -1026,7 +1074,8 @@ def test_error_constructor_arguments():
         ta = TensorArray(dtype, 4, element_shape=(2,)).scatter([3, 0], torch.ones(2, 2,
                                                                                   dtype=dtype))
         assert torch.equal(ta.gather([0, 1]), torch.tensor([[1, 1], [0, 0]]).to(dtype))
-    with pytest.raises(TensorArrayShapeError, match="size must be >= 0, got -1"):
+    with pytest.raises(TensorArrayShapeError, match=r"size must be in \[0, 2147483647\] .*, "
+                                                    r"got -1$"):
         TensorArray(torch.float32, -1)
     with pytest.raises(TensorArrayShapeError, match="element_shape"):
         TensorArray(torch.float32, 1, element_shape=(2, -3))
