@@ -16,7 +16,7 @@ from . import engine
 from . import reserve as reserve_mod
 from .config import RNNConfig, check_choice, check_int, make_config
 from .interpreter import check_interpreter_in_effect, interpreter_requested
-from .packing import PackInfo, make_pack_info, pack, unpack
+from .packing import MAX_ROWS, PackInfo, make_pack_info, pack, unpack
 from .params import FLOAT_DTYPES, check_params_tensor
 from .planner import current_constraints, plan_constraints
 
@@ -103,6 +103,9 @@ def check_ignored_state(name: str, t: object, rnn_mode: str) -> None:
 
 def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
     if sequence_lengths is None:
+        if T * B > MAX_ROWS:  # (else make_pack_info's error, which names sequence_lengths)
+            raise ValueError(f"input: expected max time x batch of at most {MAX_ROWS} (the "
+                             f"kernels' int32 packed-row offsets), got {T} x {B} = {T * B}")
         return [T] * B
     if not isinstance(sequence_lengths, torch.Tensor):
         raise TypeError(
@@ -226,6 +229,9 @@ def _validate(
     else:
         check_ignored_state("input_c", input_c, rnn_mode)
     num_proj = check_int("num_proj", num_proj, minimum=0)  # before the state checks
+    if rnn_mode == "lstm" and num_proj > H:  # before input_h is held to it
+        raise ValueError(f"num_proj: expected a value in (0, num_units={H}], got {num_proj} "
+                         f"(num_units: input_c's last dimension)")
     for name, state in (("input_h", input_h), ("input_c", input_c if rnn_mode == "lstm" else None)):
         if state is not None and state.shape[2] < 1:
             raise ValueError(f"{name}: expected a last dimension >= 1 (the state size), got "

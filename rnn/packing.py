@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 # The most packed rows a batch may have: `offsets` (int32 on the device) holds N.
-_MAX_ROWS = 2**31 - 1
+MAX_ROWS = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,8 +114,8 @@ def _make_pack_info(lengths: tuple[int, ...], T: int, device: torch.device):
     offsets = torch.zeros(max(max_len, 1) + 1, dtype=torch.int64)
     offsets[1 : max_len + 1] = batch_sizes.cumsum(0)
     N = int(offsets[max_len]) if max_len else 0
-    if N > _MAX_ROWS:  # before any O(N) tensor: the kernels' offsets are int32
-        raise ValueError(f"sequence_lengths: expected a total of at most {_MAX_ROWS} packed "
+    if N > MAX_ROWS:  # before any O(N) tensor: the kernels' offsets are int32
+        raise ValueError(f"sequence_lengths: expected a total of at most {MAX_ROWS} packed "
                          f"rows (the kernels' int32 offsets), got {N}")
     row_time = torch.repeat_interleave(torch.arange(max_len), batch_sizes)
     row_sorted = torch.arange(N) - offsets[row_time]

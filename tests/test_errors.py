@@ -84,6 +84,10 @@ FORWARD_CASES = {
                         r"input_mode: 'skip_input' needs input size == num_units \(6\), got .*5"),
     "proj_too_big": ({"num_proj": 7, "input_h": torch.randn(1, B, 7)}, ValueError,
                      r"num_proj: expected a value in \(0, num_units=6\], got 7"),
+    # num_proj above H with states of H: the projection is the error, not input_h.
+    "proj_too_big_h_states": ({"num_proj": 7}, ValueError,
+                              r"^num_proj: expected a value in \(0, num_units=6\], got 7 "
+                              r"\(num_units: input_c's last dimension\)$"),
     "proj_state": ({"num_proj": 3}, ValueError,
                    r"input_h: expected last dimension num_proj=3.*got shape \[1, 3, 6\]"),
     "proj_negative": ({"num_proj": -1}, ValueError, r"num_proj: expected an int >= 0, got -1"),

@@ -649,3 +649,16 @@ def test_pack_info_refuses_more_rows_than_int32_offsets_hold():
     with pytest.raises(ValueError, match=r"sequence_lengths: .* at most 2147483647 .* got "
                                          r"2147483648"):
         make_pack_info([2**19] * 4096, 2**19, torch.device("cpu"))
+
+
+
+def test_an_input_of_more_rows_than_int32_offsets_hold_is_named():
+    """Without sequence_lengths the rows are the input's max time x batch: the error names
+    the input (an expanded tensor: no memory)."""
+    H = 2
+    p = torch.zeros(params_size(rnn_mode="gru", num_layers=1, num_units=H, input_size=1))
+    x = torch.zeros(1, 1, 1).expand(2**16, 2**15 + 8, 1)
+    with pytest.raises(ValueError, match=r"^input: expected max time x batch of at most "
+                                         r"2147483647 .* got 65536 x 32776 = 2148007936$"):
+        cudnn_rnn(x, torch.zeros(1, 2**15 + 8, H), None, p, rnn_mode="gru",
+                  backend="reference", is_training=False)
