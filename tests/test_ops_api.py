@@ -88,31 +88,56 @@ def test_params_match_torch_state_dict_layout():
 # ----------------------------------------------------------------------------- skip_input
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("input_mode", ["skip_input", "auto_select"])
 @pytest.mark.parametrize("mode", MODES)
-def test_skip_input_equals_identity_input_weights(mode, input_mode):
-    """skip_input adds x to every gate: the same as linear_input with W_g = identity."""
+def test_skip_input_equals_identity_input_weights(mode, input_mode, backend):
+    """skip_input adds x to every gate: the same as linear_input with W_g = identity. Every
+    output and gradient against torch.nn's (float64; the Triton backend in float32)."""
     H, T = 4, 5
+    dtype, tol = (F64, 1e-10) if backend == "reference" else (torch.float32, 2e-5)
     module, x, h0, c0, lens = make_case(mode, H, H, 2, True, 0, T, [5, 2, 0], True)
     G = GATES[mode]
     with torch.no_grad():
         for sfx in ("l0", "l0_reverse"):
             getattr(module, f"weight_ih_{sfx}").copy_(torch.eye(H, dtype=F64).repeat(G, 1))
-    grads = (torch.randn(T, 3, 2 * H, dtype=F64), torch.randn(h0.shape, dtype=F64),
-             torch.randn(h0.shape, dtype=F64) if c0 is not None else None)
+    g = torch.Generator().manual_seed(1)
+    grads = (torch.randn(T, 3, 2 * H, generator=g, dtype=F64),
+             torch.randn(h0.shape, generator=g, dtype=F64),
+             torch.randn(h0.shape, generator=g, dtype=F64) if c0 is not None else None)
     want = torch_oracle(module, x, h0, c0, lens, True, grads)
-    p = params_from_module(module, skip_input=True).requires_grad_(True)
-    xs = x.clone().requires_grad_(True)
-    res = cudnn_rnn(xs, h0, c0, p, lens, rnn_mode=mode, input_mode=input_mode,
-                    direction="bidirectional", backend="reference")
-    torch.testing.assert_close(res.output, want["output"], rtol=1e-10, atol=1e-10)
-    loss = (res.output * grads[0]).sum() + (res.output_h * grads[1]).sum()
+    leaves = [t.to(dtype).requires_grad_(True) if t is not None else None
+              for t in (x, h0, c0, params_from_module(module, skip_input=True))]
+    res = cudnn_rnn(*leaves, lens, rnn_mode=mode, input_mode=input_mode,
+                    direction="bidirectional", backend=backend)
+    outs = (res.output, res.output_h, res.output_c)
+    loss = sum((o * d.to(dtype)).sum() for o, d in zip(outs, grads, strict=True)
+               if d is not None)
+    got = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+    pairs = {"output": (res.output, want["output"]), "output_h": (res.output_h, want["output_h"]),
+             "dx": (got[0], want["dx"]), "dh0": (got[1], want["dh0"]),
+             "dparams": (got[-1], params_from_module(module, skip_input=True,
+                                                     tensors=want["dparams"]))}
     if c0 is not None:
-        loss = loss + (res.output_c * grads[2]).sum()
-    dx, dp = torch.autograd.grad(loss, [xs, p])
-    torch.testing.assert_close(dx, want["dx"], rtol=1e-10, atol=1e-10)
-    dp_want = params_from_module(module, skip_input=True, tensors=want["dparams"])
-    torch.testing.assert_close(dp, dp_want, rtol=1e-10, atol=1e-10)
+        pairs["output_c"] = (res.output_c, want["output_c"])
+        pairs["dc0"] = (got[2], want["dc0"])
+    for name, (a, b) in pairs.items():
+        torch.testing.assert_close(a.detach().double(), b, rtol=tol, atol=tol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_auto_select_with_another_input_size_is_linear_input():
+    """auto_select picks linear_input when the input size differs from num_units."""
+    module, x, h0, c0, lens = make_case("lstm", 3, 4, 1, False, 0, 5, [5, 2], True)
+    p = params_from_module(module)
+    got = cudnn_rnn(x, h0, c0, p, lens, input_mode="auto_select", backend="reference")
+    want = cudnn_rnn(x, h0, c0, p, lens, input_mode="linear_input", backend="reference")
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert torch.equal(a, b)
+    grads = (torch.zeros(5, 2, 4, dtype=F64), torch.zeros(h0.shape, dtype=F64),
+             torch.zeros(h0.shape, dtype=F64))
+    torch.testing.assert_close(got.output, torch_oracle(module, x, h0, c0, lens, True,
+                                                        grads)["output"], rtol=1e-10, atol=1e-10)
 
 
 # ----------------------------------------------------------------------------- backprop op
