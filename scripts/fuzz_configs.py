@@ -55,6 +55,9 @@ if __name__ == "__main__":  # the interpreter unless a GPU is present (as the te
 import torch  # noqa: E402
 
 SWITCHES = ("TRITONRNN_HOIST_WEIGHTS",)
+# How the planner's refusals of a forced choice begin (rnn/planner.py); any other error,
+# ValueErrors from the launchers' own checks included, is a failure.
+REFUSAL = "plan_constraints: "
 
 
 def draw(i: int) -> dict:
@@ -197,8 +200,11 @@ def run_case(case: dict) -> dict:
                 device=device)
         out = {"status": "ok", "max_error": max(errors.values()),
                "split_k_launches": dict(ran), "hoist_launches": dict(hoisted)}
-    except ValueError as e:  # a forced choice the planner refuses, with its reason
-        out = {"status": "refused", "reason": str(e)[:300]}
+    except ValueError as e:
+        if not str(e).startswith(REFUSAL):  # the launchers' own checks raise ValueError too
+            out = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
+        else:  # a forced choice the planner refuses, with its reason
+            out = {"status": "refused", "reason": str(e)[:300]}
     except Exception as e:  # noqa: BLE001 (any other error is the finding)
         out = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:2000]}
     finally:

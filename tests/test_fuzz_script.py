@@ -66,6 +66,22 @@ def test_a_failing_case_is_reported(tmp_path, monkeypatch, capsys):
     assert "case 1 FAILED" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("error, status", [
+    (ValueError("plan_constraints: block_h = 8 needs vector tiles"), "refused"),
+    (ValueError("R: expected [4*H, Hout] for cell 'lstm', got [8, 3]"), "failed"),
+])
+def test_only_the_planners_refusals_count_as_refused(error, status, monkeypatch):
+    """A ValueError from a launcher's own checks (a wiring bug between the engine and the
+    kernels) is a failure, not a refusal of the drawn constraints."""
+    import helpers
+
+    def raising(*_a, **_k):
+        raise error
+
+    monkeypatch.setattr(helpers, "compare_with_torch", raising)
+    assert FZ.run_case(FZ.draw(1))["status"] == status
+
+
 @pytest.mark.parametrize("two, one, want", [(True, True, {"one": 1, "two": 0}),
                                             (True, False, {"one": 0, "two": 1}),
                                             (False, False, {"one": 0, "two": 0})])
