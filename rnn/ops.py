@@ -52,19 +52,20 @@ def check_untransformed(name: str, t: object) -> None:
     (torch.autograd.forward_ad): the ops read lengths on the host and launch kernels on raw
     storage, and neither the custom ops nor their autograd have rules for those transforms
     or a forward-mode derivative. (A dual tensor's tangent was dropped without a word
-    wherever no input needed a reverse-mode gradient.)"""
+    wherever no input needed a reverse-mode gradient.) A TypeError, as for every bad input
+    (the spec's errors)."""
     if torch.compiler.is_compiling() or not isinstance(t, torch.Tensor):
         return  # Dynamo traces fake tensors, and cannot trace the functorch query
     functorch = torch._C._functorch
     if functorch.is_functorch_wrapped_tensor(t) or _legacy_batched(t):
-        raise RuntimeError(
+        raise TypeError(
             f"{name}: expected a plain tensor, got one wrapped by a torch.func transform "
             f"(grad, vmap, jacrev, autograd.grad's is_grads_batched, ...); tritonrnn's ops "
             f"and modules do not compose with torch.func: differentiate with torch.autograd "
             f"(backward, torch.autograd.grad) and batch by concatenating along the batch axis"
         )
     if forward_ad.unpack_dual(t).tangent is not None:
-        raise RuntimeError(
+        raise TypeError(
             f"{name}: expected a tensor without a forward-mode tangent, got a dual tensor "
             f"(torch.autograd.forward_ad); tritonrnn's ops have no forward-mode derivative: "
             f"differentiate in reverse mode (backward, torch.autograd.grad)"

@@ -115,12 +115,30 @@ def _cuda_properties(index: int) -> DeviceProperties:
     )
 
 
-def device_properties(device: torch.device | str | None = None) -> DeviceProperties:
-    """Properties of `device` (default: the current CUDA device, else the interpreter)."""
-    dev = torch.device(device) if device is not None else None
+def device_properties(device: torch.device | str | int | None = None) -> DeviceProperties:
+    """Properties of `device`: a torch.device, a device string or index ("cuda:1", 0,
+    "cpu": the interpreter's), or a preset's name (PRESETS: "h100", ...); default: the
+    current CUDA device, else the interpreter."""
+    if isinstance(device, str) and device in PRESETS:
+        return PRESETS[device]
+    expected = f"a torch.device, a device string or index, or one of {sorted(PRESETS)}"
+    if device is not None and (isinstance(device, bool)
+                               or not isinstance(device, (torch.device, str, int))):
+        raise TypeError(f"device: expected {expected}, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device) if device is not None else None
+    except RuntimeError as e:
+        raise ValueError(f"device: expected {expected}, got {device!r}") from e
     if dev is None:
         dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device: expected a device this machine has, got {dev} (torch "
+                             f"sees no CUDA device)")
+        if dev.index is not None and not 0 <= dev.index < count:
+            raise ValueError(f"device: expected one of the {count} CUDA devices here "
+                             f"(cuda:0..cuda:{count - 1}), got {dev}")
         return _cuda_properties(dev.index if dev.index is not None else torch.cuda.current_device())
     return PRESETS["interpreter"]
 

@@ -164,11 +164,12 @@ def check(
     """
     if not isinstance(reserve, torch.Tensor):
         raise TypeError(f"reserve_space: expected a tensor, got {type(reserve).__name__}")
-    if reserve.dtype != torch.uint8 or reserve.dim() != 1:
-        raise TypeError(
-            f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
-            f"{reserve.dtype} of shape {list(reserve.shape)}"
-        )
+    if reserve.dtype != torch.uint8:
+        raise TypeError(f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
+                        f"{reserve.dtype} of shape {list(reserve.shape)}")
+    if reserve.dim() != 1:
+        raise ValueError(f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
+                         f"{reserve.dtype} of shape {list(reserve.shape)}")
     if reserve.device != device:
         raise ValueError(
             f"reserve_space: expected a tensor on {device} (the input's), got {reserve.device}"

@@ -285,7 +285,7 @@ def test_torch_func_transforms_are_refused_by_name(path, transform):
 
         args, name = (p, "params") if transform == "grad" else (batch, "input")
     wrapped = torch.func.grad(of_params) if transform == "grad" else torch.func.vmap(of_input)
-    with pytest.raises(RuntimeError, match=rf"^{name}: expected a plain tensor, got one "
+    with pytest.raises(TypeError, match=rf"^{name}: expected a plain tensor, got one "
                                            r"wrapped by a torch\.func transform"):
         wrapped(args)
 
@@ -307,14 +307,14 @@ def test_forward_mode_tangents_are_refused_by_name(case):
             if what == "frozen":
                 m.requires_grad_(False)
             with torch.no_grad() if what == "no-grad" else contextlib.nullcontext(), \
-                    pytest.raises(RuntimeError, match=r"^input: expected a tensor without a "
+                    pytest.raises(TypeError, match=r"^input: expected a tensor without a "
                                                       r"forward-mode tangent"):
                 m(dual_x)
             return
         fn = cudnn_rnn if path == "ops" else library.cudnn_rnn
         args, name = ((dual_x, h, c, p), "input") if what == "input" else \
             ((x, h, c, fwAD.make_dual(p, torch.randn_like(p))), "params")
-        with pytest.raises(RuntimeError, match=rf"^{name}: expected a tensor without a "
+        with pytest.raises(TypeError, match=rf"^{name}: expected a tensor without a "
                                                r"forward-mode tangent"):
             fn(*args, rnn_mode="lstm", backend="reference")
 
@@ -328,7 +328,7 @@ def test_batched_gradients_through_the_ops_autograd_are_refused_by_name():
     pg = p.clone().requires_grad_(True)
     out = cudnn_rnn(x, h, c, pg, **kw).output
     grads = torch.randn(2, *out.shape, dtype=out.dtype)
-    with pytest.raises(RuntimeError, match=r"^output_backprop: expected a plain tensor, got "
+    with pytest.raises(TypeError, match=r"^output_backprop: expected a plain tensor, got "
                                            r"one wrapped by a torch\.func transform"):
         torch.autograd.grad(out, pg, grads, is_grads_batched=True)
     out = library.cudnn_rnn(x, h, c, pg, **kw).output
@@ -538,6 +538,9 @@ def test_reserve_from_another_configuration_is_rejected():
         cudnn_rnn_backprop(*args, a.reserve_space[:-8], None, backend="reference")
     with pytest.raises(TypeError, match="uint8"):
         cudnn_rnn_backprop(*args, a.reserve_space.float(), None, backend="reference")
+    with pytest.raises(ValueError, match=r"1-D uint8 tensor from cudnn_rnn, got torch.uint8 "
+                                         r"of shape \[2, "):  # a bad rank is a ValueError
+        cudnn_rnn_backprop(*args, a.reserve_space.view(2, -1), None, backend="reference")
     # An empty tensor of another dtype is not an is_training=False reserve: the dtype is named.
     with pytest.raises(TypeError, match=r"1-D uint8 tensor from cudnn_rnn, got torch.float32 "
                                         r"of shape \[0\]"):

@@ -1077,6 +1077,27 @@ def test_plan_for_names_what_device_properties_takes(device):
         _plan(device=device)
 
 
+def test_device_properties_takes_presets_and_names_a_bad_device():
+    from tritonrnn.rnn import device_properties
+    from tritonrnn.rnn.planner import PRESETS
+
+    assert device_properties("h100") is PRESETS["h100"]
+    assert device_properties("cpu") is PRESETS["interpreter"]
+    expected = r"^device: expected a torch.device, a device string or index, or one of \["
+    with pytest.raises(TypeError, match=expected + r".*got float 5.0$"):
+        device_properties(5.0)
+    with pytest.raises(TypeError, match=expected + r".*got bool True$"):
+        device_properties(True)
+    with pytest.raises(ValueError, match=expected + r".*got 'h1000'$"):
+        device_properties("h1000")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=r"^device: expected .*got cuda:99"):
+        device_properties("cuda:99")
+    if not count:
+        with pytest.raises(ValueError, match=r"torch sees no CUDA device"):
+            device_properties("cuda")
+
+
 @pytest.mark.parametrize("name", ["batch", "max_time"])
 def test_plan_for_takes_numpy_ints_for_batch_and_max_time(name):
     import numpy as np
