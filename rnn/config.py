@@ -104,6 +104,22 @@ class RNNConfig:
         return replace(self, dropout=0.0, seed=0, seed2=0)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _check_params_count(rnn_mode: str, L: int, H: int, I: int, D: int, P: int) -> None:
+    """The flat params' element count (closed form of params.py's layout; I = 0 under
+    skip_input) must be an int64: torch's sizes, and the op schema's ints."""
+    G = {"lstm": 4, "gru": 3}.get(rnn_mode, 1)
+    Hout = P or H
+    per_layer = G * H * Hout + P * H + 2 * G * H  # R, Pw, both biases
+    count = D * (G * H * I + (L - 1) * G * H * D * Hout + L * per_layer)
+    if count > 2**63 - 1:
+        raise ValueError(f"num_units, input_size, num_layers: expected a params buffer of at "
+                         f"most 2**63 - 1 elements, got {count} (num_layers={L}, num_units={H}, "
+                         f"input_size={I}, num_proj={P})")
+
+
 def make_config(
     *,
     rnn_mode: str,
@@ -137,6 +153,11 @@ def make_config(
             raise ValueError(
                 f"num_proj: expected a value in (0, num_units={num_units}], got {num_proj}"
             )
+    for name, value in (("num_layers", num_layers), ("num_units", num_units),
+                        ("input_size", input_size), ("num_proj", num_proj)):
+        if value > INT32_MAX:
+            raise ValueError(f"{name}: expected at most {INT32_MAX} (TensorFlow's int32 "
+                             f"sizes), got {value}")
     dropout = check_dropout(dropout)
     if input_mode == "auto_select":
         skip = input_size == num_units
@@ -147,6 +168,8 @@ def make_config(
                 f"input_mode: 'skip_input' needs input size == num_units ({num_units}), "
                 f"got input size {input_size}"
             )
+    _check_params_count(rnn_mode, num_layers, num_units, 0 if skip else input_size,
+                        2 if direction == "bidirectional" else 1, num_proj)
     return RNNConfig(
         rnn_mode=rnn_mode,
         num_layers=num_layers,

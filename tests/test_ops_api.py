@@ -65,6 +65,24 @@ def test_params_size_projection():
                        direction="bidirectional", num_proj=P) == expect
 
 
+@pytest.mark.parametrize("sizes, match", [
+    (dict(num_units=2**31), r"^num_units: expected at most 2147483647 \(TensorFlow's int32 "
+                            r"sizes\), got 2147483648$"),
+    (dict(num_layers=2**31), r"^num_layers: expected at most 2147483647"),
+    (dict(input_size=2**40), r"^input_size: expected at most 2147483647"),
+    (dict(num_units=2**30, input_size=2**30),
+     r"^num_units, input_size, num_layers: expected a params buffer of at most 2\*\*63 - 1 "
+     r"elements, got 9223372045444710400 "),
+    (dict(num_units=2**31 - 1, num_layers=2**31 - 1), r"params buffer of at most"),
+], ids=["units", "layers", "input", "product", "layers-product"])
+def test_params_size_refuses_sizes_past_int32_and_counts_past_int64(sizes, match):
+    """Refused before any layout is built: a size of 2**40 returned a count past int64, and
+    2**31 layers would have been walked one by one."""
+    with pytest.raises(ValueError, match=match):
+        params_size(**{**dict(rnn_mode="lstm", num_layers=1, num_units=4, input_size=3),
+                       **sizes})
+
+
 @pytest.mark.parametrize(("mode", "proj"), [(m, 0) for m in MODES] + [("lstm", 2)])
 def test_canonical_round_trip(mode, proj):
     kw = dict(rnn_mode=mode, num_layers=2, num_units=5, input_size=3, num_proj=proj,
