@@ -612,3 +612,21 @@ def test_rnn_output_is_the_slab_and_the_gradient_slab_reaches_backward_without_c
     expect[4] = 0  # never read: the gradient array zero-fills it in place
     torch.testing.assert_close(dy, expect, rtol=0, atol=0)
     torch.testing.assert_close(x.grad, 2 * expect, rtol=0, atol=0)
+
+
+def test_each_read_is_its_own_tensor_with_its_own_history():
+    """List storage with clear_after_read=False: each read is a new tensor object with its
+    own history (returning the stored element itself handed every read one object, whose
+    history a later differentiable read rewrote)."""
+    v = torch.tensor([1.0, 2.0], requires_grad=True)
+    ta = TensorArray(torch.float32, 2, clear_after_read=False)  # list storage (no shape)
+    ta = ta.write(0, v * 1).write(1, torch.zeros(3))
+    with torch.no_grad():
+        plain = ta.read(0)
+    assert not plain.requires_grad
+    a = ta.read(0)
+    b = ta.read(0)
+    assert a is not b and a.grad_fn is not b.grad_fn
+    assert not plain.requires_grad and plain.grad_fn is None  # untouched by the later reads
+    (g,) = torch.autograd.grad((a * 2).sum() + (b * 3).sum(), [v])
+    assert torch.equal(g, torch.tensor([5.0, 5.0]))

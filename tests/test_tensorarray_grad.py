@@ -418,3 +418,33 @@ def test_grad_slab_is_allocated_through_the_forward_allocator():
     g.write(0, torch.ones(5, 2))
     assert calls == [(3, 5, 2)]
     assert g.slab.shape == (3, 5, 2)
+
+
+# Aggregation in a gradient array kept as a list (the forward's element shapes differ, so
+# make_grad cannot give the gradient a slab): the other "list" cases write one shape at every
+# index, so their gradient arrays are slabs and ArrayResource._put_list never aggregates.
+
+
+def _ragged_forward() -> TensorArray:
+    ta = TensorArray(torch.float32, 3)
+    ta = ta.write(0, torch.full((2,), 1.0))
+    ta = ta.write(1, torch.full((3,), 2.0))  # another shape: no slab for the gradient
+    return ta.write(2, torch.full((2,), 3.0))
+
+
+def test_list_gradient_scatter_adds_duplicate_indices():
+    g = _ragged_forward().grad("gradients")
+    assert g.handle._res.slab_shape is None  # the list path is the one under test
+    g = g.scatter([0, 2, 0], torch.tensor([[1.0, 1], [2, 2], [4, 4]]))
+    assert torch.equal(g.read(0), torch.tensor([5.0, 5]))
+    assert torch.equal(g.read(2), torch.tensor([2.0, 2]))
+
+
+def test_list_gradient_writes_and_scatters_add():
+    g = _ragged_forward().grad("gradients")
+    g = g.write(1, torch.full((3,), 1.0))
+    g = g.write(1, torch.full((3,), 2.0))
+    g = g.scatter([0, 0], torch.tensor([[1.0, 1], [2, 2]]))
+    g = g.scatter([0], torch.tensor([[4.0, 4]]))
+    assert torch.equal(g.read(1), torch.full((3,), 3.0))
+    assert torch.equal(g.read(0), torch.full((2,), 7.0))
