@@ -8,9 +8,11 @@ in one launch, so the in-kernel step loop is covered too; the barrier itself is 
 the GPU tests.
 
 Tolerances. fp32: the kernel rounds every operation to fp32 (unit roundoff u = 6e-8); an
-output depends on dot products of K <= 4*40 terms over T <= 6 steps, a worst-case linear
-bound T*K*u ~ 6e-5 relative to the operand magnitudes (O(1) here), hence rtol = 1e-4 and
-atol = 1e-5; an indexing or masking bug shows up as O(0.1..1). bf16 / fp16 (GPU): inputs
+output depends on dot products of K <= 4*40 terms over T <= 6 steps. The worst-case linear
+bound T*K*u ~ 6e-5 assumes every rounding error has one sign; they accumulate as a random
+walk, ~ sqrt(T*K)*u ~ 2e-6 relative to the operand magnitudes (O(1) here), and the largest
+error measured over these tests is 1.3e-6 at values up to 5.8: rtol = atol = 1e-5. An
+indexing or masking bug shows up as O(0.1..1). bf16 / fp16 (GPU): inputs
 and weights are the same rounded values on both sides; the kernel additionally rounds the
 dot operand h (or dph) to the dtype each step and the stored outputs: a few units of the
 dtype's epsilon (bf16 7.8e-3, fp16 9.8e-4), hence 3e-2 and 5e-3.
@@ -34,7 +36,7 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEV.type == "cuda"
 VARLEN = ([5, 0, 3, 5, 1], 6)  # ties, a length-0 row, max_len < T
 TOL = {
-    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
     torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
     torch.float16: dict(rtol=5e-3, atol=5e-3),
 }

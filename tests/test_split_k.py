@@ -71,13 +71,32 @@ def _inputs(cell: str, H: int, lengths: list[int], seed: int) -> dict:
     )
 
 
-def _outputs(cell: str, H: int, info) -> dict:
+def _outputs(cell: str, H: int, info, dtype=torch.float32) -> dict:
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
-    nan = float("nan")  # poisoned: a row the kernel should write and does not fails
-    return dict(dpre_x=torch.full((info.N, G * H), nan),
-                dpre_h=torch.full((info.N, G * H), nan) if cell == "gru" else None,
-                dh0=torch.full((info.B, H), nan),
-                dc0=torch.full((info.B, H), nan) if cell == "lstm" else None)
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=dtype)  # noqa: E731
+    # (poisoned: a row the kernel should write and does not fails)
+    return dict(dpre_x=nan(info.N, G * H),
+                dpre_h=nan(info.N, G * H) if cell == "gru" else None,
+                dh0=nan(info.B, H),
+                dc0=nan(info.B, H) if cell == "lstm" else None)
+
+
+def _reference(x: dict, reverse: bool) -> dict:
+    """The float64 reference backward (rnn/reference.py) on x's float32 values."""
+    d = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+         for k, v in x.items()}
+    want = _outputs(x["cell"], x["R"].shape[1], x["info"], torch.float64)
+    recurrence_backward(d["cell"], d["pre_x"], d["pre_h"], d["R"], None, d["y"], d["h_prev"],
+                        d["c_seq"], d["c_prev"], d["dy"], d["dhT"], d["dcT"], d["info"],
+                        reverse, want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"],
+                        None, None)
+    return want
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """float32 kernel against the float64 reference: sums of <= 4 H products over <= 8 steps
+    of O(1) values, each rounded to float32 (u = 6e-8), well inside 2e-5."""
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5, msg=what or None)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd-time", "reversed"])
@@ -97,11 +116,7 @@ def test_one_barrier_split_k_backward_matches_the_reference(case, reverse):
 def _check_against_the_reference(case, reverse: bool, one_barrier: bool) -> None:
     cell, H, lengths, U, KB, BB = case
     x = _inputs(cell, H, lengths, seed=len(lengths) + H)
-    want, got = _outputs(cell, H, x["info"]), _outputs(cell, H, x["info"])
-    recurrence_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
-                        x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"],
-                        reverse, want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"],
-                        None, None)
+    want, got = _reference(x, reverse), _outputs(cell, H, x["info"])
     split_k_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], x["y"], x["h_prev"],
                      x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], reverse,
                      got["dpre_x"], got["dpre_h"], got["dh0"], got["dc0"], units=U, kblock=KB,
@@ -111,7 +126,7 @@ def _check_against_the_reference(case, reverse: bool, one_barrier: bool) -> None
             assert got[name] is None
             continue
         assert not w.isnan().any(), name  # the reference wrote every element
-        torch.testing.assert_close(got[name], w, rtol=2e-5, atol=2e-5, msg=name)
+        _close(got[name], w, name)
     assert want["dh0"].abs().max() > 0.1
 
 
@@ -120,20 +135,17 @@ def test_split_k_backward_takes_strided_tensors_and_empty_batches(one_barrier):
     """A column view for dy and a strided dh0 (the layer's time-major views), and a batch
     whose sequences are all empty (dh0 = dhT, dc0 = dcT)."""
     x = _inputs("lstm", 16, [3, 1, 2], seed=4)
-    want, got = _outputs("lstm", 16, x["info"]), _outputs("lstm", 16, x["info"])
+    want, got = _reference(x, True), _outputs("lstm", 16, x["info"])
     wide = torch.zeros(x["dy"].shape[0], 40)
     wide[:, 8:24] = x["dy"]
     dy = wide[:, 8:24]
     got["dh0"] = torch.full((3, 32), float("nan"))[:, ::2]
     args = [x[k] for k in ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq", "c_prev")]
-    recurrence_backward("lstm", *args[:3], None, *args[3:], x["dy"], x["dhT"], x["dcT"],
-                        x["info"], True, want["dpre_x"], None, want["dh0"], want["dc0"], None,
-                        None)
     split_k_backward("lstm", *args, dy, x["dhT"], x["dcT"], x["info"], True, got["dpre_x"],
                      None, got["dh0"], got["dc0"], units=16, kblock=64, btile=16,
                      one_barrier=one_barrier)
     for k in ("dpre_x", "dh0", "dc0"):
-        torch.testing.assert_close(got[k], want[k], rtol=2e-5, atol=2e-5, msg=k)
+        _close(got[k], want[k], k)
     empty = _inputs("lstm", 16, [0, 0], seed=5)
     out = _outputs("lstm", 16, empty["info"])
     split_k_backward("lstm", *(empty[k] for k in ("pre_x", "pre_h", "R", "y", "h_prev", "c_seq",
@@ -327,10 +339,7 @@ def test_split_k_backward_writes_over_the_preacts(cell, form):
     H = 64 if units < 64 else units
     lengths = [4, 1, 0, 4, 2, 3] if units < 64 else [4, 1, 0, 4, 2, 3, 4, 4]
     x = _inputs(cell, H, lengths, seed=3)
-    want = _outputs(cell, H, x["info"])
-    recurrence_backward(cell, x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
-                        x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
-                        want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"], None, None)
+    want = _reference(x, False)
     pre_x, pre_h = x["pre_x"].clone(), x["pre_h"].clone()
     got = _outputs(cell, H, x["info"])
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
@@ -339,12 +348,12 @@ def test_split_k_backward_writes_over_the_preacts(cell, form):
                      x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False, pre_x,
                      pre_h if cell == "gru" else None, got["dh0"], got["dc0"], units=units,
                      kblock=kblock, btile=16, one_barrier=one_barrier)
-    torch.testing.assert_close(pre_x, want["dpre_x"], rtol=2e-5, atol=2e-5)
+    _close(pre_x, want["dpre_x"], "dpre_x")
     if cell == "gru":
-        torch.testing.assert_close(pre_h, want["dpre_h"], rtol=2e-5, atol=2e-5)
+        _close(pre_h, want["dpre_h"], "dpre_h")
     for name in ("dh0", "dc0"):
         if want[name] is not None:
-            torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=2e-5)
+            _close(got[name], want[name], name)
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["apart", "over-preacts"])
@@ -360,10 +369,7 @@ def test_a_run_past_the_barrier_counter_launches_per_step_with_its_held_buffer(m
 
     cell, H = "lstm", 64
     x = _inputs(cell, H, [4, 1, 0, 4, 2, 3, 4, 4], seed=3)
-    want = _outputs(cell, H, x["info"])
-    recurrence_backward(cell, x["pre_x"], x["pre_h"], x["R"], None, x["y"], x["h_prev"],
-                        x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], False,
-                        want["dpre_x"], want["dpre_h"], want["dh0"], want["dc0"], None, None)
+    want = _reference(x, False)
     launches, kernel = [], split_k._split_k1_bwd_kernel
 
     class Counted:
@@ -380,9 +386,9 @@ def test_a_run_past_the_barrier_counter_launches_per_step_with_its_held_buffer(m
                      got["dh0"], got["dc0"], units=64, kblock=256, btile=16, one_barrier=True,
                      persistent=True)
     assert launches == [(1,)] * (x["info"].max_len + 1)  # one program, a launch per step
-    torch.testing.assert_close(dpre_x, want["dpre_x"], rtol=2e-5, atol=2e-5)
+    _close(dpre_x, want["dpre_x"], "dpre_x")
     for name in ("dh0", "dc0"):
-        torch.testing.assert_close(got[name], want[name], rtol=2e-5, atol=2e-5)
+        _close(got[name], want[name], name)
 
 
 def test_workspace_holds_gradients_only_between_launches():
