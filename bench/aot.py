@@ -105,6 +105,10 @@ KERNEL_MODULES = ("tritonrnn.kernels.persistent_cta", "tritonrnn.kernels.persist
                   "tritonrnn.kernels.split_k")
 # Target warp size of every NVIDIA GPU.
 _WARP = 32
+# The CUDA compute capabilities (>= 75: Triton's NVIDIA backend) that the ptxas builds in
+# Triton's wheel compile for (`ptxas --help`, --gpu-name): any other --arch fails deep in
+# the compiler.
+ARCHES = (75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, 110, 120, 121)
 # Time steps of the dummy batch: the step count is a runtime argument of every kernel.
 _CAPTURE_T = 2
 
@@ -1187,6 +1191,28 @@ def format_report(report: dict) -> str:
         lines.append("  GPU values of interpreter-dependent constexprs: " + ", ".join(
             f"{n}={v[1]}" for n, v in over.items()))
     return "\n".join(lines)
+
+
+JSON_KEYS = ("host", "reports")  # write_json's top level
+
+
+def check_json_target(path: Path) -> str | None:
+    """Why `path` must not be replaced by write_json (None: it may): an existing file is
+    replaced only when it is an earlier aot report (a JSON object with exactly JSON_KEYS), so
+    a mistyped --json never writes over another file (a bench report, a source file,
+    /etc/passwd)."""
+    if not path.exists():
+        return None
+    if not path.is_file():  # a device (/dev/null), a FIFO: never replaced by a report
+        return "it exists and is not a regular file"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return "it exists and is not JSON"
+    if not isinstance(data, dict) or set(data) != set(JSON_KEYS):
+        keys = sorted(data) if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        return f"it exists and is not an aot report (keys {list(JSON_KEYS)}; it has {keys})"
+    return None
 
 
 def write_json(reports: list[dict], path: Path) -> None:

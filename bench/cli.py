@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", choices=("auto", "triton", "reference"), default="auto",
                    help="tritonrnn backend (default auto: Triton on a GPU or the interpreter)")
     b.add_argument("--out", type=Path, default=Path("tritonrnn-results"), metavar="DIR",
-                   help="where the JSON and the PNG go (default ./tritonrnn-results)")
+                   help="where the JSON and the PNG go (default ./tritonrnn-results); the "
+                   "checkpoint after each shape goes to <report>.partial.json, which the "
+                   "complete report replaces")
     b.add_argument("--no-tune", action="store_true",
                    help="GPU: do not tune missing plan keys before timing")
     b.add_argument("--allow-slow", action="store_true",
@@ -172,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "GPU: its compiles are the Triton cache entries its runs look up) "
                    "(default h100)")
     a.add_argument("--arch", type=int, default=None, metavar="CC",
-                   help="CUDA compute capability to compile for (default: the preset's, 90 "
-                   "for h100 / h200, 80 for a100)")
+                   help="CUDA compute capability to compile for, one that Triton's ptxas "
+                   "compiles for (75 to 121) (default: the preset's, 90 for h100 / h200, 80 "
+                   "for a100)")
     a.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="compile in N processes at once (default 1); the reports print when "
                    "all are done")
@@ -199,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="experiment: cap registers per thread (Triton's maxnreg option, "
                    "16..255) on top of what the launchers pass")
     a.add_argument("--json", type=Path, default=None, metavar="PATH",
-                   help="also write the reports as JSON there")
+                   help="also write the reports as JSON there (a new file, or an earlier "
+                   "aot report to replace: any other file is refused)")
     a.add_argument("--dump", type=Path, default=None, metavar="DIR",
                    help="also write each kernel's TTGIR, PTX and SASS under DIR")
 
@@ -258,13 +264,33 @@ def resolve_shapes(args, default_preset: str) -> tuple[str, list[BenchShape]]:
     return preset or "custom", list(dict.fromkeys(shapes))
 
 
-def _effective_backend(backend: str, device) -> str:
+def _effective_backend(backend: str, device, dtypes: Iterable = ()) -> str:
+    """The tritonrnn backend that runs (what the banner and the report's tritonrnn_backend
+    say): 'auto' resolved as the library resolves it (ops._resolve_backend), and 'reference'
+    where every shape is float64 (the planner runs float64 on its reference family, Triton
+    or not)."""
+    import torch
+
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if backend == "auto":
         backend = "triton" if device.type == "cuda" or interpret else "reference"
+    dtypes = set(dtypes)
+    if backend == "triton" and dtypes and dtypes <= {torch.float64}:
+        return "reference"
     if backend == "triton" and device.type != "cuda":
         return "triton-interpreter"
     return backend
+
+
+def _check_interpreter(backend: str, device) -> None:
+    """--backend triton on the CPU runs the kernels in Triton's interpreter, which only
+    TRITON_INTERPRET=1 selects (`_device` sets it when it is unset): any other value set in
+    the environment is refused up front, before the oracle and the baselines run."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if backend == "triton" and device.type == "cpu" and value != "1":
+        raise UsageError(f"--backend triton: on the CPU the Triton kernels run only in "
+                         f"Triton's interpreter: expected TRITON_INTERPRET unset or 1, got "
+                         f"TRITON_INTERPRET={value!r}")
 
 
 _BACKEND_WORDS = {
@@ -334,11 +360,12 @@ def cmd_bench(args, argv) -> int:
         if big:
             raise UsageError(f"shape '{big[0]}' is too large for the CPU interpreter (no GPU "
                              "found); use smaller sizes, --preset smoke, or --allow-slow")
+    _check_interpreter(args.backend, device)
     _check_output(args.out, "--out")
     passes = ("fwd", "bwd", "fwdbwd") if args.passes == "all" else (args.passes,)
     impls = tuple(args.impl) if args.impl else IMPLS
     impls = tuple(i for i in IMPLS if i in impls)  # fixed order: tritonrnn first
-    backend = _effective_backend(args.backend, device)
+    backend = _effective_backend(args.backend, device, (s.torch_dtype for s in shapes))
     if cpu:
         print("tritonrnn: no CUDA GPU found" if not _gpu() else "tritonrnn: --device cpu")
         print(f"  Running preset '{preset}' on the CPU: {_BACKEND_WORDS[backend]} against "
@@ -350,7 +377,7 @@ def cmd_bench(args, argv) -> int:
 
         print(f"tritonrnn bench '{preset}' on {torch.cuda.get_device_name(device)}, tritonrnn "
               f"backend {backend}")
-        if not args.no_tune and args.backend != "reference":
+        if not args.no_tune and backend != "reference":
             _tune_before_bench(shapes, device, timing, args)
     opts = BenchOptions(device=device, backend=args.backend, passes=passes, impls=impls,
                         timing=timing, seed=args.seed)
@@ -359,11 +386,22 @@ def cmd_bench(args, argv) -> int:
     overrides = _overrides(args)
     extra = {"overrides": overrides} if overrides and preset != "custom" else {}
 
-    def checkpoint(partial: dict) -> None:
-        write_report({**partial, **extra, "tritonrnn_backend": backend}, args.out)
+    saved: list[Path] = []  # the last checkpoint's file
 
-    report = run_benchmark(shapes, opts, progress=not args.no_progress, preset=preset,
-                           argv=argv, checkpoint=checkpoint)
+    def checkpoint(partial: dict) -> None:
+        saved[:] = [write_report({**partial, **extra, "tritonrnn_backend": backend},
+                                 args.out)]
+
+    try:
+        report = run_benchmark(shapes, opts, progress=not args.no_progress, preset=preset,
+                               argv=argv, checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        # The checkpoints went to <stem>.partial.json: a finished report of the same name
+        # from an earlier run is left as it was.
+        where = (f"the shapes finished before it are in {saved[0]}" if saved
+                 else "no shape had finished, nothing written")
+        print(f"tritonrnn: interrupted; {where}", file=sys.stderr)
+        return 130
     report.update(extra)
     report["tritonrnn_backend"] = backend
     json_path = write_report(report, args.out)
@@ -413,11 +451,13 @@ def cmd_check(args) -> int:
                           batch=args.batch, time=args.time, dtype=dtype).validated()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    _check_interpreter(args.backend, device)
     modes = tuple(m for m in MODES if not args.mode or m in args.mode)
     rows = run_check(check_cases(base, modes), device, args.backend, args.seed,
                      progress=not args.no_progress)
     name = "CPU" if device.type == "cpu" else _cuda_name(device)
-    print(format_check(rows, name, _effective_backend(args.backend, device), dtype))
+    print(format_check(rows, name, _effective_backend(args.backend, device, [base.torch_dtype]),
+                       dtype))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
@@ -512,10 +552,12 @@ def cmd_aot(args) -> int:
     import torch
 
     from .aot import (
+        ARCHES,
         AotShape,
         ToolMissing,
         aot_report,
         aot_reports,
+        check_json_target,
         device_preset,
         format_report,
         report_ok,
@@ -530,9 +572,9 @@ def cmd_aot(args) -> int:
         args.arch = props.arch
     if args.jobs < 1:
         raise UsageError(f"--jobs: expected an int >= 1, got {args.jobs}")
-    if args.arch < 75:
-        raise UsageError(f"--arch: expected a CUDA compute capability >= 75 such as 80, 90 or "
-                         f"100, got {args.arch}")
+    if args.arch not in ARCHES:
+        raise UsageError(f"--arch: expected a CUDA compute capability that Triton's ptxas "
+                         f"compiles for, one of {', '.join(map(str, ARCHES))}, got {args.arch}")
     constraints = _aot_constraints(args)
     options = {}
     if args.maxnreg is not None:
@@ -548,6 +590,10 @@ def cmd_aot(args) -> int:
                          "there is no Triton kernel to compile")
     if args.json is not None:
         _check_output(args.json, "--json", file=True)
+        why = check_json_target(args.json)
+        if why:
+            raise UsageError(f"--json: expected a new file or an earlier aot report to replace, "
+                             f"got '{args.json}' ({why})")
     if args.dump is not None:
         _check_output(args.dump, "--dump")
     reports = []
@@ -634,6 +680,30 @@ def cmd_barrier(args, argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- entry point
 
 
+def _run(args, argv: list[str]) -> int:
+    if args.command == "bench":
+        return cmd_bench(args, argv)
+    if args.command == "check":
+        return cmd_check(args)
+    if args.command == "tune":
+        return cmd_tune(args)
+    if args.command == "barrier":
+        return cmd_barrier(args, argv)
+    if args.command == "aot":
+        return cmd_aot(args)
+    return cmd_plan(args)
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (a test's capture): nothing flushes it later
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tritonrnn` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -649,17 +719,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "device", None) is not None:
             # First of all: the interpreter must be chosen before triton is imported.
             _device(args.device)
-        if args.command == "bench":
-            return cmd_bench(args, argv)
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "tune":
-            return cmd_tune(args)
-        if args.command == "barrier":
-            return cmd_barrier(args, argv)
-        if args.command == "aot":
-            return cmd_aot(args)
-        return cmd_plan(args)
+        rc = _run(args, argv)
+        sys.stdout.flush()  # a closed pipe fails here, not at the interpreter's exit
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`tritonrnn plan | head -1`): no message, the exit status of
+        # a process killed by SIGPIPE, and stdout pointed at /dev/null so that the flush at
+        # the interpreter's exit does not fail again (Python's documented recipe).
+        _stdout_to_devnull()
+        return 128 + signal.SIGPIPE
     except UsageError as e:
         print(f"tritonrnn: error: {e}", file=sys.stderr)
         return 2

@@ -329,7 +329,7 @@ def run_benchmark(shapes: list[BenchShape], opts: BenchOptions, *, progress: boo
 
     `checkpoint`, when given, receives the report of the shapes done so far (with
     "partial": true) after each shape, so that a run cut off (a lease or a time limit) still
-    leaves its finished shapes behind.
+    leaves its finished shapes behind (write_report puts it in <stem>.partial.json).
     """
     from .progress import progress_bar
 
@@ -413,25 +413,39 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
     }
 
 
-def write_report(report: dict, out_dir: Path) -> Path:
-    """Writes <device>-<date>-<preset>.json under out_dir; returns its path. A custom shape
-    (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
+def report_path(report: dict, out_dir: Path, *, partial: bool = False) -> Path:
+    """Where write_report puts `report`: <device>-<date>-<preset>.json under out_dir. A custom
+    shape (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
     one directory (gpu_session.sh's `vector` stage, LSTM then GRU) must not overwrite each
     other's report; a preset whose shape options were overridden adds them
-    (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report."""
-    from tritonrnn.rnn.planner import write_json_atomic
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report. partial:
+    the checkpoint file beside it, <stem>.partial.json."""
     date = report["created"][:10]
     stem = f"{device_slug(report['environment']['device'])}-{date}-{report['preset']}"
     if report["preset"] == "custom" and report["results"]:
         stem += "-" + device_slug(report["results"][0]["label"])
     elif report.get("overrides"):  # a preset with shape options overridden
         stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["overrides"].items()))
-    path = out_dir / f"{stem}.json"
+    return out_dir / f"{stem}{'.partial' if partial else ''}.json"
+
+
+def write_report(report: dict, out_dir: Path) -> Path:
+    """Writes `report` under out_dir (report_path); returns its path.
+
+    A checkpoint ("partial": true) goes to <stem>.partial.json, never over <stem>.json: a
+    rerun cut short (Ctrl-C, a time limit) leaves the finished report of an earlier run of
+    the same name as it was. The complete report is written to <stem>.json, then the
+    checkpoint file is removed."""
+    from tritonrnn.rnn.planner import write_json_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = bool(report.get("partial"))
+    path = report_path(report, out_dir, partial=partial)
     # Replaced whole (each checkpoint too): a write cut short (a kill, a full disk) leaves
-    # the last complete report, never a truncated one.
+    # the last complete file, never a truncated one.
     write_json_atomic(path, report, sort_keys=False)
+    if not partial:
+        report_path(report, out_dir, partial=True).unlink(missing_ok=True)
     return path
 
 
@@ -493,6 +507,11 @@ def format_table(report: dict) -> str:
                 f"{run['pct_roofline']:>6.1f}%{(f'{sp:.2f}x' if sp else '-'):>9}"
                 f"{(f'{sg:.2f}x' if sg else '-'):>9}{_fmt_bytes(run['peak_bytes']):>11}"
             )
+        unsettled = [f"{display_name(run['impl'], report)} {run['pass']}" for run in r["runs"]
+                     if run.get("warmup_settled") is False]
+        if unsettled:  # timing.measure's CPU warm-up stopped at its cap
+            lines.append(f"  warm-up did not settle (timing.measure's cap): "
+                         f"{', '.join(unsettled)}; their times may include warm-up")
         for impl, e in r["implementations"].items():
             name = display_name(impl, report)
             if e["status"] != "ok":

@@ -2,7 +2,9 @@
 
     python -m tritonrnn.bench.table bench/results/*.json
 
-Exit codes: 0 success, 2 a file that cannot be read or is not JSON (one line on stderr).
+Exit codes: 0 success, 2 a file that cannot be read, is not JSON, or is a tritonrnn.bench/1
+report without a field the table needs, or no `tritonrnn bench` report among the files (one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -61,6 +63,19 @@ def report_rows(report: dict) -> list[str]:
     return out
 
 
+def checked_rows(path: str, report: dict) -> list[str]:
+    """report_rows of a loaded report; ValueError naming the file and the field when the report
+    lacks one the table reads (or has one of another type)."""
+    try:
+        return report_rows(report)
+    except KeyError as e:
+        raise ValueError(f"{path}: expected a complete tritonrnn.bench/1 report, got one "
+                         f"without the field {e}") from None
+    except (TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{path}: expected a tritonrnn.bench/1 report, got a field of "
+                         f"another type ({type(e).__name__}: {e})") from None
+
+
 def load(path: str) -> object:
     """A JSON file's contents; ValueError naming the file when it cannot be read or parsed."""
     try:
@@ -87,18 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", metavar="JSON")
     args = ap.parse_args(argv)
     try:
-        reports = [load(p) for p in args.paths]
+        reports = [(p, load(p)) for p in args.paths]
+        lines = [line for p, report in reports if _is_bench_report(report)
+                 for line in checked_rows(p, report)]
+        if not any(_is_bench_report(report) for _, report in reports):
+            raise ValueError(f"expected at least one tritonrnn.bench/1 report (`tritonrnn "
+                             f"bench` JSON), got none among {len(reports)} file(s)")
     except ValueError as e:
         print(f"{ap.prog}: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
     print("| device | shape | pass | family | tritonrnn ms | cuDNN ms | speedup "
           "| cuDNN-graph ms | speedup vs graph | reserve / cuDNN |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for report in reports:
-        if not _is_bench_report(report):
-            continue
-        for line in report_rows(report):
-            print(line)
+    for line in lines:
+        print(line)
     return 0
 
 

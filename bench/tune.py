@@ -291,10 +291,19 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
                 limit: int | None = None) -> list[dict]:
     """Tunes every shape's plan key on `device` (see the module docstring); limit: at most
     that many candidates per key (`tune_key`)."""
-    from tritonrnn.rnn.planner import candidates, device_properties, plan_for
+    from tritonrnn.rnn.planner import (
+        candidates,
+        device_properties,
+        plan_for,
+        stored_entries,
+        tuning_cache_path,
+    )
 
     from .progress import progress_bar
 
+    # The cache read as a store reads it, before anything is timed: a damaged file fails
+    # here (ValueError naming it), not at the first store after a key's candidates ran.
+    stored_entries(tuning_cache_path())
     plans = []
     for s in shapes:
         plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,

@@ -259,7 +259,7 @@ def load_tuning_cache() -> dict:
 @functools.lru_cache(maxsize=4)
 def _load_cache(path: str, _stamp: tuple[int, int, int]) -> dict:
     try:
-        return _stored_entries(Path(path))
+        return stored_entries(Path(path))
     except (OSError, ValueError):  # unreadable: planned as if empty (a store refuses it)
         return {}
 
@@ -377,10 +377,10 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
         entry.update(measured=measured, candidates=candidates)
     path = tuning_cache_path()
     with tuning_cache_lock():
-        write_json_atomic(path, {"version": 1, "entries": {**_stored_entries(path), key: entry}})
+        write_json_atomic(path, {"version": 1, "entries": {**stored_entries(path), key: entry}})
 
 
-def _stored_entries(path: Path) -> dict:
+def stored_entries(path: Path) -> dict:
     """The entries of the tuning cache file at `path` ({} without one); a file that is not
     the format (damaged JSON, another format version, a hand edit) raises ValueError naming
     it. The planner reads such a file as empty (`_load_cache`); a store, which replaces the

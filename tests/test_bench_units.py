@@ -234,6 +234,43 @@ def test_cpu_timing_quantiles_are_ordered():
     assert timing._quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.2) == pytest.approx(1.8)
 
 
+class _Clock:
+    """A fake time.perf_counter, advanced by each call of `call` by the next of `ms`."""
+
+    def __init__(self, ms: list[float]):
+        self.now, self.ms, self.calls = 0.0, list(ms), 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.ms[min(self.calls, len(self.ms) - 1)] / 1e3
+        self.calls += 1
+
+
+def test_cpu_warmup_runs_until_the_calls_settle(monkeypatch):
+    """torch's first CPU calls (a bare nn.LSTM forward + backward, measured: 818, 356, 228,
+    220, 307, 77 ms, then ~1 ms): the warm-up goes on until three calls agree within 1.25x,
+    so the timed calls are the ~1 ms ones (one warm-up call timed 228 ms)."""
+    clock = _Clock([818, 356, 228, 220, 307, 77, 1.0, 1.1, 0.9, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(timing, "time", clock)
+    t = timing.measure(clock.call, "cpu", timing.TimingConfig(cpu_rep=3))
+    assert t.ms == pytest.approx(1.0) and t.ms_p80 <= 1.0 + 1e-9
+    assert (t.warmup_calls, t.warmup_settled) == (9, True)
+    assert t.as_dict()["warmup_calls"] == 9 and clock.calls == 12
+
+
+@pytest.mark.parametrize("ms, calls", [([1.0, 2.0], 100), ([400.0, 900.0], 8)],
+                         ids=["call-cap", "time-cap"])
+def test_cpu_warmup_that_never_settles_stops_at_its_cap(monkeypatch, ms, calls):
+    clock = _Clock(ms * 200)
+    monkeypatch.setattr(timing, "time", clock)
+    t = timing.measure(clock.call, "cpu", timing.TimingConfig(cpu_rep=1))
+    assert (t.warmup_calls, t.warmup_settled) == (calls, False)
+    described = timing.TimingConfig().describe("cpu")
+    assert described["warmup"].startswith("until the last 3 calls agree within 1.25x")
+
+
 # ----------------------------------------------------------------------------- tuner
 
 
@@ -639,6 +676,29 @@ def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
         "standard" in lines
 
 
+def test_summary_table_names_the_timings_whose_cpu_warmup_did_not_settle():
+    from tritonrnn.bench.harness import format_table
+
+    def run(impl, p, settled):
+        return {"impl": impl, "pass": p, "status": "ok", "ms": 1.0, "ms_p20": 1.0,
+                "ms_p80": 1.0, "tflops": 1.0, "pct_roofline": 5.0, "peak_bytes": None,
+                "warmup_calls": 3 if settled else 100, "warmup_settled": settled}
+
+    report = {
+        "environment": {"device_type": "cpu", "device": "CPU x86_64"},
+        "roofline": {"memory_bytes_per_s": 1e9, "matrix_flops_per_s": {"float32": 1e9}},
+        "results": [{"label": "lstm H8", "tokens": 8, "implementations": {},
+                     "runs": [run("tritonrnn", "fwd", True), run("torch", "fwd", True),
+                              run("torch", "bwd", False)],
+                     "plan": {"error": "x"}}],
+    }
+    lines = format_table(report).splitlines()
+    assert ("  warm-up did not settle (timing.measure's cap): torch-cpu bwd; their times may "
+            "include warm-up") in lines
+    report["results"][0]["runs"][2]["warmup_settled"] = True
+    assert not any("warm-up" in line for line in format_table(report).splitlines())
+
+
 # ----------------------------------------------------------------------------- barrier
 
 
@@ -746,6 +806,52 @@ def test_table_refuses_unreadable_files_in_one_line(tmp_path, capsys, content, m
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in captured.err
     assert lines[0].startswith(f"python -m tritonrnn.bench.table: error: {tmp_path}/{message}")
+
+
+_RUN = {"impl": "tritonrnn", "pass": "fwd", "status": "ok", "ms": 1.0}
+
+
+@pytest.mark.parametrize("report, message", [
+    ({"schema": "tritonrnn.bench/1"},
+     "expected a complete tritonrnn.bench/1 report, got one without the field 'environment'"),
+    ({"schema": "tritonrnn.bench/1", "environment": {"device": "CPU"}},
+     "expected a complete tritonrnn.bench/1 report, got one without the field 'results'"),
+    ({"schema": "tritonrnn.bench/1", "environment": {"device": "CPU"},
+      "results": [{"label": "s", "runs": [{k: v for k, v in _RUN.items() if k != "ms"}]}]},
+     "expected a complete tritonrnn.bench/1 report, got one without the field 'ms'"),
+    ({"schema": "tritonrnn.bench/1", "environment": {"device": "CPU"}, "results": 3},
+     "expected a tritonrnn.bench/1 report, got a field of another type (TypeError: "),
+], ids=["no-environment", "no-results", "no-ms", "results-not-a-list"])
+def test_table_refuses_a_bench_report_without_a_field_in_one_line(tmp_path, capsys, report,
+                                                                   message):
+    from tritonrnn.bench import table
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"schema": "tritonrnn.bench/1",
+                                "environment": {"device": "CPU"},
+                                "results": [{"label": "s", "runs": [_RUN]}]}))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(report))
+    assert table.main([str(good), str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # checked before the table starts
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith(f"python -m tritonrnn.bench.table: error: {path}: {message}")
+
+
+def test_table_refuses_files_none_of_which_is_a_bench_report(tmp_path, capsys):
+    # A barrier report and a JSON list: nothing to tabulate is an error, not an empty table.
+    from tritonrnn.bench import table
+
+    other, listed = tmp_path / "barrier.json", tmp_path / "list.json"
+    other.write_text(json.dumps({"device": "GPU X", "rows": []}))
+    listed.write_text("[]")
+    assert table.main([str(other), str(listed)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "python -m tritonrnn.bench.table: error: expected at least one tritonrnn.bench/1 "
+        "report (`tritonrnn bench` JSON), got none among 2 file(s)\n")
 
 
 def test_table_labels_the_rows_of_a_shape_the_planner_refused(tmp_path, capsys):

@@ -512,7 +512,11 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--num-stages", "0"], "--num-stages: expected an int >= 1, got 0"),
         (["aot", "--hidden", "768", "--num-stages-bwd", "4"],
          "num_stages_bwd = 4 needs streamed weights"),  # the anchor's plan: resident
-        (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability >= 75"),
+        (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability that Triton's "
+         "ptxas compiles for, one of 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, 110, 120, "
+         "121, got 61"),
+        (["aot", "--arch", "999"], "one of 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, "
+         "110, 120, 121, got 999"),
         (["aot", "--device-preset", "interpreter"],
          "--device-preset: expected current or one of ['a100', 'h100', 'h200'], got "
          "'interpreter'"),
@@ -531,6 +535,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
          "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 batch bucket 64"),
     ],
     ids=["block-h", "block-b", "block-k", "num-warps", "num-stages", "stages-resident", "arch",
+         "arch-unknown",
          "device-preset", "jobs",
          "family",
          "maxnreg", "fp64", "gru-proj", "cta-too-big", "grid-not-coresident", "split-k-form",
@@ -660,3 +665,184 @@ def test_input_size_zero_is_refused(argv, capsys):
     # --input-size defaults to --hidden when not given; 0 is no size (as -1 is not).
     assert main(argv) == 2
     assert _one_line_error(capsys) == "tritonrnn: error: --input-size: expected an int >= 1, got 0"
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+
+def _fake_shapes(monkeypatch, interrupt_at: int | None = None) -> None:
+    """bench without timing anything: the roofline and each shape's record faked; the
+    `interrupt_at`-th shape of a run (1-based) raises KeyboardInterrupt (Ctrl-C)."""
+    from tritonrnn.bench import harness, roofline
+
+    monkeypatch.setattr(harness, "measure_ceilings",
+                        lambda *a: roofline.Ceilings("cpu", 1e9, {"float32": 1e9}))
+    calls: list[str] = []
+
+    def run_shape(shape, opts, ceilings, tick):
+        calls.append(shape.label)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return {"label": shape.label, "shape": shape.as_dict(), "tokens": 1,
+                "plan": {"error": "faked"}, "implementations": {}, "runs": []}
+
+    monkeypatch.setattr(harness, "run_shape", run_shape)
+
+
+def test_an_interrupted_rerun_keeps_the_finished_report_and_names_its_partial_file(
+        tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a rerun of a sweep: its checkpoints go to <stem>.partial.json, not over the
+    finished report of the same name, and the message names that file; a run that completes
+    replaces the report and removes the checkpoint file."""
+    argv = ["bench", "--preset", "smoke", "--backend", "reference", "--no-progress",
+            "--out", str(tmp_path), "--cpu-rep", "1"]
+    _fake_shapes(monkeypatch)
+    assert main(argv) == 0
+    (final,) = tmp_path.glob("*.json")
+    before = final.read_bytes()
+    assert len(json.loads(before)["results"]) == 2
+    capsys.readouterr()
+
+    _fake_shapes(monkeypatch, interrupt_at=2)
+    assert main(argv) == 130
+    partial = final.with_name(final.stem + ".partial.json")
+    err = capsys.readouterr().err
+    assert err.strip() == ("tritonrnn: interrupted; the shapes finished before it are in "
+                           f"{partial}"), err
+    assert final.read_bytes() == before
+    saved = json.loads(partial.read_text())
+    assert saved["partial"] is True and len(saved["results"]) == 1
+
+    _fake_shapes(monkeypatch, interrupt_at=1)
+    assert main(argv) == 130
+    assert "interrupted; no shape had finished, nothing written" in capsys.readouterr().err
+
+    _fake_shapes(monkeypatch)
+    assert main(argv) == 0
+    assert sorted(tmp_path.glob("*.json")) == [final]
+    assert "partial" not in json.loads(final.read_text())
+
+
+@pytest.mark.parametrize("kind", ["text", "json-list", "bench-report", "fifo"])
+def test_aot_json_refuses_to_replace_a_file_that_is_not_an_aot_report(kind, tmp_path, capsys,
+                                                                      monkeypatch):
+    """--json over an existing file that is not an earlier aot report (a mistyped path): one
+    line, exit 2, before anything is compiled, the file as it was."""
+    from tritonrnn.bench import aot
+
+    monkeypatch.setattr(aot, "aot_report", lambda *_a, **_k: pytest.fail("compiled first"))
+    path = tmp_path / "target"
+    content = {"text": "root:x:0:0:root:/root:/bin/bash\n", "json-list": "[1, 2]",
+               "bench-report": json.dumps({"schema": "tritonrnn.bench/1", "results": []})}
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(content[kind])
+    assert main(["aot", "--hidden", "32", "--batch", "4", "--json", str(path)]) == 2
+    why = {"text": "is not JSON", "json-list": "it has a JSON list",
+           "bench-report": "it has ['results', 'schema']",
+           "fifo": "is not a regular file"}[kind]
+    line = _one_line_error(capsys)
+    assert line.startswith("tritonrnn: error: --json: expected a new file or an earlier aot "
+                           f"report to replace, got '{path}' (it exists and "), line
+    assert why in line, line
+    if kind != "fifo":
+        assert path.read_text() == content[kind]
+
+
+def test_aot_json_replaces_an_earlier_aot_report_or_writes_a_new_file(tmp_path, capsys,
+                                                                      monkeypatch):
+    from tritonrnn.bench import aot
+
+    monkeypatch.setattr(aot, "aot_report", lambda s, *_a: {"shape": s.label, "kernels": []})
+    monkeypatch.setattr(aot, "format_report", lambda r: r["shape"])
+    monkeypatch.setattr(aot, "report_ok", lambda r: True)
+    new = tmp_path / "new.json"
+    assert main(["aot", "--hidden", "32", "--batch", "4", "--json", str(new)]) == 0
+    assert main(["aot", "--hidden", "64", "--batch", "4", "--json", str(new)]) == 0
+    capsys.readouterr()
+    data = json.loads(new.read_text())
+    assert set(data) == {"host", "reports"} and data["reports"][0]["shape"].startswith(
+        "lstm H64")
+
+
+@pytest.mark.parametrize("interpret, argv", [
+    ("1", ["--dtype", "fp64"]),  # the planner runs float64 on its reference family
+    ("1", ["--dtype", "fp64", "--backend", "triton"]),
+    ("0", []),  # auto without the interpreter: the library picks the reference backend
+], ids=["fp64", "fp64-triton", "interpret-0"])
+def test_bench_names_the_backend_that_runs(interpret, argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    _fake_shapes(monkeypatch)
+    assert main(["bench", "--preset", "smoke", "--device", "cpu", "--no-progress", "--out",
+                 str(tmp_path), "--cpu-rep", "1", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "on the CPU: tritonrnn's pure-PyTorch reference engine against torch.nn" in out, out
+    (path,) = tmp_path.glob("*.json")
+    assert json.loads(path.read_text())["tritonrnn_backend"] == "reference"
+
+
+@pytest.mark.parametrize("command", ["bench", "check"])
+@pytest.mark.parametrize("interpret", ["0", ""])
+def test_backend_triton_on_the_cpu_needs_the_interpreter(command, interpret, tmp_path, capsys,
+                                                        monkeypatch):
+    """TRITON_INTERPRET set to anything but 1: --backend triton cannot run on the CPU; refused
+    before the oracle and the baselines run (it failed at the end of the run)."""
+    from tritonrnn.bench import check, harness
+
+    monkeypatch.setattr(harness, "run_benchmark", lambda *_a, **_k: pytest.fail("ran"))
+    monkeypatch.setattr(check, "run_check", lambda *_a, **_k: pytest.fail("ran"))
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    argv = [command, "--backend", "triton", "--device", "cpu", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)] if command == "bench" else argv) == 2
+    assert _one_line_error(capsys) == (
+        "tritonrnn: error: --backend triton: on the CPU the Triton kernels run only in "
+        f"Triton's interpreter: expected TRITON_INTERPRET unset or 1, got "
+        f"TRITON_INTERPRET={interpret!r}")
+
+
+@pytest.mark.parametrize("lines", [3, 2000], ids=["flushed-at-exit", "flushed-while-printing"])
+def test_a_closed_stdout_pipe_ends_quietly(lines, tmp_path):
+    """`tritonrnn plan | head -1`: the reader gone, the command stops without a message and
+    exits as a process killed by SIGPIPE would (141), whether the pipe fails while it prints
+    (a long plan: the buffer fills) or at the final flush (a short one)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom tritonrnn.bench import cli\n"
+              f"cli.cmd_plan = lambda args: print(('plan line ' * 10 + '\\n') * {lines}) or 0\n"
+              "sys.exit(cli.main(['plan']))\n")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        done = subprocess.run([sys.executable, "-c", script], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (128 + signal.SIGPIPE, ""), done.stderr
+
+
+@pytest.mark.parametrize("content, got", [
+    ('{"version": 1, "entries": \n', "got unreadable JSON"),
+    ('{"version": 2, "entries": {}}', "got version 2"),
+    ("[]", "got a JSON list"),
+], ids=["truncated", "version", "list"])
+def test_tune_refuses_a_damaged_cache_before_timing_anything(content, got, tmp_path, capsys,
+                                                            monkeypatch):
+    """A tuning cache that a store would refuse: one line naming it, exit 2, before any
+    candidate is timed (it failed at the first store, after a key's candidates ran); the file
+    is left as it is."""
+    from tritonrnn.bench import tune
+
+    monkeypatch.setattr(tune, "shape_measurer", lambda *_a: pytest.fail("timed first"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tuning.json").write_text(content)
+    rc = main(["tune", "--allow-cpu", "--hidden", "8", "--input-size", "4", "--batch", "2",
+               "--time", "2", "--dtype", "fp32", "--max-candidates", "1", "--no-progress"])
+    assert rc == 2
+    line = _one_line_error(capsys)
+    assert line.startswith(f"tritonrnn: error: tuning cache {cache / 'tuning.json'}: expected "
+                           f"a JSON object with version 1 and its entries, {got}"), line
+    assert (cache / "tuning.json").read_text() == content
