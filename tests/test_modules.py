@@ -974,6 +974,29 @@ def test_autocast_runs_the_op_as_a_plain_call_in_its_dtype(mode):
 # ----------------------------------------------------------------------------- example
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps: expected an int >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size: expected an int >= 1, got 0"),
+    (["--eval-batches", "0"], "--eval-batches: expected an int >= 1, got 0"),
+    (["--max-len", "0"], "--max-len: expected an int >= 1, got 0"),
+    (["--target", "5"], "--target: expected an accuracy in (0, 1], got 5.0"),
+    (["--dropout", "1"], "--dropout: expected a float in [0, 1), got 1.0"),
+    (["--device", "cuda"], "--device: expected cpu (torch sees no CUDA GPU here), got cuda"),
+], ids=["steps", "batch", "eval", "max-len", "target", "dropout", "cuda"])
+def test_example_refuses_bad_options_by_name(argv, message, capsys):
+    """One usage line and exit 2 (a ZeroDivisionError, OneCycleLR's ValueError or an
+    AssertionError before)."""
+    from helpers import load_script
+
+    if argv[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU: --device cuda is valid here")
+    example = load_script("train_varlen", "examples")
+    with pytest.raises(SystemExit) as exit_:
+        example.parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_example_trains_a_few_steps(capsys):
     from helpers import load_script
 
