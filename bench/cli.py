@@ -34,6 +34,10 @@ from pathlib import Path
 from .presets import CPU_PRESETS, MODES, PRESETS, BenchShape
 
 EPILOG = "Exit codes: 0 success, 1 a failed check or benchmark, 2 a bad option."
+# bench's tuning before timing: the candidates of a missing plan key it times (the nearest
+# the planner's own choice, one change of a tile or the warps first), the rest left to
+# `tritonrnn tune`.
+TUNE_CANDIDATES = 16
 
 
 class UsageError(Exception):
@@ -112,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "complete report replaces")
     b.add_argument("--no-tune", action="store_true",
                    help="GPU: do not tune missing plan keys before timing")
+    b.add_argument("--tune-candidates", type=int, default=TUNE_CANDIDATES, metavar="N",
+                   help="GPU: a missing plan key is tuned over its first N candidates (those "
+                   "nearest the planner's choice; stored as partial, `tritonrnn tune` times "
+                   f"the rest) before timing (default {TUNE_CANDIDATES}; a key has up to a "
+                   "few hundred)")
     b.add_argument("--allow-slow", action="store_true",
                    help="CPU: allow shapes larger than the interpreter budget")
     _add_timing_options(b)
@@ -350,6 +359,8 @@ def cmd_bench(args, argv) -> int:
     cpu = device.type == "cpu"
     preset, shapes = resolve_shapes(args, "smoke" if cpu else "anchor")
     timing = _timing(args)
+    if args.tune_candidates < 1:
+        raise UsageError(f"--tune-candidates: expected an int >= 1, got {args.tune_candidates}")
     if cpu and not args.allow_slow:
         if preset not in CPU_PRESETS and preset != "custom":
             raise UsageError(
@@ -426,12 +437,14 @@ def _gpu() -> bool:
 
 
 def _tune_before_bench(shapes, device, timing, args) -> None:
-    """Tunes plan keys that are not in the cache yet (timings are taken after tuning)."""
+    """Tunes plan keys that are not in the cache yet, over their first --tune-candidates
+    choices (timings are taken after tuning): the main job on a fresh GPU machine would
+    otherwise compile and time every candidate of the anchor (150 on an H200) first."""
     from .tune import tune_shapes
 
     try:
         summaries = tune_shapes(shapes, device, timing, progress=not args.no_progress,
-                                seed=args.seed)
+                                seed=args.seed, limit=args.tune_candidates)
     except (ImportError, ValueError, RuntimeError, OSError) as e:  # e.g. an unwritable cache
         print(f"  tuning skipped: {type(e).__name__}: {e}".splitlines()[0])
         return

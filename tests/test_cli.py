@@ -846,3 +846,25 @@ def test_tune_refuses_a_damaged_cache_before_timing_anything(content, got, tmp_p
     assert line.startswith(f"tritonrnn: error: tuning cache {cache / 'tuning.json'}: expected "
                            f"a JSON object with version 1 and its entries, {got}"), line
     assert (cache / "tuning.json").read_text() == content
+
+
+def test_bench_tunes_a_missing_key_over_its_first_candidates_only(monkeypatch, capsys):
+    """bench's tuning before timing (a GPU's) stops each missing key after --tune-candidates
+    choices (default TUNE_CANDIDATES): the anchor alone has about 150 on an H200, each
+    compiled and timed, before the main job's first timing."""
+    import argparse
+
+    from tritonrnn.bench import cli, tune
+
+    seen = []
+    monkeypatch.setattr(tune, "tune_shapes",
+                        lambda *a, limit=None, **k: seen.append(limit) or [])
+    for given, want in ((None, cli.TUNE_CANDIDATES), (40, 40)):
+        argv = ["bench"] + ([] if given is None else ["--tune-candidates", str(given)])
+        args = cli.build_parser().parse_args(argv)
+        assert isinstance(args, argparse.Namespace)
+        cli._tune_before_bench([], torch.device("cpu"), None, args)
+        assert seen[-1] == want
+    assert main(["bench", "--tune-candidates", "0"]) == 2
+    assert _one_line_error(capsys) == ("tritonrnn: error: --tune-candidates: expected an int "
+                                       ">= 1, got 0")
