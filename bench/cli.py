@@ -56,20 +56,24 @@ _SHAPE_FIELDS = ("mode", "hidden", "input_size", "batch", "time", "layers", "bid
                  "proj", "dtype", "varlen")
 
 
-def _add_shape_options(p: argparse.ArgumentParser, presets: bool = True) -> None:
-    g = p.add_argument_group("shape (override every shape of a preset when both are given)")
+def _add_shape_options(p: argparse.ArgumentParser, presets: bool = True,
+                       default: str = "anchor on a GPU, smoke on the CPU") -> None:
+    d = BenchShape()
+    g = p.add_argument_group(
+        "shape (override every shape of a preset when both are given; without a preset the "
+        "defaults below, the anchor's)")
     if presets:
         g.add_argument("--preset", choices=sorted(PRESETS),
-                       help="named sweep (default: anchor on a GPU, smoke on the CPU)")
-    g.add_argument("--mode", choices=MODES, help="cell (default lstm)")
-    g.add_argument("--hidden", type=int, metavar="H", help="num_units")
+                       help=f"named sweep (default: {default}, unless a shape option is given)")
+    g.add_argument("--mode", choices=MODES, help=f"cell (default {d.mode})")
+    g.add_argument("--hidden", type=int, metavar="H", help=f"num_units (default {d.hidden})")
     g.add_argument("--input-size", type=int, metavar="I", help="input size (default H)")
-    g.add_argument("--batch", type=int, metavar="B")
-    g.add_argument("--time", type=int, metavar="T", help="max time")
-    g.add_argument("--layers", type=int, metavar="L")
+    g.add_argument("--batch", type=int, metavar="B", help=f"(default {d.batch})")
+    g.add_argument("--time", type=int, metavar="T", help=f"max time (default {d.time})")
+    g.add_argument("--layers", type=int, metavar="L", help=f"(default {d.layers})")
     g.add_argument("--bidirectional", action="store_true", default=None)
     g.add_argument("--proj", type=int, metavar="P", help="LSTM projection size (0 = off)")
-    g.add_argument("--dtype", help="bf16 | fp16 | fp32 | fp64")
+    g.add_argument("--dtype", help="bf16 | fp16 | fp32 | fp64 (default bf16)")
     g.add_argument("--varlen", metavar="DIST",
                    help="none | uniform (lengths uniform in [T/8, T]) | uniform:F ([F*T, T])")
 
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="print the planner's Plan.explain() for a shape",
                         epilog=EPILOG)
-    _add_shape_options(pl)
+    _add_shape_options(pl, default="anchor")
     pl.add_argument("--device-preset", default="current",
                     help="current | h100 | h200 | a100 | interpreter (default: this machine)")
     pl.add_argument("--pipeline-chunks", type=int, metavar="C",
@@ -179,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--time, --layers and --varlen do not change the kernels and are ignored.",
         epilog="Exit codes: 0 every kernel compiled and fits, 1 a kernel failed to compile or "
         "does not fit (or ptxas is missing), 2 a bad option.")
-    _add_shape_options(a)
+    _add_shape_options(a, default="anchor")
     a.add_argument("--device-preset", default="h100",
                    help="planner device preset: h100 | h200 | a100 | current (this machine's "
                    "GPU: its compiles are the Triton cache entries its runs look up) "
@@ -426,6 +430,10 @@ def cmd_bench(args, argv) -> int:
         print(f"FAILED ({len(report['failures'])}):")
         for f in report["failures"]:
             print(f"  {f}")
+        return 1
+    if not any(r["runs"] for r in report["results"]):  # every implementation skipped
+        print(f"NOTHING RAN: none of --impl {' '.join(impls)} runs here (each shape's skip "
+              f"reason is above)")
         return 1
     return 0
 

@@ -670,9 +670,10 @@ def test_input_size_zero_is_refused(argv, capsys):
 # ----------------------------------------------------------------------------- review fixes
 
 
-def _fake_shapes(monkeypatch, interrupt_at: int | None = None) -> None:
-    """bench without timing anything: the roofline and each shape's record faked; the
-    `interrupt_at`-th shape of a run (1-based) raises KeyboardInterrupt (Ctrl-C)."""
+def _fake_shapes(monkeypatch, interrupt_at: int | None = None, runs: bool = True) -> None:
+    """bench without timing anything: the roofline and each shape's record faked (with one
+    run, or none: every implementation skipped); the `interrupt_at`-th shape of a run
+    (1-based) raises KeyboardInterrupt (Ctrl-C)."""
     from tritonrnn.bench import harness, roofline
 
     monkeypatch.setattr(harness, "measure_ceilings",
@@ -683,8 +684,14 @@ def _fake_shapes(monkeypatch, interrupt_at: int | None = None) -> None:
         calls.append(shape.label)
         if len(calls) == interrupt_at:
             raise KeyboardInterrupt
+        run = {"impl": "torch", "pass": "fwd", "status": "ok", "ms": 1.0, "ms_p20": 1.0,
+               "ms_p80": 1.0, "peak_bytes": None, "flops": 1.0, "bytes": 1, "tflops": 1e-9,
+               "roofline_ms": 1.0, "bound": "compute", "pct_roofline": 100.0,
+               "speedup_vs_torch": None, "speedup_vs_torch_graph": None,
+               "speedup_vs_torch_packed": None}
         return {"label": shape.label, "shape": shape.as_dict(), "tokens": 1,
-                "plan": {"error": "faked"}, "implementations": {}, "runs": []}
+                "plan": {"error": "faked"}, "implementations": {},
+                "runs": [run] if runs else []}
 
     monkeypatch.setattr(harness, "run_shape", run_shape)
 
@@ -868,3 +875,13 @@ def test_bench_tunes_a_missing_key_over_its_first_candidates_only(monkeypatch, c
     assert main(["bench", "--tune-candidates", "0"]) == 2
     assert _one_line_error(capsys) == ("tritonrnn: error: --tune-candidates: expected an int "
                                        ">= 1, got 0")
+
+
+def test_bench_where_no_implementation_runs_exits_1(tmp_path, capsys, monkeypatch):
+    """--impl flashrnn on the CPU (every selected implementation skipped for every shape):
+    exit 1 and a line that says so (it exited 0 with a report of no runs)."""
+    _fake_shapes(monkeypatch, runs=False)
+    assert main(["bench", "--preset", "smoke", "--impl", "flashrnn", "--no-progress",
+                 "--out", str(tmp_path)]) == 1
+    assert ("NOTHING RAN: none of --impl flashrnn runs here"
+            in capsys.readouterr().out)
