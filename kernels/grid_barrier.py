@@ -196,10 +196,17 @@ _CAPTURED_KEPT = 4096
 _captured: deque = deque(maxlen=_CAPTURED_KEPT)
 
 
-def _capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (no event queries, host syncs or
-    pinned allocations are allowed then)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def capturing(device: torch.device | None = None) -> bool:
+    """Whether `device`'s current CUDA stream (default: the current device's) is capturing a
+    graph: no event queries, host syncs or pinned allocations are allowed then, and work
+    queued runs only at replay. False off a GPU. The one capture check of the library (the
+    packed layouts' caches and the layer pipeline ask it too)."""
+    if device is not None and device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if device is None:
+        return torch.cuda.is_current_streamcapturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_streamcapturing()
 
 
 def barrier_check_mode() -> str:
@@ -255,7 +262,7 @@ def poll_earlier_launches() -> None:
     """Raises BarrierTimeoutError for an earlier launch whose failure is known by now, without
     waiting (persistent launchers call it before they launch). Nothing during a CUDA-graph
     capture (an event query there would invalidate the capture)."""
-    if not _capturing():
+    if not capturing():
         _poll(wait=False)
 
 
@@ -270,7 +277,7 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
     # On the flags' device (the launch's), whatever the current one: its capture state, and
     # the stream the copy below is issued on, which the event must follow.
     with torch.cuda.device_of(flags):
-        if _capturing():
+        if capturing():
             _captured.append((flags, what))
             return
         if barrier_check_mode() == "sync" or not on_gpu:
@@ -290,7 +297,7 @@ def check_barriers() -> None:
     into CUDA graphs: raises if one failed in its latest replay (call it after the replays:
     it synchronises their devices; the flags stay kept, a later replay rewrites them). Not
     during a capture."""
-    if _capturing():
+    if capturing():
         raise RuntimeError("check_barriers: called during a CUDA-graph capture (it waits for "
                            "the GPU); call it after the graph's replays")
     _poll(wait=True)

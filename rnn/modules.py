@@ -64,10 +64,11 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
+from tritonrnn.kernels.grid_barrier import capturing
+
 from . import library
 from .config import make_config
 from .ops import BACKENDS, check_untransformed
-from .packing import capturing
 from .params import FLOAT_DTYPES, params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tritonrnn.kernels.grid_barrier import capturing
+
 # The most packed rows a batch may have: `offsets` (int32 on the device) holds N.
 MAX_ROWS = 2**31 - 1
 
@@ -65,14 +67,6 @@ def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo
     info, ready = _make_pack_info(tuple(lengths), T, torch.device(device))
     _wait(info.device, ready)
     return info
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether `device`'s current stream is capturing a CUDA graph."""
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
 
 
 def _recorded(device: torch.device):

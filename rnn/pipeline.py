@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import torch
 
+from tritonrnn.kernels.grid_barrier import capturing
+
 from . import reference
 from .config import RNNConfig
 from .planner import (
@@ -416,7 +418,7 @@ class _Slots:
         from its cache after a run from another caller stream). Once per (layout, streams):
         the allocator remembers the streams for the block's lifetime. Not during graph
         capture, where the graph's private pool keeps them."""
-        if self.cuda and not torch.cuda.is_current_stream_capturing():
+        if self.cuda and not capturing():
             for layout in layouts:
                 _used_on(layout, self.streams)
 

@@ -1579,14 +1579,14 @@ def test_captured_launch_flags_are_checked_after_replays(monkeypatch, mode):
     monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", mode)
     monkeypatch.setattr(gb, "_captured", deque(maxlen=gb._CAPTURED_KEPT))
     monkeypatch.setattr(gb, "_pending", deque([(_NoQuery(), torch.zeros(1), "earlier")]))
-    monkeypatch.setattr(gb, "_capturing", lambda: True)
+    monkeypatch.setattr(gb, "capturing", lambda device=None: True)
     sync = torch.zeros(2, 2, dtype=torch.int32)
     gb.poll_earlier_launches()  # the persistent launchers' first call: no query
     gb.check_flags(sync, "grid_forward")  # no raise, no copy: kept
     with pytest.raises(RuntimeError, match="check_barriers: called during a CUDA-graph"):
         gb.check_barriers()
     monkeypatch.setattr(gb, "_pending", deque())
-    monkeypatch.setattr(gb, "_capturing", lambda: False)
+    monkeypatch.setattr(gb, "capturing", lambda device=None: False)
     gb.check_barriers()  # the replays so far succeeded
     sync[1, 1] = 1  # a replay whose barrier (direction 1) timed out
     with pytest.raises(gb.BarrierTimeoutError, match="a CUDA-graph replay of grid_forward"):

@@ -260,3 +260,15 @@ def test_gathers_a_call_runs(lengths, time_major, want):
                                torch.ones_like(c0), out.reserve_space, out.host_reserved, **kw)
         counts.append(counter.count)
     assert tuple(counts) == want
+
+
+def test_the_capture_check_is_false_outside_a_capture():
+    """kernels.grid_barrier.capturing, the library's one capture check (the layouts' caches,
+    the layer pipeline and the barrier checks ask it): off a GPU, and outside a capture."""
+    from tritonrnn.kernels.grid_barrier import capturing
+
+    assert packing.capturing is capturing
+    assert not capturing() and not capturing(torch.device("cpu"))
+    assert not capturing(torch.device("meta"))
+    if torch.cuda.is_available():
+        assert not capturing(torch.device("cuda"))
