@@ -107,13 +107,19 @@ class RNNConfig:
 INT32_MAX = 2**31 - 1
 
 
-def _check_params_count(rnn_mode: str, L: int, H: int, I: int, D: int, P: int) -> None:
-    """The flat params' element count (closed form of params.py's layout; I = 0 under
-    skip_input) must be an int64: torch's sizes, and the op schema's ints."""
+def params_count(rnn_mode: str, L: int, H: int, I: int, D: int, P: int) -> int:
+    """The flat params' element count in closed form (params.py's layout walks the layers;
+    tests/test_ops_api.py checks the two agree). I = 0 under skip_input."""
     G = {"lstm": 4, "gru": 3}.get(rnn_mode, 1)
     Hout = P or H
     per_layer = G * H * Hout + P * H + 2 * G * H  # R, Pw, both biases
-    count = D * (G * H * I + (L - 1) * G * H * D * Hout + L * per_layer)
+    return D * (G * H * I + (L - 1) * G * H * D * Hout + L * per_layer)
+
+
+def _check_params_count(rnn_mode: str, L: int, H: int, I: int, D: int, P: int) -> None:
+    """The flat params' element count must be an int64: torch's sizes, and the op schema's
+    ints."""
+    count = params_count(rnn_mode, L, H, I, D, P)
     if count > 2**63 - 1:
         raise ValueError(f"num_units, input_size, num_layers: expected a params buffer of at "
                          f"most 2**63 - 1 elements, got {count} (num_layers={L}, num_units={H}, "

@@ -176,9 +176,9 @@ def _forward_inputs(cfg, info, dtype, dev, params, h0, c0, training, y_out, reus
     order and the (poisoned) final-state outputs, the reserve (training: allocated, with its
     c_seq and layer-output views; inference: empty) and every layer's packed output
     [N, D*Hout] (the inner ones in the reserve when training, the last y_out when given).
-    reuse (inference, layers run
-    one after another): the inner outputs alternate between two buffers, as layer l reads
-    only layer l-1's; the layer pipeline, whose layers run concurrently, keeps them all."""
+    reuse (inference, layers run one after another): the inner outputs alternate between two
+    buffers, as layer l reads only layer l-1's; the layer pipeline, whose layers run
+    concurrently, keeps them all."""
     L, D, Hout, lstm = cfg.num_layers, cfg.num_dirs, cfg.out_size, cfg.is_lstm
     h0s = _sorted(h0, info)
     c0s = _sorted(c0, info) if lstm else None

@@ -65,6 +65,25 @@ def test_params_size_projection():
                        direction="bidirectional", num_proj=P) == expect
 
 
+def test_the_closed_form_params_count_is_the_layouts():
+    """config.params_count (the overflow check's, before any layout) against params.py's
+    layout, over modes, stacks, directions, projections and input modes."""
+    import itertools
+
+    from tritonrnn.rnn.config import make_config, params_count
+    from tritonrnn.rnn.params import config_params_size
+
+    for mode, L, I, D, P, skip in itertools.product(MODES, (1, 3), (3, 7), (1, 2), (0, 3),
+                                                    (False, True)):
+        if (P and mode != "lstm") or (skip and I != 7):
+            continue
+        cfg = make_config(rnn_mode=mode, num_layers=L, num_units=7, input_size=I,
+                          input_mode="skip_input" if skip else "linear_input",
+                          direction="bidirectional" if D == 2 else "unidirectional",
+                          num_proj=P)
+        assert params_count(mode, L, 7, 0 if skip else I, D, P) == config_params_size(cfg)
+
+
 @pytest.mark.parametrize("sizes, match", [
     (dict(num_units=2**31), r"^num_units: expected at most 2147483647 \(TensorFlow's int32 "
                             r"sizes\), got 2147483648$"),
