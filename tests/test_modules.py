@@ -80,11 +80,14 @@ def run(module, kind, x, h0, c0, lengths, batch_first):
 def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
             batch_first=False, proj_size=0, with_hx=True, lengths=LENGTHS, backend="reference",
             dtype=F64, tol=TOL, train=True):
+    """Ours in `dtype` against torch.nn in float64 on the same values (the weights and the
+    inputs drawn in `dtype`, torch.nn's copies widened exactly): every output and gradient."""
     kw = dict(num_layers=layers, bidirectional=bidirectional, bias=bias,
               batch_first=batch_first)
     if proj_size:
         kw["proj_size"] = proj_size
     ours, theirs = make_pair(mode, backend=backend, dtype=dtype, **kw)
+    theirs = theirs.double()
     ours.train(train)
     theirs.train(train)
     gen = torch.Generator().manual_seed(1)
@@ -94,17 +97,20 @@ def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
     h00, c00 = random_like_states(ours, B, gen, dtype) if with_hx else (None, None)
     results = []
     for module in (ours, theirs):
-        x = x0.clone().requires_grad_(True)
-        h0 = h00.clone().requires_grad_(True) if h00 is not None else None
-        c0 = c00.clone().requires_grad_(True) if c00 is not None else None
+        mdt = F64 if module is theirs else dtype
+        fresh = lambda t, mdt=mdt: t.to(mdt, copy=True).requires_grad_(True)  # noqa: E731
+        x = fresh(x0)
+        h0 = fresh(h00) if h00 is not None else None
+        c0 = fresh(c00) if c00 is not None else None
         # torch.nn takes variable lengths only as a PackedSequence.
         k = "packed" if (module is theirs and kind == "lengths") else kind
         out, h_n, c_n = run(module, k, x, h0, c0, lengths, batch_first)
         g = torch.Generator().manual_seed(2)
-        loss = (out * torch.randn(out.shape, generator=g, dtype=dtype)).sum()
-        loss = loss + (h_n * torch.randn(h_n.shape, generator=g, dtype=dtype)).sum()
+        rnd = lambda t, g=g, mdt=mdt: torch.randn(  # noqa: E731
+            t.shape, generator=g, dtype=dtype).to(mdt)
+        loss = (out * rnd(out)).sum() + (h_n * rnd(h_n)).sum()
         if c_n is not None:
-            loss = loss + (c_n * torch.randn(c_n.shape, generator=g, dtype=dtype)).sum()
+            loss = loss + (c_n * rnd(c_n)).sum()
         loss.backward()
         grads = {n: p.grad for n, p in module.named_parameters()}
         results.append(dict(out=out, h_n=h_n, c_n=c_n, dx=x.grad, grads=grads,
@@ -117,10 +123,12 @@ def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
             assert got[key] is None, key
             continue
         assert got[key].shape == want[key].shape, key
-        torch.testing.assert_close(got[key], want[key], **tol, msg=lambda m, k=key: f"{k}: {m}")
+        assert got[key].dtype == dtype, key
+        torch.testing.assert_close(got[key].double(), want[key], **tol,
+                                   msg=lambda m, k=key: f"{k}: {m}")
     for name, g in want["grads"].items():
         assert got["grads"][name] is not None, f"{name}: no gradient"
-        torch.testing.assert_close(got["grads"][name], g, **tol,
+        torch.testing.assert_close(got["grads"][name].double(), g, **tol,
                                    msg=lambda m, n=name: f"grad {n}: {m}")
     if kind == "lengths":  # padding is exactly zero, and so is the input gradient there
         out = got["out"].transpose(0, 1) if batch_first else got["out"]
@@ -909,7 +917,7 @@ def test_gru_hx_errors():
 # ----------------------------------------------------------------------------- triton
 
 
-FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # fp32 kernels vs fp32 torch.nn: few ulps per op
+FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # fp32 kernels vs float64 torch.nn: few ulps per op
 
 
 @pytest.mark.parametrize("kind", ["lengths", "packed"])
