@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -268,10 +269,15 @@ def resolve_shapes(args, default_preset: str) -> tuple[str, list[BenchShape]]:
     if preset is None and not overrides:
         preset = default_preset
     base = PRESETS[preset] if preset else [BenchShape()]
-    try:
-        shapes = [replace(s, **overrides).validated() for s in base]
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    shapes = []
+    for s in base:
+        try:
+            shapes.append(replace(s, **overrides).validated())
+        except ValueError as e:
+            # A preset's own value may be the one at odds with an option given: say whose.
+            where = f"--preset {preset}'s shape {s.label} with the options given: " if (
+                preset and overrides) else ""
+            raise UsageError(f"{where}{e}") from None
     # Overrides can make a preset's shapes equal (--hidden on the grid sweep): each runs once,
     # in the preset's order.
     return preset or "custom", list(dict.fromkeys(shapes))
@@ -548,6 +554,20 @@ _AOT_TILES = (("--block-h", "block_h", "a power of two >= 16"),
               ("--num-stages-bwd", "num_stages_bwd", "an int >= 1"))
 
 
+# The planner's constraint keys as aot's options, for its refusals of a forced choice.
+_AOT_OPTIONS = {key: opt for opt, key, _ in _AOT_TILES} | {"split_k_bwd": "--split-k-bwd"}
+
+
+def _in_option_names(message: str) -> str:
+    """A planner refusal of the forced choices ("plan_constraints: block_h = 16 cannot
+    apply ...") in the names of the aot options that forced them ("--block-h 16 cannot
+    apply ...")."""
+    message = message.removeprefix("plan_constraints: ")
+    for key, opt in _AOT_OPTIONS.items():
+        message = re.sub(rf"\b{key} = ", f"{opt} ", message)
+    return message
+
+
 def _aot_constraints(args) -> dict:
     """plan_constraints from the aot override options (checked here so that the error names
     the option, not the planner's key)."""
@@ -634,6 +654,8 @@ def cmd_aot(args) -> int:
     except ToolMissing as e:
         print(f"tritonrnn: error: {e}".splitlines()[0], file=sys.stderr)
         return 1
+    except ValueError as e:  # the planner refuses a forced choice on a shape
+        raise UsageError(_in_option_names(str(e).splitlines()[0])) from None
     if args.json is not None:
         write_json(reports, args.json)
         print(f"\nwrote {args.json}")

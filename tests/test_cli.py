@@ -511,7 +511,7 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
         (["aot", "--num-warps", "3"], "--num-warps: expected a power of two in [1, 32], got 3"),
         (["aot", "--num-stages", "0"], "--num-stages: expected an int >= 1, got 0"),
         (["aot", "--hidden", "768", "--num-stages-bwd", "4"],
-         "num_stages_bwd = 4 needs streamed weights"),  # the anchor's plan: resident
+         "tritonrnn: error: --num-stages-bwd 4 needs streamed weights"),  # the anchor's plan
         (["aot", "--arch", "61"], "--arch: expected a CUDA compute capability that Triton's "
          "ptxas compiles for, one of 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 107, 110, 120, "
          "121, got 61"),
@@ -532,7 +532,8 @@ def test_barrier_measures_on_gpu(tmp_path, capsys):
           "--block-h", "16"], "co-resident programs for H=1536"),
         (["aot", "--split-k-bwd", "3"], "--split-k-bwd: invalid choice: 3"),
         (["aot", "--hidden", "1024", "--batch", "64", "--split-k-bwd", "1"],
-         "split_k_bwd = 1 has no tiles for lstm H=1024 torch.bfloat16 batch bucket 64"),
+         "tritonrnn: error: --split-k-bwd 1 has no tiles for lstm H=1024 torch.bfloat16 batch "
+         "bucket 64"),
     ],
     ids=["block-h", "block-b", "block-k", "num-warps", "num-stages", "stages-resident", "arch",
          "arch-unknown",
@@ -885,3 +886,13 @@ def test_bench_where_no_implementation_runs_exits_1(tmp_path, capsys, monkeypatc
                  "--out", str(tmp_path)]) == 1
     assert ("NOTHING RAN: none of --impl flashrnn runs here"
             in capsys.readouterr().out)
+
+
+def test_a_presets_value_at_odds_with_an_option_is_named_as_the_presets(capsys):
+    """--preset stack --hidden 256: the projection of 512 is the preset's, not an option
+    given; the message says whose shape it is (it read as if --proj 512 had been given)."""
+    assert main(["plan", "--preset", "stack", "--hidden", "256"]) == 2
+    line = _one_line_error(capsys)
+    assert line.startswith("tritonrnn: error: --preset stack's shape lstm H1024 "), line
+    assert line.endswith("with the options given: --proj: expected a value in [0, "
+                         "--hidden=256], got 512"), line
