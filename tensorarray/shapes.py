@@ -63,7 +63,7 @@ def as_partial_shape(shape: object, what: str, array_name: str | None = None) ->
     if isinstance(shape, torch.Tensor):
         shape = host_values(shape, f"{prefix}{what}")
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise TensorArrayShapeError(
+        raise TensorArrayTypeError(
             f"{prefix}{what} must be None or a sequence of ints/None, got {shape!r}"
         )
     out: list[int | None] = []

@@ -1079,3 +1079,12 @@ def test_error_constructor_arguments():
         TensorArray(torch.float32, -1)
     with pytest.raises(TensorArrayShapeError, match="element_shape"):
         TensorArray(torch.float32, 1, element_shape=(2, -3))
+
+
+@pytest.mark.parametrize("shape", ["ab", 3, 2.5], ids=["str", "int", "float"])
+def test_an_element_shape_of_another_type_is_a_type_error(shape):
+    """Not a sequence: a TypeError naming element_shape (it was a ShapeError, a ValueError,
+    which a shape of the right type but bad values raises)."""
+    with pytest.raises(TensorArrayTypeError, match=r"element_shape must be None or a sequence "
+                                                   r"of ints/None, got "):
+        TensorArray(torch.float32, 2, element_shape=shape)
