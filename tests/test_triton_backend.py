@@ -152,6 +152,15 @@ def test_extreme_inputs_stay_finite(family):
         (dp,) = torch.autograd.grad(out.output.sum() + out.output_c.sum(), [p])
     assert torch.isfinite(out.output).all() and torch.isfinite(dp).all()
     assert out.output.abs().max() <= 1.0
+    # And the values: the float64 reference on the same inputs (saturated gates, whose
+    # derivatives underflow to 0 in both).
+    p64 = p.detach().cpu().double().requires_grad_(True)
+    ref = cudnn_rnn(x.cpu().double(), h.cpu().double(), h.cpu().double(), p64, rnn_mode="lstm",
+                    backend="reference")
+    (dp64,) = torch.autograd.grad(ref.output.sum() + ref.output_c.sum(), [p64])
+    assert _scaled(out.output, ref.output) < 1e-5
+    assert _scaled(out.output_c, ref.output_c) < 1e-5
+    assert _scaled(dp, dp64) < 1e-5
 
 
 def _scaled(got, exp):
