@@ -3,6 +3,8 @@ same calls, so that `tritonrnn bench`, `check` and `tune` run without the extra.
 
 from __future__ import annotations
 
+import sys
+
 
 class _Silent:
     """A bar that shows nothing (progress off, or no tqdm)."""
@@ -24,8 +26,9 @@ class _Silent:
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True, unit: str = "it"):
-    """A tqdm bar of `total` steps where enabled and tqdm is installed, else a silent one."""
-    if enabled:
+    """A tqdm bar of `total` steps where enabled, stderr is a terminal (a log file or a pipe
+    would collect every frame of it) and tqdm is installed; else a silent one."""
+    if enabled and sys.stderr is not None and sys.stderr.isatty():
         try:
             from tqdm import tqdm
         except ImportError:

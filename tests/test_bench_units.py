@@ -1000,3 +1000,25 @@ def test_reports_record_the_switches_set(monkeypatch):
     switches = environment(torch.device("cpu"))["switches"]
     assert switches["TRITONRNN_FWD_PAIRED_CHUNKS"] == "off"
     assert "TRITONRNN_PIPELINE" not in switches
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    """stderr a file or a pipe (a CI log, gpu_session.sh's boxes): no bar, whose frames (one
+    per update, the last without a newline) would fill the log."""
+    import importlib.util
+    import io
+    import sys
+
+    from tritonrnn.bench.progress import _Silent, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert isinstance(progress_bar(3, "x"), _Silent)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = progress_bar(3, "x")
+    assert isinstance(bar, _Silent) == (importlib.util.find_spec("tqdm") is None)
+    bar.close()
+    assert isinstance(progress_bar(3, "x", enabled=False), _Silent)
