@@ -298,23 +298,18 @@ class _RNNBase(nn.Module):
 
     def flatten_parameters(self) -> None:
         """Makes every named Parameter a view of one fresh flat buffer again (one copy), unless
-        they already are. Parameter objects are kept, so optimizers stay valid. Does nothing
-        when a weight is not a Parameter this module registered (parametrized, pruned,
-        removed, or the caller's under torch.func.functional_call): forwards concatenate
-        the weights then, as torch.nn's flatten_parameters returns quietly."""
+        they already are. Parameter objects are kept, so optimizers stay valid. Does nothing,
+        as torch.nn's flatten_parameters returns quietly, when a weight is not a Parameter
+        this module registered (parametrized, pruned, removed, or the caller's under
+        torch.func.functional_call: forwards concatenate the weights then) or the weights'
+        dtypes or devices differ (a forward names the odd one)."""
         if self._flat_is_current():
             return
         own = self._own_parameters()
-        if own is None:
+        if own is None or self._mixed(own):
             return
         params = list(zip(self._flat_weights_names, own, strict=True))
         ref = params[0][1]
-        for name, p in params:
-            if p.dtype != ref.dtype or p.device != ref.device:
-                raise TypeError(
-                    f"{name}: expected dtype {ref.dtype} on {ref.device} like "
-                    f"{params[0][0]}, got {p.dtype} on {p.device}"
-                )
         flat = torch.zeros(self._flat_numel, dtype=ref.dtype, device=ref.device)
         with torch.no_grad():
             for (name, p), (offset, shape, numel) in zip(params, self._slots, strict=True):
@@ -326,6 +321,16 @@ class _RNNBase(nn.Module):
                 p.data = view
         self._flat = flat
         _register_flat(self, flat)
+
+    def _mixed(self, params) -> str | None:
+        """What is wrong when the weights' dtypes or devices differ (one flat buffer cannot
+        hold them), else None."""
+        names, ref = self._flat_weights_names, params[0]
+        for name, p in zip(names, params, strict=True):
+            if p.dtype != ref.dtype or p.device != ref.device:
+                return (f"{name}: expected dtype {ref.dtype} on {ref.device} like {names[0]}, "
+                        f"got {p.dtype} on {p.device}")
+        return None
 
     def _refresh_flat(self) -> None:
         """After a conversion or an unpickling: the buffer rebuilt from the Parameters, or,
@@ -385,8 +390,12 @@ class _RNNBase(nn.Module):
             # Only this module's own Parameters are re-pointed at a new buffer; anything else
             # (parametrizations, pruning, torch.func.functional_call's tensors) is
             # concatenated, leaving the caller's tensors as they are.
-            if self._own_parameters() is None:
+            own = self._own_parameters()
+            if own is None:
                 return self._cat_weights()
+            problem = self._mixed(own)
+            if problem:
+                raise TypeError(problem)
             self.flatten_parameters()
         params = [self._parameters[n] for n in self._flat_weights_names]
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):

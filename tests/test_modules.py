@@ -1024,3 +1024,18 @@ def test_example_trains_a_few_steps(capsys):
                            "--cell", "gru", "--packed", "--backend", "reference", "--quiet",
                            "--no-compare-torch"])
     assert set(packed) == {"tritonrnn"}
+
+
+def test_flatten_parameters_with_mixed_dtypes_returns_quietly_like_torch():
+    """A weight of another dtype: flatten_parameters does nothing, as torch.nn's (it raised);
+    the forward, which needs one dtype, names the weight."""
+    ours, theirs = make_pair("lstm", dtype=torch.float32)
+    for m in (ours, theirs):
+        m.weight_hh_l0.data = m.weight_hh_l0.data.double()
+        assert m.flatten_parameters() is None
+    with pytest.raises(TypeError, match=r"^weight_hh_l0: expected dtype torch.float32 on cpu "
+                                        r"like weight_ih_l0, got torch.float64 on cpu$"):
+        ours(torch.randn(T, 2, I))
+    ours.weight_hh_l0.data = ours.weight_hh_l0.data.float()  # one dtype again: it runs
+    ours.flatten_parameters()
+    assert ours._flat_is_current() and ours(torch.randn(T, 2, I))[0].shape == (T, 2, H)
