@@ -68,7 +68,7 @@ from tritonrnn.kernels.grid_barrier import capturing
 
 from . import library
 from .config import make_config
-from .ops import BACKENDS, check_untransformed
+from .ops import BACKENDS, check_length_values, check_untransformed
 from .params import FLOAT_DTYPES, params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -140,12 +140,6 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return int(value)
-
-
-def _check_length_values(values, T: int) -> None:
-    for b, n in enumerate(values):
-        if not 0 <= n <= T:
-            raise ValueError(f"lengths[{b}]: expected a length in [0, {T}] (max time), got {n}")
 
 
 class _RNNBase(nn.Module):
@@ -503,7 +497,7 @@ class _RNNBase(nn.Module):
         if isinstance(lengths, (list, tuple)):
             if not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
                 raise TypeError(f"lengths: expected ints, got {lengths!r}")
-            _check_length_values(lengths, T)  # (before int64 could overflow)
+            check_length_values("lengths", lengths, T)  # (before int64 could overflow)
             lengths = torch.tensor(lengths, dtype=torch.int64)
         if not isinstance(lengths, torch.Tensor):
             raise TypeError(f"lengths: expected a 1-D int tensor or a list of ints, got "
@@ -520,7 +514,7 @@ class _RNNBase(nn.Module):
                              "the host), got a meta tensor")
         if not torch.compiler.is_compiling():
             values = lengths.tolist()
-            _check_length_values(values, T)
+            check_length_values("lengths", values, T)
             if lengths.device.type != "cpu":  # one device read: the op's two read this copy
                 lengths = torch.tensor(values, dtype=lengths.dtype)
         return lengths

@@ -128,12 +128,15 @@ def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
             "got a tensor on the meta device"
         )
     lengths = sequence_lengths.tolist()
-    for b, n in enumerate(lengths):
-        if not 0 <= n <= T:
-            raise ValueError(
-                f"sequence_lengths[{b}]: expected a length in [0, {T}] (max time), got {n}"
-            )
+    check_length_values("sequence_lengths", lengths, T)
     return lengths
+
+
+def check_length_values(name: str, values, T: int) -> None:
+    """Each length in [0, T] (the modules' `lengths` too, before int64 could overflow)."""
+    for b, n in enumerate(values):
+        if not 0 <= n <= T:
+            raise ValueError(f"{name}[{b}]: expected a length in [0, {T}] (max time), got {n}")
 
 
 class _Call(NamedTuple):

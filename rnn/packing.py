@@ -238,13 +238,10 @@ def unpack(x: torch.Tensor, info: PackInfo, time_major: bool = True) -> torch.Te
     """[N, C] packed -> [T, B, C] time-major padded, exact zeros at padding; time_major=False:
     [B, T, C] with the strides of a transposed time-major tensor. Either is a tensor of its
     own, not a view (autograd refuses in-place changes to a view among a function's outputs).
-    A dense layout's callers can skip the copy: `padded` gives the rows to write x into."""
+    A dense layout's callers skip this copy: `padded` gives the rows to write x into."""
     out, rows = padded(info, x.shape[1], x.dtype, x.device, time_major)
-    if info.dense:
-        rows.copy_(x)
-    else:
-        rows.zero_()
-        rows.index_copy_(0, info.padded_index, x)
+    rows.zero_()
+    rows.index_copy_(0, info.padded_index, x)
     return out
 
 
