@@ -204,9 +204,9 @@ def capturing(device: torch.device | None = None) -> bool:
     if device is not None and device.type != "cuda" or not torch.cuda.is_available():
         return False
     if device is None:
-        return torch.cuda.is_current_streamcapturing()
+        return torch.cuda.is_current_stream_capturing()
     with torch.cuda.device(device):
-        return torch.cuda.is_current_streamcapturing()
+        return torch.cuda.is_current_stream_capturing()
 
 
 def barrier_check_mode() -> str:

@@ -1,11 +1,12 @@
 # Sourced by scripts/triton_version_tests.sh and scripts/test_floor.sh: the tests that depend
 # on the Triton version. The sm_90 ahead-of-time compiles (tests/test_aot.py, whole), the
 # interpreter's premise the tests' own settings rest on (tests/test_harness.py; see
-# tests/conftest.py), and the kernels under the release's interpreter, where an API or a
+# tests/conftest.py), the torch and Triton names the sources use (tests/test_source_names.py),
+# and the kernels under the release's interpreter, where an API or a
 # behaviour that release lacks fails on the line that uses it: tests/version_probes.txt, the
 # few tests that together run every line of kernels/ that the kernel tests' LSTM, forward-time
 # cases run (scripts/version_probes.py chooses them from coverage; about a third of those
 # cases' time). The numerics of every case are the main suite's, under the newest Triton.
 # shellcheck shell=bash
-VERSION_TEST_FILES=(tests/test_aot.py tests/test_harness.py)
+VERSION_TEST_FILES=(tests/test_aot.py tests/test_harness.py tests/test_source_names.py)
 mapfile -t VERSION_TEST_PROBES < <(grep -v -e '^#' -e '^$' "$(dirname "${BASH_SOURCE[0]}")/../tests/version_probes.txt")

@@ -3,6 +3,7 @@ building one costs the device."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -272,3 +273,20 @@ def test_the_capture_check_is_false_outside_a_capture():
     assert not capturing(torch.device("meta"))
     if torch.cuda.is_available():
         assert not capturing(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("device", [None, "cuda"])
+@pytest.mark.parametrize("answer", [False, True])
+def test_the_capture_check_asks_torch_on_a_gpu(monkeypatch, device, answer):
+    """The check's GPU branch, run without a GPU: torch.cuda made to look present, its capture
+    query answering `answer` (a misspelt torch.cuda name there raised AttributeError at
+    every call of the library on a GPU, which no CPU test reached)."""
+    from tritonrnn.kernels.grid_barrier import capturing
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        lambda: asked.append(1) or answer)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    assert capturing(None if device is None else torch.device(device)) is answer
+    assert asked == [1]
