@@ -39,9 +39,11 @@ group's programs only (the bidirectional pair launch of kernels/persistent_grid.
 per direction, grid axis 1, so one direction's barrier never waits on the other's programs).
 Every program of every group must still be co-resident.
 
-`sync` is an int32 tensor [2]: counter, error flag. A barrier deadlocks in the interpreter
-(programs run one after another): callers compile it out there (a constexpr) and launch one
-step per launch instead.
+`sync` is an int32 tensor [2]: counter, error flag. A barrier of several programs deadlocks
+in the interpreter (programs run one after another): callers compile it out there (a
+constexpr) and launch one step per launch instead. A group of one program never waits for
+another, so the interpreter runs its barrier (the recurrent launchers' single-program
+launches: their targets and timeout path are tested without a GPU).
 
 Co-residency and error reporting (host side)
 --------------------------------------------

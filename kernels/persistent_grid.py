@@ -8,7 +8,11 @@ arguments:
   at an in-kernel grid barrier (kernels/grid_barrier.py) after each sub-step's publish.
 - stepwise, and persistent under TRITON_INTERPRET=1 (programs run one after another, so a
   barrier would deadlock): one launch per sub-step, the barrier compiled out (BARRIER is a
-  constexpr). The launch boundary is the barrier; the math is the same code.
+  constexpr). The launch boundary is the barrier; the math is the same code. A persistent
+  launch of one program per direction is the exception: its barrier never waits for another
+  program, so the interpreter runs it as the GPU does, one launch with the barrier compiled
+  in (`_steps_in_one_launch`): the barrier's targets and the step loop's carries are tested
+  without a GPU.
 
 Contract: exactly rnn/reference.py's `recurrence_forward` / `recurrence_backward` (packed rows,
 sorted batch order, per-sequence reversal, outputs written in place).
@@ -2308,9 +2312,9 @@ _COUNTER_LIMIT = 2**31 - 1
 
 def _steps_in_one_launch(persistent: bool, on_gpu: bool, programs: int) -> bool:
     """Whether one launch runs several (sub-)steps, its programs meeting at the grid barrier
-    between them: a persistent launch on a GPU, or one of a single program (which needs no
-    barrier, so the interpreter runs it too). Else one launch per (sub-)step, the barrier
-    compiled out (the interpreter would deadlock at it)."""
+    between them: a persistent launch on a GPU, or one of a single program (per direction),
+    whose barrier never waits for another program, so the interpreter runs it too. Else one
+    launch per (sub-)step, the barrier compiled out (the interpreter would deadlock at it)."""
     return persistent and (on_gpu or programs == 1)
 
 
@@ -2409,15 +2413,17 @@ def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype, cou
     """(BARRIER, DOT_DT, launch ranges). `programs` is one direction's grid (the group that
     meets at a barrier); a persistent launch needs programs * num_dirs co-resident.
 
-    BARRIER (constexpr): 1 = grid barrier (persistent on GPU), 0 = none (stepwise, and the
-    interpreter), 2 = the `_count_arrivals` test hook: one launch of every sub-step whose
-    programs only count their arrivals and never wait (safe in the interpreter; the outputs
-    are garbage, the counter must read (n_sub - 1) * programs per direction)."""
+    BARRIER (constexpr): 1 = grid barrier (a launch of several sub-steps,
+    `_steps_in_one_launch`: persistent on a GPU, or of one program per direction), 0 = none
+    (one launch per sub-step: stepwise, and the interpreter's several programs), 2 = the
+    `_count_arrivals` test hook: one launch of every sub-step whose programs only count their
+    arrivals and never wait (safe in the interpreter; the outputs are garbage, the counter
+    must read (n_sub - 1) * programs per direction)."""
     dot_dt = tl.float32 if not on_gpu else _DOT_DTYPES[dtype]
     if count_arrivals:
         return 2, dot_dt, [(0, n_sub)]
-    barrier = int(persistent and on_gpu)
-    if barrier:
+    barrier = int(_steps_in_one_launch(persistent, on_gpu, programs))
+    if barrier and on_gpu:
         poll_earlier_launches()
         check_coresident(programs * num_dirs,
                          torch.cuda.get_device_properties(dev).multi_processor_count)
@@ -2604,7 +2610,7 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
                 PAIR=_paired_chunks(block_b),
                 VW=vector_width(dot_dt) if vector_tiles(block_b) else 0,
                 num_warps=num_warps, **_stages_option(num_stages), **FP_FUSION,
-                **(cooperative_launch_options() if barrier == 1 else {}),
+                **(cooperative_launch_options() if barrier == 1 and on_gpu else {}),
             )
     if barrier == 1:
         check_flags(sync, "grid_forward")
@@ -2807,7 +2813,7 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
                 **_hoist_constexprs(hoist),
                 VW=vector_width(dot_dt) if wt else 0, num_warps=num_warps,
                 **_stages_option(num_stages), **FP_FUSION,
-                **(cooperative_launch_options() if barrier == 1 else {}),
+                **(cooperative_launch_options() if barrier == 1 and on_gpu else {}),
             )
     if barrier == 1:
         check_flags(sync, "grid_backward")

@@ -33,7 +33,9 @@ TRITONRNN_BWD_SPLIT_K1 give it (`switched_form`; both off by default, untimed).
 The contract is `rnn.reference.recurrence_backward`'s for one direction without a projection:
 every cell, variable lengths (packed rows, the batch sorted by length), per-sequence reversal.
 Under TRITON_INTERPRET=1 (or persistent=False) each phase of each step is its own launch and
-the carries go through global memory between launches: the same kernel code, no barrier.
+the carries go through global memory between launches: the same kernel code, no barrier. A
+single program's persistent launch runs every step in one launch there too, barrier included
+(it never waits for another program).
 """
 
 from __future__ import annotations
@@ -659,6 +661,7 @@ def split_k_backward(
     persistent: bool = True,
     one_barrier: bool = False,
     _max_spin: int = DEFAULT_MAX_SPIN,
+    _barrier_extra: int = 0,
 ) -> None:
     """Backward recurrence of one layer/direction without a projection, the contract of
     `rnn.reference.recurrence_backward` (writes dpre_x [N, G*H], dpre_h [N, G*H] (GRU), dh0
@@ -666,15 +669,18 @@ def split_k_backward(
     docstring (`tiles`). persistent (a GPU): one launch, every program co-resident; else
     (and in the interpreter) two launches per step (one_barrier: one). No atomics on
     results. one_barrier: `_split_k1_bwd_kernel`, a K block all gates of kblock / G units
-    whose cells its programs run redundantly, one grid barrier a step."""
+    whose cells its programs run redundantly, one grid barrier a step. `_max_spin` /
+    `_barrier_extra` are test hooks for the barrier's timeout path (as the grid launchers':
+    the counter starts `_barrier_extra` arrivals short of the targets)."""
     cid, G, H = _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT,
                              info, dpre_x, dpre_h, dh0, dc0)
     B, S = info.B, info.max_len
     programs, nk, us = tiles(cell, H, B, units, kblock, btile, one_barrier)
     dev = dy.device
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    # One launch for all steps on a GPU, and in the interpreter where a single program
-    # meets no barrier (the in-kernel step loop, covered by the interpreter tests too).
+    # One launch for all steps on a GPU, and in the interpreter where a single program's
+    # barrier never waits for another (the in-kernel step loop and the barrier's targets,
+    # covered by the interpreter tests too).
     whole_launch = _steps_in_one_launch(persistent, not interp, programs)
     barriers = S if one_barrier else 2 * (S + 1)
     if whole_launch and barriers * programs > _COUNTER_LIMIT:
@@ -697,6 +703,7 @@ def split_k_backward(
     if dcT is not None:
         (dcc[0] if one_barrier else dcc)[:B] = dcT
     sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)
+    sync[0, 0] = -_barrier_extra
     # The kernel reads and writes rows of stride H / G*H: strided inputs are copied, strided
     # outputs written through contiguous stand-ins and copied back.
     pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy = (
@@ -726,7 +733,7 @@ def split_k_backward(
     with torch.cuda.device_of(dy):  # Triton launches on the current device: the tensors'
         if whole_launch:
             options = cooperative_launch_options() if not interp else {}
-            kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=int(not interp),
+            kernel[grid](*args, 0, S + 1, *whole, _max_spin, BARRIER=1,
                          **common, **meta, **options)
             check_flags(sync, "split_k_backward")
         else:

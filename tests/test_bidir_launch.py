@@ -282,9 +282,12 @@ def _check_pair_launch(kind, family, cell, H, P, launches):
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
-def test_persistent_grid_pair_is_one_launch_for_all_steps(kind, launches):
-    """One program per direction needs no barrier, so even the interpreter runs the whole
-    in-kernel step loop of both directions in one launch of grid (1, 2)."""
+def test_persistent_grid_pair_is_one_launch_for_all_steps(kind, launches, monkeypatch):
+    """One program per direction never waits at its barrier for another, so even the
+    interpreter runs the whole in-kernel step loop of both directions in one launch of grid
+    (1, 2), barriers compiled in: with every target one arrival too far, the launch raises."""
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError
+
     make, make_outs = ((_forward_pairs, _forward_outs) if kind == "fwd"
                        else (_backward_pairs, _backward_outs))
     cell, H, P = "lstm", 16, 12
@@ -300,6 +303,11 @@ def test_persistent_grid_pair_is_one_launch_for_all_steps(kind, launches):
         if pair is not None:
             for d in range(2):
                 assert torch.equal(pair[d], want[name][d]), f"{name}[dir {d}]"
+    what = "grid_forward" if kind == "fwd" else "grid_backward"
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")  # the launch itself raises
+    with pytest.raises(BarrierTimeoutError, match=f"{what}: .*grid barrier timed out"):
+        _run_pair(kind, pair_launcher, cell, info, ins, make_outs(cell, H, P, info), **kw,
+                  _max_spin=64, _barrier_extra=1)
 
 
 def test_pairs_that_are_not_base_plus_offset_run_per_direction(launches):

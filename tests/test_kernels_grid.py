@@ -934,6 +934,45 @@ def test_every_sub_step_arrives_once(cell, P, pair):
         assert sync[:, 1].tolist() == [0] * len(counts), kind
 
 
+
+# A persistent launch of one program runs every sub-step in one launch with its grid barrier
+# compiled in, under the interpreter too (it never waits for another program): the barrier's
+# targets and the step loop's carries run without a GPU. At `_barrier_extra` = 1 every target
+# is one arrival past what the program provides, so the first wait must time out; a target
+# one sub-step short would pass it. At 0 every wait passes: the launch matches the reference,
+# and in the interpreter equals one launch per sub-step (stepwise) bit for bit.
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+@directed("cell, P", [(c, 0) for c in CELLS] + [("lstm", 16)])
+def test_single_program_launch_meets_its_barrier(monkeypatch, kind, cell, P, reverse):
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")  # the launch itself raises
+    lengths, T, H = [5, 0, 3, 5, 1], 6, 16
+    assert pg.grid_programs(H, P or H, P, len(lengths), 16, 16) == 1
+    make, run, check = ((_forward_problem, _run_forward, _check_forward) if kind == "forward"
+                        else (_backward_problem, _run_backward, _check_backward))
+    results = {}
+    for persistent in (True, False):
+        ins, outs = make(cell, H, P, lengths, T)
+        run(ins, outs, reverse, persistent=persistent, block_h=16)
+        check(ins, outs, reverse)
+        results[persistent] = {k: v for k, v in outs.items() if v is not None}
+    if not ON_GPU:
+        for k, v in results[True].items():
+            assert torch.equal(v, results[False][k]), k
+    ins, outs = make(cell, H, P, lengths, T)
+    with pytest.raises(BarrierTimeoutError, match=f"grid_{kind}: .*grid barrier timed out"):
+        run(ins, outs, reverse, persistent=True, block_h=16, _max_spin=64, _barrier_extra=1)
+    # The launches: one with the barrier (persistent) against one per sub-step without.
+    n_sub = (2 if P else 1) * max(lengths) + (kind == "backward")
+    for persistent, launches, barrier in ((True, 1, 1), (False, n_sub, 0)):
+        rec = _LaunchRecord()
+        with monkeypatch.context() as m:
+            m.setattr(pg, "_grid_fwd_kernel" if kind == "forward" else "_grid_bwd_kernel", rec)
+            run(*make(cell, H, P, lengths, T), reverse, persistent=persistent, block_h=16)
+        assert len(rec.calls) == launches
+        assert {kw["BARRIER"] for *_, kw in rec.calls} == {barrier}
+
 def test_deterministic_run_to_run():
     ins, outs = _forward_problem("lstm", 33, 20, [3, 0, 2], 3)
     _run_forward(ins, outs, True, persistent=True, block_h=16)

@@ -319,6 +319,49 @@ def test_launches_without_barriers_take_any_length(monkeypatch, one_barrier):
     assert launches == [((2**30,), 0)] * (steps * (1 if one_barrier else 2))
 
 
+@pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
+def test_a_single_programs_launch_meets_its_barriers(monkeypatch, one_barrier):
+    """One program runs every step in one launch, its barriers compiled in, in the interpreter
+    too (it never waits for another program): the same results as a launch per step, bit for
+    bit; with the counter one arrival short of every target (`_barrier_extra`), the first
+    wait times out and the launch raises. In the two-barrier form that wait precedes the
+    first cell phase, so no gradient was written (a wait that passed a sub-step early would
+    have run it)."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.kernels.grid_barrier import BarrierTimeoutError
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")  # the launch itself raises
+    cell, H, lengths = "lstm", 16, [3, 0, 2]
+    tile = dict(units=16, kblock=64, btile=32, one_barrier=one_barrier)
+    assert tiles(cell, H, len(lengths), 16, 64, 32, one_barrier)[0] == 1
+    x = _inputs(cell, H, lengths, seed=3)
+    args = {k: v for k, v in x.items() if k != "cell"}
+    got = {}
+    for persistent in (True, False):
+        got[persistent] = _outputs(cell, H, x["info"])
+        split_k_backward(cell, **args, reverse=True, **got[persistent], **tile,
+                         persistent=persistent)
+    for name, v in got[True].items():
+        if v is not None:
+            assert torch.equal(v, got[False][name]), name
+    out = _outputs(cell, H, x["info"])
+    with pytest.raises(BarrierTimeoutError, match="split_k_backward: .*grid barrier timed out"):
+        split_k_backward(cell, **args, reverse=True, **out, **tile, _max_spin=64,
+                         _barrier_extra=1)
+    if not one_barrier:
+        assert out["dpre_x"].isnan().all() and out["dh0"].isnan().all()
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launches.append(kw["BARRIER"])
+
+    monkeypatch.setattr(split_k, "_split_k1_bwd_kernel" if one_barrier
+                        else "_split_k_bwd_kernel", Recorder())
+    split_k_backward(cell, **args, reverse=True, **_outputs(cell, H, x["info"]), **tile)
+    assert launches == [1]
+
+
 # (units, kblock per gate, btile): the two-barrier form (each cell run by one program), the
 # one-barrier form with 4 programs in each K block (the stepwise launches run them one after
 # another, so a gradient stored before every program of its K block has read that step's
