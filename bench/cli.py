@@ -15,8 +15,9 @@
                       [--out DIR]   (GPU only)
 
 Without a GPU, bench runs the `smoke` preset with the Triton interpreter against torch.nn on
-the CPU and says so. Exit codes: 0 success, 1 a failed check/benchmark, 2 a bad option (one
-line on stderr, never a traceback).
+the CPU and says so. Exit codes: 0 success, 1 a failed check/benchmark, nothing run or a
+required module missing, 2 a bad option (one line on stderr, never a traceback), 130
+interrupted, 141 the reader of stdout gone (`| head`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from pathlib import Path
 
 from .presets import CPU_PRESETS, MODES, PRESETS, BenchShape
 
-EPILOG = "Exit codes: 0 success, 1 a failed check or benchmark, 2 a bad option."
+EPILOG = ("Exit codes: 0 success, 1 a failed check or benchmark (or nothing ran), 2 a bad "
+          "option, 130 interrupted, 141 stdout closed early.")
 # bench's tuning before timing: the candidates of a missing plan key it times (the nearest
 # the planner's own choice, one change of a tile or the warps first), the rest left to
 # `tritonrnn tune`.
@@ -182,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         "reports per kernel: shared memory, registers, spill bytes, MMA kind, whether it fits "
         "the preset, and static per-iteration instruction counts of the time-step loop. "
         "--time, --layers and --varlen do not change the kernels and are ignored.",
-        epilog="Exit codes: 0 every kernel compiled and fits, 1 a kernel failed to compile or "
-        "does not fit (or ptxas is missing), 2 a bad option.")
+        epilog="Exit codes: 0 every kernel compiled and fits, 1 a kernel failed to compile, "
+        "spills in its step loop or does not fit (or ptxas is missing), 2 a bad option.")
     _add_shape_options(a, default="anchor")
     a.add_argument("--device-preset", default="h100",
                    help="planner device preset: h100 | h200 | a100 | current (this machine's "
@@ -398,7 +400,7 @@ def cmd_bench(args, argv) -> int:
 
         print(f"tritonrnn bench '{preset}' on {torch.cuda.get_device_name(device)}, tritonrnn "
               f"backend {backend}")
-        if not args.no_tune and backend != "reference":
+        if not args.no_tune and backend != "reference" and "tritonrnn" in impls:
             _tune_before_bench(shapes, device, timing, args)
     opts = BenchOptions(device=device, backend=args.backend, passes=passes, impls=impls,
                         timing=timing, seed=args.seed)

@@ -1,5 +1,6 @@
-"""Progress bars: tqdm's where it is installed (the `bench` extra), else none, through the
-same calls, so that `tritonrnn bench`, `check` and `tune` run without the extra."""
+"""Progress bars: tqdm's where it is installed (the `bench` extra) and stderr is a terminal,
+else none, through the same calls, so that `tritonrnn bench`, `check` and `tune` run without
+the extra."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 
 class _Silent:
-    """A bar that shows nothing (progress off, or no tqdm)."""
+    """A bar that shows nothing (progress off, stderr not a terminal, or no tqdm)."""
 
     def update(self, n: int = 1) -> None:
         pass

@@ -184,8 +184,8 @@ case "$stage" in
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
   bench)
-    # --no-tune: bench otherwise tunes every plan key first, unboxed (the anchor alone has
-    # 150 candidates on the h200 preset); reports are checkpointed per shape.
+    # --no-tune: bench otherwise tunes each missing plan key's first 16 candidates
+    # (--tune-candidates) first, unboxed; reports are checkpointed per shape.
     for p in anchor small-batch gru fp16; do
       box 110 "bench-$p" python -m tritonrnn.bench bench --preset "$p" --no-tune \
         --no-progress --out "$out"

@@ -3,7 +3,8 @@
 Every error is a :class:`TensorArrayError` and also a builtin exception (``ValueError``,
 ``IndexError`` or ``TypeError``) so callers can catch either. Messages name the array by its
 handle name and give the offending argument, what was expected and what was given, e.g.
-``TensorArray 'ta_3': write(index=2): index 2 was already written; ...``.
+``TensorArray 'ta_3': write(index=2): index 2 must be unwritten, but it was already
+written (...)``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ class TensorArrayClosedError(TensorArrayError, ValueError):
 
 
 class TensorArrayIndexError(TensorArrayError, IndexError):
-    """An index that is negative or past the end of a fixed-size array."""
+    """An index that is negative, past the end of a fixed-size array, or (a dynamic array's
+    write) past the largest size, 2**31 - 1."""
 
 
 class TensorArrayWriteError(TensorArrayError, ValueError):
-    """A write to an index that was already written (forward arrays) or already read."""
+    """A write to an index that was already written (forward arrays) or already read, or an
+    index repeated within one scatter (forward arrays)."""
 
 
 class TensorArrayReadError(TensorArrayError, ValueError):
