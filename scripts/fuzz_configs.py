@@ -21,7 +21,7 @@ tests/helpers.py (the suite's tolerance, 2e-5). A forced choice the planner refu
 recorded as `refused` (the planner's ValueError names it), not as a failure.
 
     python scripts/fuzz_configs.py --cases 200 [--start 0] [--out fuzz.jsonl]
-                                   [--split-k | --hoist-first]
+                                   [--split-k | --hoist-first | --extras]
 
 Case i is drawn from seed i, so `--start i --cases 1` replays it (with the focus flag it was
 drawn with). --split-k: cases the split-K backward runs on where it has tiles (a grid family
@@ -29,7 +29,10 @@ without a projection, H a multiple of 16, one switch or both on, or a form force
 `focus_split_k`), which the
 plain draws reach in about one case in a hundred. --hoist-first: cases whose grid launches
 hold only their first resident chunk in registers (`focus_hoist_first`), which no plain draw
-of 133 reached (2026-11-28). Each record counts the split-K launches its backward made and
+of 133 reached (2026-11-28). --extras: cases with dropout between layers, skip_input, or
+both (`focus_extras`), which torch.nn has neither of: they are compared with the reference
+backend in float64 through the same op (`compare_with_reference`; the suite checks that
+backend against torch.nn for both). Each record counts the split-K launches its backward made and
 what its grid launches held in registers (`hoist_launches`). Exit status 1 if a case failed. Runs on
 the GPU when there is one, else in the Triton interpreter.
 """
@@ -150,6 +153,63 @@ def focus_hoist_first(case: dict, i: int) -> dict:
             "kernel": {**kernel, "_HOIST_8WARP_THREAD_BYTES": 8}}
 
 
+def focus_extras(case: dict, i: int) -> dict:
+    """Case i (`draw`) with dropout between layers (2 or 3 layers, p drawn, the op's seeds
+    drawn), skip_input (input size = hidden size), or both; the rest as drawn."""
+    rng = random.Random(i * 7919 + 23)
+    shape = dict(case["shape"])
+    dropout, skip = rng.choice([(True, False), (False, True), (True, True)])
+    if dropout:
+        shape.update(L=rng.choice([2, 3]), dropout=rng.choice([0.1, 0.5, 0.9]),
+                     seeds=[rng.randint(0, 2**31 - 1), rng.randint(0, 2**31 - 1)])
+    if skip:
+        shape.update(I=shape["H"], skip_input=True)
+    return {**case, "shape": shape, "extras": True}
+
+
+def compare_with_reference(s: dict, device: str, tol: float = 2e-5) -> dict:
+    """The op on the Triton backend in float32 against the reference backend in float64 (the
+    same params, inputs, seeds and upstream gradients): every output and every gradient.
+    Returns the max abs errors by name; AssertionError past the tolerance."""
+    import helpers
+
+    from tritonrnn.rnn import cudnn_rnn
+
+    lens_list = s["lengths"]
+    module, x, h0, c0, lens = helpers.make_case(
+        s["mode"], s["I"], s["H"], s["L"], s["bidirectional"], s["proj"], s["T"], lens_list,
+        s["time_major"], s["seed"])
+    params = helpers.params_from_module(module, skip_input=s.get("skip_input", False))
+    seed, seed2 = s.get("seeds", [0, 0])
+    kw = dict(rnn_mode=s["mode"], time_major=s["time_major"], num_proj=s["proj"],
+              direction="bidirectional" if s["bidirectional"] else "unidirectional",
+              input_mode="skip_input" if s.get("skip_input") else "linear_input",
+              dropout=s.get("dropout", 0.0), seed=seed, seed2=seed2)
+    g = torch.Generator().manual_seed(s["seed"] + 1)
+    runs = {}
+    for backend, dtype, dev in (("reference", torch.float64, "cpu"),
+                                ("triton", torch.float32, device)):
+        leaves = [t.to(device=dev, dtype=dtype).requires_grad_(True) if t is not None else None
+                  for t in (x, h0, c0, params)]
+        res = cudnn_rnn(*leaves[:3], leaves[3], lens, backend=backend, **kw)
+        outs = [res.output, res.output_h] + ([res.output_c] if c0 is not None else [])
+        if backend == "reference":
+            ups = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+        loss = sum((o * u.to(device=dev, dtype=dtype)).sum() for o, u in zip(outs, ups,
+                                                                               strict=True))
+        grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+        names = ["output", "output_h", "output_c"][:len(outs)] + [
+            "dx", "dh0"] + (["dc0"] if c0 is not None else []) + ["dparams"]
+        runs[backend] = dict(zip(names, [*outs, *grads], strict=True))
+    errors = {}
+    for name, want in runs["reference"].items():
+        got = runs["triton"][name].detach().cpu().double()
+        torch.testing.assert_close(got, want.detach(), rtol=tol, atol=tol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+        errors[name] = (got - want.detach()).abs().max().item() if got.numel() else 0.0
+    return errors
+
+
 def run_case(case: dict) -> dict:
     """Runs one drawn case; returns {"status": "ok" | "refused" | "failed", ...}."""
     if str(ROOT / "tests") not in sys.path:
@@ -193,11 +253,14 @@ def run_case(case: dict) -> dict:
     t0 = time.time()
     try:
         with plan_constraints(**case["constraints"]):
-            errors = helpers.compare_with_torch(
-                s["mode"], L=s["L"], bidirectional=s["bidirectional"], lengths="_fuzz",
-                time_major=s["time_major"], proj=s["proj"], I=s["I"], H=s["H"], T=s["T"],
-                backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5, seed=s["seed"],
-                device=device)
+            if case.get("extras"):
+                errors = compare_with_reference(s, device)
+            else:
+                errors = helpers.compare_with_torch(
+                    s["mode"], L=s["L"], bidirectional=s["bidirectional"], lengths="_fuzz",
+                    time_major=s["time_major"], proj=s["proj"], I=s["I"], H=s["H"], T=s["T"],
+                    backend="triton", dtype=torch.float32, rtol=2e-5, atol=2e-5,
+                    seed=s["seed"], device=device)
         out = {"status": "ok", "max_error": max(errors.values()),
                "split_k_launches": dict(ran), "hoist_launches": dict(hoisted)}
     except ValueError as e:
@@ -234,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     focus.add_argument("--hoist-first", action="store_true",
                        help="cases whose grid launches hold only their first resident chunk "
                             "in registers (`focus_hoist_first`)")
+    focus.add_argument("--extras", action="store_true",
+                       help="cases with dropout between layers and/or skip_input, against the "
+                            "float64 reference backend (`focus_extras`)")
     args = ap.parse_args(argv)
     counts = {"ok": 0, "refused": 0, "failed": 0}
     for i in range(args.start, args.start + args.cases):
@@ -242,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             case = focus_split_k(case, i)
         elif args.hoist_first:
             case = focus_hoist_first(case, i)
+        elif args.extras:
+            case = focus_extras(case, i)
         rec = {"case": i, **case, **run_case(case)}
         counts[rec["status"]] += 1
         if args.out:

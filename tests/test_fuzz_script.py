@@ -163,3 +163,47 @@ def test_hoist_first_focus_draws_cases_that_hold_the_first_chunk(tmp_path):
     assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"FIRST"}, rec
     with pytest.raises(SystemExit):
         FZ.main(["--hoist-first", "--split-k", "--cases", "1"])
+
+
+def test_extras_focus_draws_dropout_and_skip_input(tmp_path):
+    """--extras: every case with dropout between 2 or 3 layers, skip_input (input size =
+    hidden size) or both, the rest as drawn; the case main runs is compared with the float64
+    reference backend and passes."""
+    cases = [FZ.focus_extras(FZ.draw(i), i) for i in range(60)]
+    kinds = {("dropout" in c["shape"], bool(c["shape"].get("skip_input"))) for c in cases}
+    assert kinds == {(True, False), (False, True), (True, True)}
+    assert all(c["shape"]["L"] in (2, 3) and 0 < c["shape"]["dropout"] < 1
+               for c in cases if "dropout" in c["shape"])
+    assert all(c["shape"]["I"] == c["shape"]["H"] for c in cases if c["shape"].get("skip_input"))
+    plain = FZ.draw(9)
+    focused = FZ.focus_extras(plain, 9)
+    assert focused["shape"]["lengths"] == plain["shape"]["lengths"]
+    assert focused["constraints"] == plain["constraints"]
+    out = tmp_path / "fuzz.jsonl"
+    start = next(i for i in range(60) if "dropout" in cases[i]["shape"]
+                 and cases[i]["shape"].get("skip_input"))
+    assert FZ.main(["--extras", "--cases", "1", "--start", str(start), "--out", str(out)]) == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["shape"] == cases[start]["shape"] and rec["status"] in ("ok", "refused"), rec
+
+
+@pytest.mark.parametrize("dropout, skip", [(0.5, False), (0.0, True)])
+def test_the_reference_comparison_fails_on_a_wrong_result(monkeypatch, dropout, skip):
+    """compare_with_reference is a check: a Triton backend whose output is off by 1e-3 in
+    one element fails it (and the unchanged one passes)."""
+    from tritonrnn.rnn import triton_backend as tb
+
+    s = dict(mode="gru", L=2, bidirectional=False, time_major=True, proj=0, I=6, H=6, T=3,
+             lengths=[3, 0, 2], seed=2, dropout=dropout, seeds=[4, 5], skip_input=skip)
+    errors = FZ.compare_with_reference(s, "cpu")
+    assert set(errors) == {"output", "output_h", "dx", "dh0", "dparams"}
+    assert max(errors.values()) < 2e-5
+    forward = tb.TritonRecurrence.forward
+
+    def off(self, cell, xg, R, bR, Pw, h0, c0, info, reverse, y, *rest):
+        forward(self, cell, xg, R, bR, Pw, h0, c0, info, reverse, y, *rest)
+        y[0, 0] += 1e-3  # a packed row's first element, in every layer
+
+    monkeypatch.setattr(tb.TritonRecurrence, "forward", off)
+    with pytest.raises(AssertionError, match="output"):
+        FZ.compare_with_reference(s, "cpu")
