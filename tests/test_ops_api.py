@@ -113,6 +113,67 @@ def test_canonical_round_trip(mode, proj):
     assert w[0].shape == (5, 3) and w[0].data_ptr() == p.data_ptr()
 
 
+def _spec_layout(mode, L, D, I, H, P, skip):
+    """Shapes of the canonical weights and biases in the spec's order (spec/cudnn_rnn.md,
+    "Params"), written out from the spec alone: pseudo-layer p = layer * D + dir, all
+    weights first (W_0..W_{G-1}, R_0..R_{G-1}, then P_w), then all biases (bW, bR)."""
+    G, Hout = GATES[mode], P or H
+    weights, biases = [], []
+    for layer in range(L):
+        for _ in range(D):
+            if not (skip and layer == 0):
+                weights += [(H, I if layer == 0 else D * Hout)] * G
+            weights += [(H, Hout)] * G + ([(P, H)] if P else [])
+            biases += [(H,)] * (2 * G)
+    return weights, biases
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["linear", "skip"])
+@pytest.mark.parametrize("D", [1, 2], ids=["uni", "bi"])
+@pytest.mark.parametrize(("mode", "P"), [(m, 0) for m in MODES] + [("lstm", 3)])
+def test_params_layout_is_the_specs_at_every_offset(mode, P, D, skip):
+    """The flat buffer's absolute layout, not only a round trip: params = 0, 1, 2, ... and
+    every canonical tensor must be the next run of those numbers, row-major, in the spec's
+    order and shapes (a layout that swapped two tensors of the same shape, or weights and
+    biases of a pseudo-layer, would still round-trip)."""
+    L, I, H = 2, 5 if not skip else 4, 4
+    kw = dict(rnn_mode=mode, num_layers=L, num_units=H, input_size=I, num_proj=P,
+              input_mode="skip_input" if skip else "linear_input",
+              direction="bidirectional" if D == 2 else "unidirectional")
+    shapes_w, shapes_b = _spec_layout(mode, L, D, I, H, P, skip)
+    n = params_size(**kw)
+    assert n == sum(torch.Size(s).numel() for s in shapes_w + shapes_b)
+    flat = torch.arange(n, dtype=F64)
+    w, b = params_to_canonical(flat, **kw)
+    assert [tuple(t.shape) for t in w] == shapes_w
+    assert [tuple(t.shape) for t in b] == shapes_b
+    at = 0
+    for k, t in enumerate(w + b):
+        want = torch.arange(at, at + t.numel(), dtype=F64).view(t.shape)
+        assert torch.equal(t, want), f"canonical tensor {k} does not start at offset {at}"
+        at += t.numel()
+    assert at == n
+    # What the kernels read (the engine's per-pseudo-layer views) is those same tensors:
+    # W and R the G gate blocks stacked, bW and bR likewise, P_w after R.
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.params import layer_views
+
+    G = GATES[mode]
+    w_at = iter(w)
+    b_at = iter(b)
+    for layer, view in enumerate(layer_views(make_config(**kw), flat)):
+        if skip and layer < D:
+            assert view.W is None
+        else:
+            assert torch.equal(view.W, torch.cat([next(w_at) for _ in range(G)]))
+        assert torch.equal(view.R, torch.cat([next(w_at) for _ in range(G)]))
+        if P:
+            assert torch.equal(view.Pw, next(w_at))
+        assert torch.equal(view.bW, torch.cat([next(b_at) for _ in range(G)]))
+        assert torch.equal(view.bR, torch.cat([next(b_at) for _ in range(G)]))
+    assert next(w_at, None) is None and next(b_at, None) is None
+
+
 def test_params_match_torch_state_dict_layout():
     m, *_ = make_case("gru", 3, 4, 2, True, 0, 5, [5], True)
     p = params_from_module(m)
