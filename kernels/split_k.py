@@ -703,7 +703,8 @@ def split_k_backward(
     if dcT is not None:
         (dcc[0] if one_barrier else dcc)[:B] = dcT
     sync = torch.zeros(1, 2, dtype=torch.int32, device=dev)
-    sync[0, 0] = -_barrier_extra
+    if _barrier_extra:  # a fill on the device (an assigned scalar would be a host copy)
+        sync[0, 0].fill_(-_barrier_extra)
     # The kernel reads and writes rows of stride H / G*H: strided inputs are copied, strided
     # outputs written through contiguous stand-ins and copied back.
     pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy = (

@@ -12,10 +12,12 @@ so what this checks is that no launch path runs outside a guard taken on its ten
 from __future__ import annotations
 
 import contextlib
+import traceback
 
 import pytest
 import torch
 from helpers import compare_with_torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tritonrnn.kernels import dropout, persistent_cta, persistent_grid, split_k
 from tritonrnn.rnn.planner import plan_constraints
@@ -109,3 +111,40 @@ def _run_with_dropout(layers, p):
     res = cudnn_rnn(x, h0, c0, params, torch.tensor([3, 2]), rnn_mode="lstm", dropout=p,
                     seed=1, seed2=2, backend="triton")
     res.output.sum().backward()
+
+
+class _HostValues(TorchDispatchMode):
+    """Records where kernels/ turns a host value into a tensor (`aten.lift_fresh`: a Python
+    scalar or list assigned into, or made into, a tensor). On a GPU that is a copy from
+    pageable host memory, which waits for the stream: a host sync per launch, which the
+    deferred barrier check and the layer pipeline exist to avoid, and which a CUDA-graph
+    capture refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:
+            inner = [f for f in traceback.extract_stack() if "/kernels/" in f.filename]
+            if inner:
+                self.sites.append(f"kernels/{inner[-1].filename.rsplit('/', 1)[-1]}:"
+                                  f"{inner[-1].lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("case", ["cta", "grid", "split_k", "split_k1"])
+def test_no_launcher_copies_host_values_to_the_device(case, bidirectional):
+    """Every launcher of kernels/ (both directions, both split-K forms) writes its
+    workspaces with device ops only; the caller's layout and params are on the device
+    already. (`sync[0, 0] = x` in the split-K launcher did, once per backward.)"""
+    constraints, layers, _, _ = CASES[case]
+    # The interpreter's own probe (host tensors, once per process: never on a GPU) first.
+    persistent_cta._interpreter_loops_to_tensors()
+    mode = _HostValues()
+    with plan_constraints(**constraints), mode:
+        compare_with_torch("lstm", L=layers, bidirectional=bidirectional, lengths="varlen",
+                           I=4, H=32, T=3, backend="triton", dtype=torch.float32, rtol=2e-5,
+                           atol=2e-5)
+    assert mode.sites == []
