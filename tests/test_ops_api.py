@@ -551,6 +551,48 @@ def test_reserve_size_within_budget(mode):
     assert fwd.reserve_space.dtype == torch.uint8 and fwd.host_reserved.numel() == 64
 
 
+def _a_reserve_layout(device="cpu"):
+    from tritonrnn.rnn.config import make_config
+    from tritonrnn.rnn.packing import make_pack_info
+
+    cfg = make_config(rnn_mode="lstm", num_layers=2, num_units=4, input_size=3, dropout=0.5,
+                      seed=2**40 + 7, seed2=-3)
+    info = make_pack_info([5, 0, 3], 5, torch.device(device))
+    return reserve_mod.reserve_layout(cfg, info, torch.float32)
+
+
+def test_a_reserve_header_written_during_a_capture_is_the_same_bytes(monkeypatch):
+    """Under a CUDA graph capture the header is written by device fills (a host copy would
+    be replayed from a buffer the capture does not keep): the same 64 bytes as the copy,
+    fingerprint and all (a dropout call's, past int32), and host_reserved the same."""
+    layout = _a_reserve_layout()
+    reserve, host = reserve_mod.allocate(layout, torch.device("cpu"))
+    monkeypatch.setattr(reserve_mod, "capturing", lambda device: True)
+    filled, filled_host = reserve_mod.allocate(layout, torch.device("cpu"))
+    assert torch.equal(filled[:reserve_mod.HEADER_BYTES], reserve[:reserve_mod.HEADER_BYTES])
+    assert torch.equal(filled[:reserve_mod.HEADER_BYTES].view(torch.int8), host)
+    assert torch.equal(filled_host, host)
+    assert torch.equal(filled[reserve_mod.HEADER_BYTES:reserve_mod.PAYLOAD_OFFSET],
+                       torch.zeros(reserve_mod.PAYLOAD_OFFSET - reserve_mod.HEADER_BYTES,
+                                   dtype=torch.uint8))
+    assert int(host.view(torch.int64)[0]) == reserve_mod.MAGIC
+    assert int(host.view(torch.int64)[2]) == layout.fingerprint
+
+
+@pytest.mark.gpu
+def test_a_reserve_is_allocated_without_a_host_sync():
+    """A GPU copies the header from pinned memory: no stream sync (from pageable memory the
+    copy may wait for the stream), and the bytes are the host's."""
+    layout = _a_reserve_layout("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        reserve, host = reserve_mod.allocate(layout, torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(reserve[:reserve_mod.HEADER_BYTES].cpu().view(torch.int8), host)
+
+
 def test_inference_mode_keeps_no_reserve_and_backprop_says_so():
     x, h, c, p = _inputs("lstm")
     fwd = cudnn_rnn(x, h, c, p, rnn_mode="lstm", is_training=False, backend="reference")
