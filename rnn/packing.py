@@ -63,8 +63,13 @@ def make_pack_info(lengths: list[int], T: int, device: torch.device) -> PackInfo
     """The packed layout of a batch, cached by (lengths, T, device): a backprop after its
     forward, or a training loop that repeats a batch shape, reuses the index tensors. On a
     GPU the current stream waits for the copy that made them (queued, maybe on another
-    stream, without the host waiting)."""
-    info, ready = _make_pack_info(tuple(lengths), T, torch.device(device))
+    stream, without the host waiting). "cuda" without an index means the current device,
+    as torch does (the cache keys on the indexed device: another current device later gets
+    its own layout, not this one's)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    info, ready = _make_pack_info(tuple(lengths), T, device)
     _wait(info.device, ready)
     return info
 

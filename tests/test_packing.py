@@ -103,6 +103,28 @@ def test_a_new_layout_is_one_copy_to_the_device():
     assert info.perm.device.type == "meta" and info.padded_index.shape == (18,)
 
 
+def test_an_unindexed_cuda_device_is_the_current_one(monkeypatch):
+    """The layout cache keys on the indexed device: "cuda" is the current device at the
+    call, so a later call under another current device does not get the first one's
+    layout (tools and tests pass "cuda"; the ops pass their tensors' indexed device)."""
+    import types
+
+    seen = []
+
+    def made(lengths, T, device):
+        seen.append(device)
+        return types.SimpleNamespace(device=device), None
+
+    monkeypatch.setattr(packing, "_make_pack_info", made)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    make_pack_info([2, 1], 2, torch.device("cuda"))
+    make_pack_info([2, 1], 2, "cuda")
+    make_pack_info([2, 1], 2, torch.device("cuda", 0))
+    make_pack_info([2, 1], 2, torch.device("cpu"))
+    assert seen == [torch.device("cuda", 1)] * 2 + [torch.device("cuda", 0),
+                                                    torch.device("cpu")]
+
+
 @pytest.mark.gpu
 def test_a_new_layout_does_not_sync_the_gpu():
     """A GPU builds a new layout without a stream sync (one copy from pinned memory), with
