@@ -40,6 +40,7 @@ import time
 import torch
 import triton
 
+from tritonrnn.bench.barrier import bare_timed_out
 from tritonrnn.bench.timing import TimingConfig, measure
 from tritonrnn.kernels import cells
 from tritonrnn.kernels.split_k import split_k1_tiles, split_k_backward, split_k_tiles, tiles
@@ -216,8 +217,12 @@ def _timed(cell: str, H: int, B: int, U: int, KB: int, BB: int, T: int, dtype: t
 
     ms = median(lambda: run(cell, x, U, KB, BB, num_warps, one_barrier))
     barriers = T if one_barrier else 2 * T
-    bare = median(lambda: run_bare_barriers(barriers, programs, dev, num_warps=num_warps))
+    syncs: list[torch.Tensor] = []  # each run's counter and error flag
+    bare = median(lambda: syncs.append(run_bare_barriers(barriers, programs, dev,
+                                                         num_warps=num_warps)))
     check_barriers()
+    if bare_timed_out(syncs):  # its time would be the timeout's, not the barriers'
+        raise RuntimeError("a bare grid barrier timed out (programs not co-resident?)")
     dpre, w, h = x["dpre_x"], x["R"], x["h_prev"]
     gemm = median(lambda: (dpre @ w, dpre.t() @ h, dpre.t() @ h, dpre.sum(0)))
     return {"programs": programs, "rel_error_vs_reference": err, "ms": ms,
