@@ -260,11 +260,12 @@ def _poll(wait: bool) -> None:
         _raise_if_failed(flags, what, earlier=True)
 
 
-def poll_earlier_launches() -> None:
+def poll_earlier_launches(device: torch.device | None = None) -> None:
     """Raises BarrierTimeoutError for an earlier launch whose failure is known by now, without
-    waiting (persistent launchers call it before they launch). Nothing during a CUDA-graph
-    capture (an event query there would invalidate the capture)."""
-    if not capturing():
+    waiting (persistent launchers call it before they launch, with their tensors' device).
+    Nothing while that device (default: the current one) captures a CUDA graph (an event
+    query there would invalidate the capture)."""
+    if not capturing(device):
         _poll(wait=False)
 
 

@@ -2424,7 +2424,7 @@ def _launch_setup(dev, on_gpu, persistent, programs, num_dirs, n_sub, dtype, cou
         return 2, dot_dt, [(0, n_sub)]
     barrier = int(_steps_in_one_launch(persistent, on_gpu, programs))
     if barrier and on_gpu:
-        poll_earlier_launches()
+        poll_earlier_launches(dev)
         check_coresident(programs * num_dirs,
                          torch.cuda.get_device_properties(dev).multi_processor_count)
     return barrier, dot_dt, _launch_ranges(n_sub, persistent, on_gpu, programs)

@@ -689,7 +689,7 @@ def split_k_backward(
         # and the one-barrier form's HELD buffer with it.
         whole_launch = False
     if persistent and not interp:
-        poll_earlier_launches()  # an earlier launch's known failure first, as the grid's do
+        poll_earlier_launches(dev)  # an earlier launch's known failure first, as the grid's do
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         if programs > sms:
             raise ValueError(f"split_k: {programs} programs cannot all be resident on {sms} "

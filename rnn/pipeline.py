@@ -393,6 +393,7 @@ class _Slots:
         if not self.cuda:
             return
         index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
         self.caller = torch.cuda.current_stream(index)
         self.streams = _side_streams(index, width)
         # Every side stream starts after what the caller enqueued before (the inputs and the
@@ -418,7 +419,7 @@ class _Slots:
         from its cache after a run from another caller stream). Once per (layout, streams):
         the allocator remembers the streams for the block's lifetime. Not during graph
         capture, where the graph's private pool keeps them."""
-        if self.cuda and not capturing():
+        if self.cuda and not capturing(self.device):
             for layout in layouts:
                 _used_on(layout, self.streams)
 

@@ -1634,6 +1634,21 @@ def test_captured_launch_flags_are_checked_after_replays(monkeypatch, mode):
     gb.check_barriers()
 
 
+def test_polling_asks_the_launchs_device_whether_it_captures(monkeypatch):
+    """The launchers poll with their tensors' device: a capture on that device (not the
+    current one) is what an event query would invalidate."""
+    from collections import deque
+
+    from tritonrnn.kernels import grid_barrier as gb
+
+    asked = []
+    monkeypatch.setattr(gb, "_pending", deque())
+    monkeypatch.setattr(gb, "capturing", lambda device=None: asked.append(device) or False)
+    gb.poll_earlier_launches(torch.device("cuda", 1))
+    gb.poll_earlier_launches()
+    assert asked == [torch.device("cuda", 1), None]
+
+
 def test_two_threads_polling_report_a_failed_launch_once(monkeypatch):
     """The deferred checks' queue is shared by the launching threads (one per device under
     DataParallel). A thread waiting on the oldest launch's event (the GIL released) while
