@@ -531,6 +531,37 @@ def test_outputs_without_unit_column_stride():
     _check_forward(ins, outs, False)
 
 
+def _column_strided(t):
+    """t's values with column stride = its row count (a transposed view of a copy)."""
+    if t is None or t.dim() < 2:
+        return t
+    out = t.t().contiguous().t()
+    assert out.stride(-1) != 1 and torch.equal(out, t)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+@pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)],
+                         ids=["lstm", "gru", "lstm_proj"])
+def test_inputs_without_unit_column_stride(kind, cell, P):
+    """The kernels take row strides and assume unit column strides: an input whose columns
+    are strided is copied first (`_inp`); a launcher that passed it as it is would read the
+    wrong elements."""
+    if kind == "forward":
+        ins, outs = _forward_problem(cell, 33, P, *VARLEN, seed=3)
+        names, run, check, reverse = ("xg", "R", "Pw", "h0", "c0"), _run_forward, \
+            _check_forward, False
+    else:
+        ins, outs = _backward_problem(cell, 33, P, *VARLEN, seed=4)
+        names, run, check, reverse = ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq",
+                                      "c_prev", "dy", "dhT", "dcT"), _run_backward, \
+            _check_backward, True
+    for k in names:
+        ins[k] = _column_strided(ins[k])
+    run(ins, outs, reverse, persistent=False, block_h=16)
+    check(ins, outs, reverse)
+
+
 # Split K (`pg._nsplit`): the reduction cut into S slices, one per warp, where the output tile
 # has fewer 16 x 8 MMA tiles than the program has warps. (H, block_h, block_k, num_warps, S of
 # the recurrent dots): one 64 chunk in 4 slices; 64 + 32 in 2; streamed 32-wide chunks in 2;
