@@ -551,6 +551,33 @@ def test_reserve_size_within_budget(mode):
     assert fwd.reserve_space.dtype == torch.uint8 and fwd.host_reserved.numel() == 64
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_batch_major_final_states_edited_in_place_before_backward(mode, backend):
+    """Batch-major final states are the caller's own tensors, not views of the op's
+    time-major ones: editing them in place before the backward (torch.nn allows it for h_n
+    and c_n) works, and the gradients are the time-major call's with the same edit."""
+    dtype = F64 if backend == "reference" else torch.float32
+    x, h, c, p = _inputs(mode, T=4, B=3, L=2, seed=7, dtype=dtype)
+    lens = torch.tensor([4, 1, 3])
+    grads = []
+    for time_major in (True, False):
+        tm = (lambda t: t) if time_major else (lambda t: t.transpose(0, 1).contiguous())
+        leaves = [t.clone().requires_grad_() for t in (x, h, c, p) if t is not None]
+        xs, hs, *rest = leaves
+        cs = rest[0] if c is not None else None
+        res = cudnn_rnn(tm(xs), tm(hs), tm(cs) if cs is not None else None, rest[-1], lens,
+                        rnn_mode=mode, time_major=time_major, backend=backend)
+        states = [res.output_h] + ([res.output_c] if c is not None else [])
+        for st in states:
+            st.mul_(2.0)
+        loss = (res.output * res.output).sum() + sum((st * st).sum() for st in states)
+        grads.append(torch.autograd.grad(loss, leaves))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12 if dtype == F64 else 1e-5, atol=1e-12
+                                   if dtype == F64 else 1e-5)
+
+
 def _a_reserve_layout(device="cpu"):
     from tritonrnn.rnn.config import make_config
     from tritonrnn.rnn.packing import make_pack_info
