@@ -310,6 +310,39 @@ def test_persistent_grid_pair_is_one_launch_for_all_steps(kind, launches, monkey
                   _max_spin=64, _barrier_extra=1)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+def test_pairs_whose_second_direction_comes_first_in_memory(kind, family, launches):
+    """Direction 1's weights and states stored before direction 0's (negative offsets,
+    which `direction_offsets` accepts): still one launch for both directions, and exactly
+    the per-direction launches' results."""
+    cell, H, P = "lstm", 20, 20
+    make, make_outs = ((_forward_pairs, _forward_outs) if kind == "fwd"
+                       else (_backward_pairs, _backward_outs))
+    info, ins = make(cell, H, P, *VARLEN)
+    flipped = ("R", "Pw") + (("h0", "c0") if kind == "fwd" else ("dhT", "dcT"))
+    for name in flipped:
+        a, b = ins[name]
+        both = torch.stack((b, a))  # direction 1's values first
+        ins[name] = (both[1], both[0])
+    names = pc.FORWARD_TENSORS if kind == "fwd" else pc.BACKWARD_TENSORS
+    offs = pc.direction_offsets({k: ins[k] for k in names if k in ins})
+    assert offs is not None and all(offs[k] < 0 for k in flipped), offs
+    pair_launcher, single_launcher = LAUNCHERS[family][kind]
+    kw = LAUNCHERS[family]["kw"]
+    got = make_outs(cell, H, P, info)
+    _run_pair(kind, pair_launcher, cell, info, ins, got, **kw)
+    count, grid = _expected_launches(family, kind, H, P, info)
+    assert launches[KERNEL_OF[(family, kind)]] == [grid] * count
+    want = make_outs(cell, H, P, info)
+    _run_single(kind, single_launcher, cell, info, ins, want, **kw)
+    for name, pair in got.items():
+        if pair is not None:
+            for d in range(2):
+                assert torch.isfinite(pair[d]).all(), f"{name}[dir {d}]"
+                assert torch.equal(pair[d], want[name][d]), f"{name}[dir {d}]"
+
+
 def test_pairs_that_are_not_base_plus_offset_run_per_direction(launches):
     """Separate allocations (or aliased outputs) cannot be addressed as base + offset: the pair
     launcher falls back to two launches and the results are the per-direction ones."""
