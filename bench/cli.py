@@ -303,13 +303,13 @@ def _effective_backend(backend: str, device, dtypes: Iterable = ()) -> str:
     return backend
 
 
-def _check_interpreter(backend: str, device) -> None:
-    """--backend triton on the CPU runs the kernels in Triton's interpreter, which only
-    TRITON_INTERPRET=1 selects (`_device` sets it when it is unset): any other value set in
-    the environment is refused up front, before the oracle and the baselines run."""
+def _check_interpreter(backend: str, device, option: str = "--backend triton") -> None:
+    """--backend triton (or `option`) on the CPU runs the kernels in Triton's interpreter,
+    which only TRITON_INTERPRET=1 selects (`_device` sets it when it is unset): any other
+    value set in the environment is refused up front, before anything runs."""
     value = os.environ.get("TRITON_INTERPRET")
     if backend == "triton" and device.type == "cpu" and value != "1":
-        raise UsageError(f"--backend triton: on the CPU the Triton kernels run only in "
+        raise UsageError(f"{option}: on the CPU the Triton kernels run only in "
                          f"Triton's interpreter: expected TRITON_INTERPRET unset or 1, got "
                          f"TRITON_INTERPRET={value!r}")
 
@@ -508,6 +508,7 @@ def cmd_tune(args) -> int:
         raise UsageError("no CUDA GPU found: tuning times kernels on a GPU (interpreter "
                          "timings say nothing about GPU speed); --allow-cpu exercises the "
                          "tuner in the interpreter anyway")
+    _check_interpreter("triton", device, option="--allow-cpu")  # tuning runs the kernels
     preset, shapes = resolve_shapes(args, "smoke" if device.type == "cpu" else "anchor")
     timing = _timing(args)
     # The tuner records every measurement there as it goes (tune._write_partial).

@@ -809,6 +809,21 @@ def test_backend_triton_on_the_cpu_needs_the_interpreter(command, interpret, tmp
         f"TRITON_INTERPRET={interpret!r}")
 
 
+@pytest.mark.parametrize("interpret", ["0", ""])
+def test_tune_on_the_cpu_needs_the_interpreter(interpret, capsys, monkeypatch):
+    """`tune --allow-cpu` times the Triton kernels, which run on the CPU only in Triton's
+    interpreter: TRITON_INTERPRET set to anything but 1 is refused before anything runs."""
+    from tritonrnn.bench import tune
+
+    monkeypatch.setattr(tune, "tune_shapes", lambda *_a, **_k: pytest.fail("ran"))
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    assert main(["tune", "--allow-cpu", "--device", "cpu", "--no-progress"]) == 2
+    assert _one_line_error(capsys) == (
+        "tritonrnn: error: --allow-cpu: on the CPU the Triton kernels run only in "
+        f"Triton's interpreter: expected TRITON_INTERPRET unset or 1, got "
+        f"TRITON_INTERPRET={interpret!r}")
+
+
 @pytest.mark.parametrize("lines", [3, 2000], ids=["flushed-at-exit", "flushed-while-printing"])
 def test_a_closed_stdout_pipe_ends_quietly(lines, tmp_path):
     """`tritonrnn plan | head -1`: the reader gone, the command stops without a message and
