@@ -129,20 +129,20 @@ def allocate(layout: ReserveLayout, device: torch.device) -> tuple[torch.Tensor,
     if os.environ.get("TRITONRNN_POISON") == "1":
         reserve[PAYLOAD_OFFSET:].view(layout.dtype).fill_(float("nan"))
     reserve[:PAYLOAD_OFFSET].zero_()
-    _write_header(reserve[:HEADER_BYTES], header, device)
+    _write_header(reserve[:HEADER_BYTES], header)
     return reserve, header.clone()
 
 
-def _write_header(dst: torch.Tensor, header: torch.Tensor, device: torch.device) -> None:
+def _write_header(dst: torch.Tensor, header: torch.Tensor) -> None:
     """The header's 64 bytes into the reserve without a host sync. A GPU copies them from
     pinned memory (from pageable memory the copy may wait for the stream); under a CUDA
     graph capture a host copy would be replayed from a buffer the capture does not keep, so
     device fills write the fields instead (the values are the captured call's)."""
-    if capturing(device):
+    if capturing(dst.device):
         fields = dst.view(torch.int64)
         for i, value in enumerate(header.view(torch.int64).tolist()):
             fields[i].fill_(value)
-    elif device.type == "cuda":
+    elif dst.device.type == "cuda":
         dst.copy_(header.view(torch.uint8).pin_memory(), non_blocking=True)
     else:
         dst.copy_(header.view(torch.uint8))

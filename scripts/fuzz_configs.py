@@ -175,10 +175,9 @@ def compare_with_reference(s: dict, device: str, tol: float = 2e-5) -> dict:
 
     from tritonrnn.rnn import cudnn_rnn
 
-    lens_list = s["lengths"]
     module, x, h0, c0, lens = helpers.make_case(
-        s["mode"], s["I"], s["H"], s["L"], s["bidirectional"], s["proj"], s["T"], lens_list,
-        s["time_major"], s["seed"])
+        s["mode"], s["I"], s["H"], s["L"], s["bidirectional"], s["proj"], s["T"],
+        s["lengths"], s["time_major"], s["seed"])
     params = helpers.params_from_module(module, skip_input=s.get("skip_input", False))
     seed, seed2 = s.get("seeds", [0, 0])
     kw = dict(rnn_mode=s["mode"], time_major=s["time_major"], num_proj=s["proj"],
