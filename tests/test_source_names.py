@@ -7,9 +7,13 @@ each dotted name rooted at an imported module (`torch.cuda.x`, `tl.x`, `pg.x` af
 `from tritonrnn.kernels import persistent_grid as pg`) must resolve, attribute by attribute,
 for as long as the chain stays on modules and classes (past that the value is a runtime
 object), and each name a `from m import name` statement takes must exist in m, wherever the
-statement sits (one inside a GPU-only branch runs only there). The tests are read too: the
-GPU-marked ones run only on a GPU. The Triton 3.6 job runs it against 3.6's names too;
-names that one version lacks are looked up with getattr by the code, not named."""
+statement sits (one inside a GPU-only branch runs only there). Each call of a function these
+resolve to (a Triton helper's `@triton.jit` function included) must fit its signature: its
+keywords exist, its arguments bind; calls inside a `try` that catches TypeError are the code's
+own version fallbacks and are left out. The tests are read too: the GPU-marked ones run only
+on a GPU. The Triton 3.6 job runs it against 3.6's names and signatures too; names that one
+version lacks are looked up with getattr by the code, not named. What this cannot see: a
+method of a runtime object, a wrong device or a wrong value."""
 
 from __future__ import annotations
 
@@ -149,3 +153,120 @@ def test_named_module_attributes_exist(path):
 def test_a_misspelt_name_is_found(source, want):
     bad = _problems(source, ROOT / "rnn" / "probe.py")  # as if in rnn/ (never written)
     assert len(bad) == 1 and bad[0].startswith(want), bad
+
+
+# --- calls: keywords and argument counts against the callee's signature ---
+
+
+def _callee(node: ast.Call, aliases: dict[str, str], imported: dict[str, str],
+            own: str | None):
+    """The object a call's function names, where it resolves statically, else None."""
+    parts, n = [], node.func
+    while isinstance(n, ast.Attribute):
+        parts.append(n.attr)
+        n = n.value
+    if not isinstance(n, ast.Name):
+        return None
+    if n.id in aliases:
+        dotted = [aliases[n.id]]
+    elif n.id in imported:
+        dotted = [imported[n.id]]
+    elif own is not None:
+        dotted = [own, n.id]
+    else:
+        return None
+    dotted = ".".join([*dotted, *reversed(parts)]).split(".")
+    try:
+        obj = importlib.import_module(dotted[0])
+    except ImportError:
+        return None
+    for i, name in enumerate(dotted[1:], 1):
+        if not (inspect.ismodule(obj) or inspect.isclass(obj)):
+            return None
+        if hasattr(obj, name):
+            obj = getattr(obj, name)
+        elif _is_module(".".join(dotted[: i + 1])):
+            obj = importlib.import_module(".".join(dotted[: i + 1]))
+        else:
+            return None
+    return obj
+
+
+def _signature(obj) -> inspect.Signature | None:
+    fn = getattr(obj, "fn", None) if type(obj).__name__ == "JITFunction" else obj
+    if not callable(fn):
+        return None
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one
+        return None
+
+
+def _call_problems(text: str, path: pathlib.Path) -> list[str]:
+    """Calls whose keywords or argument count the callee's signature refuses."""
+    tree = ast.parse(text)
+    package = _package(path)
+    aliases, names = _module_aliases(tree, package)
+    aliases = {k: v for k, v in aliases.items() if v.split(".")[0] in CHECKED}
+    imported = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _base(node, package).split(".")[0] in CHECKED:
+            for a in node.names:
+                imported[a.asname or a.name] = f"{_base(node, package)}.{a.name}"
+    own = None  # the file's own module, for calls of its functions by bare name
+    if package and path.stem != "__main__" and _is_module(f"{package}.{path.stem}"):
+        own = f"{package}.{path.stem}"
+    guarded = {id(c) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
+        "TypeError" in ast.unparse(h.type) for h in t.handlers if h.type is not None)
+        for part in (*t.body, *t.handlers) for c in ast.walk(part)}
+    bad = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or id(node) in guarded:
+            continue  # (a call in a try that catches TypeError: the code's version fallback)
+        sig = _signature(_callee(node, aliases, imported, own))
+        if sig is None:
+            continue
+        kinds = {p.kind for p in sig.parameters.values()}
+        keywords = [k.arg for k in node.keywords if k.arg is not None]
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            unknown = [k for k in keywords if k not in sig.parameters or
+                       sig.parameters[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+            if unknown:
+                bad.add((node.lineno, f"{ast.unparse(node.func)}: no parameter {unknown}"))
+                continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or len(keywords) < len(
+                node.keywords):
+            continue  # *args / **kwargs: the count is not known statically
+        try:
+            sig.bind(*node.args, **dict.fromkeys(keywords))
+        except TypeError as e:
+            bad.add((node.lineno, f"{ast.unparse(node.func)}: {e}"))
+    return [f"line {line}: {what}" for line, what in sorted(bad)]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_calls_fit_their_callees_signatures(path):
+    bad = _call_problems(path.read_text(), path)
+    assert not bad, "calls their callee refuses: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("source, want", [
+    ("from tritonrnn.kernels import persistent_grid as pg\npg.grid_programs(1, 2, block_q=3)\n",
+     "line 2: pg.grid_programs: no parameter ['block_q']"),
+    ("import torch\ntorch.cuda.Event(enable_timin=True)\n",
+     "line 2: torch.cuda.Event: no parameter ['enable_timin']"),
+    ("from .persistent_grid import check_coresident\ncheck_coresident(1)\n",
+     "line 2: check_coresident: missing a required argument: 'sm_count'"),
+    ("import triton.language as tl\ndef k(X):\n    tl.load(X, cache_modifer='.cg')\n",
+     "line 3: tl.load: no parameter ['cache_modifer']"),
+    ("def f():\n    _forward(1)\n",  # the file's own function, called by name
+     "line 2: _forward: missing a required argument"),
+    ("import torch\ntry:\n    torch.cuda.Event(enable_timin=True)\nexcept TypeError:\n    pass\n",
+     None),
+])
+def test_a_call_its_callee_refuses_is_found(source, want):
+    bad = _call_problems(source, ROOT / "kernels" / "persistent_grid.py")  # as if there
+    if want is None:
+        assert not bad
+    else:
+        assert len(bad) == 1 and bad[0].startswith(want), bad
