@@ -8,12 +8,13 @@ each dotted name rooted at an imported module (`torch.cuda.x`, `tl.x`, `pg.x` af
 for as long as the chain stays on modules and classes (past that the value is a runtime
 object), and each name a `from m import name` statement takes must exist in m, wherever the
 statement sits (one inside a GPU-only branch runs only there). Each call of a function these
-resolve to (a Triton helper's `@triton.jit` function included) must fit its signature: its
-keywords exist, its arguments bind; calls inside a `try` that catches TypeError are the code's
-own version fallbacks and are left out. The tests are read too: the GPU-marked ones run only
-on a GPU. The Triton 3.6 job runs it against 3.6's names and signatures too; names that one
-version lacks are looked up with getattr by the code, not named. What this cannot see: a
-method of a runtime object, a wrong device or a wrong value."""
+resolve to (a Triton helper's `@triton.jit` function included, and `self.method(...)` in the
+file's own classes) must fit its signature: its keywords exist, its arguments bind; calls
+inside a `try` that catches TypeError are the code's own version fallbacks and are left out.
+The tests are read too: the GPU-marked ones run only on a GPU. The Triton 3.6 job runs it
+against 3.6's names and signatures too; names that one version lacks are looked up with
+getattr by the code, not named. What this cannot see: a method of another runtime object,
+a wrong device or a wrong value."""
 
 from __future__ import annotations
 
@@ -202,6 +203,29 @@ def _signature(obj) -> inspect.Signature | None:
         return None
 
 
+def _self_methods(tree: ast.AST, own: str | None) -> dict[int, inspect.Signature]:
+    """Signature (bound: without self) of each `self.method(...)` call in a module-level class
+    of the file's own module, where the class itself defines or inherits that method."""
+    if own is None:
+        return {}
+    module, found = importlib.import_module(own), {}
+    for cls_node in getattr(tree, "body", []):
+        cls = getattr(module, getattr(cls_node, "name", ""), None)
+        if not isinstance(cls_node, ast.ClassDef) or not inspect.isclass(cls):
+            continue
+        for node in ast.walk(cls_node):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+                continue
+            raw = inspect.getattr_static(cls, node.func.attr, None)
+            if isinstance(raw, staticmethod | classmethod):
+                found[id(node)] = inspect.signature(getattr(cls, node.func.attr))
+            elif inspect.isfunction(raw):
+                params = list(inspect.signature(raw).parameters.values())[1:]
+                found[id(node)] = inspect.Signature(params)
+    return found
+
+
 def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     """Calls whose keywords or argument count the callee's signature refuses."""
     tree = ast.parse(text)
@@ -219,11 +243,15 @@ def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     guarded = {id(c) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
         "TypeError" in ast.unparse(h.type) for h in t.handlers if h.type is not None)
         for part in (*t.body, *t.handlers) for c in ast.walk(part)}
+    methods = _self_methods(tree, own)
     bad = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or id(node) in guarded:
             continue  # (a call in a try that catches TypeError: the code's version fallback)
-        sig = _signature(_callee(node, aliases, imported, own))
+        if id(node) in methods:
+            sig = methods[id(node)]
+        else:
+            sig = _signature(_callee(node, aliases, imported, own))
         if sig is None:
             continue
         kinds = {p.kind for p in sig.parameters.values()}
@@ -263,6 +291,8 @@ def test_calls_fit_their_callees_signatures(path):
      "line 2: _forward: missing a required argument"),
     ("import torch\ntry:\n    torch.cuda.Event(enable_timin=True)\nexcept TypeError:\n    pass\n",
      None),
+    ("class _Outs:\n    def g(self):\n        self.finish(1)\n",  # the module's own class
+     "line 3: self.finish: too many positional arguments"),
 ])
 def test_a_call_its_callee_refuses_is_found(source, want):
     bad = _call_problems(source, ROOT / "kernels" / "persistent_grid.py")  # as if there
