@@ -9,7 +9,9 @@ for as long as the chain stays on modules and classes (past that the value is a 
 object), and each name a `from m import name` statement takes must exist in m, wherever the
 statement sits (one inside a GPU-only branch runs only there). Each call of a function these
 resolve to (a Triton helper's `@triton.jit` function included, and `self.method(...)` in the
-file's own classes) must fit its signature: its keywords exist, its arguments bind; calls
+file's own classes) must fit its signature: its keywords exist, its arguments bind; a
+kernel launch's keywords must be its parameters or the CUDA backend's launch options (a GPU
+refuses others, the interpreter does not), and its parameters must all be set; calls
 inside a `try` that catches TypeError are the code's own version fallbacks and are left out.
 The tests are read too: the GPU-marked ones run only on a GPU. The Triton 3.6 job runs it
 against 3.6's names and signatures too; names that one version lacks are looked up with
@@ -19,6 +21,7 @@ a wrong device or a wrong value."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import pathlib
@@ -193,8 +196,16 @@ def _callee(node: ast.Call, aliases: dict[str, str], imported: dict[str, str],
     return obj
 
 
+def _jit_function(obj):
+    """The Python function of a `@triton.jit` one (a JITFunction, or under TRITON_INTERPRET=1
+    an InterpretedFunction), else None."""
+    if type(obj).__name__ in ("JITFunction", "InterpretedFunction"):
+        return obj.fn
+    return None
+
+
 def _signature(obj) -> inspect.Signature | None:
-    fn = getattr(obj, "fn", None) if type(obj).__name__ == "JITFunction" else obj
+    fn = _jit_function(obj) or obj
     if not callable(fn):
         return None
     try:
@@ -226,6 +237,36 @@ def _self_methods(tree: ast.AST, own: str | None) -> dict[int, inspect.Signature
     return found
 
 
+def _launch_options() -> set[str]:
+    """The launch options the installed Triton's CUDA backend takes (num_warps, ...)."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return {f.name for f in dataclasses.fields(CUDAOptions)}
+
+
+def _launch_problems(node: ast.Call, kernel) -> set[tuple[int, str]]:
+    """A launch's keywords that are neither the kernel's parameters nor launch options (a GPU
+    refuses them; the interpreter does not), and its parameters left unset."""
+    if _jit_function(kernel) is None:
+        return set()
+    params = inspect.signature(_jit_function(kernel)).parameters
+    name = ast.unparse(node.func.value)
+    keywords = [k.arg for k in node.keywords if k.arg is not None]
+    unknown = sorted(set(keywords) - set(params) - _launch_options())
+    if unknown:
+        return {(node.lineno, f"{name}[...]: no parameter or launch option {unknown}")}
+    if any(isinstance(a, ast.Starred) for a in node.args) or len(keywords) < len(node.keywords):
+        return set()
+    unset = [p for i, p in enumerate(params) if i >= len(node.args) and p not in keywords
+             and params[p].default is inspect.Parameter.empty]
+    many = len(node.args) > len(params)
+    if unset or many:
+        return {(node.lineno, f"{name}[...]: " + (f"{len(node.args)} arguments for "
+                                                   f"{len(params)} parameters" if many else
+                                                   f"parameters not set {unset}"))}
+    return set()
+
+
 def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     """Calls whose keywords or argument count the callee's signature refuses."""
     tree = ast.parse(text)
@@ -248,6 +289,10 @@ def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or id(node) in guarded:
             continue  # (a call in a try that catches TypeError: the code's version fallback)
+        if isinstance(node.func, ast.Subscript):  # kernel[grid](...): a launch
+            bad |= _launch_problems(node, _callee(ast.Call(node.func.value, [], []), aliases,
+                                                  imported, own))
+            continue
         if id(node) in methods:
             sig = methods[id(node)]
         else:
@@ -293,9 +338,15 @@ def test_calls_fit_their_callees_signatures(path):
      None),
     ("class _Outs:\n    def g(self):\n        self.finish(1)\n",  # the module's own class
      "line 3: self.finish: too many positional arguments"),
+    ("_bare_barriers_kernel[(2,)](1, 2, 3, num_warp=4)\n",  # a misspelt launch option
+     "line 1: _bare_barriers_kernel[...]: no parameter or launch option ['num_warp']"),
+    ("_bare_barriers_kernel[(2,)](1, num_warps=4)\n",
+     "line 1: _bare_barriers_kernel[...]: parameters not set"),
 ])
 def test_a_call_its_callee_refuses_is_found(source, want):
-    bad = _call_problems(source, ROOT / "kernels" / "persistent_grid.py")  # as if there
+    path = ROOT / "kernels" / ("grid_barrier.py" if "barriers" in source else
+                               "persistent_grid.py")
+    bad = _call_problems(source, path)  # as if in that file
     if want is None:
         assert not bad
     else:
