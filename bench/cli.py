@@ -88,18 +88,37 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+WARMUP_MS, REP_MS, CPU_REP = 25, 100, 3
+
+
 def _add_timing_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--warmup", type=int, default=25, metavar="MS",
+    p.add_argument("--warmup", type=int, default=WARMUP_MS, metavar="MS",
                    help="do_bench warm-up in ms (GPU)")
-    p.add_argument("--rep", type=int, default=100, metavar="MS",
+    p.add_argument("--rep", type=int, default=REP_MS, metavar="MS",
                    help="do_bench repetition time in ms (GPU)")
-    p.add_argument("--cpu-rep", type=int, default=3, metavar="N",
+    p.add_argument("--cpu-rep", type=int, default=CPU_REP, metavar="N",
                    help="timed repetitions on the CPU")
+
+
+def _versions() -> str:
+    """tritonrnn's version and the torch and Triton installed, from their metadata (importing
+    them here would fix the interpreter choice before --device is read)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"tritonrnn {installed('tritonrnn')} (torch {installed('torch')}, Triton "
+            f"{installed('triton')})")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tritonrnn", description="tritonrnn benchmark, check, tuning and "
                      "planning tools.", epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=_versions())
     sub = parser.add_subparsers(dest="command",
                                 metavar="{bench,check,tune,plan,aot,barrier}")
 
@@ -350,6 +369,23 @@ def _check_output(path: Path, option: str, *, file: bool = False) -> None:
 CPU_WORK_BUDGET = 50_000_000  # multiply-adds per step set: ~a minute in the interpreter
 
 
+# Options that apply on one kind of device, with their defaults. Given where they do not
+# apply (a script may pass both kinds' options), they are ignored, and a note says so.
+_GPU_ONLY = {"warmup": WARMUP_MS, "rep": REP_MS, "no_tune": False,
+             "tune_candidates": TUNE_CANDIDATES}
+_CPU_ONLY = {"cpu_rep": CPU_REP, "allow_slow": False}
+
+
+def _note_ignored(args, cpu: bool) -> None:
+    """Says on stderr which options given (away from their defaults) do nothing here; called
+    once the command's options have passed their checks."""
+    given = [f"--{dest.replace('_', '-')}" for dest, default in
+             (_GPU_ONLY if cpu else _CPU_ONLY).items() if getattr(args, dest, default) != default]
+    if given:
+        print(f"tritonrnn: note: {' '.join(given)} ignored: {'GPU' if cpu else 'CPU'} only "
+              f"(this run is on {'the CPU' if cpu else 'a GPU'})", file=sys.stderr)
+
+
 def _timing(args):
     from .timing import TimingConfig
 
@@ -385,6 +421,7 @@ def cmd_bench(args, argv) -> int:
                              "found); use smaller sizes, --preset smoke, or --allow-slow")
     _check_interpreter(args.backend, device)
     _check_output(args.out, "--out")
+    _note_ignored(args, cpu)
     passes = ("fwd", "bwd", "fwdbwd") if args.passes == "all" else (args.passes,)
     impls = tuple(args.impl) if args.impl else IMPLS
     impls = tuple(i for i in IMPLS if i in impls)  # fixed order: tritonrnn first
@@ -513,6 +550,7 @@ def cmd_tune(args) -> int:
     timing = _timing(args)
     # The tuner records every measurement there as it goes (tune._write_partial).
     _check_output(tuning_cache_path().parent, "TRITONRNN_CACHE_DIR (the tuning cache)")
+    _note_ignored(args, device.type == "cpu")
     summaries = tune_shapes(shapes, device, timing, force=args.force,
                             progress=not args.no_progress, seed=args.seed,
                             limit=args.max_candidates)
@@ -703,6 +741,7 @@ def cmd_barrier(args, argv: list[str] | None = None) -> int:
     if args.out is not None:
         _check_output(args.out, "--out")
         path = args.out / f"barrier-{device.replace(' ', '-')}-{_dt.date.today().isoformat()}.json"
+    _note_ignored(args, cpu=False)
     # Tagged as the bench reports are (design: JSON with GPU, commit and versions): a row's
     # microseconds belong to the kernels of one commit on one GPU, timed one way.
     header = {"device": device, "environment": environment(torch.device("cuda")),

@@ -97,6 +97,34 @@ def test_commands_choose_the_interpreter_before_triton_is_imported(tmp_path):
             assert "gru H8 B2 T3 bf16: best {" in res.stdout, res.stdout
 
 
+def test_version_names_tritonrnn_torch_and_triton(capsys):
+    import triton
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == (f"tritonrnn 0.1.0 (torch {torch.__version__}, Triton "
+                                       f"{triton.__version__})\n")
+
+
+@pytest.mark.parametrize("argv, cpu, want", [
+    (["bench", "--warmup", "5", "--rep", "20", "--no-tune", "--tune-candidates", "2"], True,
+     "--warmup --rep --no-tune --tune-candidates ignored: GPU only (this run is on the CPU)"),
+    (["bench", "--cpu-rep", "1", "--allow-slow", "--warmup", "5"], False,
+     "--cpu-rep --allow-slow ignored: CPU only (this run is on a GPU)"),
+    (["bench", "--warmup", "25", "--cpu-rep", "3"], True, None),  # the defaults, given
+    (["bench", "--warmup", "5", "--cpu-rep", "1"], True, "--warmup ignored"),
+    (["bench"], False, None),
+    (["tune", "--allow-cpu", "--rep", "20", "--cpu-rep", "1"], True, "--rep ignored"),
+    (["barrier", "--cpu-rep", "2"], False, "--cpu-rep ignored"),
+])
+def test_options_for_the_other_kind_of_device_are_noted(capsys, argv, cpu, want):
+    cli._note_ignored(cli.build_parser().parse_args(argv), cpu)
+    err = capsys.readouterr().err
+    if want is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"tritonrnn: note: {want}"), err
+
+
 # ----------------------------------------------------------------------------- bench
 
 
@@ -123,8 +151,12 @@ def test_bench_smoke_writes_json_and_plot(tmp_path, capsys, monkeypatch):
     out_dir = tmp_path / "results"
     rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--out", str(out_dir),
                "--no-progress", "--no-tune", "--cpu-rep", "1", "--rep", "20", "--warmup", "5"])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert rc == 0, out
+    # The options of the other kind of device are ignored, and the run says which.
+    assert ("tritonrnn: note: --cpu-rep ignored: CPU only (this run is on a GPU)"
+            if torch.cuda.is_available() else "tritonrnn: note: --warmup --rep --no-tune "
+            "ignored: GPU only (this run is on the CPU)") in err, err
     report = _load_report(out_dir)
     assert report["schema"] == "tritonrnn.bench/1"
     assert report["preset"] == "smoke"
