@@ -15,16 +15,22 @@ refuses others, the interpreter does not), and its parameters must all be set; c
 inside a `try` that catches TypeError are the code's own version fallbacks and are left out.
 The tests are read too: the GPU-marked ones run only on a GPU. The Triton 3.6 job runs it
 against 3.6's names and signatures too; names that one version lacks are looked up with
-getattr by the code, not named. What this cannot see: a method of another runtime object,
-a wrong device or a wrong value."""
+getattr by the code, not named. An attribute of any other runtime object (a stream, an
+event, device properties) is checked only for existing somewhere: on some class or module
+loaded, or defined by the sources. What this cannot see: a real name used on the wrong
+object, a wrong device or a wrong value."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import pathlib
+import re
+import sys
+import warnings
 
 import pytest
 
@@ -351,3 +357,112 @@ def test_a_call_its_callee_refuses_is_found(source, want):
         assert not bad
     else:
         assert len(bad) == 1 and bad[0].startswith(want), bad
+
+
+# --- attribute names on runtime objects: each must exist somewhere ---
+
+# Attributes that only instances have (set in __init__, or made up on access), which no
+# class or module lists: each is named where the sources use it.
+INSTANCE_ONLY = {
+    "element_ty", "primitive_bitwidth",  # Triton dtype and pointer-type instances
+    "asm",  # a Triton CompiledKernel's assembly dict
+    "skipif",  # pytest.mark.<name>: made up on access
+    "frame_count",  # torch._dynamo.testing.CompileCounter* instances
+    "pedantic", "extra_info", "stats",  # the pytest-benchmark fixture
+    "__notes__",  # an exception's notes (add_note)
+    "measured_files", "contexts_by_lineno",  # coverage's CoverageData (coverage optional)
+    "lift_fresh",  # torch.ops.aten.<op>: made up on access
+    "get_cudnn_mode",  # torch.backends.cudnn.rnn: its module class hands it out on access
+}
+# torch.nn.LSTM / GRU / RNN's per-layer parameters (weight_ih_l0, bias_hh_l1_reverse, ...).
+NN_PARAMETER = re.compile(r"(weight|bias)_(ih|hh|hr)_l\d+(_reverse)?")
+
+
+def _imported_modules() -> set[str]:
+    """Every module the sources import, or take a name from, that imports here."""
+    names = set()
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _base(node, _package(path))
+                names |= {base, *(f"{base}.{a.name}" for a in node.names)}
+    return {n for n in names if not n.endswith("__main__") and _is_module(n)}
+
+
+def _attributes_of_loaded_modules(known: set[str]) -> None:
+    """Adds the names of every loaded module and of every class one holds (ast nodes' fields
+    too) to `known`."""
+    for module in list(sys.modules.values()):
+        try:
+            names = dir(module)
+        except Exception:  # a lazy module that fails on inspection
+            continue
+        known.update(names)
+        for name in names:
+            try:
+                obj = getattr(module, name)
+            except Exception:
+                continue
+            if inspect.isclass(obj):
+                with contextlib.suppress(Exception):
+                    known.update(dir(obj), getattr(obj, "_fields", ()) or ())
+
+
+def _known_attributes() -> set[str]:
+    """Attribute names that exist somewhere: in any loaded module or any class of one (after
+    importing every module the sources import), or that the sources define themselves
+    (functions, classes, assignments to attributes, keywords, argparse dests, string names)."""
+    known = set()
+    with warnings.catch_warnings():  # importing or reading deprecated names warns
+        warnings.simplefilter("ignore")
+        _imported_modules()
+        _attributes_of_loaded_modules(known)
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                known.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                known.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                known.add(node.id)
+            elif isinstance(node, ast.keyword | ast.arg) and node.arg:  # keywords, parameters
+                known.add(node.arg)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value.startswith("--"):  # an argparse option: its dest
+                    known.add(node.value[2:].replace("-", "_"))
+                elif node.value.isidentifier():  # getattr / setattr / namedtuple names
+                    known.add(node.value)
+    return known
+
+
+def _unknown_attributes(text: str, known: set[str]) -> list[str]:
+    return [f"line {node.lineno}: .{node.attr}" for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+            and node.attr not in known and node.attr not in INSTANCE_ONLY
+            and not NN_PARAMETER.fullmatch(node.attr)]
+
+
+@pytest.fixture(scope="module")
+def known_attributes() -> set[str]:
+    return _known_attributes()
+
+
+def test_every_attribute_name_exists_somewhere(known_attributes):
+    """A method or attribute of a runtime object (a stream, an event, device properties, a
+    tensor) is beyond the checks above: its name must at least exist on some class or module
+    loaded, or be defined by the sources. A misspelling almost never does. A name that only
+    instances have goes into INSTANCE_ONLY, with what it belongs to."""
+    bad = [f"{path.relative_to(ROOT)} {line}" for path in SOURCES
+           for line in _unknown_attributes(path.read_text(), known_attributes)]
+    assert not bad, "attribute names that exist nowhere: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("source", [
+    "def f(stream, event):\n    stream.wait_evnt(event)\n",
+    "def f(props):\n    return props.multi_processor_cnt\n",
+    "import torch\ndef f(x):\n    return x.untyped_storag()\n",
+])
+def test_a_misspelt_runtime_attribute_is_found(known_attributes, source):
+    assert len(_unknown_attributes(source, known_attributes)) == 1
