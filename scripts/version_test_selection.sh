@@ -1,7 +1,7 @@
 # Sourced by scripts/triton_version_tests.sh and scripts/test_floor.sh: the tests that depend
 # on the Triton version. The sm_90 ahead-of-time compiles (tests/test_aot.py, whole), the
 # interpreter's premise the tests' own settings rest on (tests/test_harness.py; see
-# tests/conftest.py), the torch and Triton names the sources use (tests/test_source_names.py),
+# tests/conftest.py), the names and signatures the sources use (tests/test_source_names.py),
 # and the kernels under the release's interpreter, where an API or a
 # behaviour that release lacks fails on the line that uses it: tests/version_probes.txt, the
 # few tests that together run every line of kernels/ that the kernel tests' LSTM, forward-time
