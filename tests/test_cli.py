@@ -98,11 +98,18 @@ def test_commands_choose_the_interpreter_before_triton_is_imported(tmp_path):
 
 
 def test_version_names_tritonrnn_torch_and_triton(capsys):
+    """From the packages' metadata, which for a CUDA wheel of torch omits the local label
+    that torch.__version__ has (2.8.0 and 2.8.0+cu128)."""
+    from importlib.metadata import version
+
     import triton
 
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out == (f"tritonrnn 0.1.0 (torch {torch.__version__}, Triton "
-                                       f"{triton.__version__})\n")
+    assert capsys.readouterr().out == (f"tritonrnn {version('tritonrnn')} (torch "
+                                       f"{version('torch')}, Triton {version('triton')})\n")
+    assert version("tritonrnn") == "0.1.0"
+    assert torch.__version__.split("+")[0] == version("torch").split("+")[0]
+    assert triton.__version__ == version("triton")
 
 
 @pytest.mark.parametrize("argv, cpu, want", [
