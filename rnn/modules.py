@@ -357,17 +357,21 @@ class _RNNBase(nn.Module):
 
     def _cat_weights(self) -> torch.Tensor:
         """The flat buffer as a concatenation of the current weights (differentiable)."""
-        pieces = []
-        ref = getattr(self, self._flat_weights_names[0])
-        for name in self._flat_weights_names:
-            if name.startswith("weight"):
-                pieces.append(getattr(self, name).reshape(-1))
+        weights = {}
+        for name, (_, shape, _) in zip(self._flat_weights_names, self._slots, strict=True):
+            w = getattr(self, name)  # a parametrization or a plain attribute may stand here
+            if not isinstance(w, torch.Tensor):
+                raise TypeError(f"{name}: expected a tensor of shape {list(shape)}, got "
+                                f"{type(w).__name__}")
+            if tuple(w.shape) != shape:
+                raise ValueError(f"{name}: expected shape {list(shape)}, got {list(w.shape)}")
+            weights[name] = w
+        pieces = [w.reshape(-1) for name, w in weights.items() if name.startswith("weight")]
+        ref = weights[self._flat_weights_names[0]]
         n_weights = sum(p.numel() for p in pieces)
         biases = []
         if self.bias:
-            for name in self._flat_weights_names:
-                if name.startswith("bias"):
-                    biases.append(getattr(self, name).reshape(-1))
+            biases += [w.reshape(-1) for name, w in weights.items() if name.startswith("bias")]
         else:
             biases.append(ref.new_zeros(self._flat_numel - n_weights))
         # Canonical order: every weight, then every bias, pseudo-layer by pseudo-layer; the

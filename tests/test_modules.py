@@ -905,6 +905,28 @@ def test_forward_errors(case):
         call(m)
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("name, value, exc, match", [
+    ("weight_hh_l0", None, TypeError,
+     r"^weight_hh_l0: expected a tensor of shape \[{G}, 7\], got NoneType$"),
+    ("bias_ih_l0", None, TypeError,
+     r"^bias_ih_l0: expected a tensor of shape \[{G}\], got NoneType$"),
+    ("weight_ih_l0", torch.zeros(5, dtype=F64), ValueError,
+     r"^weight_ih_l0: expected shape \[{G}, 5\], got \[5\]$"),
+], ids=["weight_none", "bias_none", "weight_tensor_of_another_shape"])
+def test_weights_replaced_by_what_a_forward_cannot_use_are_named(mode, name, value, exc,
+                                                                  match):
+    """torch.nn lets a weight be set to None or replaced by a plain tensor attribute; the
+    forward then names the weight, its expected shape and what it found (torch.nn's own
+    forward fails inside its C++ op without naming it)."""
+    m = {"lstm": LSTM, "gru": GRU}[mode](I, H, dtype=F64, backend="reference")
+    if value is not None:
+        del m._parameters[name]  # a plain tensor attribute in the Parameter's place
+    setattr(m, name, value)
+    with pytest.raises(exc, match=match.format(G={"lstm": 4, "gru": 3}[mode] * H)):
+        m(torch.randn(T, 2, I, dtype=F64))
+
+
 def test_gru_hx_errors():
     m = GRU(I, H, dtype=F64, backend="reference")
     x = torch.randn(T, 2, I, dtype=F64)
