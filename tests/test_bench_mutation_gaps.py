@@ -175,23 +175,6 @@ def test_report_fails_every_kind_of_tritonrnn_failure():
     ]
 
 
-def test_every_checkpoint_but_the_final_report_is_partial(monkeypatch):
-    monkeypatch.setattr(harness, "measure_ceilings",
-                        lambda *a: roofline.Ceilings("cpu", 1e9, {"float32": 1e9}))
-    monkeypatch.setattr(harness, "environment",
-                        lambda d: {"device": "CPU x86_64", "device_type": "cpu"})
-    monkeypatch.setattr(harness, "run_shape", lambda s, o, c, t: {
-        "label": s.label, "implementations": {}, "runs": []})
-    seen = []
-    report = harness.run_benchmark(presets.PRESETS["smoke"][:1] * 3,
-                                   harness.BenchOptions(device=torch.device("cpu")),
-                                   progress=False, preset="smoke",
-                                   checkpoint=lambda p: seen.append(
-                                       (len(p["results"]), p.get("partial"))))
-    assert seen == [(1, True), (2, True)]
-    assert "partial" not in report and len(report["results"]) == 3
-
-
 # ----------------------------------------------------------------------------- check
 
 

@@ -1,7 +1,8 @@
 """Mutation round over the host-side modules of rnn/ (planner, pipeline, reserve, packing,
 params, config, dropout, modules, library; 49 mutants, 10 of them let through by the whole
 suite and not equivalent): one test per such mutant, each failing on it and passing on the
-code as it is."""
+code as it is. The planner's and the pipeline plan's five are in tests/test_planner.py
+(its "mutation round over rnn/" section)."""
 
 from __future__ import annotations
 
@@ -9,94 +10,11 @@ import pytest
 import torch
 
 from tritonrnn.rnn import reserve as reserve_mod
-from tritonrnn.rnn.planner import (
-    plan_constraints,
-    plan_for,
-    store_tuning_entry,
-)
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
-
-
-def _plan(mode="lstm", H=64, B=16, T=1024, dtype=torch.bfloat16, device="h100", **kw):
-    return plan_for(rnn_mode=mode, input_size=H, num_units=H, batch=B, max_time=T, dtype=dtype,
-                    device_properties=device, **kw)
-
-
-# ----------------------------------------------------------------------------- planner
-
-
-def test_a_resident_tile_of_exactly_the_resident_limit_stays_resident():
-    """`_grid_fit` streams the weights past _RESIDENT_TILE (1024) elements of tile; a 16 x 64
-    tile is exactly that and keeps them resident (LSTM H=512 B=256 on an H100)."""
-    lp = _plan(H=512, B=256).layer(0)
-    assert (lp.family, lp.block_h, lp.block_b, lp.block_k, lp.num_programs) == (
-        "persistent_grid", 16, 64, 0, 128)
-
-
-def test_a_projection_has_its_own_tuning_key():
-    """The tuning key names P: an entry timed without a projection does not apply to the
-    same H with one."""
-    plain, projected = _plan(H=256), _plan(H=256, num_proj=128)
-    assert "|P0|" in plain.key and "|P128|" in projected.key
-    store_tuning_entry(plain.key, {"family": "stepwise", "block_b": 16, "block_h": 32,
-                                   "num_warps": 8}, 1.0, "h100")
-    assert _plan(H=256).source == "tuned"
-    assert _plan(H=256, num_proj=128).source == "heuristic"
-
-
-def test_planned_reserve_counts_projected_layer_outputs():
-    """Plan.reserve_bytes = 256 + itemsize * N * D * (L * H + (L - 1) * Hout) for LSTM
-    (rnn/reserve.py): the layer outputs are Hout = P wide, and the op's reserve agrees."""
-    from tritonrnn.rnn import cudnn_rnn, params_size
-
-    L, D, H, P, B, T = 2, 2, 64, 32, 3, 5
-    p = _plan(H=H, B=B, T=T, num_layers=L, num_proj=P, direction="bidirectional")
-    N = B * T
-    assert p.reserve_bytes == reserve_mod.PAYLOAD_OFFSET + 2 * N * D * (L * H + (L - 1) * P)
-    g = torch.Generator().manual_seed(0)
-    n = params_size(rnn_mode="lstm", num_layers=L, num_units=H, input_size=H,
-                    direction="bidirectional", num_proj=P)
-    out = cudnn_rnn(torch.randn(T, B, H, generator=g).bfloat16(),
-                    torch.zeros(L * D, B, P, dtype=torch.bfloat16),
-                    torch.zeros(L * D, B, H, dtype=torch.bfloat16),
-                    (torch.randn(n, generator=g) * 0.1).bfloat16(), rnn_mode="lstm",
-                    direction="bidirectional", num_proj=P, backend="reference")
-    assert out.reserve_space.numel() == p.reserve_bytes
-
-
-def test_vector_tiles_are_not_planned_on_the_interpreter_preset():
-    """`_vector_fit`: batch 1 runs vector tiles on a GPU preset, not on the interpreter's
-    (whose NumPy programs make them several times slower): MMA tiles there."""
-    def layer(device):
-        return plan_for(rnn_mode="lstm", input_size=512, num_units=512, batch=1, max_time=16,
-                        dtype=torch.bfloat16, device_properties=device).layer(0)
-
-    gpu, cpu = layer("h100"), layer("interpreter")
-    assert (gpu.family, gpu.block_b, gpu.block_h) == ("persistent_grid", 1, 8)
-    assert cpu.family == "persistent_grid" and cpu.block_b == 16
-
-
-# ----------------------------------------------------------------------------- pipeline
-
-
-def test_a_single_layer_pipeline_has_no_dropout_workspace():
-    """Dropout applies between layers only: a forced one-layer pipeline with dropout > 0
-    allocates (and plans) no `dropped` workspace, as without dropout."""
-    from tritonrnn.rnn.config import make_config
-    from tritonrnn.rnn.pipeline import forward_workspaces
-
-    cfg = make_config(rnn_mode="lstm", num_layers=1, num_units=32, input_size=32, dropout=0.25)
-    assert "dropped" not in forward_workspaces(cfg, 64, 4, True)
-    kw = dict(mode="rnn_tanh", H=32, B=4, T=64, num_layers=1)
-    with plan_constraints(pipeline_chunks=2):
-        dry, wet = _plan(**kw), _plan(**kw, dropout=0.25)
-    assert wet.pipeline.chunks == 2
-    assert [(b.phase, b.name, b.nbytes) for b in wet.buffers] == [
-        (b.phase, b.name, b.nbytes) for b in dry.buffers]
 
 
 # ----------------------------------------------------------------------------- reserve
