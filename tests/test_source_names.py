@@ -68,14 +68,16 @@ def _is_module(name: str) -> bool:
 
 
 def _module_aliases(tree: ast.AST, package: str | None) -> tuple[dict[str, str], list]:
-    """Local name -> module for the file's imports of modules, and the (line, module, name)
-    of each name a `from module import name` statement takes that is not itself a module."""
+    """Local name -> module for the file's imports of modules rooted in CHECKED, and the
+    (line, module, name, local name) of each name a `from module import name` statement
+    takes from one that is not itself a module."""
     aliases, names = {}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                    a.name.split(".")[0]
+                if a.name.split(".")[0] in CHECKED:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
+                        a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
             base = _base(node, package)
             if base.split(".")[0] not in CHECKED:
@@ -86,8 +88,18 @@ def _module_aliases(tree: ast.AST, package: str | None) -> tuple[dict[str, str],
                 if _is_module(f"{base}.{a.name}"):
                     aliases[a.asname or a.name] = f"{base}.{a.name}"
                 else:
-                    names.append((node.lineno, base, a.name))
+                    names.append((node.lineno, base, a.name, a.asname or a.name))
     return aliases, names
+
+
+def _attribute_path(expr: ast.expr) -> tuple[str | None, list[str]]:
+    """The name an attribute chain starts from (None when it is not a plain name) and the
+    attributes after it, in order: `pg.Hoist.FIRST` -> ("pg", ["Hoist", "FIRST"])."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    return (expr.id if isinstance(expr, ast.Name) else None), parts[::-1]
 
 
 def _chains(tree: ast.AST, aliases: dict[str, str]):
@@ -99,43 +111,42 @@ def _chains(tree: ast.AST, aliases: dict[str, str]):
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute) or id(node) in inner:
             continue
-        parts, n = [], node
-        while isinstance(n, ast.Attribute):
-            parts.append(n.attr)
-            n = n.value
-        if isinstance(n, ast.Name) and n.id in aliases:
-            yield ".".join([aliases[n.id], *reversed(parts)]), node.lineno
+        root, parts = _attribute_path(node)
+        if root in aliases:
+            yield ".".join([aliases[root], *parts]), node.lineno
 
 
-def _unresolved(dotted: str) -> str | None:
-    """The first prefix of `dotted` that does not resolve, or None."""
+def _resolve(dotted: str) -> tuple[object, str | None]:
+    """(the object `dotted` names, None) where it resolves; (None, the first prefix that does
+    not) where a name is missing; (None, None) where it cannot be known statically: an
+    optional dependency not installed here, or a chain that passes a runtime value."""
     parts = dotted.split(".")
     try:
         obj = importlib.import_module(parts[0])
     except ImportError:
-        return None  # an optional dependency (tqdm, flashrnn, ...) not installed here
+        return None, None  # an optional dependency (tqdm, flashrnn, ...)
     for i, name in enumerate(parts[1:], 1):
         if not (inspect.ismodule(obj) or inspect.isclass(obj)):
-            return None  # a runtime value: not checked statically
+            return None, None  # a runtime value: not checked statically
         if hasattr(obj, name):
             obj = getattr(obj, name)
             continue
         try:  # a submodule not imported yet
             obj = importlib.import_module(".".join(parts[:i + 1]))
         except ImportError:
-            return ".".join(parts[:i + 1])
-    return None
+            return None, ".".join(parts[:i + 1])
+    return obj, None
 
 
 def _problems(text: str, path: pathlib.Path) -> list[str]:
     """What in `text` (the source of `path`) names something that does not exist."""
     tree = ast.parse(text)
     aliases, names = _module_aliases(tree, _package(path))
-    aliases = {k: v for k, v in aliases.items() if v.split(".")[0] in CHECKED}
     bad = {(line, f"{name} ({miss} is missing)") for name, line in _chains(tree, aliases)
-           if (miss := _unresolved(name)) is not None}
-    bad |= {(line, f"from {base} import {name} ({miss} is missing)") for line, base, name in names
-            if (miss := _unresolved(f"{base}.{name}")) is not None}
+           if (miss := _resolve(name)[1]) is not None}
+    bad |= {(line, f"from {base} import {name} ({miss} is missing)")
+            for line, base, name, _ in names
+            if (miss := _resolve(f"{base}.{name}")[1]) is not None}
     return [f"line {line}: {what}" for line, what in sorted(bad)]
 
 
@@ -168,38 +179,20 @@ def test_a_misspelt_name_is_found(source, want):
 # --- calls: keywords and argument counts against the callee's signature ---
 
 
-def _callee(node: ast.Call, aliases: dict[str, str], imported: dict[str, str],
+def _callee(func: ast.expr, aliases: dict[str, str], imported: dict[str, str],
             own: str | None):
-    """The object a call's function names, where it resolves statically, else None."""
-    parts, n = [], node.func
-    while isinstance(n, ast.Attribute):
-        parts.append(n.attr)
-        n = n.value
-    if not isinstance(n, ast.Name):
-        return None
-    if n.id in aliases:
-        dotted = [aliases[n.id]]
-    elif n.id in imported:
-        dotted = [imported[n.id]]
-    elif own is not None:
-        dotted = [own, n.id]
+    """The object a call's function expression names, where it resolves statically, else
+    None."""
+    root, parts = _attribute_path(func)
+    if root in aliases:
+        base = aliases[root]
+    elif root in imported:
+        base = imported[root]
+    elif root is not None and own is not None:
+        base = f"{own}.{root}"
     else:
         return None
-    dotted = ".".join([*dotted, *reversed(parts)]).split(".")
-    try:
-        obj = importlib.import_module(dotted[0])
-    except ImportError:
-        return None
-    for i, name in enumerate(dotted[1:], 1):
-        if not (inspect.ismodule(obj) or inspect.isclass(obj)):
-            return None
-        if hasattr(obj, name):
-            obj = getattr(obj, name)
-        elif _is_module(".".join(dotted[: i + 1])):
-            obj = importlib.import_module(".".join(dotted[: i + 1]))
-        else:
-            return None
-    return obj
+    return _resolve(".".join([base, *parts]))[0]
 
 
 def _jit_function(obj):
@@ -278,12 +271,7 @@ def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     tree = ast.parse(text)
     package = _package(path)
     aliases, names = _module_aliases(tree, package)
-    aliases = {k: v for k, v in aliases.items() if v.split(".")[0] in CHECKED}
-    imported = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and _base(node, package).split(".")[0] in CHECKED:
-            for a in node.names:
-                imported[a.asname or a.name] = f"{_base(node, package)}.{a.name}"
+    imported = {local: f"{base}.{name}" for _, base, name, local in names}
     own = None  # the file's own module, for calls of its functions by bare name
     if package and path.stem != "__main__" and _is_module(f"{package}.{path.stem}"):
         own = f"{package}.{path.stem}"
@@ -296,13 +284,12 @@ def _call_problems(text: str, path: pathlib.Path) -> list[str]:
         if not isinstance(node, ast.Call) or id(node) in guarded:
             continue  # (a call in a try that catches TypeError: the code's version fallback)
         if isinstance(node.func, ast.Subscript):  # kernel[grid](...): a launch
-            bad |= _launch_problems(node, _callee(ast.Call(node.func.value, [], []), aliases,
-                                                  imported, own))
+            bad |= _launch_problems(node, _callee(node.func.value, aliases, imported, own))
             continue
         if id(node) in methods:
             sig = methods[id(node)]
         else:
-            sig = _signature(_callee(node, aliases, imported, own))
+            sig = _signature(_callee(node.func, aliases, imported, own))
         if sig is None:
             continue
         kinds = {p.kind for p in sig.parameters.values()}
