@@ -142,6 +142,15 @@ def _check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def _check_weight(name: str, w: object, shape: tuple[int, ...]) -> None:
+    """A weight the module's flat buffer can take: a tensor of its slot's shape."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor of shape {list(shape)}, got "
+                        f"{type(w).__name__}")
+    if tuple(w.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(w.shape)}")
+
+
 class _RNNBase(nn.Module):
     """Shared machinery of LSTM, GRU and RNN (torch.nn.RNNBase's interface)."""
 
@@ -307,9 +316,7 @@ class _RNNBase(nn.Module):
         flat = torch.zeros(self._flat_numel, dtype=ref.dtype, device=ref.device)
         with torch.no_grad():
             for (name, p), (offset, shape, numel) in zip(params, self._slots, strict=True):
-                if tuple(p.shape) != shape:
-                    raise ValueError(f"{name}: expected shape {list(shape)}, got "
-                                     f"{list(p.shape)}")
+                _check_weight(name, p, shape)
                 view = flat[offset : offset + numel].view(shape)
                 view.copy_(p)
                 p.data = view
@@ -360,11 +367,7 @@ class _RNNBase(nn.Module):
         weights = {}
         for name, (_, shape, _) in zip(self._flat_weights_names, self._slots, strict=True):
             w = getattr(self, name)  # a parametrization or a plain attribute may stand here
-            if not isinstance(w, torch.Tensor):
-                raise TypeError(f"{name}: expected a tensor of shape {list(shape)}, got "
-                                f"{type(w).__name__}")
-            if tuple(w.shape) != shape:
-                raise ValueError(f"{name}: expected shape {list(shape)}, got {list(w.shape)}")
+            _check_weight(name, w, shape)
             weights[name] = w
         pieces = [w.reshape(-1) for name, w in weights.items() if name.startswith("weight")]
         ref = weights[self._flat_weights_names[0]]
