@@ -289,7 +289,6 @@ def _compare_with_baseline(record: dict, case: runners.Case) -> None:
         "baseline": name, "factor": BASELINE_FACTOR, "floor": floor, "tensors": verdicts,
         "ok": ok,
     }
-    tr["correctness"]["within_tolerance"] = tr["correctness"]["ok"]
     tr["correctness"]["ok"] = tr["correctness"]["ok"] and ok
 
 
@@ -373,7 +372,7 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
             why = []
             if c.get("missing"):
                 why.append(f"without {', '.join(c['missing'])}")
-            elif not c.get("within_tolerance", c["ok"]):
+            if not c["within_tolerance"]:
                 why.append("outside the dtype tolerance")
             if c.get("vs_baseline") and not c["vs_baseline"]["ok"]:
                 why.append("more than 4x the baseline's error")

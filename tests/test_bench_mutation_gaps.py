@@ -103,10 +103,13 @@ def _baseline_record(errors: dict, base: dict, lengths=None, packed: dict | None
     shape = presets.BenchShape(mode="lstm", hidden=8, input_size=4, batch=2, time=3,
                                dtype="float32")
     case = SimpleNamespace(shape=shape, lengths=lengths, device=torch.device("cpu"))
-    impls = {"tritonrnn": {"correctness": {"ok": True, "scaled_error": dict(errors)}},
-             "torch": {"correctness": {"ok": True, "scaled_error": dict(base)}}}
+    def correctness(errs: dict) -> dict:  # as runners.compare gives it, every tensor within
+        return {"ok": True, "within_tolerance": True, "missing": [], "scaled_error": dict(errs)}
+
+    impls = {"tritonrnn": {"correctness": correctness(errors)},
+             "torch": {"correctness": correctness(base)}}
     if packed is not None:
-        impls["torch-packed"] = {"correctness": {"ok": True, "scaled_error": dict(packed)}}
+        impls["torch-packed"] = {"correctness": correctness(packed)}
     record = {"implementations": impls}
     harness._compare_with_baseline(record, case)
     s = shape
@@ -166,12 +169,19 @@ def test_report_fails_every_kind_of_tritonrnn_failure():
                       {"impl": "tritonrnn", "pass": "fwd", "status": "ok"}]),
         _result("fine", {"status": "ok", "correctness": ok},
                 runs=[{"impl": "tritonrnn", "pass": "fwd", "status": "ok"}]),
+        _result("both", {"status": "ok", "correctness": {
+            "ok": False, "missing": ["dc0"], "within_tolerance": False}}),
+        _result("absent", {"status": "ok", "correctness": {
+            "ok": False, "missing": ["dh0", "dc0"], "within_tolerance": True}}),
     ]
     failures = _report(results)["failures"]
     assert failures == [
         "errored: tritonrnn error: ValueError: boom",
         "baseline: tritonrnn more than 4x the baseline's error",
         "timed: tritonrnn bwd RuntimeError: launch",
+        # A missing tensor and one outside its tolerance: the message names both.
+        "both: tritonrnn without dc0 and outside the dtype tolerance",
+        "absent: tritonrnn without dh0, dc0",
     ]
 
 

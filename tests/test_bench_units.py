@@ -988,6 +988,10 @@ def test_compare_fails_an_output_the_implementation_did_not_give():
     assert runners.compare(case, {**got, "dc0": ref.dc0})["ok"]
     verdict = runners.compare(case, {**got, "dc0": None})
     assert not verdict["ok"] and verdict["missing"] == ["dc0"]
+    assert verdict["within_tolerance"]  # what was given is within: the two apart
+    # A tensor outside its tolerance beside the missing one: both recorded.
+    verdict = runners.compare(case, {**got, "y": got["y"] + 1.0, "dc0": None})
+    assert not verdict["ok"] and not verdict["within_tolerance"] and verdict["missing"] == ["dc0"]
 
 
 def test_reports_record_the_switches_set(monkeypatch):
