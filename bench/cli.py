@@ -74,7 +74,9 @@ def _add_shape_options(p: argparse.ArgumentParser, presets: bool = True,
     g.add_argument("--batch", type=int, metavar="B", help=f"(default {d.batch})")
     g.add_argument("--time", type=int, metavar="T", help=f"max time (default {d.time})")
     g.add_argument("--layers", type=int, metavar="L", help=f"(default {d.layers})")
-    g.add_argument("--bidirectional", action="store_true", default=None)
+    g.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None,
+                   help="both directions (--no-bidirectional: one, also on a preset's "
+                        "bidirectional shapes; default: the preset's, else one)")
     g.add_argument("--proj", type=int, metavar="P", help="LSTM projection size (0 = off)")
     g.add_argument("--dtype", help="bf16 | fp16 | fp32 | fp64 (default bf16)")
     g.add_argument("--varlen", metavar="DIST",

@@ -697,6 +697,17 @@ def test_overrides_that_make_a_presets_shapes_equal_run_each_once(capsys):
         ("lstm", 1), ("lstm", 16), ("lstm", 64), ("gru", 1), ("gru", 16), ("gru", 64)]
 
 
+@pytest.mark.parametrize("flag, want", [([], [True, False]),
+                                         (["--no-bidirectional"], [False, False]),
+                                         (["--bidirectional"], [True, True])],
+                         ids=["preset", "off", "on"])
+def test_bidirectional_switches_a_presets_shapes_both_ways(flag, want):
+    """--preset stack has bidirectional and unidirectional shapes: --no-bidirectional makes
+    them all one-directional, --bidirectional all two, neither keeps each shape's own."""
+    args = cli.build_parser().parse_args(["plan", "--preset", "stack", *flag])
+    assert [s.bidirectional for s in cli.resolve_shapes(args, "anchor")[1]] == want
+
+
 @pytest.mark.parametrize("argv", [["plan", "--input-size", "0"],
                                   ["bench", "--input-size", "0"],
                                   ["check", "--backend", "reference", "--input-size", "0"]],
