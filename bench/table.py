@@ -1,10 +1,16 @@
 """Markdown table of committed benchmark JSON files (for the README's results section).
 
     python -m tritonrnn.bench.table bench/results/*.json
+    python -m tritonrnn.bench.table --plot DIR bench/results/X.json   # and X.png in DIR again
 
-Exit codes: 0 success, 2 a file that cannot be read, is not JSON, or is a tritonrnn.bench/1
-report without a field the table needs, or no `tritonrnn bench` report among the files (one
-line on stderr).
+`--plot DIR` also renders each report's sweep plot again (what `tritonrnn bench` wrote beside
+it; a report brought back without its PNG, or one to view on another machine) as
+DIR/<report's file stem>.png; it needs matplotlib (the `bench` extra).
+
+Exit codes: 0 success, 1 --plot without matplotlib (after the table), 2 a file that cannot
+be read, is not JSON, or is a tritonrnn.bench/1 report without a field the table needs, no
+`tritonrnn bench` report among the files, or a --plot folder that does not exist (one line on
+stderr).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _ms(run: dict) -> str:
@@ -100,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Markdown table of `tritonrnn bench` JSON reports (other JSON files are "
                     "skipped).")
     ap.add_argument("paths", nargs="+", metavar="JSON")
+    ap.add_argument("--plot", metavar="DIR", type=Path,
+                    help="also write each report's sweep plot as DIR/<file stem>.png")
     args = ap.parse_args(argv)
     try:
         reports = [(p, load(p)) for p in args.paths]
@@ -108,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if not any(_is_bench_report(report) for _, report in reports):
             raise ValueError(f"expected at least one tritonrnn.bench/1 report (`tritonrnn "
                              f"bench` JSON), got none among {len(reports)} file(s)")
+        if args.plot is not None and not args.plot.is_dir():
+            raise ValueError(f"--plot: expected an existing directory, got {args.plot}")
     except ValueError as e:
         print(f"{ap.prog}: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
@@ -116,6 +127,24 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for line in lines:
         print(line)
+    if args.plot is not None:
+        return _plot(args.plot, [(p, r) for p, r in reports if _is_bench_report(r)], ap.prog)
+    return 0
+
+
+def _plot(folder: Path, reports: list[tuple[str, dict]], prog: str) -> int:
+    """Each report's sweep plot as folder/<stem>.png; 1 without matplotlib (the table is
+    printed by then)."""
+    try:
+        from .plot import plot_report
+
+        for path, report in reports:
+            print(f"wrote {plot_report(report, folder / (Path(path).stem + '.png'))}",
+                  file=sys.stderr)
+    except ImportError as e:
+        print(f"{prog}: error: --plot needs matplotlib (pip install matplotlib): {e}"
+              .splitlines()[0], file=sys.stderr)
+        return 1
     return 0
 
 

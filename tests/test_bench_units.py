@@ -854,6 +854,40 @@ def test_table_refuses_files_none_of_which_is_a_bench_report(tmp_path, capsys):
         "report (`tritonrnn bench` JSON), got none among 2 file(s)\n")
 
 
+def test_table_plot_renders_each_bench_reports_plot_again(tmp_path, capsys, monkeypatch):
+    """--plot DIR: the sweep plot of every bench report given (a committed GPU report here)
+    as DIR/<stem>.png, barrier reports skipped; a folder that is not there is refused before
+    the table (2), matplotlib missing is a failure after it (1)."""
+    from helpers import ROOT  # (matplotlib: the `bench` extra, which the test setups install)
+
+    from tritonrnn.bench import table
+
+    results = ROOT / "bench" / "results"
+    report = results / "nvidia-h200-2026-11-27-grid.json"
+    barrier = results / "barrier-NVIDIA-H200-2026-11-27.json"
+    out = tmp_path / "plots"
+    out.mkdir()
+    assert table.main(["--plot", str(out), str(report), str(barrier)]) == 0
+    png = out / "nvidia-h200-2026-11-27-grid.png"
+    assert [p.name for p in out.iterdir()] == [png.name]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert capsys.readouterr().err == f"wrote {png}\n"
+
+    assert table.main(["--plot", str(tmp_path / "absent"), str(report)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "python -m tritonrnn.bench.table: error: --plot: expected an existing directory, got "
+        f"{tmp_path / 'absent'}\n")
+
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    png.unlink()
+    assert table.main(["--plot", str(out), str(report)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("| device |") and not png.exists()
+    assert captured.err.startswith("python -m tritonrnn.bench.table: error: --plot needs "
+                                   "matplotlib")
+
+
 def test_table_labels_the_rows_of_a_shape_the_planner_refused(tmp_path, capsys):
     # harness._plan_summary records {"error": ...} where plan_for raised.
     from tritonrnn.bench import table
