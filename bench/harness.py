@@ -91,8 +91,10 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         # The kernel and planner switches set (kernels/NOTES.md, "Switches"): an ablation's
-        # report says which variant ran.
-        "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITONRNN_")},
+        # report says which variant ran. Not TRITONRNN_CACHE_DIR: a folder of this machine,
+        # not a switch (each result's plan says whether a tuned entry chose it: "source").
+        "switches": {k: v for k, v in sorted(os.environ.items())
+                     if k.startswith("TRITONRNN_") and k != "TRITONRNN_CACHE_DIR"},
     }
 
 

@@ -1035,9 +1035,11 @@ def test_reports_record_the_switches_set(monkeypatch):
 
     monkeypatch.setenv("TRITONRNN_FWD_PAIRED_CHUNKS", "off")
     monkeypatch.delenv("TRITONRNN_PIPELINE", raising=False)
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", "/home/someone/.cache/elsewhere")
     switches = environment(torch.device("cpu"))["switches"]
     assert switches["TRITONRNN_FWD_PAIRED_CHUNKS"] == "off"
     assert "TRITONRNN_PIPELINE" not in switches
+    assert "TRITONRNN_CACHE_DIR" not in switches  # a folder of the machine, not a switch
 
 
 def test_progress_bars_only_on_a_terminal(monkeypatch):
