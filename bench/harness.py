@@ -61,6 +61,20 @@ def source_hash(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_model() -> str:
+    """The host CPU's model name where Linux gives it (/proc/cpuinfo), else what `platform`
+    knows (on Linux often only the architecture)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass  # not Linux: platform's answer below
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> dict:
     """Device, commit and versions that tag a report."""
     import triton
@@ -79,7 +93,7 @@ def environment(device: torch.device) -> dict:
         "device_type": device.type,
         "gpu_found": torch.cuda.is_available(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "dirty": bool(status) if status is not None else None,
         "source_sha256": source_hash(),

@@ -1028,6 +1028,29 @@ def test_compare_fails_an_output_the_implementation_did_not_give():
     assert not verdict["ok"] and not verdict["within_tolerance"] and verdict["missing"] == ["dc0"]
 
 
+def test_reports_name_the_cpu_model(monkeypatch, tmp_path):
+    """The environment's `cpu` is the model name /proc/cpuinfo gives (CPU timings mean little
+    without it); without that file, platform's answer."""
+    from tritonrnn.bench import harness
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU 9000 @ 3 GHz\n"
+                       "flags\t\t: fpu\n\nprocessor\t: 1\nmodel name\t: Some CPU 9000 @ 3 GHz\n")
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/cpuinfo":
+            return real_open(cpuinfo if cpuinfo.exists() else tmp_path / "absent", *a, **k)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert harness.cpu_model() == "Some CPU 9000 @ 3 GHz"
+    assert harness.environment(torch.device("cpu"))["cpu"] == "Some CPU 9000 @ 3 GHz"
+    cpuinfo.unlink()
+    monkeypatch.setattr(harness.platform, "processor", lambda: "")
+    assert harness.cpu_model() == harness.platform.machine()
+
+
 def test_reports_record_the_switches_set(monkeypatch):
     """A report of an ablation (a switch of kernels/NOTES.md set) says so: the environment
     block lists the TRITONRNN_ variables."""
