@@ -139,25 +139,32 @@ def test_float64_routes_to_reference_family():
         assert torch.equal(x, y)
 
 
+# (input scale, weight scale): every gate saturated (pre-activations of 1e4 and more; their
+# derivatives underflow, so the gradients are ~1e-194 and only their finiteness is checked by
+# the values), and large pre-activations (up to a few hundred) with many gates saturated but
+# gradients of up to ~18, which the comparison with the reference does check.
+@pytest.mark.parametrize("x_scale, p_scale", [(1e3, 50.0), (30.0, 5.0)],
+                         ids=["saturated", "large"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_extreme_inputs_stay_finite(family):
+def test_extreme_inputs_stay_finite(family, x_scale, p_scale):
     g = torch.Generator().manual_seed(0)
     T, B, I, H = 4, 2, 3, 16
     n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=I)
-    x = (torch.randn(T, B, I, generator=g) * 1e3).to(DEVICE)
-    p = (torch.randn(n, generator=g) * 50).to(DEVICE).requires_grad_(True)
+    x = (torch.randn(T, B, I, generator=g) * x_scale).to(DEVICE)
+    p = (torch.randn(n, generator=g) * p_scale).to(DEVICE).requires_grad_(True)
     h = torch.zeros(1, B, H, device=DEVICE)
     with _family(family):
         out = cudnn_rnn(x, h, h.clone(), p, rnn_mode="lstm", backend="triton")
         (dp,) = torch.autograd.grad(out.output.sum() + out.output_c.sum(), [p])
     assert torch.isfinite(out.output).all() and torch.isfinite(dp).all()
     assert out.output.abs().max() <= 1.0
-    # And the values: the float64 reference on the same inputs (saturated gates, whose
-    # derivatives underflow to 0 in both).
+    # And the values: the float64 reference on the same inputs.
     p64 = p.detach().cpu().double().requires_grad_(True)
     ref = cudnn_rnn(x.cpu().double(), h.cpu().double(), h.cpu().double(), p64, rnn_mode="lstm",
                     backend="reference")
     (dp64,) = torch.autograd.grad(ref.output.sum() + ref.output_c.sum(), [p64])
+    if x_scale < 1e3:  # the large case has gradients to compare (a zero backward fails)
+        assert dp64.abs().max() > 10.0
     assert _scaled(out.output, ref.output) < 1e-5
     assert _scaled(out.output_c, ref.output_c) < 1e-5
     assert _scaled(dp, dp64) < 1e-5
