@@ -419,18 +419,25 @@ def test_finished_batch_tile_is_skipped_correctly(proj, monkeypatch):
     _check_layer("lstm", 16, proj, lengths, T, reverse=True, persistent=False, block_h=16)
 
 
-@PERSIST
-@pytest.mark.parametrize("cell, proj", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 12)],
-                         ids=["lstm", "gru", "rnn_tanh", "lstm-proj"])
-def test_hoisted_weights_match_reference(monkeypatch, cell, proj, persistent):
+@directed("cell", [("lstm",), ("gru",), ("rnn_tanh",)])
+def test_hoisted_weights_match_reference(monkeypatch, cell, reverse):
     """TRITONRNN_HOIST_WEIGHTS (`pg._hoist_weights`): the dots leave their runtime branches,
     so a finished batch tile (the second: rows of lengths 2, 1 and 0) keeps forming its
     products on stale exchange columns, and the backward reads the dph slot its first step
-    never wrote; every result must still be the reference's (act masks them out)."""
+    never wrote; every result must still be the reference's (act masks them out). Both
+    launches must hold their whole slice (HOIST applies to persistent launches without a
+    projection only, `hoist_tiles`, which test_hoist_weights_choice covers)."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
-    assert pg._hoist_weights("fwd", 0, 16, persistent) == persistent
+    held, real = [], pg.hoist_pass
+
+    def recorded(pass_name, *args, **kwargs):
+        held.append((pass_name, real(pass_name, *args, **kwargs)))
+        return held[-1][1]
+
+    monkeypatch.setattr(pg, "hoist_pass", recorded)
     lengths, T = [5] * 16 + [2, 1, 0], 5
-    _check_layer(cell, 33, proj, lengths, T, reverse=True, persistent=persistent, block_h=16)
+    _check_layer(cell, 33, 0, lengths, T, reverse=reverse, persistent=True, block_h=16)
+    assert held == [("fwd", pg.Hoist.ALL), ("bwd", pg.Hoist.ALL)]
 
 
 # Hoist.FIRST (`pg._hoist_by_default`): only the first resident chunk leaves the runtime
@@ -1004,16 +1011,25 @@ def test_single_program_launch_meets_its_barrier(monkeypatch, kind, cell, P, rev
         assert len(rec.calls) == launches
         assert {kw["BARRIER"] for *_, kw in rec.calls} == {barrier}
 
+def _poison(outs: dict) -> None:
+    """NaN into every output again, so a second run that wrote nothing cannot match."""
+    for v in outs.values():
+        if v is not None:
+            v.fill_(float("nan"))
+
+
 def test_deterministic_run_to_run():
     ins, outs = _forward_problem("lstm", 33, 20, [3, 0, 2], 3)
     _run_forward(ins, outs, True, persistent=True, block_h=16)
     first = {k: v.clone() for k, v in outs.items()}
+    _poison(outs)
     _run_forward(ins, outs, True, persistent=True, block_h=16)
     for k in outs:
         assert torch.equal(outs[k], first[k]), k
     ins, outs = _backward_problem("lstm", 33, 20, [3, 0, 2], 3)
     _run_backward(ins, outs, True, persistent=True, block_h=16)
     first = {k: v.clone() for k, v in outs.items() if v is not None}
+    _poison(outs)
     _run_backward(ins, outs, True, persistent=True, block_h=16)
     for k in first:
         assert torch.equal(outs[k], first[k]), k

@@ -79,11 +79,11 @@ def run(module, kind, x, h0, c0, lengths, batch_first):
 
 def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
             batch_first=False, proj_size=0, with_hx=True, lengths=LENGTHS, backend="reference",
-            dtype=F64, tol=TOL, train=True):
+            dtype=F64, tol=TOL, train=True, dropout=0.0):
     """Ours in `dtype` against torch.nn in float64 on the same values (the weights and the
     inputs drawn in `dtype`, torch.nn's copies widened exactly): every output and gradient."""
     kw = dict(num_layers=layers, bidirectional=bidirectional, bias=bias,
-              batch_first=batch_first)
+              batch_first=batch_first, dropout=dropout)
     if proj_size:
         kw["proj_size"] = proj_size
     ours, theirs = make_pair(mode, backend=backend, dtype=dtype, **kw)
@@ -190,7 +190,8 @@ def test_eval_mode_backward_and_no_dropout(mode):
     (dx,) = torch.autograd.grad(out.pow(2).sum(), x)
     (dx_want,) = torch.autograd.grad(want.pow(2).sum(), x)
     torch.testing.assert_close(dx, dx_want, **TOL)
-    compare(mode, kind="lengths", layers=2, bidirectional=True, train=False)
+    # Every output and gradient (states, weights) of modules made with dropout, in eval mode.
+    compare(mode, kind="lengths", layers=2, bidirectional=True, train=False, dropout=0.5)
 
 
 def test_unbatched_input():

@@ -495,22 +495,32 @@ def test_random_autograd_agrees_with_the_model(seed):
     """Values with history through random sequences of forward-array ops: every output equal
     to the model's, then the gradient of a weighted sum of all outputs with respect to every
     leaf equal to plain autograd through the model (whose reads return the written tensors
-    themselves), twice over one graph (retain_graph: each pass gets it once, not doubled)."""
+    themselves), twice over one graph (retain_graph: each pass gets it once, not doubled).
+    30 ops, then more until a read has history, at most 200 (after 30, 58 of the 200 seeds
+    had none and compared values only; now 2 do, seeds 27 and 189, whose reads return only
+    elements never written: zeros without history). Each read's history is compared as it
+    is made (`Sources.output`), so a read that loses it fails whatever the seed."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     registry = TensorArrayRegistry()
     src = Sources(rng)
     pairs = [_new_pair(rng, registry, torch.float64)]
     log = [f"new {pairs[0].ta!r}"]
+
+    def history() -> bool:
+        return any(o.requires_grad for o in src.outs["model"])
+
     try:
-        for _ in range(30):
+        for n in range(200):
+            if n >= 30 and history():
+                break
             _step(rng, pairs, registry, src, log)
         weights = [torch.randn(o.shape, dtype=torch.float64) for o in src.outs["model"]]
         losses = {side: sum(((o * w).sum() for o, w in zip(outs, weights, strict=True)),
                             torch.zeros((), dtype=torch.float64))
                   for side, outs in src.outs.items()}
         if not losses["model"].requires_grad:
-            assert not losses["library"].requires_grad
+            assert seed in (27, 189) and not losses["library"].requires_grad
             return
         for _ in range(2):
             got = {side: torch.autograd.grad(loss, list(src.leaves[side].values()),
