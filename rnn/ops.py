@@ -256,7 +256,9 @@ def _validate(
         rnn_mode=rnn_mode, num_layers=L, num_units=H, input_size=I, input_mode=input_mode,
         direction=direction, num_proj=num_proj, dropout=dropout, seed=seed, seed2=seed2,
     )
-    check_params_tensor(cfg, params)
+    check_params_tensor(cfg, params, sizes_from=(
+        f"input_size: the input's last dimension, num_layers: input_h's layer axis / {D}, "
+        f"num_units: {'input_c' if rnn_mode == 'lstm' else 'input_h'}'s last dimension"))
     if params.dtype != dtype:
         raise TypeError(f"params: expected dtype {dtype} (the input's), got {params.dtype}")
     _check_device("params", params, dev)

@@ -261,7 +261,9 @@ def params_to_canonical(
     return out[: len(w_shapes)], out[len(w_shapes) :]
 
 
-def check_params_tensor(cfg: RNNConfig, params: object) -> None:
+def check_params_tensor(cfg: RNNConfig, params: object, sizes_from: str = "") -> None:
+    """`params` a 1-D float tensor of `cfg`'s size. `sizes_from`: where the configuration's
+    sizes came from, for the message (the op's: its tensors' shapes)."""
     if not isinstance(params, torch.Tensor):
         raise TypeError(f"params: expected a tensor, got {type(params).__name__}")
     if params.dim() != 1:
@@ -274,7 +276,8 @@ def check_params_tensor(cfg: RNNConfig, params: object) -> None:
             f"({cfg.rnn_mode}, num_layers={cfg.num_layers}, num_units={cfg.num_units}, "
             f"input_size={cfg.input_size}, num_proj={cfg.num_proj}, "
             f"{'bidirectional' if cfg.bidirectional else 'unidirectional'}, "
-            f"{'skip_input' if cfg.skip_input else 'linear_input'}), got {params.numel()}"
+            f"{'skip_input' if cfg.skip_input else 'linear_input'}"
+            f"{'; ' + sizes_from if sizes_from else ''}), got {params.numel()}"
         )
 
 

@@ -63,6 +63,12 @@ FORWARD_CASES = {
                          r"float64, got torch.int64"),
     "params_size": ({"params": torch.randn(10)}, ValueError,
                     r"params: expected 312 elements.*got 10"),
+    # An input of another feature size: the params no longer fit, and the message says
+    # where the sizes it was checked against came from.
+    "input_features": ({"input": torch.randn(T, B, I + 1)}, ValueError,
+                       r"params: expected 336 elements .*input_size=6, .*; input_size: the "
+                       r"input's last dimension, num_layers: input_h's layer axis / 1, "
+                       r"num_units: input_c's last dimension\), got 312"),
     "params_rank": ({"params": torch.randn(2, 156)}, ValueError,
                     r"params: expected a 1-D tensor, got shape \[2, 156\]"),
     "h_device": ({"input_h": torch.randn(1, B, H, device="meta")}, ValueError,
