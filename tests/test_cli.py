@@ -943,6 +943,33 @@ def test_bench_tunes_a_missing_key_over_its_first_candidates_only(monkeypatch, c
                                        ">= 1, got 0")
 
 
+@pytest.mark.parametrize("extra, tunes", [
+    ([], True), (["--no-tune"], False), (["--backend", "reference"], False),
+    (["--impl", "torch"], False), (["--backend", "triton", "--impl", "tritonrnn"], True)],
+    ids=["default", "no-tune", "reference", "without-tritonrnn", "triton"])
+def test_bench_on_a_gpu_tunes_first_only_when_tritonrnn_kernels_are_timed(
+        monkeypatch, tmp_path, capsys, extra, tunes):
+    """On a GPU, bench tunes the missing plan keys before timing unless --no-tune, the
+    reference backend or an --impl without tritonrnn (nothing of the kernels timed). The
+    GPU branch run here with the device faked and the benchmark stopped at its start."""
+    from tritonrnn.bench import harness
+
+    tuned = []
+    monkeypatch.setattr(cli, "_device", lambda choice: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU X")
+    monkeypatch.setattr(cli, "_tune_before_bench",
+                        lambda shapes, device, timing, args: tuned.append(
+                            ([s.label for s in shapes], device.type)))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness, "run_benchmark", stop)
+    assert main(["bench", "--preset", "anchor", "--out", str(tmp_path), *extra]) == 130
+    assert tuned == ([(["lstm H768 B16 T1024 bf16"], "cuda")] if tunes else [])
+    assert "tritonrnn bench 'anchor' on GPU X" in capsys.readouterr().out
+
+
 def test_bench_where_no_implementation_runs_exits_1(tmp_path, capsys, monkeypatch):
     """--impl flashrnn on the CPU (every selected implementation skipped for every shape):
     exit 1 and a line that says so (it exited 0 with a report of no runs)."""
