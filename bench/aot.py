@@ -681,14 +681,19 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
 
 
 def mma_kind(ptx: str) -> str:
-    """wgmma (Hopper warpgroup MMA), mma (mma.sync tensor cores), fma (no tensor cores), or
-    'wgmma+mma' when both appear."""
-    kinds = [k for k, pat in (("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")) if pat in ptx]
+    """tcgen05 (Blackwell's tensor-memory MMA, sm_100), wgmma (Hopper warpgroup MMA), mma
+    (mma.sync tensor cores), fma (no tensor cores), or those found joined by '+' (e.g.
+    'wgmma+mma')."""
+    kinds = [k for k, pat in (("tcgen05", "tcgen05.mma"), ("wgmma", "wgmma.mma_async"),
+                              ("mma", "mma.sync")) if pat in ptx]
     return "+".join(kinds) or "fma"
 
 
 _SASS_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.+?)\s*;")
 _SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+# A uniform predicate as an instruction's first operand (`BRA.U !UP0, 0x1450`), as sm_100's
+# SASS writes a branch on a value uniform across the warp, rather than an `@P0` guard.
+_UNIFORM_PREDICATE = re.compile(r"!?UP\d,$")
 # Branch targets: absolute addresses (cuobjdump) or labels (nvdisasm).
 _SASS_TARGET = re.compile(r"\s(0x[0-9a-f]+)\s*$|`\((\.L_x_\d+)\)")
 # Profile columns -> SASS opcodes (the part before the first '.').
@@ -699,7 +704,7 @@ PROFILE_OPS = {
     "STS": ("STS",),
     "LDSM": ("LDSM",),
     "LDGSTS": ("LDGSTS",),
-    "MMA": ("HMMA", "HGMMA"),
+    "MMA": ("HMMA", "HGMMA", "UTCHMMA"),  # mma.sync, wgmma, tcgen05 (16-bit and tf32)
     "FFMA": ("FFMA",),
     "BAR": ("BAR",),
     "ATOM": ("ATOM", "ATOMG", "ATOMS", "RED", "REDG"),
@@ -746,6 +751,8 @@ def parse_sass(sass: str) -> list[SassInsn]:
             predicated = tokens[0] != "@PT"
             tokens = tokens[1:]
         op = tokens[0] if tokens else ""
+        if len(tokens) > 1 and _UNIFORM_PREDICATE.match(tokens[1]):
+            predicated = True  # BRA.U UP0, target (sm_100 and later): may fall through
         tm = _SASS_TARGET.search(text) if op.split(".")[0] == "BRA" else None
         raw.append((addr, op, (tm.group(1) or tm.group(2)) if tm else None, predicated))
     return [SassInsn(a, op, _address(t, labels), p) for a, op, t, p in raw]
@@ -1149,7 +1156,7 @@ def format_report(report: dict) -> str:
     if "note" in report:
         return "\n".join([*lines, "  " + report["note"]])
     head = (f"  {'pass':<8} {'kernel':<20} {'grid':<7} {'warps':>5} {'smem B':>7} {'regs':>4} "
-            f"{'spill':>5} {'mma':<5} {'/SM':>3} {'fits':<10}")
+            f"{'spill':>5} {'mma':<7} {'/SM':>3} {'fits':<10}")
     loop = " ".join(f"{_SHORT.get(c, c):>5}" for c in (*_PROFILE_COLS, "inner"))
     outside = " ".join(f"{c:>5}" for c in OUTSIDE_OPS)
     # A group line above the column names: which columns count the step loop, which the rest.
@@ -1176,7 +1183,7 @@ def format_report(report: dict) -> str:
         outside = " ".join(f"{prof.get(f'{c}_outside', 0):>5}" for c in OUTSIDE_OPS)
         lines.append(
             f"  {k['phase']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
-            f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<5} "
+            f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<7} "
             f"{k['programs_per_sm']:>3} {fits:<10}| {loop} | {outside}"
         )
     lines.append("  (smem: bytes per program; spill: stack + local bytes per thread; /SM: programs "

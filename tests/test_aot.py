@@ -406,6 +406,33 @@ def test_loop_profile_without_local_memory_reports_zero_outside():
         ("LDL", "STL", "LDL_outside", "STL_outside"), 0)
 
 
+# sm_100 SASS (Triton 3.9, `tritonrnn aot --arch 100 --dump`): branches on a uniform
+# predicate given as the first operand, and the tcgen05 MMA (UTCHMMA). The step loop is
+# 0x20..0x40, entered unless UP0; its back edge is taken while !UP1.
+SASS_SM100 = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA.U UP0, 0x60 ;
+        /*0020*/       UTCHMMA gdesc[UR40], gdesc[UR38], tmem[UR43], tmem[UR4], idesc[UR5], !UPT ;
+        /*0030*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0040*/                   BRA.U !UP1, 0x20 ;
+        /*0050*/                   STG.E desc[UR4][R4.64], R2 ;
+        /*0060*/                   EXIT ;
+        /*0070*/                   BRA 0x70;
+"""
+
+
+def test_loop_profile_reads_sm100_uniform_branches_and_tcgen05():
+    """A `BRA.U UP0, target` may fall through (its predicate is an operand, not an @ guard):
+    read as unconditional, the loop above was unreachable and every sm_100 fp32 step loop
+    counted 0 instructions."""
+    insns = aot.parse_sass(SASS_SM100)
+    assert [i.predicated for i in insns if i.base == "BRA"] == [True, True, False]
+    prof = aot.loop_profile(SASS_SM100)
+    assert (prof["instructions"], prof["MMA"], prof["LDG"], prof["STG"]) == (3, 1, 1, 0)
+    assert aot.mma_kind("tcgen05.mma.cta_group::1.kind::f16 [%r1], %rd2, %rd3;") == "tcgen05"
+
+
 def test_mma_kind_and_res_usage_parsing():
     assert aot.mma_kind("wgmma.mma_async.sync.aligned.m64n16k16") == "wgmma"
     assert aot.mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.bf16") == "mma"
