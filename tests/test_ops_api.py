@@ -20,6 +20,7 @@ from tritonrnn.rnn import (
     params_to_canonical,
 )
 from tritonrnn.rnn import reserve as reserve_mod
+from tritonrnn.rnn.planner import plan_for
 
 MODES = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
 F64 = torch.float64
@@ -535,20 +536,28 @@ def test_explicit_backprop_against_the_float64_oracle(mode, case, backend):
     assert bp.params_backprop.shape == p.shape
 
 
+@pytest.mark.parametrize("lengths", [[6, 1, 0, 4], [6, 6, 6, 6]], ids=["varlen", "full"])
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-def test_reserve_size_within_budget(mode):
-    """Reserve bytes = header + N*D*(L*H [lstm] + (L-1)*H) elements; N = sum(lengths)."""
+def test_reserve_size_within_budget(mode, lengths):
+    """Reserve bytes = header + N*D*(L*H [lstm] + (L-1)*H) elements; N = sum(lengths). The
+    planner's reserve (what it budgets for T x B) is that at full lengths, and above it with
+    shorter ones."""
     L, D, H = 3, 2, 4
     x, h, c, p = _inputs(mode, T=6, B=4, L=L, D=D, H=H)
-    lens = torch.tensor([6, 1, 0, 4])
+    lens = torch.tensor(lengths)
     N = int(lens.sum())
     fwd = cudnn_rnn(x, h, c, p, lens, rnn_mode=mode, direction="bidirectional",
                     backend="reference")
     elems = N * D * ((L if mode == "lstm" else 0) * H + (L - 1) * H)
-    budget = N * D * ((2 * L - 1) if mode == "lstm" else (L - 1)) * H
-    assert elems <= budget
     assert fwd.reserve_space.numel() == reserve_mod.PAYLOAD_OFFSET + elems * 8
     assert fwd.reserve_space.dtype == torch.uint8 and fwd.host_reserved.numel() == 64
+    planned = plan_for(rnn_mode=mode, input_size=x.shape[-1], num_units=H, num_layers=L,
+                       direction="bidirectional", batch=4, max_time=6, dtype=x.dtype,
+                       device_properties="h100").reserve_bytes
+    if N == 6 * 4:
+        assert planned == fwd.reserve_space.numel()
+    else:
+        assert planned > fwd.reserve_space.numel()
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -556,12 +565,14 @@ def test_reserve_size_within_budget(mode):
 def test_batch_major_final_states_edited_in_place_before_backward(mode, backend):
     """Batch-major final states are the caller's own tensors, not views of the op's
     time-major ones: editing them in place before the backward (torch.nn allows it for h_n
-    and c_n) works, and the gradients are the time-major call's with the same edit."""
+    and c_n) works, and the gradients are the time-major call's with the same edit, and
+    both are those of the same edit made out of place (a fault both layouts shared would
+    pass the first comparison alone)."""
     dtype = F64 if backend == "reference" else torch.float32
     x, h, c, p = _inputs(mode, T=4, B=3, L=2, seed=7, dtype=dtype)
     lens = torch.tensor([4, 1, 3])
     grads = []
-    for time_major in (True, False):
+    for time_major, in_place in ((True, True), (False, True), (True, False)):
         tm = (lambda t: t) if time_major else (lambda t: t.transpose(0, 1).contiguous())
         leaves = [t.clone().requires_grad_() for t in (x, h, c, p) if t is not None]
         xs, hs, *rest = leaves
@@ -569,13 +580,17 @@ def test_batch_major_final_states_edited_in_place_before_backward(mode, backend)
         res = cudnn_rnn(tm(xs), tm(hs), tm(cs) if cs is not None else None, rest[-1], lens,
                         rnn_mode=mode, time_major=time_major, backend=backend)
         states = [res.output_h] + ([res.output_c] if c is not None else [])
-        for st in states:
-            st.mul_(2.0)
+        if in_place:
+            for st in states:
+                st.mul_(2.0)
+        else:
+            states = [2.0 * st for st in states]
         loss = (res.output * res.output).sum() + sum((st * st).sum() for st in states)
         grads.append(torch.autograd.grad(loss, leaves))
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12 if dtype == F64 else 1e-5, atol=1e-12
-                                   if dtype == F64 else 1e-5)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12 if dtype == F64 else 1e-5,
+                                       atol=1e-12 if dtype == F64 else 1e-5)
 
 
 def _a_reserve_layout(device="cpu"):

@@ -1196,20 +1196,23 @@ def test_backward_tile_constraints_refuse_bad_values(constraints, message):
      "(block_k = 0)"),
     (256, 1, dict(family="persistent_grid", block_b=1, block_h=8, block_h_bwd=16),
      "got family 'persistent_grid', block_k = 0, block_b = 1"),
-    (512, 64, dict(family="persistent_grid", block_h_bwd=16, block_b_bwd=16),
-     "needs 128 co-resident programs"),  # fits: the H = 512 plan's own 16 x 16 tiles
     (1024, 64, dict(family="persistent_grid", block_k=0, block_h=16, block_b=32,
                     block_h_bwd=16, block_b_bwd=16),
      "needs 256 co-resident programs for H=1024, block_h=16, block_b=32, batch bucket 64 "
      "(backward block_h=16, block_b=16)"),
 ])
 def test_backward_tile_constraints_that_cannot_apply(H, B, constraints, message):
-    with plan_constraints(**constraints):
-        if H == 512:  # the control: these constraints apply
-            assert _plan(H=H, B=B).layer(0).num_programs == 128
-            return
-        with pytest.raises(ValueError, match=re.escape(message)):
-            _plan(H=H, B=B).layer(0)
+    with plan_constraints(**constraints), pytest.raises(ValueError, match=re.escape(message)):
+        _plan(H=H, B=B).layer(0)
+
+
+def test_backward_tile_constraints_that_apply():
+    """The control of the cases above: 16 x 16 backward tiles under H=512 B=64's own 16 x 16
+    forward apply (128 co-resident programs; the forward's own tiles, so none of its own)."""
+    with plan_constraints(family="persistent_grid", block_h_bwd=16, block_b_bwd=16):
+        lp = _plan(H=512, B=64).layer(0)
+    assert (lp.num_programs, lp.block_h, lp.block_b) == (128, 16, 16)
+    assert (lp.backward_block_h, lp.backward_block_b) == (16, 16)
 
 
 # The streamed loops' stages (`_stream_stages`): a persistent grid with streamed weights on

@@ -6,6 +6,8 @@ argument errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -255,28 +257,45 @@ def test_one_barrier_tiles():
     assert split_k1_tiles("gru", 1536, 16, torch.bfloat16, h100) is None
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("lstm", 1024, 16, 128, 32, 16), "kblock = 4 \\* a power of two >= 16"),  # 8 units
-    (("lstm", 1024, 16, 128, 96, 16), "kblock = 4"),  # 24 units
-    (("gru", 1024, 16, 128, 64, 16), "kblock = 3"),  # not a multiple of 3
-    (("lstm", 1024, 16, 8, 256, 16), "units \\| H \\(>= 16\\)"),
-    (("lstm", 96, 16, 32, 256, 16), "dividing H"),  # 64-unit K blocks do not divide 96
-])
-def test_one_barrier_tiles_refuse_what_does_not_divide(args, message):
-    with pytest.raises(ValueError, match=message):
-        tiles(*args, one_barrier=True)
+# Each rule of `tiles` broken alone: (cell, H, B, units, kblock, btile) refused, and the same
+# with the one value that breaks it mended (index, value) accepted, so each case shows its
+# own rule refusing (a case breaking two rules, or a message any refusal matches, would not).
+_TWO_BARRIER_RULES = {
+    "units-power-of-two": (("lstm", 1536, 256, 96, 512, 128), (3, 128)),
+    "kblock-power-of-two": (("gru", 1024, 256, 128, 192, 128), (4, 256)),
+    "btile-power-of-two": (("lstm", 1024, 256, 128, 512, 48), (5, 64)),
+    "units-divide-H": (("lstm", 96, 256, 64, 128, 128), (3, 32)),
+    "kblock-divides-G*H": (("gru", 1024, 256, 128, 2048, 128), (4, 1024)),
+    "kblock-at-least-64": (("lstm", 1024, 256, 128, 32, 128), (4, 64)),
+    "btile-at-least-16": (("lstm", 1024, 256, 128, 512, 8), (5, 16)),
+}
+_ONE_BARRIER_RULES = {
+    "units-power-of-two": (("lstm", 1536, 16, 96, 256, 16), (3, 128)),
+    "kblock-units-power-of-two": (("lstm", 1536, 16, 128, 192, 16), (4, 256)),
+    "btile-power-of-two": (("lstm", 1024, 16, 128, 256, 48), (5, 32)),
+    "kblock-multiple-of-G": (("gru", 1024, 16, 128, 49, 16), (4, 48)),
+    "units-divide-H": (("lstm", 96, 16, 64, 128, 16), (3, 32)),
+    "kblock-units-divide-H": (("lstm", 96, 16, 32, 256, 16), (4, 128)),
+    "kblock-units-at-least-16": (("lstm", 1024, 16, 128, 32, 16), (4, 64)),
+    "units-at-least-16": (("lstm", 1024, 16, 8, 256, 16), (3, 16)),
+    "btile-at-least-16": (("lstm", 1024, 16, 128, 256, 8), (5, 16)),
+}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("lstm", 1024, 256, 96, 512, 128), "powers of two"),
-    (("lstm", 1024, 256, 128, 32, 128), "64 <= kblock"),
-    (("lstm", 1000, 256, 128, 512, 128), "units | H"),
-    (("lstm", 1024, 256, 128, 512, 8), "btile >= 16"),
-    (("gru", 1024, 256, 128, 2048, 128), "kblock | G\\*H"),
-])
-def test_split_k_tiles_refuse_what_does_not_divide(args, message):
-    with pytest.raises(ValueError, match=message):
-        tiles(*args)
+@pytest.mark.parametrize("one_barrier, case", [
+    *((False, c) for c in _TWO_BARRIER_RULES.values()),
+    *((True, c) for c in _ONE_BARRIER_RULES.values())],
+    ids=[*(f"two-{k}" for k in _TWO_BARRIER_RULES), *(f"one-{k}" for k in _ONE_BARRIER_RULES)])
+def test_split_k_tiles_refuse_each_rule_alone(one_barrier, case):
+    args, (index, mended) = case
+    cell, H, _, U, KB, BB = args
+    with pytest.raises(ValueError, match=re.escape(
+            f"got cell {cell!r}, H={H}, units={U}, kblock={KB}, btile={BB}")) as err:
+        tiles(*args, one_barrier=one_barrier)
+    assert str(err.value).startswith("split_k: expected powers of two units | H")
+    fixed = list(args)
+    fixed[index] = mended
+    tiles(*fixed, one_barrier=one_barrier)  # that one value mended: accepted
 
 
 def test_split_k_backward_names_a_wrong_argument():

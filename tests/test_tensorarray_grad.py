@@ -440,6 +440,30 @@ def test_list_gradient_scatter_adds_duplicate_indices():
     assert torch.equal(g.read(2), torch.tensor([2.0, 2]))
 
 
+def test_list_gradient_first_write_replaces_the_soft_copy_then_writes_add():
+    g = _ragged_forward().grad("gradients")
+    assert g.handle._res.slab_shape is None
+    v = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    once = g.write(1, v)  # over the soft-copied zeros: the value itself
+    twice = once.write(1, v)
+    assert torch.equal(twice.read(1), 2 * v)
+    assert torch.equal(twice.read(0), torch.zeros(2)) and torch.equal(twice.read(2),
+                                                                      torch.zeros(2))
+    g = _ragged_forward().grad("gradients").write(1, v)
+    assert torch.equal(g.read(1), v)
+
+
+def test_list_gradient_shape_to_prepend():
+    g = _ragged_forward().grad("gradients", shape_to_prepend=(4,))
+    assert g.handle._res.slab_shape is None and g.element_shape is None
+    assert torch.equal(g.read(0), torch.zeros(4, 2))  # each forward shape, prepended
+    v = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+    g = g.write(1, v).write(1, v)
+    assert torch.equal(g.read(1), 2 * v)
+    with raises(TensorArrayShapeError, g, "index=2", "(4, 2)", "(2,)"):
+        g.write(2, torch.ones(2))
+
+
 def test_list_gradient_writes_and_scatters_add():
     g = _ragged_forward().grad("gradients")
     g = g.write(1, torch.full((3,), 1.0))
