@@ -71,9 +71,9 @@
 #   bash scripts/gpu_session.sh large     B=256 (streamed weights) with and without the
 #                                         transposed wgmma loops (noswap) and joint gates
 #                                         (nojoin); B=64 resident against streamed 16 x 64 tiles
-#   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16) on 8 warps (w8 both passes,
-#                                         fw8 the forward) against 4: 8 warps halve each
-#                                         warp's MMAs (anchor forward 96 -> 48 mma.sync,
+#   bash scripts/gpu_session.sh warps     16 x 16 tiles (B = 16): the plan's 8 warps against
+#                                         4 (w4 both passes, fw4 the forward): 8 warps halve
+#                                         each warp's MMAs (anchor forward 96 -> 48 mma.sync,
 #                                         696 -> 483 instructions, Triton 3.6)
 #   bash scripts/gpu_session.sh hoist     resident weights held in registers
 #                                         (HOIST; variants hoist / hoistf / nohoist) at the
@@ -82,19 +82,19 @@
 #                                         H=256 (the planner's rule hoists it) 32 -> 16
 #   bash scripts/gpu_session.sh vector    B = 1: vector tiles (FMA, weights in registers)
 #                                         against the 16-wide MMA tiles (mma1), step and layer
-#   bash scripts/gpu_session.sh spills    the planner's plans whose sm_90 compile spills in the
-#                                         step loop (GRU H=1536 B=1, 16 backward, 4 warps: 12
-#                                         local loads per step) against 8 backward warps (bw8)
-#                                         and one MMA chain (chains1), LSTM H=768 B=16 (4 warps
-#                                         won there) as the control;
+#   bash scripts/gpu_session.sh spills    GRU H=1536 B=1, 16, whose 4-warp backward spilled
+#                                         in the step loop (12 local loads per step): the
+#                                         plan's 8 backward warps since against 4 (bw4) and
+#                                         one MMA chain (chains1), LSTM H=768 B=16 as the
+#                                         control;
 #                                         LSTM / GRU H=512 B=256 (16 x 64 tiles) resident
 #                                         in 256 + 256 chunks against one 512 chunk
 #                                         (nowidecap: 17 local loads per LSTM backward step)
 #                                         and streamed weights (bk64)
 #   bash scripts/gpu_session.sh spills2   the shapes whose wide resident chunks the planner
 #                                         streams since (spills-wide), against resident
-#                                         (bk0); resident 32 x 64 / 64 x 64 tiles that still
-#                                         spill (spills-k512) against streamed (bk64)
+#                                         (bk0); the 32 x 64 / 64 x 64 tiles streamed since
+#                                         (spills-k512) against resident (bk0)
 #   bash scripts/gpu_session.sh huge      B = 512 and 1024: the planner's persistent grid,
 #                                         whose wider tiles spill in the step loop (LSTM
 #                                         H=1024 B=1024, 64 x 128: 41 / 70 local loads per

@@ -145,7 +145,9 @@ SETS = {
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
     "b64": ("lstm,768,64;lstm,1024,64;gru,1024,64",
             "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"),
-    "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w8,layer;fw8,layer"),
+    # (The planner's plan there is 8 warps since 2026-11-27, hoisted: against 4 warps, both
+    # passes (w4) and the forward (fw4); w8 / fw8 were the plan itself.)
+    "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w4,layer;fw4,layer"),
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
               "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
@@ -164,8 +166,9 @@ SETS = {
     # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
     # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
     # (chains1): none, 1396 instructions, but chains of 72 MMAs instead of 3 x 24. LSTM
-    # H=768 B=16, where 4 warps won, as the control.
-    "spills": ("gru,1536,1;gru,1536,16;lstm,768,16", "layer;bw8,layer;chains1,layer"),
+    # H=768 B=16, where 4 warps won, as the control. The planner's backward there is 8 warps
+    # since 2026-11-27 (bw8 was the plan itself): against the 4-warp one (bw4).
+    "spills": ("gru,1536,1;gru,1536,16;lstm,768,16", "layer;bw4,layer;chains1,layer"),
     # The resident 16 x 64 backward of LSTM H=512 B=256 (8 warps) spilled too (72 B, 17
     # local loads per step) with K = 512 in one chunk (nowidecap); as 256 + 256
     # (`_max_chunk`, the default since 2026-11-25) it does not, nor do weights streamed in
@@ -177,8 +180,9 @@ SETS = {
     "spills-wide": ("lstm,768,128;rnn_tanh,1536,64;gru,768,256", "layer;bk0,layer"),
     # Resident 32 x 64 and 64 x 64 tiles whose chunks pass that rule (K <= 512) still spill
     # (local loads per step, forward / backward: 7 / 22, 0 / 22, 0 / 35): their live tiles
-    # outnumber the registers. Against their weights streamed (bk64, no spills).
-    "spills-k512": ("lstm,256,1024;lstm,512,512;rnn_tanh,512,1024", "layer;bk64,layer"),
+    # outnumber the registers. The planner streams their weights (64-column chunks, no
+    # spills) since: against resident (bk0; bk64 was the plan itself).
+    "spills-k512": ("lstm,256,1024;lstm,512,512;rnn_tanh,512,1024", "layer;bk0,layer"),
     # Past B = 256 the co-resident grid needs wider tiles than 32 x 64, and their sm_90
     # compiles spill in the step loop (Triton 3.6, streamed, 8 warps; local loads / stores
     # per step, forward and backward): 64 x 64 (LSTM H=1024 B=512, H=1536 B=256) 5-20 / 0
@@ -416,9 +420,14 @@ def _hoisted(passes: tuple[str, ...]):
 
 
 def _forced_split(n: int):
-    """An `_nsplit` that always splits K n ways (capped by the chunk), both passes."""
+    """An `_nsplit` that always splits K n ways (capped by the chunk), both passes, on MMA
+    tiles (vector tiles' FMA products take no split: 1, as `_nsplit` gives them)."""
+    from tritonrnn.kernels.persistent_grid import vector_tiles
+
     def nsplit(ka, kb, num_warps, bm, bb, max_split=32):
-        return 1 if n == 1 else max(1, min(n, ka // 16, kb // 16 if kb else ka // 16))
+        if n == 1 or vector_tiles(bb):
+            return 1
+        return max(1, min(n, ka // 16, kb // 16 if kb else ka // 16))
     return nsplit
 
 

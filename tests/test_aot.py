@@ -1087,7 +1087,16 @@ before = set(os.listdir(cache))
 driver.set_active(Driver())
 CompiledKernel._init_handles = lambda self: None  # loads the binary: no GPU here
 CompiledKernel.launch_metadata = lambda self, *a: None
-CompiledKernel.run = property(lambda self: (lambda *a, **k: None))
+runs = [0]  # launches that reached a compiled kernel
+
+
+def _counted(self):
+    def run(*a, **k):
+        runs[0] += 1
+    return run
+
+
+CompiledKernel.run = property(_counted)
 check = pg._check_common
 
 def on_gpu(*args, **kwargs):
@@ -1119,14 +1128,18 @@ for shape, cons in jobs:
     params = torch.zeros(config_params_size(cfg), **z)
     h0 = torch.zeros(D, B, cfg.out_size, **z)
     c0 = torch.zeros(D, B, cfg.num_units, **z) if cfg.is_lstm else None
+    first = runs[0]
     fwd = engine.forward(cfg, Planned(), x, h0, c0, params, info, training=True)
     engine.backward(cfg, Planned(), x, h0, c0, params, info, fwd.y, torch.zeros_like(fwd.y),
                     torch.zeros_like(h0), torch.zeros_like(c0) if c0 is not None else None,
                     fwd.reserve)
+    # A forward and a backward launch at least reached compiled kernels (without them, no
+    # new cache entry would prove nothing).
+    assert runs[0] - first >= 2, f"{shape.label}: {runs[0] - first} compiled launches"
     new = sorted(set(os.listdir(cache)) - before)
     assert not new, f"{shape.label}: the launch path compiled {len(new)} kernels aot did not"
     launched += 1
-print("launched", launched, "entries", len(before))
+print("launched", launched, "entries", len(before), "runs", runs[0])
 """
 
 

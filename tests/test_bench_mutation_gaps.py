@@ -202,6 +202,11 @@ def _check_rows(monkeypatch, correctness: dict) -> list[dict]:
     ({"y": 0.0, "dx": 0.0}, ["dh0"]),  # a gradient not given
 ], ids=["output-tolerance", "missing"])
 def test_check_row_verdict_is_the_comparisons(monkeypatch, errors, missing):
+    """A row's status is the comparison's verdict (`ok` False here, for the reason the id
+    names), not one check re-derives from the errors: the errors alone are within the
+    gradient tolerance, and a missing tensor has no error to weigh (runners.compare's rules
+    themselves: test_compare_fails_an_output_the_implementation_did_not_give and the
+    tolerance tests above)."""
     (row,) = _check_rows(monkeypatch, {
         "ok": False, "missing": missing, "scaled_error": errors,
         "max_scaled_error": max(errors.values()),
@@ -232,6 +237,10 @@ def test_tune_key_never_keeps_a_choice_without_a_finite_time(tmp_path):
     ms = {1: math.nan, 2: 2.0, 4: math.inf}
     summary = tune.tune_key("k9", choices, lambda c, b: ms[c["num_warps"]], "dev")
     assert summary["status"] == "tuned" and summary["best"] == {**choices[1], "ms": 2.0}
+    # Each alone, and first: nothing kept (an inf after a finite time cannot win anyway).
+    for bad in (math.inf, math.nan):
+        summary = tune.tune_key(f"k9-{bad}", choices[:1], lambda c, b, bad=bad: bad, "dev")
+        assert summary["status"] != "tuned" and "best" not in summary, summary
 
 
 def _stub_measurer(monkeypatch, correctness: dict, one_ms: float = 1.0):

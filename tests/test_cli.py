@@ -211,11 +211,18 @@ def test_bench_smoke_writes_json_and_plot(tmp_path, capsys, monkeypatch):
 
 def test_bench_and_check_run_without_the_bench_extra(tmp_path, capsys, monkeypatch):
     """tqdm and matplotlib are the `bench` extra: without them bench and check still run
-    (no bars, no PNG, which bench says), with progress asked for too."""
+    (no bars, no PNG, which bench says), with progress asked for too, on a terminal (bars
+    are drawn only there: `progress.progress_bar`)."""
+    import io
     import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(sys, "stderr", Terminal())
     rc = main(["bench", "--preset", "smoke", "--backend", "reference", "--impl", "tritonrnn",
                "--pass", "fwd", "--out", str(tmp_path), "--no-tune", "--cpu-rep", "1"])
     out = capsys.readouterr().out
@@ -445,36 +452,45 @@ def test_tune_on_gpu_times_the_planners_candidates(capsys):
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        [],
-        ["frobnicate"],
-        ["bench", "--mode", "foo"],
-        ["bench", "--hidden", "0"],
-        ["bench", "--hidden", "abc"],
-        ["bench", "--preset", "nope"],
-        ["bench", "--dtype", "int8"],
-        ["bench", "--varlen", "zipf"],
-        ["bench", "--varlen", "uniform:2"],
-        ["bench", "--mode", "gru", "--proj", "4"],
-        ["bench", "--hidden", "10", "--proj", "11"],
-        ["bench", "--pass", "sideways"],
-        ["bench", "--rep", "0"],
-        ["check", "--dtype", "fp8"],
-        ["check", "--time", "0"],
-        ["plan", "--device-preset", "tpu"],
-        ["plan", "--layers", "-1"],
-        ["plan", "--pipeline-chunks", "0"],
-        ["plan", "--bidirectional", "--pipeline-chunks", "2", "--device-preset", "h100"],
-        ["tune", "--batch", "0", "--allow-cpu"],
-        ["tune", "--max-candidates", "0"],
-    ],
-    ids=lambda a: " ".join(a) or "no-command",
-)
-def test_bad_options_are_one_line_exit_2(argv, capsys):
+# (argv, what its one-line error says)
+_BAD_OPTIONS = [
+    ([], "expected a command: bench, check, tune, plan, aot or barrier"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["bench", "--mode", "foo"], "bench: argument --mode: invalid choice: 'foo'"),
+    (["bench", "--hidden", "0"], "--hidden: expected an int >= 1, got 0"),
+    (["bench", "--hidden", "abc"], "bench: argument --hidden: invalid int value: 'abc'"),
+    (["bench", "--preset", "nope"], "bench: argument --preset: invalid choice: 'nope'"),
+    (["bench", "--dtype", "int8"], "--dtype: expected one of bf16, fp16, fp32, fp64, got "
+                                   "'int8'"),
+    (["bench", "--varlen", "zipf"], "--varlen: expected one of none, uniform, uniform:F, "
+                                    "got 'zipf'"),
+    (["bench", "--varlen", "uniform:2"], "--varlen: expected 'uniform:F' with F in [0, 1], "
+                                         "got 'uniform:2'"),
+    (["bench", "--mode", "gru", "--proj", "4"], "--proj: expected 0 for --mode gru"),
+    (["bench", "--hidden", "10", "--proj", "11"], "--proj: expected a value in [0, "
+                                                  "--hidden=10], got 11"),
+    (["bench", "--pass", "sideways"], "bench: argument --pass: invalid choice: 'sideways'"),
+    (["bench", "--rep", "0"], "--rep: expected an int >= 1, got 0"),
+    (["check", "--dtype", "fp8"], "--dtype: expected one of bf16, fp16, fp32, fp64, got "
+                                  "'fp8'"),
+    (["check", "--time", "0"], "--time: expected an int >= 1, got 0"),
+    (["plan", "--device-preset", "tpu"], "--device-preset: expected one of ['current', "
+                                         "'a100', 'h100', 'h200', 'interpreter'], got 'tpu'"),
+    (["plan", "--layers", "-1"], "--layers: expected an int >= 1, got -1"),
+    (["plan", "--pipeline-chunks", "0"], "--pipeline-chunks: expected an int >= 1, got 0"),
+    (["plan", "--bidirectional", "--pipeline-chunks", "2", "--device-preset", "h100"],
+     "pipeline_chunks: expected 1 for a bidirectional stack"),
+    (["tune", "--batch", "0", "--allow-cpu"], "--batch: expected an int >= 1, got 0"),
+    (["tune", "--max-candidates", "0"], "--max-candidates: expected an int >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argv, says", _BAD_OPTIONS,
+                         ids=[" ".join(a) or "no-command" for a, _ in _BAD_OPTIONS])
+def test_bad_options_are_one_line_exit_2(argv, says, capsys):
     assert main(argv) == 2
-    _one_line_error(capsys)
+    line = _one_line_error(capsys)
+    assert line.startswith("tritonrnn: error: ") and says in line, line
 
 
 def test_cpu_refuses_gpu_presets_and_tuning(capsys):

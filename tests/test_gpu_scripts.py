@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -123,8 +125,6 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
 def _budgets(stage: str) -> list[int]:
     """The time boxes of a stage of gpu_session.sh (`box`, `timeout` and `ablate` SECONDS); a
     last box of `timeout $((N - elapsed))` caps the whole stage at N."""
-    import re
-
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()
     block = text[text.index(f"\n  {stage})"):]
     block = block[:block.index(";;")]
@@ -139,9 +139,49 @@ def _budgets(stage: str) -> list[int]:
     if ncu:
         run, convert = int(ncu.group(2)), int(ncu.group(3))
         return [run + 3 * convert] * 2 * len(ncu.group(1).split())
-    # A box may be a variable with a default: ablate "${NAME:-N}".
-    return [int(n) for n in re.findall(r'(?:box|timeout|ablate) "?(?:\$\{\w+:-)?(\d+)\}?"? ',
-                                       block)]
+    return _boxes(block)
+
+
+# A box may be a variable with a default: ablate "${NAME:-N}".
+_BOX = re.compile(r'(?:box|timeout|ablate) "?(?:\$\{\w+:-)?(\d+)\}?"? ')
+_LOOP = re.compile(r"\bfor \w+ in (.+?); do\b", re.S)
+_DO_DONE = re.compile(r"\b(do|done)\b")
+
+
+def _boxes(text: str) -> list[int]:
+    """The boxes a piece of the script runs one after another: a loop's boxes once per item
+    (`for p in a b c; do box 110 ...; done`: three), or once where its body backgrounds them
+    (`... &` then `wait`: they overlap)."""
+    out, pos = [], 0
+    while (loop := _LOOP.search(text, pos)):
+        out += [int(n) for n in _BOX.findall(text[pos:loop.start()])]
+        depth = 1
+        for word in _DO_DONE.finditer(text, loop.end()):
+            depth += 1 if word.group() == "do" else -1
+            if depth == 0:
+                break
+        body = text[loop.end():word.start()]
+        inner = _boxes(body)
+        if re.search(r"&\s*$", body, re.M):
+            out += [max(inner)] if inner else []
+        else:
+            out += inner * len(shlex.split(loop.group(1).replace("\\\n", " ")))
+        pos = word.end()
+    return out + [int(n) for n in _BOX.findall(text[pos:])]
+
+
+def test_boxes_count_a_loops_boxes_per_item_unless_backgrounded():
+    text = """box 30 a
+    for p in x "y z" w; do
+      box 100 "bench-$p" cmd
+      for q in 1 2; do timeout 10 run; done
+    done
+    for p in a b; do
+      timeout 50 warm "$p" &
+    done
+    wait
+    ablate "${DECIDE_SECONDS:-40}" decide"""
+    assert _boxes(text) == [30, 100, 10, 10, 100, 10, 10, 100, 10, 10, 50, 40]
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -163,8 +203,6 @@ def test_a_session_fits_the_device_budget(stages, spare):
     each cut below the timeout_s the header gives them, and together leave the machine's
     start, the transfers and the idle wait between the calls `spare` seconds of the 900 s (a
     start took about 30 s on 2026-11-26, a dead machine's 86 s)."""
-    import re
-
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()
     head = " ".join(text[:text.index("set -uo pipefail")].replace("#", " ").split())
     total = 0
@@ -195,6 +233,63 @@ def _check_plans(shapes, variants):
                 assert own.get(key, getattr(lp, key)) == want, (v, mode, H, B, key)
 
 
+def _variant_plan(variant: str, shape, props):
+    """The planner's LayerPlan for `shape` with `variant`'s planner swaps and constraints
+    applied (its kernel-module swaps change no plan), the heuristic's cache cleared around
+    it (a plan cached before the swap would hide it)."""
+    from tritonrnn.rnn import planner
+    from tritonrnn.rnn.planner import plan_constraints, recurrence_choice
+
+    table = ABL.swaps()
+    saved = [(name, getattr(planner, name)) for part in variant.split(",")
+             for module, name, _ in table.get(part, ()) if module is planner]
+    planner._heuristic.cache_clear()
+    try:
+        for part in variant.split(","):
+            for module, name, value in table.get(part, ()):
+                if module is planner:
+                    setattr(planner, name, value)
+        with plan_constraints(**ABL.constraints(variant)):
+            return recurrence_choice(*shape[:2], shape[1], 0, torch.bfloat16, shape[2],
+                                     props)[0]
+    finally:
+        for name, value in reversed(saved):
+            setattr(planner, name, value)
+        planner._heuristic.cache_clear()
+
+
+def test_no_planner_variant_of_a_set_is_the_plan_itself():
+    """A variant made only of plan changes (constraints, the planner's warps and rules) must
+    plan something else than `layer` at one of its set's shapes at least, on an H100 and an
+    H200: one that equals the plan at every shape would spend device minutes timing the plan
+    twice (the warps, spills and spills-k512 sets did, after the planner adopted their
+    winners: fw8 / w8, bw8, bk64)."""
+    from tritonrnn.rnn import planner
+    from tritonrnn.rnn.planner import PRESETS
+
+    table = ABL.swaps()
+    groups = [(name, *spec) for name, spec in ABL.SETS.items()] + [
+        (f"{name}[{i}]", *spec) for name, specs in ABL.DECISIONS.items()
+        for i, spec in enumerate(specs)]
+    checked = 0
+    for name, shapes, variants in groups:
+        shapes = ABL.parse_shapes(shapes)
+        for variant in variants.split(";"):
+            parts = variant.split(",")
+            if set(parts) <= {"layer", "full"} or "bh32" in parts or variant.startswith("bare"):
+                continue  # the plan itself; bh32 is applied after the planner
+            if not all(p in ("layer", "full") or p in ABL._CONSTRAINTS or
+                       (p in table and all(m is planner for m, _, _ in table[p]))
+                       for p in parts):
+                continue  # it swaps kernel code: the plan alone cannot tell
+            for preset in ("h100", "h200"):
+                props = PRESETS[preset]
+                assert any(_variant_plan(variant, s, props) != _variant_plan("layer", s, props)
+                           for s in shapes), (name, variant, preset)
+            checked += 1
+    assert checked >= 20  # (the sets' constraint and warps variants)
+
+
 def test_ablation_constraint_parts():
     assert ABL.constraints("full,layer") == {}
     assert ABL.constraints("bk64,bb64,layer") == {"family": "persistent_grid", "block_k": 64,
@@ -220,8 +315,6 @@ def test_unknown_variant_and_bad_shapes_are_refused():
 def test_every_named_set_is_run_by_a_stage_and_plans():
     """step_ablation.SETS are the stages' ablations: each is used by gpu_session.sh, and each
     of its variants plans every one of its shapes."""
-    import re
-
     text = (ROOT / "scripts" / "gpu_session.sh").read_text()
     used = re.findall(r'^\s*ablate (?:\d+|"\$\{\w+:-\d+\}") ([\w-]+)', text, re.MULTILINE)
     assert sorted(used) == sorted([*ABL.SETS, *ABL.DECISIONS])
@@ -401,26 +494,38 @@ def test_switch_variants_decide_as_their_environment(monkeypatch, part, env, val
                            "kernels compiled before the swap)")
 @pytest.mark.parametrize("part", sorted(ABL.swaps()))
 def test_ablation_variant_kernels_run(part, monkeypatch):
-    from tritonrnn.rnn import cudnn_rnn, params_size
+    """Each part's swapped code runs without an error at shapes that reach it: resident
+    16-row tiles (most parts), streamed ones with a 64-column batch tile (noswap, nojoin),
+    32-column batch tiles (pairg32, hoist) and vector tiles (vec1, the s<n> splits). Parts
+    that reach none of these (the wide-tile thresholds, mma1 and samebwd: GPU presets only)
+    are compiled for sm_90 by `step_ablation.py --aot` instead."""
+    from tritonrnn.rnn import cudnn_rnn, params_size, planner
     from tritonrnn.rnn.planner import plan_constraints
 
     for module, name, value in ABL.swaps()[part]:
         monkeypatch.setattr(module, name, value)
+    # A plan cached before the swap would hide a planner part (and one made with it must
+    # not outlive this test).
+    planner._heuristic.cache_clear()
+    planner._plan_cached.cache_clear()
     g = torch.Generator().manual_seed(0)
-    T, B, H = 2, 3, 32  # two steps: the second reads the exchanged h of the first
+    T, H = 2, 32  # two steps: the second reads the exchanged h of the first
     n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=H)
-    x = torch.randn(T, B, H, generator=g)
-    h0 = torch.zeros(1, B, H)
     params = (torch.randn(n, generator=g) * 0.1).requires_grad_()
-    # Resident (most parts), and streamed with a batch tile of 64 (noswap / nojoin change
-    # only those kernels: the transposed loops and the joint gate tile).
-    for extra in ({}, {"block_k": 16, "block_b": 64}):
-        with plan_constraints(family="persistent_grid", block_h=16, **extra):
-            out = cudnn_rnn(x, h0, torch.zeros(1, B, H), params, rnn_mode="lstm",
-                            backend="triton")
-            out.output.sum().backward()
-        assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
-        params.grad = None
+    try:
+        for B, tiles in ((3, {}), (3, {"block_k": 16, "block_b": 64}),
+                         (20, {"block_b": 32}), (1, {"block_b": 1, "block_h": 8})):
+            x = torch.randn(T, B, H, generator=g)
+            h0 = torch.zeros(1, B, H)
+            with plan_constraints(family="persistent_grid", **{"block_h": 16, **tiles}):
+                out = cudnn_rnn(x, h0, torch.zeros(1, B, H), params, rnn_mode="lstm",
+                                backend="triton")
+                out.output.sum().backward()
+            assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
+            params.grad = None
+    finally:
+        planner._heuristic.cache_clear()
+        planner._plan_cached.cache_clear()
 
 
 def test_names_the_ablation_imports_exist():

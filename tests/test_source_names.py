@@ -12,7 +12,8 @@ resolve to (a Triton helper's `@triton.jit` function included, and `self.method(
 file's own classes) must fit its signature: its keywords exist, its arguments bind; a
 kernel launch's keywords must be its parameters or the CUDA backend's launch options (a GPU
 refuses others, the interpreter does not), and its parameters must all be set; calls
-inside a `try` that catches TypeError are the code's own version fallbacks and are left out.
+inside a `try` with an `except TypeError:` of its own are the code's version fallbacks and
+are left out.
 The tests are read too: the GPU-marked ones run only on a GPU. The Triton 3.6 job runs it
 against 3.6's names and signatures too; names that one version lacks are looked up with
 getattr by the code, not named. An attribute of any other runtime object (a stream, an
@@ -275,8 +276,10 @@ def _call_problems(text: str, path: pathlib.Path) -> list[str]:
     own = None  # the file's own module, for calls of its functions by bare name
     if package and path.stem != "__main__" and _is_module(f"{package}.{path.stem}"):
         own = f"{package}.{path.stem}"
+    # A version fallback catches TypeError alone (`except TypeError:`); a handler of several
+    # errors (a command's `except (ValueError, TypeError)`) guards nothing.
     guarded = {id(c) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
-        "TypeError" in ast.unparse(h.type) for h in t.handlers if h.type is not None)
+        isinstance(h.type, ast.Name) and h.type.id == "TypeError" for h in t.handlers)
         for part in (*t.body, *t.handlers) for c in ast.walk(part)}
     methods = _self_methods(tree, own)
     bad = set()
@@ -329,6 +332,10 @@ def test_calls_fit_their_callees_signatures(path):
      "line 2: _forward: missing a required argument"),
     ("import torch\ntry:\n    torch.cuda.Event(enable_timin=True)\nexcept TypeError:\n    pass\n",
      None),
+    # A handler of several errors is a command's error report, not a version fallback.
+    ("import torch\ntry:\n    torch.cuda.Event(enable_timin=True)\n"
+     "except (ValueError, TypeError):\n    pass\n",
+     "line 3: torch.cuda.Event: no parameter ['enable_timin']"),
     ("class _Outs:\n    def g(self):\n        self.finish(1)\n",  # the module's own class
      "line 3: self.finish: too many positional arguments"),
     ("_bare_barriers_kernel[(2,)](1, 2, 3, num_warp=4)\n",  # a misspelt launch option
