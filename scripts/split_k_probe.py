@@ -36,6 +36,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -45,6 +46,7 @@ from tritonrnn.bench.timing import TimingConfig, measure
 from tritonrnn.kernels import cells
 from tritonrnn.kernels.split_k import split_k1_tiles, split_k_backward, split_k_tiles, tiles
 from tritonrnn.rnn.packing import make_pack_info
+from tritonrnn.rnn.planner import write_json_atomic
 from tritonrnn.rnn.reference import recurrence_backward
 
 
@@ -263,9 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             row["error"] = f"{type(e).__name__}: {e}"[:500]
         print(json.dumps(row), flush=True)
         results.append(row)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({**env, "results": results}, f, indent=1)
+        if a.json:  # replaced whole after each config: a box's timeout keeps those done
+            write_json_atomic(Path(a.json), {**env, "results": results}, sort_keys=False)
     return 1 if any(r.get("error") for r in results) else 0
 
 

@@ -860,11 +860,12 @@ def main() -> int:
                 plans[row["mode"], row["H"], row["B"]] = row
             print(_aot_line(row) if args.aot else
                   _time_line(row, plans.get((row["mode"], row["H"], row["B"]))), flush=True)
-            if args.out:  # after every row: a run cut short keeps what it finished
-                args.out.mkdir(parents=True, exist_ok=True)
+            if args.out:  # after every row: a run cut short keeps what it finished (the
+                # file replaced whole: a SIGTERM mid-write leaves the rows before it)
                 name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
-                (args.out / name).write_text(json.dumps({**header, "rows": rows}, indent=1)
-                                             + "\n")
+                from tritonrnn.rnn.planner import write_json_atomic
+
+                write_json_atomic(args.out / name, {**header, "rows": rows}, sort_keys=False)
 
         rc, killed, why = run_variant(cmd, limit, take)
         if killed:  # a hung variant costs its limit, not the set

@@ -23,6 +23,39 @@ ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION_TRITON = "3.6"
 
 
+# A stand-in for `python`, `nvidia-smi` and `ncu` on a GPU session stage's PATH: it runs the
+# recorder script given with its own name and arguments.
+_STUB = """#!/bin/sh
+exec "{py}" "{recorder}" "$(basename "$0")" "$@"
+"""
+
+
+def run_gpu_session(stage: str, tmp_path: Path, recorder: str) -> list:
+    """Runs `scripts/gpu_session.sh <stage>` with python, nvidia-smi and ncu replaced by
+    `recorder` (Python source that appends one JSON line a call to $STUB_LOG; $OUT, $WORK
+    and $STAGE are set for it) and returns those lines, parsed. The stage must exit 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = tmp_path / "recorder.py"
+    script.write_text(recorder)
+    for name in ("python", "nvidia-smi", "ncu"):
+        stub = bin_dir / name
+        stub.write_text(_STUB.format(py=sys.executable, recorder=script))
+        stub.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
+           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "STAGE": stage}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), stage], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
 def compile_costs_apply(triton_version: str) -> bool:
     """Whether the `compiler_specific` tests run under this Triton release."""
     return triton_version.split("+")[0].split(".")[:2] == CALIBRATION_TRITON.split(".")

@@ -36,8 +36,11 @@ def test_cases_run_clean(tmp_path):
     from tritonrnn.kernels import persistent_grid as pg
 
     before = {k: os.environ.get(k) for k in FZ.SWITCHES}
-    chunk = pg._MAX_CHUNK
-    start = next(i for i in range(100) if FZ.draw(i)["kernel"])  # one case with a chunk set
+    knobs = ("_MAX_CHUNK", "_XJOIN_TILE", "_LATE_TILE", "_HOIST_8WARP_THREAD_BYTES")
+    constants = {k: getattr(pg, k) for k in knobs}
+    # One case that sets the chunk width and two more of the kernel module's constants.
+    start = next(i for i in range(100) if len(FZ.draw(i)["kernel"]) >= 3
+                 and "_MAX_CHUNK" in FZ.draw(i)["kernel"])
     out = tmp_path / "fuzz.jsonl"
     for first in (0, start):
         assert FZ.main(["--cases", "2" if first == 0 else "1", "--start", str(first),
@@ -48,7 +51,7 @@ def test_cases_run_clean(tmp_path):
     assert any(r["status"] == "ok" for r in recs)
     assert recs[-1]["kernel"] == FZ.draw(start)["kernel"]
     assert {k: os.environ.get(k) for k in FZ.SWITCHES} == before  # switches restored
-    assert chunk == pg._MAX_CHUNK  # and the kernel module's chunk width
+    assert {k: getattr(pg, k) for k in knobs} == constants  # and the kernel constants
     from tritonrnn.kernels import split_k
 
     assert split_k._BWD_SPLIT_K is False  # and the split-K switches

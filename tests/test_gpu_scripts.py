@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, load_script
+from helpers import ROOT, load_script, run_gpu_session
 
 from tritonrnn.bench.cli import build_parser
 
@@ -39,27 +39,10 @@ RECORDER = """import json, os, sys
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 """
-STUB = """#!/bin/sh
-exec "{py}" "{recorder}" "$(basename "$0")" "$@"
-"""
 
 
 def _record(stage: str, tmp_path: Path) -> list[list[str]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    recorder = tmp_path / "recorder.py"
-    recorder.write_text(RECORDER)
-    for name in ("python", "nvidia-smi", "ncu"):
-        stub = bin_dir / name
-        stub.write_text(STUB.format(py=sys.executable, recorder=recorder))
-        stub.chmod(0o755)
-    log = tmp_path / "calls.jsonl"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
-           "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), stage], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    return run_gpu_session(stage, tmp_path, RECORDER)
 
 
 def _python_calls(calls: list[list[str]]) -> list[list[str]]:
