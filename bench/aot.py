@@ -1156,7 +1156,7 @@ def format_report(report: dict) -> str:
     if "note" in report:
         return "\n".join([*lines, "  " + report["note"]])
     head = (f"  {'pass':<8} {'kernel':<20} {'grid':<7} {'warps':>5} {'smem B':>7} {'regs':>4} "
-            f"{'spill':>5} {'mma':<7} {'/SM':>3} {'fits':<10}")
+            f"{'spill':>5} {'mma':<9} {'/SM':>3} {'fits':<10}")
     loop = " ".join(f"{_SHORT.get(c, c):>5}" for c in (*_PROFILE_COLS, "inner"))
     outside = " ".join(f"{c:>5}" for c in OUTSIDE_OPS)
     # A group line above the column names: which columns count the step loop, which the rest.
@@ -1183,7 +1183,7 @@ def format_report(report: dict) -> str:
         outside = " ".join(f"{prof.get(f'{c}_outside', 0):>5}" for c in OUTSIDE_OPS)
         lines.append(
             f"  {k['phase']:<8} {k['kernel']:<20} {grid:<7} {k['num_warps']:>5} "
-            f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<7} "
+            f"{k['shared']:>7} {k['regs']:>4} {k['stack'] + k['local']:>5} {k['mma']:<9} "
             f"{k['programs_per_sm']:>3} {fits:<10}| {loop} | {outside}"
         )
     lines.append("  (smem: bytes per program; spill: stack + local bytes per thread; /SM: programs "
