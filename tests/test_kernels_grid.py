@@ -1249,15 +1249,24 @@ def test_gpu_split_persistent_launches(monkeypatch, cell, P):
 
 
 @pytest.mark.gpu
-@PERSIST
 @pytest.mark.parametrize("warps", [4, 8])
-@pytest.mark.parametrize("cell,P", [("lstm", 0), ("lstm", 48), ("gru", 0), ("rnn_relu", 0)])
-def test_gpu_hoisted_weights(monkeypatch, cell, P, warps, persistent):
-    """bf16 with the weights held in registers (TRITONRNN_HOIST_WEIGHTS), 16 x 16 tiles."""
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_relu"])
+def test_gpu_hoisted_weights(monkeypatch, cell, warps):
+    """bf16 with the weights held in registers (TRITONRNN_HOIST_WEIGHTS), 16 x 16 tiles, each
+    launch recorded holding its whole slice (HOIST applies to persistent launches without a
+    projection only: `hoist_tiles`)."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
+    held, real = [], pg.hoist_pass
+
+    def recorded(pass_name, *args, **kwargs):
+        held.append((pass_name, real(pass_name, *args, **kwargs)))
+        return held[-1][1]
+
+    monkeypatch.setattr(pg, "hoist_pass", recorded)
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
-    _check_layer(cell, 96, P, lengths, T, reverse=True, dtype=torch.bfloat16,
-                 persistent=persistent, block_h=16, num_warps=warps)
+    _check_layer(cell, 96, 0, lengths, T, reverse=True, dtype=torch.bfloat16,
+                 persistent=True, block_h=16, num_warps=warps)
+    assert held == [("fwd", pg.Hoist.ALL), ("bwd", pg.Hoist.ALL)]
 
 
 @pytest.mark.gpu
@@ -1513,13 +1522,15 @@ def test_gpu_barrier_stress(P):
     lengths[0] = 300
     ins, outs = _forward_problem("lstm", 256, P, lengths, 300)
     runs = []
-    for _ in range(3):
+    for _ in range(3):  # (each run on NaN-filled outputs: one that wrote nothing cannot match)
+        _poison(outs)
         _run_forward(ins, outs, False, persistent=True, block_h=16)
         runs.append({k: v.clone() for k, v in outs.items()})
     for r in runs[1:]:
         for k in r:
             assert torch.equal(r[k], runs[0][k]), k
     _check_forward(ins, outs, False)
+    _poison(outs)
     _run_forward(ins, outs, False, persistent=False, block_h=16)
     for k in outs:
         torch.testing.assert_close(outs[k], runs[0][k], rtol=1e-5, atol=1e-6)
@@ -1527,6 +1538,7 @@ def test_gpu_barrier_stress(P):
     bins, bouts = _backward_problem("lstm", 256, P, lengths, 300)
     bruns = []
     for _ in range(3):
+        _poison(bouts)
         _run_backward(bins, bouts, False, persistent=True, block_h=16)
         bruns.append({k: v.clone() for k, v in bouts.items() if v is not None})
     for r in bruns[1:]:
@@ -1593,10 +1605,14 @@ def test_gpu_persistent_launches_in_a_cuda_graph(monkeypatch):
             for k in ("xg", "h0", "pre_x", "pre_h", "dy"):
                 if torch.is_tensor(ins.get(k)):
                     ins[k].copy_(torch.randn(ins[k].shape, generator=g).to(ins[k].dtype))
+        _poison(f_outs)  # (in place: the graph's pointers stay; a replay or a run that
+        _poison(b_outs)  # wrote nothing cannot match)
         graph.replay()
         torch.cuda.synchronize()
         check_barriers()
         replayed = snapshot()
+        _poison(f_outs)
+        _poison(b_outs)
         run()
         check_barriers()
         for k, v in snapshot().items():

@@ -289,11 +289,20 @@ def test_gpu_side_streams_match_unpipelined(mode, family):
     """On CUDA the layers run on side streams (forced 4 chunks, three layers: all three in
     flight, their programs co-resident). Tolerance as in the module docstring with
     K = 4 * 64 = 256: 2 * 255 * 2^-24 = 3e-5 per GEMM, 1e-4 after three layers."""
+    import tritonrnn.rnn.pipeline as pipeline_mod
+
     lengths = [128, 100, 0, 77, 128, 3, 64, 128]
     kw = dict(L=3, H=64, I=32, steps=128, lengths=lengths, dropout=0.2, backend="triton",
               constraints={"family": family}, device="cuda")
     want = _run(mode, chunks=1, **kw)
-    got = _run(mode, chunks=4, **kw)
+    seen = []
+    run = pipeline_mod.run
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (seen.append(pipe),
+                                                              run(pipe, *a, **k))[1])
+        got = _run(mode, chunks=4, **kw)
+    # The pipelined run's forward and backward: 4 chunks, all three layers in flight.
+    assert [(p.chunks, p.width) for p in seen] == [(4, 3), (4, 3)], seen
     for name, w in want.items():
         tol = 1e-4 * max(1.0, w.abs().max().item())
         torch.testing.assert_close(got[name], w, rtol=1e-4, atol=tol,
