@@ -588,19 +588,24 @@ def test_end_to_end_matches_torch_with_shared_launches(family, mode, proj, launc
     # same arithmetic, same workspaces), and, for the grid family, the engine's per-direction
     # path to the rounding of its GEMMs (see PER_DIRECTION_TOL; that path's plumbing against
     # the pair path's is test_engine_pair_path_equals_per_direction_path's, bit for bit).
-    args = (mode, proj, H, [3, 0, 2], 3)
     backends = [_SplitPairs()] + ([_PerDirection()] if family == "persistent_grid" else [])
     with _family(family):
-        paired = _op_results(*args)
-        for backend in backends:
-            monkeypatch.setattr(tb, "_BACKEND", backend)
-            single = _op_results(*args)
-            for i, (a, b) in enumerate(zip(paired, single, strict=True)):
-                what = f"result {i}, {type(backend).__name__}"
-                if isinstance(backend, _SplitPairs):
-                    assert torch.equal(a, b), what
-                else:
-                    torch.testing.assert_close(a, b, **PER_DIRECTION_TOL, msg=what)
+        _pair_against(backends, (mode, proj, H, [3, 0, 2], 3), PER_DIRECTION_TOL, monkeypatch)
+
+
+def _pair_against(backends, args, per_direction_tol, monkeypatch):
+    """`_op_results(*args)` of the pair path against each backend's: bit for bit against
+    `_SplitPairs` (same workspaces), to `per_direction_tol` against `_PerDirection`."""
+    paired = _op_results(*args)
+    for backend in backends:
+        monkeypatch.setattr(tb, "_BACKEND", backend)
+        single = _op_results(*args)
+        for i, (a, b) in enumerate(zip(paired, single, strict=True)):
+            what = f"result {i}, {type(backend).__name__}"
+            if isinstance(backend, _SplitPairs):
+                assert torch.equal(a, b), what
+            else:
+                torch.testing.assert_close(a.float(), b.float(), **per_direction_tol, msg=what)
 
 
 @pytest.mark.parametrize("mode,proj", [pytest.param("lstm", 5, id="lstm-proj5"),
@@ -701,14 +706,5 @@ def test_gpu_bf16_pair_equals_per_direction(family, mode, proj, monkeypatch):
     by alignment too, and the second direction's slots sit at other addresses)."""
     args = (mode, proj, 64, [7, 0, 5, 7, 2], 7, torch.bfloat16)
     with _family(family):
-        paired = _op_results(*args)
-        for backend in (_SplitPairs(), _PerDirection()):
-            monkeypatch.setattr(tb, "_BACKEND", backend)
-            single = _op_results(*args)
-            for i, (a, b) in enumerate(zip(paired, single, strict=True)):
-                what = f"result {i}, {type(backend).__name__}"
-                if isinstance(backend, _SplitPairs):
-                    assert torch.equal(a, b), what
-                else:
-                    torch.testing.assert_close(a.float(), b.float(), **PER_DIRECTION_TOL_BF16,
-                                               msg=what)
+        _pair_against([_SplitPairs(), _PerDirection()], args, PER_DIRECTION_TOL_BF16,
+                      monkeypatch)
