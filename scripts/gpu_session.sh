@@ -4,6 +4,11 @@
 # A session has 15 device minutes, the machine's start (1 to 2 minutes) included; a start
 # took about 30 s, transfers included, all four times on 2026-11-26 (one call, once, found
 # its machine dead: 86 s lost, then a fresh start).
+# 2026-11-29 (H200): tests, splitk, all and decide (its box cut after 19 rows) ran on commit
+# afb44c0 (bench/results/README.md). The split-K forms won in the layer at LSTM H=1024 B=16
+# (one barrier, 0.93x), LSTM H=1024 B=64 / 256 (0.98x) and GRU H=1536 B=16 (0.95x): a planner
+# rule for them, then `tests` and `all` again, is next; `decide`'s rows after the cut too.
+# The order below is the one those runs followed.
 # Next session, in this order (give the machine back after the last call):
 #   1. `tests` (timeout_s 230): the GPU-marked tests; never run on a GPU yet among them:
 #      the split-K backward's (test_gpu_split_k_backward, ..._in_the_layer), the

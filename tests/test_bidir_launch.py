@@ -632,8 +632,11 @@ def test_large_batch_streamed_plan_end_to_end(mode, proj):
 def test_gpu_persistent_pair_barriers(P, launches):
     """16 hidden slices x 3 batch tiles per direction = 96 co-resident programs meeting at
     300-600 barriers, one counter per direction: bit-identical to per-direction launches
-    (which share the barrier code), and against the float64 reference (which does not; to
-    1e-4 of each tensor's scale over 300 steps: a stale exchange slot is O(0.1))."""
+    (which share the barrier code), and without a projection against the float64 reference
+    (which does not; to 1e-4 of each tensor's scale over 300 steps: a stale exchange slot is
+    O(0.1); passed on an H200, 2026-11-29). With the projection these weights make the
+    recurrence chaotic over 300 steps: the float32 reference itself ends 3.8 from the
+    float64 one (|y| <= 4.5), as the kernels did (3.9), so only the bit-identity holds."""
     g = torch.Generator().manual_seed(5)
     lengths = torch.randint(1, 301, (40,), generator=g).tolist()
     lengths[0] = 300
@@ -653,6 +656,8 @@ def test_gpu_persistent_pair_barriers(P, launches):
             if pair is not None:
                 for d in range(2):
                     assert torch.equal(pair[d], want[name][d]), f"{kind} {name}[dir {d}]"
+                    if P:
+                        continue
                     scale = max(1.0, ref[d][name].abs().max().item())
                     what = f"{kind} {name}[dir {d}] against the reference"
                     torch.testing.assert_close(pair[d].double(), ref[d][name], rtol=1e-4,
