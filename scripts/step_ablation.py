@@ -130,6 +130,7 @@ import triton.language as tl
 
 # The operand pointers and masks of the `noload` replacements (the kernels' own).
 from tritonrnn.kernels.persistent_grid import _kptrs, _vxptrs
+from tritonrnn.rnn.planner import write_json_atomic
 
 SHAPES = [("lstm", 512, 1), ("lstm", 768, 16), ("lstm", 768, 64), ("gru", 1024, 16)]
 VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "nowait",
@@ -863,8 +864,6 @@ def main() -> int:
             if args.out:  # after every row: a run cut short keeps what it finished (the
                 # file replaced whole: a SIGTERM mid-write leaves the rows before it)
                 name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
-                from tritonrnn.rnn.planner import write_json_atomic
-
                 write_json_atomic(args.out / name, {**header, "rows": rows}, sort_keys=False)
 
         rc, killed, why = run_variant(cmd, limit, take)
