@@ -166,6 +166,7 @@ def _plan_summary(shape: BenchShape) -> dict:
         # The layer pipeline as planned at T = max_time (chunks 1: off, with the reason).
         "pipeline": (None if plan.pipeline is None else {
             "chunks": plan.pipeline.chunks, "width": plan.pipeline.width,
+            "backward_width": plan.pipeline.backward_width,
             "source": plan.pipeline.source, "reason": plan.pipeline.reason,
             "extra_bytes": plan.pipeline_extra_bytes}),
     }

@@ -303,7 +303,7 @@ def backward(
     dhT/dcT: [L*D, B, ...] gradients of the final states (caller's batch order); all of
     them, and the reserve, only read. dx_out: where to write the input gradient ([N, I],
     contiguous; the result's dx), or None for a workspace."""
-    pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device)
+    pipe = pipeline_mod.plan_pipeline(cfg, rec, info, x.dtype, x.device, backward=True)
     if pipe is not None:
         return _backward_pipelined(cfg, rec, x, h0, c0, params, info, y_last, dy_last, dhT,
                                    dcT, reserve, pipe, dx_out)

@@ -102,8 +102,12 @@ def stack_plans(cfg: RNNConfig, backend: object, batch: int, dtype: torch.dtype,
 
 
 def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
-                      props: DeviceProperties) -> int:
-    """W: how many layers may run at once (stream slots).
+                      props: DeviceProperties, *, backward: bool = True) -> int:
+    """W: how many layers of one pass may run at once (stream slots): the backward's
+    (backward, the default: its launches counted as the larger of the two passes',
+    LayerPlan.num_programs) or the forward's (its own launches, `LayerPlan.pass_programs`:
+    a split-K backward of 128 programs under a 64-program forward leaves the forward two
+    layers in flight on 132 SMs, the backward one).
 
     Persistent families: the most layers whose programs are co-resident together,
     W = min(L, SMs // programs). Why this avoids a deadlock: a persistent-grid program spins
@@ -121,7 +125,7 @@ def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
 
     Other families (stepwise, reference) never spin: W = min(L, 2) when forced."""
     if all(p.family in PERSISTENT for p in plans):
-        programs = max(max((p.num_programs for p in plans), default=1), 1)
+        programs = max(max((p.pass_programs(backward) for p in plans), default=1), 1)
         return max(1, min(num_layers, props.sm_count // programs))
     return min(num_layers, 2)
 
@@ -142,17 +146,28 @@ class Decision:
     """Whether a stack runs as a layer pipeline, with how many chunks, and why (`decide`)."""
 
     chunks: int  # C; 1: the layers run one after another
-    width: int  # W: layers in flight (stream slots); 1 when off
+    width: int  # W: the forward's layers in flight (stream slots); 1 when off
     source: str  # FORCED (plan_constraints), AUTOMATIC (the rule) or OFF
     reason: str  # one line saying why, for Plan.explain()
     max_len: int  # the steps [0, max_len) it was decided for
+    # The backward's layers in flight: width or fewer, where its launches take more programs
+    # (`concurrent_layers(backward=True)`); 1 when off.
+    backward_width: int = 1
 
     @property
     def pipeline(self) -> Pipeline | None:
-        """The engine's schedule, or None when off."""
+        """The engine's forward schedule, or None when off."""
         if self.chunks <= 1:
             return None
         return Pipeline(self.chunks, self.width, step_bounds(self.max_len, self.chunks))
+
+    @property
+    def backward_pipeline(self) -> Pipeline | None:
+        """The engine's backward schedule (backward_width slots), or None when off."""
+        if self.chunks <= 1:
+            return None
+        return Pipeline(self.chunks, self.backward_width,
+                        step_bounds(self.max_len, self.chunks))
 
 
 def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
@@ -181,7 +196,9 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         (L t_launch)): L = 2, T = 1024 gives C = 16 (64-step chunks), modelled 5.76 ms
         against 10.26 ms; T = 64 gives C = 2.
 
-    W (when C > 1) is `concurrent_layers` of the plans. plans: one LayerPlan per layer;
+    W (when C > 1) is `concurrent_layers` of the plans, for each pass its own (the backward's
+    fewer where its launches take more programs: Decision.backward_width); the rule asks
+    the forward's for W >= 2 and the model. plans: one LayerPlan per layer;
     props: device properties (default: `device`'s; tests pass planner.PRESETS entries)."""
     L, D = cfg.num_layers, cfg.num_dirs
 
@@ -206,7 +223,8 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         p, pl = resolved()
         if chunks < forced:
             how += f", clamped to T = {max_len} steps"
-        return Decision(chunks, concurrent_layers(L, pl, p), FORCED, how, max_len)
+        return Decision(chunks, concurrent_layers(L, pl, p, backward=False), FORCED, how,
+                        max_len, concurrent_layers(L, pl, p))
     if automatic is None:
         automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
     if not automatic:
@@ -226,9 +244,9 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
     if other:
         return off(f"{other[0]} recurrences: only persistent launches "
                    f"({' / '.join(PERSISTENT)}) are overlapped")
-    width = concurrent_layers(L, pl, p)
+    width = concurrent_layers(L, pl, p, backward=False)
     if width < 2:
-        programs = max(lp.num_programs for lp in pl)
+        programs = max(lp.pass_programs(False) for lp in pl)
         return off(f"co-residency: two layers' programs (2 x {programs}) exceed the "
                    f"{p.sm_count} SMs")
     serial = model_time_us(L, max_len, 1, 1)
@@ -241,7 +259,7 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         return off(f"the model gains under {100 * (1 - MIN_GAIN):.0f}% (best {best} chunks: "
                    f"{model})")
     return Decision(best, width, AUTOMATIC, f"automatic (TRITONRNN_PIPELINE=1), model: {model}",
-                    max_len)
+                    max_len, concurrent_layers(L, pl, p))
 
 
 def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
@@ -256,16 +274,18 @@ def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.devi
 
 
 def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
-                  device: torch.device) -> Pipeline | None:
-    """The engine's entry: the pipeline for this stack and batch (info: its PackInfo), or
-    None to run the layers one after another (`decide` on the batch's longest sequence, the
-    plans of the backend named backend.name). Cheap when it cannot apply (no planning).
+                  device: torch.device, *, backward: bool = False) -> Pipeline | None:
+    """The engine's entry: the pipeline of one pass (the forward's, or the backward's with its
+    own width) for this stack and batch (info: its PackInfo), or None to run the layers one
+    after another (`decide` on the batch's longest sequence, the plans of the backend named
+    backend.name). Cheap when it cannot apply (no planning).
 
     The automatic choice is opt-in with TRITONRNN_PIPELINE=1 until the overlap has been
     measured on a GPU: the side-stream schedule has only run on the CPU so far (same calls,
     in order). `plan_constraints(pipeline_chunks=k)` always applies."""
-    return decide(cfg, info.B, info.max_len, device, dtype=dtype,
-                  backend=backend if backend is not None else "").pipeline
+    d = decide(cfg, info.B, info.max_len, device, dtype=dtype,
+               backend=backend if backend is not None else "")
+    return d.backward_pipeline if backward else d.pipeline
 
 
 # ----------------------------------------------------------------------------- workspaces

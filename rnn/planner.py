@@ -24,8 +24,10 @@ Family rule (documented in `recurrence_choice`):
      per step, `_stepwise_fit`). Never fails.
 A grid family's backward without a projection may run the split-K kernel instead
 (kernels/split_k.py; LayerPlan.split_k_bwd): where a choice names it (constraint or tuning
-entry), else where the opt-in switches TRITONRNN_BWD_SPLIT_K / _K1 give it (`_with_split_k`);
-the heuristic never picks it on its own (untimed).
+entry), else where the opt-in switches TRITONRNN_BWD_SPLIT_K / _K1 give it (`_with_split_k`),
+else in the heuristic's plan at the shapes where an H200 timed it faster in the layer
+(`_split_k_rule`: LSTM H=1024 at batch buckets 16, 64, 256 and GRU H=1536 at 16, 16-bit, one
+direction per launch, sm_90).
 A tuning-cache entry for the plan's key replaces the heuristic choice; `plan_constraints`
 replaces both, and raises when a forced choice cannot apply on the device.
 """
@@ -499,6 +501,11 @@ class LayerPlan:
     # stages and pair_gates are then unused (0, False). num_programs and onchip_bytes count
     # its launch where it is the larger (`_with_split_k`; constraint split_k_bwd).
     split_k_bwd: int = 0
+    # The forward launch's programs where the backward's launch has more (the split-K
+    # kernel's, the backward's own tiles; 0: num_programs, which counts the larger pass): the
+    # layer pipeline bounds each pass's layers in flight by that pass's programs
+    # (`pass_programs`, `pipeline.concurrent_layers`).
+    forward_programs: int = 0
 
     @property
     def backward_warps(self) -> int:
@@ -516,6 +523,11 @@ class LayerPlan:
     @property
     def backward_block_b(self) -> int:
         return self.block_b_bwd or self.block_b
+
+    def pass_programs(self, backward: bool) -> int:
+        """Programs of one pass's launch: the backward's counted as the larger of the two
+        (num_programs), the forward's as its own (forward_programs where set)."""
+        return self.num_programs if backward else (self.forward_programs or self.num_programs)
 
     @property
     def own_backward_tiles(self) -> bool:
@@ -865,10 +877,11 @@ def _with_backward_tiles(lp: LayerPlan, cell: str, H: int, Hout: int, P: int,
     if (block_h, block_b) == (lp.block_h, lp.block_b):
         return lp.with_backward_warps(num_warps_bwd)
     paired = grid_pairs_gates(cell, H, Hout, P, dtype, block_h, block_b, 0, smem_limit)
+    programs = grid_programs(H, Hout, P, batch, block_h, block_b, lp.num_dirs)
     return replace(
         lp, block_h_bwd=block_h, block_b_bwd=block_b, pair_gates=paired,
-        num_programs=max(lp.num_programs,
-                         grid_programs(H, Hout, P, batch, block_h, block_b, lp.num_dirs)),
+        num_programs=max(lp.num_programs, programs),
+        forward_programs=lp.num_programs if programs > lp.num_programs else 0,
         onchip_bytes=max(lp.onchip_bytes, _grid_bwd_bytes(
             cell, H, Hout, P, dtype, block_h, block_b, num_warps_bwd, paired)),
     ).with_backward_warps(num_warps_bwd)
@@ -1203,18 +1216,57 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
     return _with_split_k(lp, choice, cell, H, P, dtype, batch, props, where)
 
 
+# The split-K backward's rule (`_split_k_rule`): (cell, H, batch bucket) -> form, where an
+# H200 timed that form faster than the plan's own backward in the layer (bf16, T = 1024, one
+# layer, fwd + bwd through the ops; `scripts/step_ablation.py` set `splitk`, 2026-11-29,
+# bench/results/step-ablation-nvidia-h200-2026-11-29-splitk.json; backward ms, own -> split):
+#   LSTM H=1024 B=16  one barrier   5.79 -> 5.12 (0.93x the layer; two barriers 6.26, 1.05x)
+#   LSTM H=1024 B=64  two barriers 13.15 -> 12.70 (0.98x)
+#   LSTM H=1024 B=256 two barriers 33.74 -> 32.94 (0.98x)
+#   GRU  H=1536 B=16  two barriers  7.52 -> 6.94 (0.95x; no one-barrier tiles there)
+# and not where it lost: LSTM H=768 B=64 / 256 (1.19 / 1.16x), GRU H=1024 B=16 (two barriers
+# 1.13x, one 1.22x) and B=64 (1.18x). The shapes between (LSTM H=1024 B=32 / 128, GRU H=1536
+# B=32, other H) are untimed and keep the family's own backward.
+_SPLIT_K_RULE = {("lstm", 1024, 16): 1, ("lstm", 1024, 64): 2, ("lstm", 1024, 256): 2,
+                 ("gru", 1536, 16): 2}
+
+
+def _split_k_rule(lp: LayerPlan, cell: str, H: int, P: int, dtype: torch.dtype, batch: int,
+                  props: DeviceProperties) -> int:
+    """The split-K form (`_SPLIT_K_RULE`) for the heuristic's plan lp of a recurrence, or 0
+    (the family's own backward). Only as timed: a persistent-grid plan of one direction
+    per launch (a pair launch would split into two split-K launches, untimed) without a
+    projection, 16-bit (the timed bf16 and fp16, which compiles to the same tiles and MMAs),
+    on an sm_90 device (the H100 / H200: the same SMs, shared memory and co-residency),
+    where the form has tiles on that device (`kernels.split_k.form_tiles`). Its launch may
+    take more programs than the forward (LSTM H=1024 B=16: 128 against 64); the layer
+    pipeline bounds each pass's layers in flight by that pass's programs
+    (`pipeline.concurrent_layers`), so the forward keeps its overlap."""
+    from tritonrnn.kernels import split_k
+
+    form = _SPLIT_K_RULE.get((cell, H, batch), 0)
+    if (not form or lp.family != "persistent_grid" or lp.num_dirs != 1 or P
+            or dtype not in (torch.bfloat16, torch.float16) or props.interpreter
+            or props.arch // 10 != 9
+            or split_k.form_tiles(form, cell, H, batch, dtype, props) is None):
+        return 0
+    return form
+
+
 def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype: torch.dtype,
                   batch: int, props: DeviceProperties,
-                  where: str = "plan_constraints") -> LayerPlan:
+                  where: str = "plan_constraints", ruled: bool = False) -> LayerPlan:
     """lp with the backward that `choice` names (split_k_bwd: 0 the family's own, 1 / 2 the
     split-K backward's one- / two-barrier form), or where it names none (the heuristic's
     plan, constraints that do not mention it, a tuning entry from before the key) the form
     the switches give a grid family's backward without a projection
     (`kernels.split_k.switched_form`), unless the choice names the backward's own tiles or
-    stages. A split-K plan keeps its forward; its backward runs on the tiles the form's rule
-    picks at the batch bucket (`split_k_launch`) with num_warps_bwd (default
-    `kernels.split_k.NUM_WARPS`; forced num_warps apply to both passes, as elsewhere), and
-    num_programs and onchip_bytes are the larger of the forward's (`grid_programs`,
+    stages; where no switch gives one and ruled (the heuristic's own plan, `choice` empty),
+    the rule's form (`_split_k_rule`). A split-K plan keeps its forward; its backward runs
+    on the tiles the form's rule picks at the batch bucket (`split_k_launch`) with
+    num_warps_bwd (default `kernels.split_k.NUM_WARPS`; forced num_warps apply to both
+    passes, as elsewhere), forward_programs is the forward's where that launch has more,
+    and num_programs and onchip_bytes are the larger of the forward's (`grid_programs`,
     `grid_onchip_bytes(backward=False)`) and that launch's: the layer pipeline's
     co-residency bound (`pipeline.concurrent_layers`) sees them. Raises ValueError where a
     named form cannot apply: a family other than the grid families, a projection, the backward's own
@@ -1227,6 +1279,8 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
         if lp.family not in ("persistent_grid", "stepwise") or P or bwd_own:
             return lp
         form = split_k.switched_form(cell, H, batch, dtype, props)
+        if not form and ruled:
+            form = _split_k_rule(lp, cell, H, P, dtype, batch, props)
     if not form:
         return lp
     how = "" if "family" in choice else " (the heuristic's family for this shape)"
@@ -1265,6 +1319,7 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
     warps = choice.get("num_warps_bwd", choice.get("num_warps", split_k.NUM_WARPS))
     return replace(lp, split_k_bwd=form, block_h_bwd=0, block_b_bwd=0, num_stages_bwd=0,
                    pair_gates=False, num_programs=max(fwd_programs, programs),
+                   forward_programs=fwd_programs if programs > fwd_programs else 0,
                    onchip_bytes=max(fwd_onchip, onchip)).with_backward_warps(warps)
 
 
@@ -1466,8 +1521,8 @@ def recurrence_choice(
                 f"tuned, partial: best of {entry['measured']} of {entry['candidates']} "
                 f"candidates")
             return lp, source
-    # (the heuristic's backward: the switches' split-K form where one is on)
-    return _with_split_k(base, {}, cell, H, P, dtype, bucket, props), "heuristic"
+    # (the heuristic's backward: the switches' split-K form where one is on, else the rule's)
+    return _with_split_k(base, {}, cell, H, P, dtype, bucket, props, ruled=True), "heuristic"
 
 
 def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: torch.dtype,
@@ -1609,6 +1664,7 @@ class Plan:
                 f"{f' (backward {lp.num_warps_bwd})' if lp.backward_warps != lp.num_warps else ''}"
                 f"{self._backward_exchange(lp)}"
                 f" programs={lp.num_programs}"
+                f"{f' (forward {lp.forward_programs})' if lp.forward_programs else ''}"
                 f"{' (pair launch)' if lp.num_dirs == 2 else ''} on-chip={lp.onchip_bytes} B"
             )
         if self.pipeline is not None:
@@ -1643,14 +1699,17 @@ class Plan:
             return [f"  layer pipeline: off ({d.reason})"]
         bwd = sum(b.nbytes for b in self.buffers
                   if b.name.startswith("pipeline.") and b.phase == "backward")
+        bwd_width = (f" (backward {d.backward_width}: its launches take more programs)"
+                     if d.backward_width != d.width else "")
         return [
-            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent ({d.reason})",
+            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent{bwd_width} "
+            f"({d.reason})",
             f"    decided at T={d.max_len} (max_time; the engine decides per batch on its "
             f"longest sequence) for the Triton backend's recurrences above",
             f"    extra workspaces (pipeline.* below): {self.pipeline_extra_bytes:,} B, "
-            f"backward {bwd:,} B ({d.width - 1} more stream slot(s) of the weight-gradient "
-            f"inputs, states between chunks); dropout > 0 adds dropped [N, Hout] (forward) "
-            f"and [{d.width}, N, Hout] (backward)",
+            f"backward {bwd:,} B ({d.backward_width - 1} more stream slot(s) of the "
+            f"weight-gradient inputs, states between chunks); dropout > 0 adds dropped [N, "
+            f"Hout] (forward) and [{d.backward_width}, N, Hout] (backward)",
         ]
 
 
@@ -1865,10 +1924,10 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
         num_layers=cfg.num_layers, num_dirs=cfg.num_dirs, num_proj=cfg.num_proj, batch=batch,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
         layers=layers, source=source,
-        buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0,
-                         barrier_check)
+        buffers=_buffers(cfg, batch, max_time, dtype,
+                         pipe.backward_width if pipe.chunks > 1 else 0, barrier_check)
         + _split_k_buffers(cfg, batch, dtype, props, choice,
-                           pipe.width if pipe.chunks > 1 else 1),
+                           pipe.backward_width if pipe.chunks > 1 else 1),
         pipeline=pipe,
     )
 

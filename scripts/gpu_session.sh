@@ -6,10 +6,19 @@
 # its machine dead: 86 s lost, then a fresh start).
 # 2026-11-29 (H200): tests, splitk, all and decide (its box cut after 19 rows) ran on commit
 # afb44c0 (bench/results/README.md). The split-K forms won in the layer at LSTM H=1024 B=16
-# (one barrier, 0.93x), LSTM H=1024 B=64 / 256 (0.98x) and GRU H=1536 B=16 (0.95x): a planner
-# rule for them, then `tests` and `all` again, is next; `decide`'s rows after the cut too.
-# The order below is the one those runs followed.
+# (one barrier, 0.93x), LSTM H=1024 B=64 / 256 (0.98x) and GRU H=1536 B=16 (0.95x): the
+# planner runs them there since 2026-11-30 (`_SPLIT_K_RULE`; the layer pipeline counts each
+# pass's programs apart since, so the forward keeps its layers in flight).
 # Next session, in this order (give the machine back after the last call):
+#   1. `tests` (timeout_s 230): the GPU-marked tests, now with the rule's split-K plans at
+#      LSTM H=1024 and GRU H=1536 (the pipeline's per-pass widths in
+#      test_gpu_side_streams_match_unpipelined), and the pair-barrier fix of 2026-11-29;
+#   2. `confirm` (timeout_s 450): the grid sweep against cuDNN with the rule, the rule
+#      against the grid's own backward as one plan (`nosplitk`), the buckets between
+#      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), then the older confirm rows; `check`.
+#   Then `all` (timeout_s 490; the targets with the rule at LSTM H=1024 B=256) and
+#   `decide`'s rows after its cut, in a later session.
+# The order below is the one the 2026-11-29 runs followed:
 #   1. `tests` (timeout_s 230): the GPU-marked tests; never run on a GPU yet among them:
 #      the split-K backward's (test_gpu_split_k_backward, ..._in_the_layer), the
 #      first-chunk hoist's (test_gpu_first_chunk_hoisted), NaN propagation, the layout's
@@ -58,7 +67,8 @@
 #                                         (step_ablation.DECISIONS), cut at 540 s
 #   bash scripts/gpu_session.sh confirm   the grid sweep against cuDNN, then the rows that check
 #                                         a new rule where `decide` did not time it
-#                                         (step_ablation.DECISIONS["confirm"]), then check
+#                                         (step_ablation.DECISIONS["confirm"]: the split-K
+#                                         rule first), then check
 #   bash scripts/gpu_session.sh barrier   the grid sweep's kernels compiled ahead, then
 #                                         `tritonrnn barrier` (its 18 shapes), cut at 195 s
 #   bash scripts/gpu_session.sh phases    where a step's time goes with the current kernels,
@@ -264,14 +274,28 @@ case "$stage" in
     # device tool itself brings nothing back).
     ablate "${DECIDE_SECONDS:-540}" decide ;;
   confirm)
-    # The rules of 2026-11-27's third session in one call of about 330 s: the grid sweep's
-    # kernels compiled ahead, the sweep against cuDNN (B = 64 on the new forward warps; its
+    # The split-K rule (planner `_SPLIT_K_RULE`, 2026-11-30) and the rules of 2026-11-27's
+    # third session in one call of about 420 s: the grid sweep's kernels compiled ahead
+    # (the rule's among them), and the backwards `confirm`'s rows time beside them (the
+    # grid's own at the rule's shapes, `--split-k-bwd 0`; both forms at the buckets between
+    # them) in parallel; the sweep against cuDNN (with the rule at LSTM H=1024 B=16 / 64; its
     # correctness check too), then step_ablation's `confirm` rows, then `check`.
     box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
       --jobs 14 --json "$out/aot-grid.json"
+    t0=$SECONDS
+    for job in lstm,1024,16,0 gru,1536,16,0 lstm,1024,64,0 lstm,1024,256,0 lstm,1024,256,2 \
+        gru,1536,16,2 lstm,1024,32,1 lstm,1024,32,2 lstm,1024,128,2 gru,1536,32,2; do
+      IFS=, read -r m h b form <<< "$job"
+      timeout 60 python -m tritonrnn.bench aot --mode "$m" --hidden "$h" --batch "$b" \
+        --dtype bf16 --device-preset current --split-k-bwd "$form" \
+        > "$out/warm-$m-$h-$b-$form.log" 2>&1 &
+    done
+    wait
+    cached "after warm ($((SECONDS - t0)) s)"
+    pack
     box 95 bench-grid python -m tritonrnn.bench bench --preset grid --pass fwdbwd --no-tune \
       --no-progress --out "$out"
-    ablate 140 confirm
+    ablate 200 confirm
     box 30 check python -m tritonrnn.bench check --no-progress
     tail -24 "$out/bench-grid.log"; tail -8 "$out/check.log" ;;
   phases)

@@ -157,6 +157,19 @@ def _switched(monkeypatch, attr: str, env: str, on: bool = True):
 
 
 @pytest.fixture
+def no_split_k_rule(monkeypatch):
+    """The heuristic's plans with the family's own backward everywhere (the planner's
+    `_SPLIT_K_RULE` emptied, its plan cache emptied before and after): for tests of that
+    backward at the shapes where the rule runs the split-K kernel instead."""
+    from tritonrnn.rnn import planner
+
+    monkeypatch.setattr(planner, "_SPLIT_K_RULE", {})
+    planner._plan_cached.cache_clear()
+    yield
+    planner._plan_cached.cache_clear()
+
+
+@pytest.fixture
 def paired_gates_wide(monkeypatch):
     """The grid backward's gate operands loaded ahead on 16 x 32 tiles too
     (`kernels.persistent_grid._BWD_PAIRED_GATES_WIDE`, off by default)."""

@@ -17,6 +17,8 @@ the suite). float64 (u = 2^-53): within 1e-12. Measured: <= 1e-6 (fp32), <= 2e-1
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import make_case, params_from_module
@@ -28,6 +30,7 @@ from tritonrnn.rnn.packing import make_pack_info, prev_rows, window
 from tritonrnn.rnn.pipeline import (
     Pipeline,
     concurrent_layers,
+    decide,
     model_time_us,
     pipeline_chunks,
     run,
@@ -256,12 +259,18 @@ def test_triton_matches_unpipelined(mode, constraints, H, proj, chunks):
     _assert_same(_run(mode, chunks=chunks, **kw), want, torch.float32)
 
 
-@pytest.mark.parametrize("mode, H, form, chunks", [("lstm", 32, 1, 3), ("gru", 64, 2, 2)])
-def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, monkeypatch):
+@pytest.mark.parametrize("mode, H, form, chunks, sms", [("lstm", 32, 1, 3, 4),
+                                                        ("gru", 64, 2, 2, 16)])
+def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, sms, monkeypatch):
     """The split-K backward forced (plan_constraints split_k_bwd): the pipelined run's
     backward runs it on each (layer, window), every window's rows a packed layout of their
-    own, and matches the unpipelined run, which runs it once per layer."""
+    own, and matches the unpipelined run, which runs it once per layer. On a device of
+    `sms` SMs (the interpreter's preset narrowed) its launch (4 / 16 programs) fills the
+    device, the forward's (2 / 4) does not: the forward keeps both layers in flight, the
+    backward one (`Decision.backward_width`)."""
+    import tritonrnn.rnn.pipeline as pipeline_mod
     from tritonrnn.kernels import split_k
+    from tritonrnn.rnn import planner
 
     seen, run = [], split_k.split_k_backward
 
@@ -270,6 +279,11 @@ def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, monk
         return run(*args, **kw)
 
     monkeypatch.setattr(split_k, "split_k_backward", spy)
+    monkeypatch.setitem(planner.PRESETS, "interpreter",
+                        dataclasses.replace(PRESETS["interpreter"], sm_count=sms))
+    widths, schedule = [], pipeline_mod.run
+    monkeypatch.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (
+        widths.append((pipe.chunks, pipe.width)), schedule(pipe, *a, **k))[1])
     kw = dict(L=2, H=H, I=4, proj=0, dropout=0.3, backend="triton", lengths=[4, 3, 0, 2],
               steps=4, constraints={"family": "persistent_grid", "block_h": 16,
                                     "split_k_bwd": form})
@@ -277,6 +291,7 @@ def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, monk
     assert seen == [form == 1] * 2
     got = _run(mode, chunks=chunks, **kw)
     assert len(seen) > 2 + 2 and set(seen) == {form == 1}
+    assert widths == [(chunks, 2), (chunks, 1)]  # the forward's, then the backward's
     _assert_same(got, want, torch.float32)
     _assert_same(want, _run(mode, chunks=1, **{**kw, "backend": "reference",
                                                "constraints": None}), torch.float32)
@@ -306,6 +321,37 @@ def test_gpu_side_streams_match_unpipelined(mode, family):
     for name, w in want.items():
         tol = 1e-4 * max(1.0, w.abs().max().item())
         torch.testing.assert_close(got[name], w, rtol=1e-4, atol=tol,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_rule_pipelines_each_pass_on_its_width():
+    """LSTM H=1024 B=16 bf16 on an H100 / H200: the planner's split-K rule runs the
+    one-barrier backward (128 programs) under the 64-program forward, so a forced 4-chunk
+    pipeline of three layers keeps two forwards in flight and one backward (two 128-program
+    launches are not co-resident: a deadlock if it did not); the result matches the
+    unpipelined run of the same plans to bf16's rounding over K = 4096 (as the pipeline's
+    other GPU tests, scaled by each tensor's largest entry)."""
+    import tritonrnn.rnn.pipeline as pipeline_mod
+    from tritonrnn.rnn.planner import device_properties, recurrence_choice
+
+    props = device_properties("cuda")
+    lp, _ = recurrence_choice("lstm", 1024, 1024, 0, torch.bfloat16, 16, props)
+    if lp.split_k_bwd != 1:
+        pytest.skip(f"the rule does not apply on {props.name} (sm_{props.arch})")
+    seen = []
+    run = pipeline_mod.run
+    kw = dict(L=3, H=1024, I=64, steps=128, lengths=[128, 90, 128, 5] * 4, backend="triton",
+              device="cuda", dtype=torch.bfloat16)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (seen.append(pipe),
+                                                              run(pipe, *a, **k))[1])
+        got = _run("lstm", chunks=4, **kw)
+    assert [(p.chunks, p.width) for p in seen] == [(4, 2), (4, 1)], seen
+    want = _run("lstm", chunks=1, **kw)
+    for name, w in want.items():
+        tol = 2e-2 * max(1.0, w.abs().max().item())
+        torch.testing.assert_close(got[name].float(), w.float(), rtol=2e-2, atol=tol,
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
@@ -457,6 +503,25 @@ def test_rule_model_numbers():
     assert model_time_us(2, 1024, 16, 2) == (1024 + 64) * 5 + 16 * 2 * 10
     # Three layers, two in flight: (2 T + T / C) steps.
     assert model_time_us(3, 1024, 8, 2) == (2 * 1024 + 128) * 5 + 8 * 3 * 10
+
+
+def test_rule_co_residency_per_pass():
+    """A plan whose backward launch takes more programs than its forward (the split-K
+    kernel's 128 under a 64-program forward, LayerPlan.forward_programs): the forward's
+    layers in flight count the forward's programs, the backward's the larger launch."""
+    plans = (LayerPlan("persistent_grid", num_programs=128, forward_programs=64),) * 3
+    assert concurrent_layers(3, plans, H100, backward=False) == 2
+    assert concurrent_layers(3, plans, H100) == 1
+    d = decide(_cfg(3), 16, 1024, "cuda", plans, props=H100, automatic=True)
+    assert (d.source, d.width, d.backward_width) == ("automatic", 2, 1)
+    assert (d.pipeline.width, d.backward_pipeline.width) == (2, 1)
+    assert d.pipeline.bounds == d.backward_pipeline.bounds
+    with plan_constraints(pipeline_chunks=4):
+        d = decide(_cfg(3), 16, 1024, "cuda", plans, props=H100)
+    assert (d.chunks, d.width, d.backward_width) == (4, 2, 1)
+    off = decide(_cfg(3), 16, 1024, "cuda", (LayerPlan("persistent_grid", num_programs=128),)
+                 * 3, props=H100, automatic=True)
+    assert off.chunks == 1 and off.backward_pipeline is None and "2 x 128" in off.reason
 
 
 def test_rule_co_residency():

@@ -79,6 +79,8 @@ def test_explain_names_no_tiles_for_the_reference_family():
 def test_paired_gates_only_within_the_budget(request, device, paired, apart):
     from tritonrnn.rnn import planner
 
+    request.getfixturevalue("no_split_k_rule")  # (LSTM H=1024 B=16: the grid's backward)
+
     def tiles(lp):
         return lp.family, lp.block_h, lp.block_b, lp.block_k, lp.num_warps, lp.backward_warps
 
@@ -181,9 +183,11 @@ def test_bidirectional_pair_launch_counts_both_directions():
     assert p.key.endswith("|D2") and "(pair launch)" in p.explain()
     # LSTM H=1024 B=16 needs 64 per direction: 128 together still fit.
     assert _plan(H=1024, B=16, direction="bidirectional").layer(0).num_dirs == 2
-    # GRU H=1536 B=16: 96 per direction, 192 together do not fit: each direction alone.
+    # GRU H=1536 B=16: 96 per direction, 192 together do not fit: each direction alone, so
+    # each direction's backward is the split-K rule's (108 programs; `_split_k_rule`).
     lp = _plan(mode="gru", H=1536, B=16, direction="bidirectional").layer(0)
-    assert (lp.family, lp.num_dirs, lp.num_programs) == ("persistent_grid", 1, 96)
+    assert (lp.family, lp.num_dirs, lp.forward_programs, lp.num_programs, lp.split_k_bwd) == (
+        "persistent_grid", 1, 96, 108, 2)
     # Forced tiles: the pair when it fits, else one launch per direction, never an error.
     with plan_constraints(family="persistent_grid", block_h=16):
         assert _plan(H=1024, B=16, direction="bidirectional").layer(0).num_dirs == 2
@@ -1345,21 +1349,24 @@ def test_stage_constraints_that_cannot_apply(H, B, dtype, constraints, message):
 # ----------------------------------------------------------------------------- split-K backward
 
 
-def test_split_k_backward_is_a_plan_choice(monkeypatch):
+def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
     """split_k_bwd: forced, the plan's backward runs the split-K kernel in that form on its
     rule's tiles (LSTM H=1024 B=16 on an H100: one barrier 256 x 128 x 16, two 64 x 512 x
     16; 128 programs each), its forward as before; the plan counts the larger launch's
     programs and shared memory (the forward's, not the grid backward's), so the layer
-    pipeline that two 64-program grid layers would get is refused (two 128-program launches
-    in flight are not co-resident); its choice round-trips and `explain` names it; its
-    workspace is in the buffers. 0 forced keeps the plan's own backward with a switch on,
-    and a choice that names none gets the switches' form."""
+    pipeline keeps the two 64-program forwards in flight that the grid plan gets, and one
+    backward (two 128-program launches in flight are not co-resident); its choice
+    round-trips and `explain` names it; its workspace is in the buffers. 0 forced keeps the
+    plan's own backward with a switch on, and a choice that names none gets the switches'
+    form. (The grid's own backward is the heuristic's here with the split-K rule off.)"""
     from tritonrnn.kernels import split_k
 
+    request.getfixturevalue("no_split_k_rule")
     monkeypatch.setenv("TRITONRNN_PIPELINE", "1")
     plan = _plan(H=1024, B=16, num_layers=3)
     base = plan.layer(0)
-    assert (base.split_k_bwd, base.num_programs, plan.pipeline.width) == (0, 64, 2)
+    assert (base.split_k_bwd, base.num_programs, base.forward_programs) == (0, 64, 0)
+    assert (plan.pipeline.width, plan.pipeline.backward_width) == (2, 2)
     assert base.choice()["split_k_bwd"] == 0
     for form, tiles in ((1, "256 x 128 x 16, one barrier"), (2, "64 x 512 x 16, two barriers")):
         with plan_constraints(split_k_bwd=form):
@@ -1368,6 +1375,8 @@ def test_split_k_backward_is_a_plan_choice(monkeypatch):
         assert (lp.family, lp.block_h, lp.block_b, lp.num_warps) == (
             base.family, base.block_h, base.block_b, base.num_warps)
         assert (lp.split_k_bwd, lp.backward_warps, lp.num_programs) == (form, 8, 128)
+        assert (lp.forward_programs, lp.pass_programs(False), lp.pass_programs(True)) == (
+            64, 64, 128)
         assert (lp.pair_gates, lp.own_backward_tiles) == (False, False)
         # (the forward's alone, 163840 B, not the grid backward's 196608 in base's)
         forward = pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16, 0,
@@ -1376,10 +1385,17 @@ def test_split_k_backward_is_a_plan_choice(monkeypatch):
         assert lp.onchip_bytes == max(forward, split_k.onchip_bytes(
             *split_k.form_tiles(form, "lstm", 1024, 16, torch.bfloat16, PRESETS["h100"])[:3],
             torch.bfloat16, form == 1))
-        assert p.pipeline.chunks == 1 and "2 x 128" in p.pipeline.reason
-        assert f"backward split-K {tiles}" in p.explain()
-        assert {b.name for b in p.buffers if b.name.startswith("split_k.")} == {
-            "split_k.partials", "split_k.carries"}
+        assert (p.pipeline.chunks > 1, p.pipeline.width, p.pipeline.backward_width) == (
+            True, 2, 1)
+        text = p.explain()
+        assert f"backward split-K {tiles}" in text and "programs=128 (forward 64)" in text
+        assert "2 layers concurrent (backward 1: its launches take more programs)" in text
+        assert "(0 more stream slot(s)" in text
+        # One copy of the split-K workspace (one backward in flight), and no extra
+        # stream slot of the weight-gradient inputs.
+        assert {b.name: b.shape[0] for b in p.buffers if b.name.startswith("split_k.")} == {
+            "split_k.partials": 2 if form == 1 else 8, "split_k.carries": 2}
+        assert not [b for b in p.buffers if b.name == "pipeline.dpre_x"]
         with plan_constraints(**lp.choice()):
             assert _plan(H=1024, B=16, num_layers=3).layer(0) == lp
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
@@ -1418,6 +1434,104 @@ def test_split_k_backward_from_the_tuning_cache():
     with pytest.warns(RuntimeWarning, match=r"split_k_bwd = 1 has no tiles .* B <= 32"):
         again = _plan(H=1024, B=64)
     assert again.source == "heuristic" and again.layer(0) == wide.layer(0)
+
+
+# The split-K rule (`planner._split_k_rule`): the heuristic's backward is the split-K kernel's
+# at the four shapes an H200 timed it faster in the layer, in the form that won there, on
+# both sm_90 presets and both 16-bit dtypes; nowhere else.
+_RULED = [("lstm", 1024, 16, 1), ("lstm", 1024, 64, 2), ("lstm", 1024, 256, 2),
+          ("gru", 1536, 16, 2)]
+
+
+@pytest.mark.parametrize("device", ["h100", "h200"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode, H, B, form", _RULED)
+def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, form):
+    """At a ruled shape the heuristic's plan keeps its forward (family, tiles, warps,
+    stages) and runs the split-K backward in the timed form on that form's tiles (the
+    launch `split_k_launch` gives, the plan counting its programs); the source stays
+    "heuristic", and the batch bucket's other sizes get it too (B = 9..16 at B = 16).
+    Without the rule (`no_split_k_rule`) the same shape plans the grid's own backward."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn import planner
+
+    plan = _plan(mode=mode, H=H, B=B, dtype=dtype, device=device)
+    lp = plan.layer(0)
+    assert (plan.source, lp.family, lp.split_k_bwd) == ("heuristic", "persistent_grid", form)
+    launch = planner.split_k_launch(lp, mode, H, B, dtype, PRESETS[device])
+    assert launch.one_barrier == (form == 1)
+    programs, _ = split_k.footprint(mode, H, B, dtype, launch)
+    assert lp.num_programs == max(programs, lp.forward_programs or lp.num_programs)
+    assert "backward split-K" in plan.explain()
+    assert _plan(mode=mode, H=H, B=B // 2 + 1, dtype=dtype, device=device).layer(0) == lp
+    request.getfixturevalue("no_split_k_rule")
+    own = _plan(mode=mode, H=H, B=B, dtype=dtype, device=device).layer(0)
+    assert own.split_k_bwd == 0
+    forward = ("family", "block_b", "block_h", "block_k", "num_warps", "num_stages", "num_dirs")
+    assert [getattr(lp, k) for k in forward] == [getattr(own, k) for k in forward]
+    # Forcing the timed form on the rule-less plan gives the rule's plan, and forcing the
+    # family's own backward gives the rule-less plan (what `aot --split-k-bwd 0` compiles
+    # for step_ablation's `nosplitk` rows).
+    with plan_constraints(split_k_bwd=form):
+        assert _plan(mode=mode, H=H, B=B, dtype=dtype, device=device).layer(0) == lp
+    with plan_constraints(split_k_bwd=0):
+        assert _plan(mode=mode, H=H, B=B, dtype=dtype, device=device).layer(0) == own
+
+
+@pytest.mark.parametrize("mode, H, B, dtype, device, kw, why", [
+    # the shapes it lost at, or never ran at
+    ("lstm", 768, 64, torch.bfloat16, "h100", {}, "lost: 1.19x"),
+    ("lstm", 768, 256, torch.bfloat16, "h100", {}, "lost: 1.16x"),
+    ("gru", 1024, 16, torch.bfloat16, "h100", {}, "lost: 1.13x / 1.22x"),
+    ("gru", 1024, 64, torch.bfloat16, "h100", {}, "lost: 1.18x"),
+    ("lstm", 1024, 32, torch.bfloat16, "h100", {}, "untimed bucket"),
+    ("lstm", 1024, 128, torch.bfloat16, "h100", {}, "untimed bucket"),
+    ("gru", 1536, 32, torch.bfloat16, "h100", {}, "untimed bucket"),
+    ("lstm", 1024, 8, torch.bfloat16, "h100", {}, "untimed bucket"),
+    ("rnn_tanh", 1024, 16, torch.bfloat16, "h100", {}, "untimed cell"),
+    # the timed shapes under conditions that were not timed
+    ("lstm", 1024, 16, torch.float32, "h100", {}, "float32"),
+    ("lstm", 1024, 64, torch.bfloat16, "a100", {}, "sm_80"),
+    ("lstm", 1024, 16, torch.float32, "interpreter", {}, "the interpreter"),
+    ("lstm", 1024, 16, torch.bfloat16, "h100", {"num_proj": 512}, "a projection"),
+    ("lstm", 1024, 16, torch.bfloat16, "h100", {"direction": "bidirectional"},
+     "a pair launch (128 programs: both directions in one)"),
+])
+def test_split_k_rule_stays_where_it_was_not_timed(mode, H, B, dtype, device, kw, why):
+    lp = _plan(mode=mode, H=H, B=B, dtype=dtype, device=device, **kw).layer(0)
+    assert lp.split_k_bwd == 0, why
+
+
+def test_split_k_rule_is_the_heuristics_alone(tmp_path, monkeypatch):
+    """The rule gives the heuristic's plan its backward, not a choice: constraints that do
+    not name split_k_bwd, and a tuning entry from before the key, keep the family's own
+    backward (what they were timed or asked with); split_k_bwd = 0 forced keeps it too, and
+    a switch's form goes before the rule's (LSTM H=1024 B=16: one barrier, the switch of
+    the two-barrier form on alone gives two). A ruled plan's replacement after a refused
+    launch (`smaller_choice`) is the plan's forward with the grid's backward."""
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn import planner
+
+    ruled = _plan(H=1024, B=16).layer(0)
+    assert ruled.split_k_bwd == 1
+    with plan_constraints(family="persistent_grid"):
+        forced = _plan(H=1024, B=16)
+    assert (forced.source, forced.layer(0).split_k_bwd) == ("constrained", 0)
+    with plan_constraints(split_k_bwd=0):
+        own = _plan(H=1024, B=16).layer(0)
+    assert own.split_k_bwd == 0 and own.forward_programs == 0 and own.num_programs == 64
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", True)
+    assert _plan(H=1024, B=16).layer(0).split_k_bwd == 2
+    monkeypatch.setattr(split_k, "_BWD_SPLIT_K", False)
+    smaller = planner.smaller_choice(ruled, "lstm", 1024, 1024, 0, torch.bfloat16, 16,
+                                     PRESETS["h100"])
+    assert smaller == own
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    key = _plan(H=1024, B=64).key
+    old = {k: v for k, v in own.choice().items() if k != "split_k_bwd"}
+    store_tuning_entry(key, {**old, "block_b": 32}, 1.0, "h100")
+    tuned = _plan(H=1024, B=64)
+    assert (tuned.source, tuned.layer(0).split_k_bwd) == ("tuned", 0)
 
 
 @pytest.mark.parametrize("mode, H, B, P, constraints, message", [
