@@ -60,8 +60,7 @@ Variants (comma-joined in one process):
     splitk1   the same in its one-barrier form where it has tiles (TRITONRNN_BWD_SPLIT_K1,
               B <= 32): each K block's programs all run its cells, one grid barrier a step
     nosplitk  the family's own backward where the planner's rule runs the split-K kernel's
-              (rnn.planner._SPLIT_K_RULE emptied: LSTM H=1024 B=16 / 64 / 256, GRU H=1536
-              B=16)
+              (rnn.planner._SPLIT_K_RULE emptied: LSTM H=1024 B=16 / 64, GRU H=1536 B=16)
     samebwd   the backward on the forward's tiles where the planner gives it its own 32 x 16
               tiles under a 16 x 32 forward (rnn.planner._taller_backward)
     carrymask the forward uses the active-row mask its prefetch carried over the barrier
@@ -322,7 +321,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
     ],
     # The split-K rule (planner `_SPLIT_K_RULE`, 2026-11-30, from the `splitk` rows above)
     # against the grid's own backward it replaced, as one plan (the rows above timed it
-    # through the switches), at its four shapes; then the buckets between them, untimed:
+    # through the switches), at its three shapes; then the buckets between them, untimed:
     # LSTM H=1024 B=32 (both forms), B=128, GRU H=1536 B=32.
     # Then the rules `decide` motivated (2026-11-27, the third session), checked where they
     # were not timed: 32 x 16 tiles against the planner's 16 x 32 (its forward on 8 warps
@@ -331,8 +330,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
     # resident tiles the planner streams since (`bk0` restores them; their sm_90 compiles
     # spill).
     "confirm": [
-        ("lstm,1024,16;gru,1536,16", "layer;nosplitk,layer"),
-        ("lstm,1024,64;lstm,1024,256", "layer;nosplitk,layer"),
+        ("lstm,1024,16;gru,1536,16;lstm,1024,64", "layer;nosplitk,layer"),
         ("lstm,1024,32", "layer;splitk,layer;splitk1,layer"),
         ("lstm,1024,128;gru,1536,32", "layer;splitk,layer"),
         ("lstm,768,64;gru,768,64;lstm,512,64;gru,512,64", "layer;bb16,layer"),

@@ -1437,10 +1437,10 @@ def test_split_k_backward_from_the_tuning_cache():
 
 
 # The split-K rule (`planner._split_k_rule`): the heuristic's backward is the split-K kernel's
-# at the four shapes an H200 timed it faster in the layer, in the form that won there, on
-# both sm_90 presets and both 16-bit dtypes; nowhere else.
-_RULED = [("lstm", 1024, 16, 1), ("lstm", 1024, 64, 2), ("lstm", 1024, 256, 2),
-          ("gru", 1536, 16, 2)]
+# at three of the four shapes an H200 timed it faster in the layer (not LSTM H=1024 B=256,
+# whose compile spills), in the form that won there, on both sm_90 presets and both 16-bit
+# dtypes; nowhere else.
+_RULED = [("lstm", 1024, 16, 1), ("lstm", 1024, 64, 2), ("gru", 1536, 16, 2)]
 
 
 @pytest.mark.parametrize("device", ["h100", "h200"])
@@ -1482,6 +1482,7 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
     # the shapes it lost at, or never ran at
     ("lstm", 768, 64, torch.bfloat16, "h100", {}, "lost: 1.19x"),
     ("lstm", 768, 256, torch.bfloat16, "h100", {}, "lost: 1.16x"),
+    ("lstm", 1024, 256, torch.bfloat16, "h100", {}, "won 0.98x, but spills on sm_90"),
     ("gru", 1024, 16, torch.bfloat16, "h100", {}, "lost: 1.13x / 1.22x"),
     ("gru", 1024, 64, torch.bfloat16, "h100", {}, "lost: 1.18x"),
     ("lstm", 1024, 32, torch.bfloat16, "h100", {}, "untimed bucket"),
