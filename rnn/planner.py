@@ -1225,9 +1225,11 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
 #   GRU  H=1536 B=16  two barriers  7.52 -> 6.94 (0.95x; no one-barrier tiles there)
 # and not where it lost: LSTM H=768 B=64 / 256 (1.19 / 1.16x), GRU H=1024 B=16 (two barriers
 # 1.13x, one 1.22x) and B=64 (1.18x). LSTM H=1024 B=256 timed 0.98x too (33.74 -> 32.94),
-# but its sm_90 compile spills in the step loop (Triton 3.6: 120 B a thread, 20 local loads a
-# step), which the planner's plans never do: left out, as the shapes between are (LSTM
-# H=1024 B=32 / 128, GRU H=1536 B=32, other H: untimed), with the family's own backward.
+# but its sm_90 compile spills in the step loop (Triton 3.6: 120 B a thread; the 20 local
+# loads a step reload loop-invariant addresses from L1, kernels/NOTES.md, none on 3.9),
+# which the planner's plans do not (`tritonrnn aot` flags it): left out until a second
+# timing (step_ablation `confirm`), as the shapes between are (LSTM H=1024 B=32 / 128, GRU
+# H=1536 B=32, other H: untimed), with the family's own backward.
 _SPLIT_K_RULE = {("lstm", 1024, 16): 1, ("lstm", 1024, 64): 2, ("gru", 1536, 16): 2}
 
 

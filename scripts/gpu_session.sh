@@ -289,7 +289,7 @@ case "$stage" in
       --jobs 14 --json "$out/aot-grid.json"
     t0=$SECONDS
     for job in lstm,1024,16,0 gru,1536,16,0 lstm,1024,64,0 gru,1536,16,2 lstm,1024,32,1 \
-        lstm,1024,32,2 lstm,1024,128,2 gru,1536,32,2; do
+        lstm,1024,32,2 lstm,1024,128,2 gru,1536,32,2 lstm,1024,256,2; do
       IFS=, read -r m h b form <<< "$job"
       timeout 60 python -m tritonrnn.bench aot --mode "$m" --hidden "$h" --batch "$b" \
         --dtype bf16 --device-preset current --split-k-bwd "$form" \

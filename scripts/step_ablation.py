@@ -322,7 +322,8 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
     # The split-K rule (planner `_SPLIT_K_RULE`, 2026-11-30, from the `splitk` rows above)
     # against the grid's own backward it replaced, as one plan (the rows above timed it
     # through the switches), at its three shapes; then the buckets between them, untimed:
-    # LSTM H=1024 B=32 (both forms), B=128, GRU H=1536 B=32.
+    # LSTM H=1024 B=32 (both forms), B=128, GRU H=1536 B=32; then B=256 again (0.98x, left
+    # out of the rule for its compile's step-loop reloads: a second timing decides).
     # Then the rules `decide` motivated (2026-11-27, the third session), checked where they
     # were not timed: 32 x 16 tiles against the planner's 16 x 32 (its forward on 8 warps
     # since) at B = 64; the one-gate cells' 16 x 32 forward on 8 warps (a rule of the same
@@ -333,6 +334,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         ("lstm,1024,16;gru,1536,16;lstm,1024,64", "layer;nosplitk,layer"),
         ("lstm,1024,32", "layer;splitk,layer;splitk1,layer"),
         ("lstm,1024,128;gru,1536,32", "layer;splitk,layer"),
+        ("lstm,1024,256", "layer;splitk,layer"),
         ("lstm,768,64;gru,768,64;lstm,512,64;gru,512,64", "layer;bb16,layer"),
         ("rnn_tanh,1024,64", "layer;fw4,layer"),
         ("gru,512,512;rnn_tanh,512,1024", "layer;bk0,layer"),
