@@ -7,7 +7,10 @@ those rows), so layer l can run chunk k while layer l-1 runs chunk k+1: a wavefr
 itself a packed layout (`packing.window`), so every backend's recurrence runs on it unchanged,
 with h0 = the state after the previous chunk and hT handed to the next one. The backward is
 the mirror image: chunks in reverse time order, layer l's chunk k after layer l+1's chunk k
-(whose input gradient rows are layer l's output gradient rows).
+(whose input gradient rows are layer l's output gradient rows). Each pass keeps as many
+layers in flight as its own launches allow (a split-K backward can take more programs than
+its forward); a backward that allows one runs unpipelined, on the reserve the pipelined
+forward wrote (laid out as an unpipelined forward lays it out).
 
 Scheduling (`run`): layers are enqueued one after another (layer-major, a topological order of
 the chunk dependencies), layer l on stream slot l mod W, each chunk waiting on an event that
@@ -151,7 +154,8 @@ class Decision:
     reason: str  # one line saying why, for Plan.explain()
     max_len: int  # the steps [0, max_len) it was decided for
     # The backward's layers in flight: width or fewer, where its launches take more programs
-    # (`concurrent_layers(backward=True)`); 1 when off.
+    # (`concurrent_layers(backward=True)`); 1 when off, and where it is 1 the backward runs
+    # unpipelined (`backward_pipeline`).
     backward_width: int = 1
 
     @property
@@ -163,8 +167,11 @@ class Decision:
 
     @property
     def backward_pipeline(self) -> Pipeline | None:
-        """The engine's backward schedule (backward_width slots), or None when off."""
-        if self.chunks <= 1:
+        """The engine's backward schedule (backward_width slots), or None when off or when
+        one backward layer at a time fits the SMs: its chunks would then only add launches
+        and chunk-state buffers (the forward's pipeline writes the reserve that the
+        unpipelined backward reads)."""
+        if self.chunks <= 1 or self.backward_width < 2:
             return None
         return Pipeline(self.chunks, self.backward_width,
                         step_bounds(self.max_len, self.chunks))

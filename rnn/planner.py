@@ -1701,17 +1701,25 @@ class Plan:
             return [f"  layer pipeline: off ({d.reason})"]
         bwd = sum(b.nbytes for b in self.buffers
                   if b.name.startswith("pipeline.") and b.phase == "backward")
-        bwd_width = (f" (backward {d.backward_width}: its launches take more programs)"
-                     if d.backward_width != d.width else "")
+        if d.backward_pipeline is None:
+            backward = (" in the forward; the backward unpipelined (one layer's backward "
+                        "launch takes more programs than half the SMs)")
+            extra = "states between chunks, forward only"
+            dropped = "dropped [N, Hout] in each pass"
+        else:
+            backward = (f" (backward {d.backward_width}: its launches take more programs)"
+                        if d.backward_width != d.width else "")
+            extra = (f"backward {bwd:,} B ({d.backward_width - 1} more stream slot(s) of the "
+                     f"weight-gradient inputs, states between chunks)")
+            dropped = (f"dropped [N, Hout] (forward) and [{d.backward_width}, N, Hout] "
+                       f"(backward)")
         return [
-            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent{bwd_width} "
+            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent{backward} "
             f"({d.reason})",
             f"    decided at T={d.max_len} (max_time; the engine decides per batch on its "
             f"longest sequence) for the Triton backend's recurrences above",
             f"    extra workspaces (pipeline.* below): {self.pipeline_extra_bytes:,} B, "
-            f"backward {bwd:,} B ({d.backward_width - 1} more stream slot(s) of the "
-            f"weight-gradient inputs, states between chunks); dropout > 0 adds dropped [N, "
-            f"Hout] (forward) and [{d.backward_width}, N, Hout] (backward)",
+            f"{extra}; dropout > 0 adds {dropped}",
         ]
 
 
@@ -1744,18 +1752,20 @@ def _buffer(name: str, shape, phase: str, dtype: torch.dtype) -> Buffer:
 
 
 def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
-             barrier_check: str = "deferred") -> tuple[Buffer, ...]:
+             barrier_check: str = "deferred",
+             backward_width: int | None = None) -> tuple[Buffer, ...]:
     """Every buffer of a training step at N = B*T (the config's dropout included) as the
-    Triton backend's engine allocates it; width > 0: as the layer pipeline with `width`
-    stream slots allocates them (rnn/pipeline.py's workspace shapes, the ones it adds named
-    "pipeline.*"). Bidirectional: the Triton backend takes both directions of a layer in one
-    call (engine.pairs_directions), so the per-recurrence workspaces have a half per
-    direction ([2, N, C], listed with the leading 2)."""
+    Triton backend's engine allocates it; width > 0: the forward as the layer pipeline
+    allocates it, backward_width > 0 (default: width) the backward as the pipeline with
+    that many stream slots allocates it (rnn/pipeline.py's workspace shapes, the ones it
+    adds named "pipeline.*"; 0: the backward unpipelined). Bidirectional: the Triton
+    backend takes both directions of a layer in one call (engine.pairs_directions), so the
+    per-recurrence workspaces have a half per direction ([2, N, C], listed with the leading
+    2)."""
     from .pipeline import (
         SLOT_PRIVATE,
         backward_workspaces,
         extra_workspaces,
-        forward_workspaces,
     )
     from .reserve import PAYLOAD_OFFSET
 
@@ -1776,15 +1786,20 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
     add("x_packed", (N, cfg.input_size), "forward")
     add("xg", (*W, N, G * H), "forward")
     add("y_packed", (N, D * Hout), "forward")
+    if backward_width is None:
+        backward_width = width
+    if L > 1 and cfg.dropout > 0:
+        # The inter-layer dropout's workspace in the forward (the pipelined forward's too:
+        # `forward_workspaces`).
+        add("dropped", (N, D * Hout), "forward")
     if width:
-        extra = extra_workspaces(cfg, N, B, width)
-        extra_names = {ws.name for ws in extra}
-        if "dropped" in forward_workspaces(cfg, N, B, True):  # dropout > 0 between layers
-            add("dropped", (N, D * Hout), "forward")
-        for ws in extra:
+        for ws in extra_workspaces(cfg, N, B, 1):
             if ws.phase == "forward":
                 add(ws.name, ws.shape, ws.phase)
-        for name, shape in backward_workspaces(cfg, N, B, width).items():
+    if backward_width:
+        extra = extra_workspaces(cfg, N, B, backward_width)
+        extra_names = {ws.name for ws in extra}
+        for name, shape in backward_workspaces(cfg, N, B, backward_width).items():
             if name in SLOT_PRIVATE:
                 add(name, shape[1:], "backward")  # slot 0; the others are pipeline.<name>
             elif f"pipeline.{name}" not in extra_names:
@@ -1795,8 +1810,7 @@ def _buffers(cfg, B: int, T: int, dtype: torch.dtype, width: int = 0,
         add("output_backprop slab", (T, B, D * Hout), "tensorarray")
         return tuple(out)
     if L > 1 and cfg.dropout > 0:
-        # The inter-layer dropout's workspace, in each pass.
-        add("dropped", (N, D * Hout), "forward")
+        # The inter-layer dropout's workspace in the backward.
         add("dropped", (N, D * Hout), "backward")
     wants_x, wants_h = backward_preacts(cfg.rnn_mode)
     over = backward_writes_over_preacts(cfg.rnn_mode, barrier_check)
@@ -1921,15 +1935,16 @@ def _plan_cached(cfg, batch, max_time, dtype, props, constraints, _cache_stamp,
     )
     layers = (choice,) * cfg.pseudo_layers
     pipe = _pipeline_decision(cfg, batch, max_time, dtype, props, layers, automatic)
+    # (the backward pipelined where its layers overlap: `Decision.backward_pipeline`)
+    backward_width = pipe.backward_width if pipe.backward_pipeline is not None else 0
     return Plan(
         key=key, rnn_mode=cfg.rnn_mode, input_size=cfg.input_size, num_units=cfg.num_units,
         num_layers=cfg.num_layers, num_dirs=cfg.num_dirs, num_proj=cfg.num_proj, batch=batch,
         max_time=max_time, dtype=str(dtype).replace("torch.", ""), device=props,
         layers=layers, source=source,
-        buffers=_buffers(cfg, batch, max_time, dtype,
-                         pipe.backward_width if pipe.chunks > 1 else 0, barrier_check)
-        + _split_k_buffers(cfg, batch, dtype, props, choice,
-                           pipe.backward_width if pipe.chunks > 1 else 1),
+        buffers=_buffers(cfg, batch, max_time, dtype, pipe.width if pipe.chunks > 1 else 0,
+                         barrier_check, backward_width=backward_width)
+        + _split_k_buffers(cfg, batch, dtype, props, choice, max(backward_width, 1)),
         pipeline=pipe,
     )
 

@@ -262,12 +262,13 @@ def test_triton_matches_unpipelined(mode, constraints, H, proj, chunks):
 @pytest.mark.parametrize("mode, H, form, chunks, sms", [("lstm", 32, 1, 3, 4),
                                                         ("gru", 64, 2, 2, 16)])
 def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, sms, monkeypatch):
-    """The split-K backward forced (plan_constraints split_k_bwd): the pipelined run's
-    backward runs it on each (layer, window), every window's rows a packed layout of their
-    own, and matches the unpipelined run, which runs it once per layer. On a device of
-    `sms` SMs (the interpreter's preset narrowed) its launch (4 / 16 programs) fills the
-    device, the forward's (2 / 4) does not: the forward keeps both layers in flight, the
-    backward one (`Decision.backward_width`)."""
+    """The split-K backward forced (plan_constraints split_k_bwd) under a pipelined forward.
+    On a device of `sms` SMs (the interpreter's preset narrowed) its launch (4 / 16
+    programs) fills the device, the forward's (2 / 4) does not: the forward keeps both
+    layers in flight, and the backward, one layer at a time (`Decision.backward_width`),
+    runs unpipelined, once per layer, reading the pipelined forward's reserve. On twice the
+    SMs both passes pipeline: the backward runs it on each (layer, window), every window's
+    rows a packed layout of their own. Both match the unpipelined run."""
     import tritonrnn.rnn.pipeline as pipeline_mod
     from tritonrnn.kernels import split_k
     from tritonrnn.rnn import planner
@@ -290,8 +291,18 @@ def test_triton_split_k_backward_matches_unpipelined(mode, H, form, chunks, sms,
     want = _run(mode, chunks=1, **kw)
     assert seen == [form == 1] * 2
     got = _run(mode, chunks=chunks, **kw)
-    assert len(seen) > 2 + 2 and set(seen) == {form == 1}
-    assert widths == [(chunks, 2), (chunks, 1)]  # the forward's, then the backward's
+    assert seen == [form == 1] * 4  # the backward once per layer
+    assert widths == [(chunks, 2)]  # the forward's pipeline alone
+    _assert_same(got, want, torch.float32)
+    # Where the backward's launches leave room for two layers too, both passes pipeline:
+    # the backward runs the split-K kernel on each (layer, window).
+    monkeypatch.setitem(planner.PRESETS, "interpreter",
+                        dataclasses.replace(PRESETS["interpreter"], sm_count=2 * sms))
+    widths.clear()
+    seen.clear()
+    got = _run(mode, chunks=chunks, **kw)
+    assert len(seen) > 2 and set(seen) == {form == 1}
+    assert widths == [(chunks, 2), (chunks, 2)]
     _assert_same(got, want, torch.float32)
     _assert_same(want, _run(mode, chunks=1, **{**kw, "backend": "reference",
                                                "constraints": None}), torch.float32)
@@ -328,10 +339,10 @@ def test_gpu_side_streams_match_unpipelined(mode, family):
 def test_gpu_split_k_rule_pipelines_each_pass_on_its_width():
     """LSTM H=1024 B=16 bf16 on an H100 / H200: the planner's split-K rule runs the
     one-barrier backward (128 programs) under the 64-program forward, so a forced 4-chunk
-    pipeline of three layers keeps two forwards in flight and one backward (two 128-program
-    launches are not co-resident: a deadlock if it did not); the result matches the
-    unpipelined run of the same plans to bf16's rounding over K = 4096 (as the pipeline's
-    other GPU tests, scaled by each tensor's largest entry)."""
+    pipeline of three layers keeps two forwards in flight, and the backward runs
+    unpipelined, one layer at a time (two 128-program launches are not co-resident: a
+    deadlock if they were in flight together); the result matches the unpipelined run of
+    the same plans to bf16's rounding (2e-2 of each tensor's largest entry)."""
     import tritonrnn.rnn.pipeline as pipeline_mod
     from tritonrnn.rnn.planner import device_properties, recurrence_choice
 
@@ -347,7 +358,7 @@ def test_gpu_split_k_rule_pipelines_each_pass_on_its_width():
         m.setattr(pipeline_mod, "run", lambda pipe, *a, **k: (seen.append(pipe),
                                                               run(pipe, *a, **k))[1])
         got = _run("lstm", chunks=4, **kw)
-    assert [(p.chunks, p.width) for p in seen] == [(4, 2), (4, 1)], seen
+    assert [(p.chunks, p.width) for p in seen] == [(4, 2)], seen  # the forward's alone
     want = _run("lstm", chunks=1, **kw)
     for name, w in want.items():
         tol = 2e-2 * max(1.0, w.abs().max().item())
@@ -514,7 +525,11 @@ def test_rule_co_residency_per_pass():
     assert concurrent_layers(3, plans, H100) == 1
     d = decide(_cfg(3), 16, 1024, "cuda", plans, props=H100, automatic=True)
     assert (d.source, d.width, d.backward_width) == ("automatic", 2, 1)
-    assert (d.pipeline.width, d.backward_pipeline.width) == (2, 1)
+    # (one backward layer at a time: unpipelined, its chunks would only add launches)
+    assert (d.pipeline.width, d.backward_pipeline) == (2, None)
+    wide = (LayerPlan("persistent_grid", num_programs=64, forward_programs=32),) * 3
+    d = decide(_cfg(3), 16, 1024, "cuda", wide, props=H100, automatic=True)
+    assert (d.width, d.backward_width, d.backward_pipeline.width) == (3, 2, 2)
     assert d.pipeline.bounds == d.backward_pipeline.bounds
     with plan_constraints(pipeline_chunks=4):
         d = decide(_cfg(3), 16, 1024, "cuda", plans, props=H100)

@@ -1387,15 +1387,20 @@ def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
             torch.bfloat16, form == 1))
         assert (p.pipeline.chunks > 1, p.pipeline.width, p.pipeline.backward_width) == (
             True, 2, 1)
+        assert p.pipeline.backward_pipeline is None  # (one backward at a time: unpipelined)
         text = p.explain()
         assert f"backward split-K {tiles}" in text and "programs=128 (forward 64)" in text
-        assert "2 layers concurrent (backward 1: its launches take more programs)" in text
-        assert "(0 more stream slot(s)" in text
-        # One copy of the split-K workspace (one backward in flight), and no extra
-        # stream slot of the weight-gradient inputs.
+        assert "2 layers concurrent in the forward; the backward unpipelined" in text
+        # One copy of the split-K workspace (one backward in flight), and the backward's
+        # buffers the unpipelined engine's: no stream slot or chunk state of the pipeline's.
         assert {b.name: b.shape[0] for b in p.buffers if b.name.startswith("split_k.")} == {
             "split_k.partials": 2 if form == 1 else 8, "split_k.carries": 2}
-        assert not [b for b in p.buffers if b.name == "pipeline.dpre_x"]
+        assert {b.name for b in p.buffers if b.name.startswith("pipeline.")} == {
+            "pipeline.h_mid", "pipeline.c_mid"}
+        with plan_constraints(split_k_bwd=form, pipeline_chunks=1):
+            serial = _plan(H=1024, B=16, num_layers=3)
+        assert [b for b in p.buffers if b.phase == "backward"] == [
+            b for b in serial.buffers if b.phase == "backward"]
         with plan_constraints(**lp.choice()):
             assert _plan(H=1024, B=16, num_layers=3).layer(0) == lp
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
