@@ -85,19 +85,27 @@ def bare_timed_out(syncs: list[torch.Tensor]) -> bool:
 
 
 def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: TimingConfig) -> dict:
-    """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio."""
+    """One row: the planner's choice, bare-barrier and per-step microseconds and their ratio.
+    Each pass runs as the plan runs it: the backward on the split-K kernel where the plan
+    names it (`planner.split_k_launch`: its own programs, `programs_bwd`, and one or two
+    barriers a step, `split_k_bwd`), and each pass's ratio is against a bare barrier of its
+    own programs (`barrier_bwd_us` where they differ from the forward's)."""
+    from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import (
         BarrierTimeoutError,
         check_barriers,
         run_bare_barriers,
     )
     from tritonrnn.kernels.persistent_grid import grid_backward, grid_forward
+    from tritonrnn.rnn import planner
     from tritonrnn.rnn.planner import device_properties, recurrence_choice
 
     props = device_properties(device)
     lp, _ = recurrence_choice(mode, H, H, 0, dtype, B, props)
     row = {"mode": mode, "H": H, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""),
-           "family": lp.family, "programs": lp.num_programs, "block_h": lp.block_h,
+           "family": lp.family, "programs": lp.pass_programs(False),
+           "programs_bwd": lp.num_programs, "split_k_bwd": lp.split_k_bwd,
+           "block_h": lp.block_h,
            "block_b": lp.block_b, "block_k": lp.block_k, "num_warps": lp.num_warps,
            "num_warps_bwd": lp.backward_warps, "block_h_bwd": lp.backward_block_h,
            "block_b_bwd": lp.backward_block_b, "num_stages": lp.num_stages,
@@ -111,16 +119,33 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
         lambda: grid_forward(*fwd_kw.values(), **tiles, num_warps=lp.num_warps,
                              num_stages=lp.num_stages), "cuda", timing)
     bwd_kw = _backward_inputs(mode, H, B, T, dtype, device)
-    bwd_tiles = {**tiles, "block_h": lp.backward_block_h, "block_b": lp.backward_block_b}
-    bwd = time_callable(
-        lambda: grid_backward(**bwd_kw, **bwd_tiles, num_warps=lp.backward_warps,
-                              num_stages=lp.backward_stages, pair_gates=lp.pair_gates),
-        "cuda", timing)
+    split = planner.split_k_launch(lp, mode, H, B, dtype, props)
+    if split is not None:
+        row["programs_bwd"] = split_k.footprint(mode, H, B, dtype, split)[0]
+        own = {k: v for k, v in bwd_kw.items() if k not in ("Pw", "dh_total", "m_seq")}
+
+        def backward():
+            split_k.split_k_backward(**own, units=split.units, kblock=split.kblock,
+                                     btile=split.btile, one_barrier=split.one_barrier,
+                                     num_warps=lp.backward_warps, persistent=True)
+    else:
+        bwd_tiles = {**tiles, "block_h": lp.backward_block_h, "block_b": lp.backward_block_b}
+
+        def backward():
+            grid_backward(**bwd_kw, **bwd_tiles, num_warps=lp.backward_warps,
+                          num_stages=lp.backward_stages, pair_gates=lp.pair_gates)
+    bwd = time_callable(backward, "cuda", timing)
     # The bare launches return their sync tensors ([counter, error flag]) instead of queueing
     # the flag: each one is kept and read once, after the timing.
     bare_syncs: list[torch.Tensor] = []
-    bare = time_callable(
-        lambda: bare_syncs.append(run_bare_barriers(T, lp.num_programs, device)), "cuda", timing)
+
+    def bare_barriers(programs: int):
+        return time_callable(
+            lambda: bare_syncs.append(run_bare_barriers(T, programs, device)), "cuda", timing)
+
+    bare = bare_barriers(row["programs"])
+    bare_bwd = (bare_barriers(row["programs_bwd"]) if row["programs_bwd"] != row["programs"]
+                else bare)
     try:
         # The launches queue their barriers' error flags (deferred check): a launch whose
         # barrier timed out skipped its waits, and its time is no step's time.
@@ -135,7 +160,9 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     row["bwd_step_us"] = bwd.ms * 1e3 / T
     row["barrier_us"] = bare.ms * 1e3 / T
     row["ratio"] = row["step_us"] / row["barrier_us"]
-    row["bwd_ratio"] = row["bwd_step_us"] / row["barrier_us"]
+    if bare_bwd is not bare:
+        row["barrier_bwd_us"] = bare_bwd.ms * 1e3 / T
+    row["bwd_ratio"] = row["bwd_step_us"] / (bare_bwd.ms * 1e3 / T)
     return row
 
 
@@ -161,6 +188,10 @@ def format_rows(rows: list[dict]) -> str:
             tail = f"{r['step_us']:>9.2f} {r['barrier_us']:>10.2f} {r['ratio']:>6.2f}"
             if "bwd_step_us" in r:  # rows from before 2026-11-25 have the forward only
                 tail += f" {r['bwd_step_us']:>9.2f} {r['bwd_ratio']:>6.2f}"
+            if r.get("split_k_bwd"):  # (its ratio against a barrier of its own programs)
+                form = "one barrier" if r["split_k_bwd"] == 1 else "two barriers"
+                tail += (f"  (backward split-K, {form} a step, {r['programs_bwd']} programs: "
+                         f"bare {r.get('barrier_bwd_us', r['barrier_us']):.2f} us)")
         else:
             tail = f"  ({r['note']})"
         lines.append(f"{r['mode']:<5} {r['H']:>5} {r['B']:>3} {r['family']:<16} "

@@ -126,9 +126,14 @@ def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
     never wait on each other (no deadlock possible); for them the bound is what makes the
     overlap real instead of two kernels time-slicing the same SMs.
 
-    Other families (stepwise, reference) never spin: W = min(L, 2) when forced."""
-    if all(p.family in PERSISTENT for p in plans):
-        programs = max(max((p.pass_programs(backward) for p in plans), default=1), 1)
+    Other families (stepwise, reference) never spin: W = min(L, 2) when forced and none of
+    the plans is persistent. Where some are (a pass's plan replaced by a stepwise one after
+    a refused launch: `stack_plans` gives both passes' plans, and each pass's W counts both,
+    which is conservative), the persistent ones bound W as above: their launches still spin.
+    """
+    persistent = [p for p in plans if p.family in PERSISTENT]
+    if persistent:
+        programs = max(max(p.pass_programs(backward) for p in persistent), 1)
         return max(1, min(num_layers, props.sm_count // programs))
     return min(num_layers, 2)
 
@@ -289,7 +294,9 @@ def plan_pipeline(cfg: RNNConfig, backend: object, info, dtype: torch.dtype,
 
     The automatic choice is opt-in with TRITONRNN_PIPELINE=1 until the overlap has been
     measured on a GPU: the side-stream schedule has only run on the CPU so far (same calls,
-    in order). `plan_constraints(pipeline_chunks=k)` always applies."""
+    in order). `plan_constraints(pipeline_chunks=k)` always applies to the forward; the
+    backward pipelines where two of its layers can be in flight (`Decision.backward_pipeline`:
+    not for a single layer, nor where its launches fill the SMs)."""
     d = decide(cfg, info.B, info.max_len, device, dtype=dtype,
                backend=backend if backend is not None else "")
     return d.backward_pipeline if backward else d.pipeline

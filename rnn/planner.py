@@ -1702,8 +1702,11 @@ class Plan:
         bwd = sum(b.nbytes for b in self.buffers
                   if b.name.startswith("pipeline.") and b.phase == "backward")
         if d.backward_pipeline is None:
-            backward = (" in the forward; the backward unpipelined (one layer's backward "
-                        "launch takes more programs than half the SMs)")
+            why = ("a single layer" if self.num_layers < 2 else
+                   f"two layers' backward launches, 2 x "
+                   f"{max(lp.num_programs for lp in self.layers)} programs, exceed the "
+                   f"{self.device.sm_count} SMs")
+            backward = f" in the forward; the backward unpipelined ({why})"
             extra = "states between chunks, forward only"
             dropped = "dropped [N, Hout] in each pass"
         else:

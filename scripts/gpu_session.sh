@@ -12,14 +12,16 @@
 # forward keeps its layers in flight).
 # Next session, in this order (give the machine back after the last call):
 #   1. `tests` (timeout_s 230): the GPU-marked tests, with the pipeline's per-pass widths
-#      under the split-K rule (test_gpu_split_k_rule_pipelines_each_pass_on_its_width), the
+#      under the split-K rule (test_gpu_split_k_rule_pipelines_the_forward_alone), the
 #      pair-barrier fix of 2026-11-29, and the 16-bit grid tests' second bound (the reference
 #      run in the dtype, `_within_emulation`: its factor 4 a guess, its numbers in
 #      tolerance.jsonl to calibrate it);
-#   2. `confirm` (timeout_s 450): the grid sweep against cuDNN with the rule, the rule
+#   2. `confirm` (timeout_s 470): the grid sweep against cuDNN with the rule, the rule
 #      against the grid's own backward as one plan (`nosplitk`), the buckets between
 #      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), then the older confirm rows; `check`.
-#   Then `all` (timeout_s 490) and `decide`'s rows after its cut, in a later session.
+#   Then `all` (timeout_s 490) and `decide`'s rows after its cut, in a later session; and
+#   the layer pipeline, never timed on a GPU (TRITONRNN_PIPELINE stays opt-in until it is):
+#   `grid`'s last two steps (the 2-layer stack without and with it).
 # The order below is the one the 2026-11-29 runs followed:
 #   1. `tests` (timeout_s 230): the GPU-marked tests; never run on a GPU yet among them:
 #      the split-K backward's (test_gpu_split_k_backward, ..._in_the_layer), the
@@ -280,16 +282,17 @@ case "$stage" in
     ablate "${DECIDE_SECONDS:-540}" decide ;;
   confirm)
     # The split-K rule (planner `_SPLIT_K_RULE`, 2026-11-30) and the rules of 2026-11-27's
-    # third session in one call of about 420 s: the grid sweep's kernels compiled ahead
-    # (the rule's among them), and the backwards `confirm`'s rows time beside them (the
-    # grid's own at the rule's shapes, `--split-k-bwd 0`; both forms at the buckets between
-    # them) in parallel; the sweep against cuDNN (with the rule at LSTM H=1024 B=16 / 64; its
+    # third session in one call of at most 430 s: the grid sweep's kernels compiled ahead
+    # (the rule's among them), and the other plans `confirm`'s rows time, in parallel (the
+    # grid's own backward at the rule's shapes and at LSTM H=1024 B=256, `--split-k-bwd 0`,
+    # the plans at the buckets between them and the split-K forms there); the sweep against cuDNN (with the rule at LSTM H=1024 B=16 / 64; its
     # correctness check too), then step_ablation's `confirm` rows, then `check`.
     box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
       --jobs 14 --json "$out/aot-grid.json"
     t0=$SECONDS
-    for job in lstm,1024,16,0 gru,1536,16,0 lstm,1024,64,0 gru,1536,16,2 lstm,1024,32,1 \
-        lstm,1024,32,2 lstm,1024,128,2 gru,1536,32,2 lstm,1024,256,2; do
+    for job in lstm,1024,16,0 gru,1536,16,0 lstm,1024,64,0 lstm,1024,256,0 lstm,1024,256,2 \
+        lstm,1024,32,0 lstm,1024,32,1 lstm,1024,32,2 lstm,1024,128,0 lstm,1024,128,2 \
+        gru,1536,32,0 gru,1536,32,2; do
       IFS=, read -r m h b form <<< "$job"
       timeout 60 python -m tritonrnn.bench aot --mode "$m" --hidden "$h" --batch "$b" \
         --dtype bf16 --device-preset current --split-k-bwd "$form" \

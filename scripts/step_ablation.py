@@ -583,8 +583,9 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
             lp = planner._stream_stages(replace(lp, block_h=32, num_stages=0, num_stages_bwd=0),
                                         mode, H, H, 0, torch.bfloat16, props)
         if variant.startswith("bare"):
-            warps = int(variant[4:])
-            fn = lambda n=lp.num_programs, w=warps: run_bare_barriers(T, n, dev, num_warps=w)  # noqa: E731
+            # (the forward's programs: a split-K backward's launch may take more)
+            warps, programs = int(variant[4:]), lp.pass_programs(False)
+            fn = lambda n=programs, w=warps: run_bare_barriers(T, n, dev, num_warps=w)  # noqa: E731
         else:
             kw = _recurrence_inputs(mode, H, B, T, torch.bfloat16, dev)
             fn = lambda kw=kw, lp=lp: grid_forward(  # noqa: E731
@@ -600,7 +601,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
             continue
         ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
-                     "programs": lp.num_programs, "num_warps": lp.num_warps,
+                     "programs": lp.pass_programs(False), "num_warps": lp.num_warps,
                      "block_b": lp.block_b, "block_h": lp.block_h, "block_k": lp.block_k,
                      "num_stages": lp.num_stages, "num_stages_bwd": lp.backward_stages,
                      "step_us": ms * 1e3 / T})

@@ -740,17 +740,19 @@ def test_compile_options_reach_ptxas(reports):
 # spilled in every step before the backward got 8 warps and the 1024 reduction two 512 chunks
 # (Triton 3.6, in-loop local loads + stores: LSTM backward 518, forward 118; GRU 436 / 97).
 # The forward on 8 warps (`planner._split_k_on_8`, timed faster than 4 on an H200): per-gate
-# dots, each gate's K split 8 ways, each MMA once.
+# dots, each gate's K split 8 ways, each MMA once. (The grid's own backward, forced: at LSTM
+# H=1024 B=64 the heuristic's is the split-K kernel's, `test_split_k_rule_compiles_...`.)
 WIDE = {
     "lstm1024-b64": aot.AotShape("lstm", hidden=1024, batch=64, dtype=torch.bfloat16),
     "gru1024-b64": aot.AotShape("gru", hidden=1024, batch=64, dtype=torch.bfloat16),
 }
 
 
-def _compile_named(named) -> dict:
-    """{name: report} of the planner's heuristic plans for [(name, AotShape)] on an H100."""
+def _compile_named(named, constraints: dict | None = None) -> dict:
+    """{name: report} of the planner's heuristic plans for [(name, AotShape)] on an H100
+    (under plan `constraints` where given)."""
     try:
-        out = aot.aot_reports([(s, None) for _, s in named], "h100")
+        out = aot.aot_reports([(s, constraints) for _, s in named], "h100")
     except aot.ToolMissing as e:
         pytest.skip(f"no ptxas/cuobjdump to compile for sm_90: {e}")
     return dict(zip((name for name, _ in named), out, strict=True))
@@ -759,7 +761,7 @@ def _compile_named(named) -> dict:
 @pytest.mark.compiler_specific
 @pytest.mark.parametrize("name", list(WIDE))
 def test_wide_tiles_keep_spills_out_of_the_step_loop(name):
-    r = _compile_named([(name, WIDE[name])])[name]
+    r = _compile_named([(name, WIDE[name])], {"split_k_bwd": 0})[name]
     lp = r["plan"]
     fwd_warps = 8
     assert (lp["block_h"], lp["block_b"], lp["num_warps"], lp["num_warps_bwd"]) == (
@@ -778,6 +780,30 @@ def test_wide_tiles_keep_spills_out_of_the_step_loop(name):
     assert _local_ops(fwd)[0] == 0, fwd["profile"]
     for k in (fwd, bwd):
         assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
+
+
+# The split-K rule's plans (`planner._SPLIT_K_RULE`): the heuristic's backward at LSTM H=1024
+# B=16 is the one-barrier kernel, at B=64 and GRU H=1536 B=16 the two-barrier one, on 8
+# warps, their forwards the grid's; no local memory in either step loop and within the
+# plan's shared memory (Triton 3.6 on the H200 preset, 2026-11-30: 81920 / 86016 / 139264
+# B, 226 / 206 / 100 registers).
+@pytest.mark.compiler_specific
+def test_split_k_rule_compiles_without_spills():
+    got = _compile_named([
+        ("lstm1024-b16", aot.AotShape("lstm", hidden=1024, batch=16, dtype=torch.bfloat16)),
+        ("lstm1024-b64", WIDE["lstm1024-b64"]),
+        ("gru1536-b16", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16))])
+    kernels = {"lstm1024-b16": "_split_k1_bwd_kernel", "lstm1024-b64": "_split_k_bwd_kernel",
+               "gru1536-b16": "_split_k_bwd_kernel"}
+    for name, r in got.items():
+        lp = r["plan"]
+        assert lp["split_k_bwd"] == (1 if name == "lstm1024-b16" else 2), name
+        fwd, bwd = _kernels(r)
+        assert (fwd["kernel"], bwd["kernel"], bwd["num_warps"]) == (
+            "_grid_fwd_kernel", kernels[name], 8)
+        for k in (fwd, bwd):
+            assert _local_ops(k)[0] == 0, (name, k["profile"])
+            assert k["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
 # The planner's B = 64 plans at H = 768 (GRU 1024 too): a 16 x 32 forward on 8 warps, the
@@ -852,11 +878,12 @@ def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
 # backward 72 -> 48; GRU H=1024 B=64 backward 72 -> 48).
 @pytest.mark.compiler_specific
 def test_first_chunk_hoisted_without_spills(monkeypatch):
+    # (the grid's own backward forced: GRU H=1536 B=16's heuristic runs the split-K one)
     named = [("gru1536", aot.AotShape("gru", hidden=1536, batch=16, dtype=torch.bfloat16)),
              ("gru1024-b64", WIDE["gru1024-b64"])]
-    got = _compile_named(named)
+    got = _compile_named(named, {"split_k_bwd": 0})
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "off")
-    off = _compile_named(named)
+    off = _compile_named(named, {"split_k_bwd": 0})
     for name, r in got.items():
         lp = r["plan"]
         kernels = _kernels(r) if name == "gru1536" else _kernels(r)[1:]

@@ -177,12 +177,13 @@ def test_each_stage_fits_one_device_command(stage):
 @pytest.mark.parametrize(("stages", "spare"), [(("tests", "all"), 170),
                                                (("tests", "decide", "barrier"), 170),
                                                (("tests", "splitk"), 170),
+                                               (("tests", "confirm"), 170),
                                                (("all", "phases"), 80),
                                                (("tests", "profile"), 170)])
 def test_a_session_fits_the_device_budget(stages, spare):
     """The stages the script's header runs in a 15-minute session (tests, then all; tests,
-    decide with the shorter box the header names, then barrier; tests, then splitk; all,
-    then phases; tests, then profile) are
+    decide with the shorter box the header names, then barrier; tests, then splitk; tests,
+    then confirm; all, then phases; tests, then profile) are
     each cut below the timeout_s the header gives them, and together leave the machine's
     start, the transfers and the idle wait between the calls `spare` seconds of the 900 s (a
     start took about 30 s on 2026-11-26, a dead machine's 86 s)."""

@@ -336,7 +336,7 @@ def test_gpu_side_streams_match_unpipelined(mode, family):
 
 
 @pytest.mark.gpu
-def test_gpu_split_k_rule_pipelines_each_pass_on_its_width():
+def test_gpu_split_k_rule_pipelines_the_forward_alone():
     """LSTM H=1024 B=16 bf16 on an H100 / H200: the planner's split-K rule runs the
     one-barrier backward (128 programs) under the 64-program forward, so a forced 4-chunk
     pipeline of three layers keeps two forwards in flight, and the backward runs
@@ -537,6 +537,20 @@ def test_rule_co_residency_per_pass():
     off = decide(_cfg(3), 16, 1024, "cuda", (LayerPlan("persistent_grid", num_programs=128),)
                  * 3, props=H100, automatic=True)
     assert off.chunks == 1 and off.backward_pipeline is None and "2 x 128" in off.reason
+
+
+def test_co_residency_counts_the_persistent_plans_beside_others():
+    """A stack whose backward plan was replaced by a stepwise one (a refused launch) still
+    runs persistent forwards: a forced pipeline keeps only as many in flight as fit the SMs
+    together (128-program grids: one), not the two that stepwise launches alone may have."""
+    grid = LayerPlan("persistent_grid", num_programs=128)
+    mixed = (grid, LayerPlan("stepwise", num_programs=512)) * 2
+    assert concurrent_layers(2, mixed, H100) == concurrent_layers(2, mixed, H100,
+                                                                  backward=False) == 1
+    assert concurrent_layers(2, (LayerPlan("stepwise", num_programs=512),) * 2, H100) == 2
+    with plan_constraints(pipeline_chunks=4):
+        d = decide(_cfg(2), 16, 1024, "cuda", mixed, props=H100)
+    assert (d.chunks, d.width, d.backward_width, d.backward_pipeline) == (4, 1, 1, None)
 
 
 def test_rule_co_residency():

@@ -1390,7 +1390,8 @@ def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
         assert p.pipeline.backward_pipeline is None  # (one backward at a time: unpipelined)
         text = p.explain()
         assert f"backward split-K {tiles}" in text and "programs=128 (forward 64)" in text
-        assert "2 layers concurrent in the forward; the backward unpipelined" in text
+        assert ("2 layers concurrent in the forward; the backward unpipelined (two layers' "
+                "backward launches, 2 x 128 programs, exceed the 132 SMs)") in text
         # One copy of the split-K workspace (one backward in flight), and the backward's
         # buffers the unpipelined engine's: no stream slot or chunk state of the pipeline's.
         assert {b.name: b.shape[0] for b in p.buffers if b.name.startswith("split_k.")} == {
@@ -1403,6 +1404,11 @@ def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
             b for b in serial.buffers if b.phase == "backward"]
         with plan_constraints(**lp.choice()):
             assert _plan(H=1024, B=16, num_layers=3).layer(0) == lp
+    # A forced pipeline of one layer: the backward unpipelined, nothing to overlap.
+    with plan_constraints(pipeline_chunks=4):
+        single = _plan(H=64, B=16)
+    assert (single.pipeline.chunks, single.pipeline.backward_pipeline) == (4, None)
+    assert "the backward unpipelined (a single layer)" in single.explain()
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
     assert _plan(H=1024, B=16).layer(0).split_k_bwd == 1
     with plan_constraints(family="persistent_grid", block_h=16):
@@ -1466,7 +1472,8 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
     launch = planner.split_k_launch(lp, mode, H, B, dtype, PRESETS[device])
     assert launch.one_barrier == (form == 1)
     programs, _ = split_k.footprint(mode, H, B, dtype, launch)
-    assert lp.num_programs == max(programs, lp.forward_programs or lp.num_programs)
+    forward = pg.grid_programs(H, H, 0, B, lp.block_h, lp.block_b, 1)
+    assert (lp.pass_programs(False), lp.num_programs) == (forward, max(programs, forward))
     assert "backward split-K" in plan.explain()
     assert _plan(mode=mode, H=H, B=B // 2 + 1, dtype=dtype, device=device).layer(0) == lp
     request.getfixturevalue("no_split_k_rule")
@@ -1498,7 +1505,7 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
     # the timed shapes under conditions that were not timed
     ("lstm", 1024, 16, torch.float32, "h100", {}, "float32"),
     ("lstm", 1024, 64, torch.bfloat16, "a100", {}, "sm_80"),
-    ("lstm", 1024, 16, torch.float32, "interpreter", {}, "the interpreter"),
+    ("lstm", 1024, 16, torch.bfloat16, "interpreter", {}, "the interpreter"),
     ("lstm", 1024, 16, torch.bfloat16, "h100", {"num_proj": 512}, "a projection"),
     ("lstm", 1024, 16, torch.bfloat16, "h100", {"direction": "bidirectional"},
      "a pair launch (128 programs: both directions in one)"),

@@ -523,7 +523,8 @@ def test_split_k_workspace_counts_each_layer_in_flight(monkeypatch):
             plans[chunks] = plan_for(rnn_mode="lstm", num_units=64, input_size=64, batch=16,
                                      max_time=8, num_layers=3, dtype=torch.bfloat16,
                                      device_properties="h100")
-    assert plans[4].pipeline.width == 3
+    # (the copies follow the backward's layers in flight: 3, as the forward's, here)
+    assert (plans[4].pipeline.width, plans[4].pipeline.backward_width) == (3, 3)
     one, many = ({b.name: b for b in plans[k].buffers if b.name.startswith("split_k.")}
                  for k in (1, 4))
     assert {n: b.shape for n, b in one.items()} == {"split_k.partials": (4, 16, 64),
