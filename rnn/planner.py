@@ -1230,7 +1230,12 @@ def _apply(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, props,
 # which the planner's plans do not (`tritonrnn aot` flags it): left out until a second
 # timing (step_ablation `confirm`), as the shapes between are (LSTM H=1024 B=32 / 128, GRU
 # H=1536 B=32, other H: untimed), with the family's own backward.
-_SPLIT_K_RULE = {("lstm", 1024, 16): 1, ("lstm", 1024, 64): 2, ("gru", 1536, 16): 2}
+# Each entry: the form and the tiles it ran on there ((units, kblock, btile): `kernels.
+# split_k.form_tiles` on the H200, as on the H100 preset), which the device must give the
+# form for the rule to apply (an sm_90 part with fewer SMs gets other, untimed tiles).
+_SPLIT_K_RULE = {("lstm", 1024, 16): (1, (256, 128, 16)),
+                 ("lstm", 1024, 64): (2, (64, 512, 64)),
+                 ("gru", 1536, 16): (2, (128, 512, 16))}
 
 
 def _split_k_rule(lp: LayerPlan, cell: str, H: int, P: int, dtype: torch.dtype, batch: int,
@@ -1240,19 +1245,19 @@ def _split_k_rule(lp: LayerPlan, cell: str, H: int, P: int, dtype: torch.dtype, 
     per launch (a pair launch would split into two split-K launches, untimed) without a
     projection, 16-bit (the timed bf16 and fp16, which compiles to the same tiles and MMAs),
     on an sm_90 device (the H100 / H200: the same SMs, shared memory and co-residency),
-    where the form has tiles on that device (`kernels.split_k.form_tiles`). Its launch may
-    take more programs than the forward (LSTM H=1024 B=16: 128 against 64); the layer
-    pipeline bounds each pass's layers in flight by that pass's programs
+    where the form's tiles on that device (`kernels.split_k.form_tiles`) are the timed
+    ones. Its launch may take more programs than the forward (LSTM H=1024 B=16: 128 against
+    64); the layer pipeline bounds each pass's layers in flight by that pass's programs
     (`pipeline.concurrent_layers`), so the forward keeps its overlap."""
     from tritonrnn.kernels import split_k
 
-    form = _SPLIT_K_RULE.get((cell, H, batch), 0)
+    form, timed = _SPLIT_K_RULE.get((cell, H, batch), (0, None))
     if (not form or lp.family != "persistent_grid" or lp.num_dirs != 1 or P
             or dtype not in (torch.bfloat16, torch.float16) or props.interpreter
-            or props.arch // 10 != 9
-            or split_k.form_tiles(form, cell, H, batch, dtype, props) is None):
+            or props.arch // 10 != 9):
         return 0
-    return form
+    launch = split_k.form_tiles(form, cell, H, batch, dtype, props)
+    return form if launch is not None and tuple(launch[:3]) == timed else 0
 
 
 def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype: torch.dtype,

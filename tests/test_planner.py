@@ -1470,7 +1470,8 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
     lp = plan.layer(0)
     assert (plan.source, lp.family, lp.split_k_bwd) == ("heuristic", "persistent_grid", form)
     launch = planner.split_k_launch(lp, mode, H, B, dtype, PRESETS[device])
-    assert launch.one_barrier == (form == 1)
+    assert (launch.one_barrier, tuple(launch[:3])) == (form == 1,
+                                                       planner._SPLIT_K_RULE[(mode, H, B)][1])
     programs, _ = split_k.footprint(mode, H, B, dtype, launch)
     forward = pg.grid_programs(H, H, 0, B, lp.block_h, lp.block_b, 1)
     assert (lp.pass_programs(False), lp.num_programs) == (forward, max(programs, forward))
@@ -1513,6 +1514,22 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
 def test_split_k_rule_stays_where_it_was_not_timed(mode, H, B, dtype, device, kw, why):
     lp = _plan(mode=mode, H=H, B=B, dtype=dtype, device=device, **kw).layer(0)
     assert lp.split_k_bwd == 0, why
+
+
+def test_split_k_rule_needs_its_timed_launch_on_the_device():
+    """An sm_90 device with fewer SMs (an H100 PCIe's 114): where the form's tiles there are
+    not the timed ones (LSTM H=1024 B=16: 256 x 256 x 16 on 64 programs instead of 256 x 128
+    x 16 on 128) the grid's own backward runs; where they are (GRU H=1536 B=16: 128 x 512 x
+    16 on 108 programs), the rule's form."""
+    from tritonrnn.kernels import split_k
+
+    pcie = dataclasses.replace(PRESETS["h100"], name="NVIDIA H100 PCIe", sm_count=114)
+    assert split_k.form_tiles(1, "lstm", 1024, 16, torch.bfloat16, pcie) == (256, 256, 16,
+                                                                             True)
+    lp = _plan(H=1024, B=16, device=pcie).layer(0)
+    assert (lp.family, lp.split_k_bwd) == ("persistent_grid", 0), lp
+    lp = _plan(mode="gru", H=1536, B=16, device=pcie).layer(0)
+    assert (lp.family, lp.split_k_bwd, lp.num_programs) == ("persistent_grid", 2, 108), lp
 
 
 def test_split_k_rule_is_the_heuristics_alone(tmp_path, monkeypatch):
