@@ -556,8 +556,11 @@ def format_table(report: dict) -> str:
         if "error" in plan:
             lines.append(f"  plan: n/a ({plan['error']})")
         else:
-            lines.append(f"  plan: {', '.join(plan['families'])} ({plan['source']}), planned "
-                         f"reserve {_fmt_bytes(plan['reserve_bytes'])}")
+            form = (plan.get("recurrence") or {}).get("split_k_bwd")
+            split = (f", backward split-K ({'one barrier' if form == 1 else 'two barriers'})"
+                     if form else "")
+            lines.append(f"  plan: {', '.join(plan['families'])}{split} ({plan['source']}), "
+                         f"planned reserve {_fmt_bytes(plan['reserve_bytes'])}")
             for replaced in plan.get("replaced", []):
                 lines.append(f"  {replaced['pass']}: {replaced['summary']}")
     roof = report["roofline"]

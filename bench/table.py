@@ -30,12 +30,15 @@ def _x(speedup: float | None) -> str:
     return "-" if speedup is None else f"{speedup:.2f}x"
 
 
-def _families(result: dict) -> str:
-    """The family column: the plan's families, "plan error" where the planner refused the
-    shape (the report's plan is {"error": ...}), - where the report has no plan."""
+def _families(result: dict, pas: str = "fwd") -> str:
+    """The family column: the plan's families (with "+ split-K bwd" for a pass with a
+    backward where the plan's recurrence runs the split-K kernel, LayerPlan.split_k_bwd),
+    "plan error" where the planner refused the shape (the report's plan is {"error": ...}),
+    - where the report has no plan."""
     plan = result.get("plan") or {}
     if "families" in plan:
-        return ",".join(plan["families"])
+        split = (plan.get("recurrence") or {}).get("split_k_bwd") and pas != "fwd"
+        return ",".join(plan["families"]) + (" + split-K bwd" if split else "")
     return "plan error" if "error" in plan else "-"
 
 
@@ -55,7 +58,7 @@ def report_rows(report: dict) -> list[str]:
                 continue
             base = runs.get(("torch", pas), {})
             graph = runs.get(("torch-graph", pas), {})
-            fam = _families(r)
+            fam = _families(r, pas)
             ratio = (r.get("reserve_ratio") or {}).get("torch")
             if run["status"] != "ok":
                 out.append(f"| {device} | {r['label']} | {pas} | {fam} | failed | "

@@ -517,13 +517,23 @@ def test_table_rows_from_bench_reports_only(tmp_path, capsys):
     new.write_text(json.dumps(report("gru H8", graph=True)))
     other = tmp_path / "barrier.json"
     other.write_text(json.dumps({"device": "GPU X", "rows": [{"step_us": 1.0}]}))
-    table.main([str(old), str(other), str(new)])
+    # A plan whose backward is the split-K kernel's says so in its passes with a backward.
+    split = report("lstm H1024", graph=False)
+    split["results"][0]["plan"]["recurrence"] = {"split_k_bwd": 1}
+    fwd = dict(split["results"][0]["runs"][0], **{"pass": "fwd"})
+    split["results"][0]["runs"].append(fwd)
+    split_path = tmp_path / "split.json"
+    split_path.write_text(json.dumps(split))
+    table.main([str(old), str(other), str(new), str(split_path)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
     assert lines[2:] == [
         "| GPU X | lstm H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x | - | - | 0.25 |",
         "| GPU X | gru H8 | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x | 3.00 | 1.50x "
-        "| 0.25 |"]
+        "| 0.25 |",
+        "| GPU X | lstm H1024 | fwd | persistent_grid | 2.00 | - | 3.00x | - | - | 0.25 |",
+        "| GPU X | lstm H1024 | fwdbwd | persistent_grid + split-K bwd | 2.00 | 6.00 | 3.00x "
+        "| - | - | 0.25 |"]
 
 
 def test_source_hash_names_the_python_sources(tmp_path):
@@ -675,6 +685,11 @@ def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
     assert graph.split()[-4:] == ["-", "-", "2.0", "KiB"]
     assert "  cuDNN-graph: reserve n/a; not compared; cuDNN algorithm fwd standard, bwd " \
         "standard" in lines
+    assert "  plan: persistent_grid (heuristic), planned reserve 10 B" in lines
+    # A plan whose backward is the split-K kernel's names its form.
+    report["results"][0]["plan"]["recurrence"] = {"split_k_bwd": 2}
+    assert ("  plan: persistent_grid, backward split-K (two barriers) (heuristic), planned "
+            "reserve 10 B") in format_table(report).splitlines()
 
 
 def test_summary_table_names_the_timings_whose_cpu_warmup_did_not_settle():
