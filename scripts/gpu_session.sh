@@ -11,11 +11,9 @@
 # compile spills; the layer pipeline counts each pass's programs apart since, so the
 # forward keeps its layers in flight).
 # Next session, in this order (give the machine back after the last call):
-#   1. `tests` (timeout_s 230): the GPU-marked tests, with the pipeline's per-pass widths
-#      under the split-K rule (test_gpu_split_k_rule_pipelines_the_forward_alone), the
-#      pair-barrier fix of 2026-11-29, and the 16-bit grid tests' second bound (the reference
-#      run in the dtype, `_within_emulation`: its factor 4 a guess, its numbers in
-#      tolerance.jsonl to calibrate it);
+#   1. `tests` (timeout_s 230): the GPU-marked tests, with the split-K rule's plans in a
+#      pipelined stack (test_gpu_split_k_rule_pipelines_the_forward_alone) and the
+#      pair-barrier fix of 2026-11-29;
 #   2. `confirm` (timeout_s 470): the grid sweep against cuDNN with the rule, the rule
 #      against the grid's own backward as one plan (`nosplitk`), the buckets between
 #      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), then the older confirm rows; `check`.
@@ -192,9 +190,6 @@ case "$stage" in
     # box still names each test it finished; -rf lists the failures at the end.
     # The persistent-grid family's (issue 5: bf16 / fp32 against the reference, barrier
     # stress, pair launches) first, so that a cut falls on the others.
-    # The 16-bit grid tests' numbers against their emulation bound (tests/test_kernels_grid.py
-    # `_within_emulation`), one JSON line a comparison, to calibrate its factor from.
-    export TRITONRNN_TOLERANCE_LOG="$out/tolerance.jsonl"
     par=$(python -c "import xdist" 2>/dev/null && echo "-n 12")
     first="tests/test_kernels_grid.py tests/test_bidir_launch.py"
     t0=$SECONDS
