@@ -16,8 +16,11 @@
 #      pair-barrier fix of 2026-11-29;
 #   2. `confirm` (timeout_s 470): the grid sweep against cuDNN with the rule, the rule
 #      against the grid's own backward as one plan (`nosplitk`), the buckets between
-#      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), then the older confirm rows; `check`.
-#   Then `all` (timeout_s 490) and `decide`'s rows after its cut, in a later session; and
+#      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), LSTM H=1024 B=256's split-K a second
+#      time, then the older confirm rows; `check`.
+#   Then `all` (timeout_s 490: its `barrier` step times the rule's split-K backwards against
+#   bare barriers of their own programs) and `decide`'s rows after its cut, in a later
+#   session; and
 #   the layer pipeline, never timed on a GPU (TRITONRNN_PIPELINE stays opt-in until it is):
 #   `grid`'s last two steps (the 2-layer stack without and with it).
 # The order below is the one the 2026-11-29 runs followed:
