@@ -7,11 +7,15 @@ the floor of that exchange is one grid barrier. This measures, on the same GPU i
   (kernels/grid_barrier.run_bare_barriers), in microseconds per barrier;
 - kernel step: the persistent-grid forward recurrence of one layer (the planner's tiles), in
   microseconds per time step (input projection excluded: it is one GEMM outside the loop);
-- backward step: the persistent-grid backward recurrence of the same layer (the planner's
-  backward warps; the GEMMs that recompute the pre-activations and form the weight
-  gradients excluded), per time step;
+- backward step: the backward recurrence of the same layer as the plan runs it (the
+  persistent grid's on the planner's backward tiles and warps, or the split-K kernel's where
+  the plan names it, `LayerPlan.split_k_bwd`; the GEMMs that recompute the pre-activations
+  and form the weight gradients excluded), per time step;
 
-and reports each step's ratio to the barrier (design target: within 2x).
+and reports each step's ratio to the barriers of its own launch (design target: within 2x):
+the forward's one barrier a step of its programs, the backward's of its programs and count
+(the split-K kernel's two-barrier form meets twice a step, as `scripts/split_k_probe.py`
+counts it).
 """
 
 from __future__ import annotations
@@ -139,12 +143,15 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     # the flag: each one is kept and read once, after the timing.
     bare_syncs: list[torch.Tensor] = []
 
-    def bare_barriers(programs: int):
+    def bare_barriers(programs: int, per_step: int = 1):
         return time_callable(
-            lambda: bare_syncs.append(run_bare_barriers(T, programs, device)), "cuda", timing)
+            lambda: bare_syncs.append(run_bare_barriers(per_step * T, programs, device)),
+            "cuda", timing)
 
     bare = bare_barriers(row["programs"])
-    bare_bwd = (bare_barriers(row["programs_bwd"]) if row["programs_bwd"] != row["programs"]
+    row["barriers_bwd"] = 1 if split is None or split.one_barrier else 2  # a step
+    bare_bwd = (bare_barriers(row["programs_bwd"], row["barriers_bwd"])
+                if (row["programs_bwd"], row["barriers_bwd"]) != (row["programs"], 1)
                 else bare)
     try:
         # The launches queue their barriers' error flags (deferred check): a launch whose
@@ -188,10 +195,12 @@ def format_rows(rows: list[dict]) -> str:
             tail = f"{r['step_us']:>9.2f} {r['barrier_us']:>10.2f} {r['ratio']:>6.2f}"
             if "bwd_step_us" in r:  # rows from before 2026-11-25 have the forward only
                 tail += f" {r['bwd_step_us']:>9.2f} {r['bwd_ratio']:>6.2f}"
-            if r.get("split_k_bwd"):  # (its ratio against a barrier of its own programs)
-                form = "one barrier" if r["split_k_bwd"] == 1 else "two barriers"
-                tail += (f"  (backward split-K, {form} a step, {r['programs_bwd']} programs: "
-                         f"bare {r.get('barrier_bwd_us', r['barrier_us']):.2f} us)")
+            if r.get("split_k_bwd"):  # (its ratio against its own launch's barriers)
+                from tritonrnn.kernels.split_k import FORM_NAMES
+
+                tail += (f"  (backward split-K, {FORM_NAMES[r['split_k_bwd']]} a step, "
+                         f"{r['programs_bwd']} programs: bare "
+                         f"{r.get('barrier_bwd_us', r['barrier_us']):.2f} us a step)")
         else:
             tail = f"  ({r['note']})"
         lines.append(f"{r['mode']:<5} {r['H']:>5} {r['B']:>3} {r['family']:<16} "

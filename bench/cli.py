@@ -737,7 +737,8 @@ def cmd_barrier(args, argv: list[str] | None = None) -> int:
                          "interpreter); none found")
     timing = _timing(args)
     device = torch.cuda.get_device_name()
-    print(f"persistent-grid forward and backward steps vs bare grid barrier on {device}, "
+    print(f"persistent-grid forward and backward steps (the plan's backward: the grid's or "
+          f"the split-K kernel's) vs the bare grid barriers of each launch on {device}, "
           f"T={args.time}, {args.dtype} (target: ratio <= 2)")
     path = None
     if args.out is not None:

@@ -1722,7 +1722,8 @@ class Plan:
             dropped = (f"dropped [N, Hout] (forward) and [{d.backward_width}, N, Hout] "
                        f"(backward)")
         return [
-            f"  layer pipeline: {d.chunks} chunks, {d.width} layers concurrent{backward} "
+            f"  layer pipeline: {d.chunks} chunks, {d.width} "
+            f"layer{'s' if d.width != 1 else ''} concurrent{backward} "
             f"({d.reason})",
             f"    decided at T={d.max_len} (max_time; the engine decides per batch on its "
             f"longest sequence) for the Triton backend's recurrences above",

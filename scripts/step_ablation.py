@@ -580,7 +580,11 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
             if w in parts:
                 lp = replace(lp, num_warps=int(w[1:]))
         if "bh32" in parts:  # (streamed: the stages the planner gives those tiles)
-            lp = planner._stream_stages(replace(lp, block_h=32, num_stages=0, num_stages_bwd=0),
+            from tritonrnn.kernels.persistent_grid import grid_programs
+
+            programs = grid_programs(H, H, 0, B, 32, lp.block_b, lp.num_dirs)
+            lp = planner._stream_stages(replace(lp, block_h=32, num_stages=0, num_stages_bwd=0,
+                                                num_programs=programs, forward_programs=0),
                                         mode, H, H, 0, torch.bfloat16, props)
         if variant.startswith("bare"):
             # (the forward's programs: a split-K backward's launch may take more)
@@ -601,7 +605,10 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
             continue
         ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
         rows.append({"variant": variant, "mode": mode, "H": H, "B": B,
-                     "programs": lp.pass_programs(False), "num_warps": lp.num_warps,
+                     # (the forward's, which the step times; the larger pass's: a split-K
+                     # backward's launch may take more)
+                     "programs": lp.pass_programs(False), "programs_bwd": lp.num_programs,
+                     "num_warps": lp.num_warps,
                      "block_b": lp.block_b, "block_h": lp.block_h, "block_k": lp.block_k,
                      "num_stages": lp.num_stages, "num_stages_bwd": lp.backward_stages,
                      "step_us": ms * 1e3 / T})

@@ -114,8 +114,10 @@ def test_barrier_row_is_no_timing_when_a_timed_launchs_barrier_timed_out(monkeyp
 def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
     """A plan whose backward is the split-K kernel's (the planner's rule at LSTM H=1024 B=16:
     128 programs under a 64-program forward): the row times that kernel, on the plan's
-    launch, not the grid backward, and each pass against a bare barrier of its own
-    programs; the grid's own backward (form 0) against the forward's barrier."""
+    launch, not the grid backward, and each pass against the bare barriers of its own
+    launch: its programs (`split_k.footprint` of the launch, 96 here, not the plan's 128)
+    and, for the two-barrier form, two a step; the grid's own backward (form 0) against the
+    forward's barrier."""
     from tritonrnn.kernels import grid_barrier, persistent_grid, split_k
     from tritonrnn.rnn import planner
 
@@ -129,20 +131,21 @@ def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
     monkeypatch.setattr(planner, "recurrence_choice", lambda *a, **k: (lp, "heuristic"))
     monkeypatch.setattr(planner, "split_k_launch",
                         lambda p, *a: launch if p.split_k_bwd else None)
-    monkeypatch.setattr(split_k, "footprint", lambda *a: (128, 81920))
+    monkeypatch.setattr(split_k, "footprint", lambda *a: (96, 81920))
     monkeypatch.setattr(persistent_grid, "grid_forward", lambda *a, **k: ran.append("fwd"))
     monkeypatch.setattr(persistent_grid, "grid_backward", lambda *a, **k: ran.append("grid"))
     monkeypatch.setattr(split_k, "split_k_backward", lambda *a, **k: ran.append(
         ("split", k["units"], k["kblock"], k["btile"], k["one_barrier"], k["num_warps"])))
-    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda T, n, device: (
-        ran.append(("bare", n)), torch.tensor([0, 0], dtype=torch.int32))[1])
+    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda count, n, device: (
+        ran.append(("bare", n, count)), torch.tensor([0, 0], dtype=torch.int32))[1])
     monkeypatch.setattr(grid_barrier, "check_barriers", lambda: None)
 
     def timed(fn, device_type, cfg):
-        """1 ms a forward, 2 ms a backward, programs / 64 ms a bare barrier."""
+        """1 ms a forward, 2 ms a backward, programs / 64 ms a run of T bare barriers."""
         fn()
         last = ran[-1]
-        ms = 1.0 if last == "fwd" else last[1] / 64 if last[0] == "bare" else 2.0
+        ms = (1.0 if last == "fwd" else last[1] / 64 * last[2] / T if last[0] == "bare"
+              else 2.0)
         return Timing(ms, ms, ms)
 
     monkeypatch.setattr(barrier, "time_callable", timed)
@@ -150,16 +153,21 @@ def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
     row = barrier.measure_shape("lstm", 1024, 16, T, torch.bfloat16, torch.device("cpu"),
                                 TimingConfig())
     backward = ("split", *launch, 8) if form else "grid"
-    assert ran == ["fwd", backward, ("bare", 64)] + ([("bare", 128)] if form else [])
+    barriers = 2 if form == 2 else 1  # a step
+    assert ran == ["fwd", backward, ("bare", 64, T)] + (
+        [("bare", 96, barriers * T)] if form else [])
     assert (row["programs"], row["programs_bwd"], row["split_k_bwd"]) == (
-        64, 128 if form else 64, form)
+        64, 96 if form else 64, form)
+    assert row["barriers_bwd"] == barriers
     assert row["ratio"] == pytest.approx(1.0)  # 1 ms against the 64 programs' 1 ms
-    assert row["bwd_ratio"] == pytest.approx(1.0 if form else 2.0)  # 2 ms: 2 or 1 ms
+    # 2 ms against 1.5 ms (96 programs) a barrier, two of them a step in the two-barrier
+    # form; against the forward's 1 ms for the grid's backward
+    assert row["bwd_ratio"] == pytest.approx({0: 2.0, 1: 2 / 1.5, 2: 2 / 3.0}[form])
     assert ("barrier_bwd_us" in row) == bool(form)
     text = barrier.format_rows([row])
     assert ("backward split-K" in text) == bool(form)
     if form:
-        assert f"{'one barrier' if form == 1 else 'two barriers'} a step, 128 programs" in text
+        assert f"{'one barrier' if form == 1 else 'two barriers'} a step, 96 programs" in text
 
 
 def test_barrier_json_is_tagged_with_commit_versions_and_timing(tmp_path, capsys,

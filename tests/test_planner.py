@@ -1408,7 +1408,8 @@ def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
     with plan_constraints(pipeline_chunks=4):
         single = _plan(H=64, B=16)
     assert (single.pipeline.chunks, single.pipeline.backward_pipeline) == (4, None)
-    assert "the backward unpipelined (a single layer)" in single.explain()
+    assert "4 chunks, 1 layer concurrent in the forward; the backward unpipelined (a single " \
+        "layer)" in single.explain()
     monkeypatch.setattr(split_k, "_BWD_SPLIT_K1", True)
     assert _plan(H=1024, B=16).layer(0).split_k_bwd == 1
     with plan_constraints(family="persistent_grid", block_h=16):
