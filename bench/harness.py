@@ -556,9 +556,10 @@ def format_table(report: dict) -> str:
         if "error" in plan:
             lines.append(f"  plan: n/a ({plan['error']})")
         else:
+            from tritonrnn.bench.table import split_k_ran
             from tritonrnn.kernels.split_k import FORM_NAMES
 
-            form = (plan.get("recurrence") or {}).get("split_k_bwd")
+            form = split_k_ran(plan)
             split = f", backward split-K ({FORM_NAMES[form]})" if form else ""
             lines.append(f"  plan: {', '.join(plan['families'])}{split} ({plan['source']}), "
                          f"planned reserve {_fmt_bytes(plan['reserve_bytes'])}")

@@ -30,14 +30,25 @@ def _x(speedup: float | None) -> str:
     return "-" if speedup is None else f"{speedup:.2f}x"
 
 
+def split_k_ran(plan: dict) -> int:
+    """The split-K form (LayerPlan.split_k_bwd) a report's backward ran: the planned
+    recurrence's, unless the device refused that backward and another plan ran it (the
+    plan's "replaced" records, whose last backward one is what ran)."""
+    form = (plan.get("recurrence") or {}).get("split_k_bwd", 0)
+    for replaced in plan.get("replaced", []):
+        if replaced["pass"] == "backward":
+            form = replaced["ran"].get("split_k_bwd", 0)
+    return form
+
+
 def _families(result: dict, pas: str = "fwd") -> str:
     """The family column: the plan's families (with "+ split-K bwd" for a pass with a
-    backward where the plan's recurrence runs the split-K kernel, LayerPlan.split_k_bwd),
-    "plan error" where the planner refused the shape (the report's plan is {"error": ...}),
-    - where the report has no plan."""
+    backward where the split-K kernel ran it, `split_k_ran`), "plan error" where the
+    planner refused the shape (the report's plan is {"error": ...}), - where the report has
+    no plan."""
     plan = result.get("plan") or {}
     if "families" in plan:
-        split = (plan.get("recurrence") or {}).get("split_k_bwd") and pas != "fwd"
+        split = pas != "fwd" and split_k_ran(plan)
         return ",".join(plan["families"]) + (" + split-K bwd" if split else "")
     return "plan error" if "error" in plan else "-"
 

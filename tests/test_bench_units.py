@@ -524,7 +524,15 @@ def test_table_rows_from_bench_reports_only(tmp_path, capsys):
     split["results"][0]["runs"].append(fwd)
     split_path = tmp_path / "split.json"
     split_path.write_text(json.dumps(split))
-    table.main([str(old), str(other), str(new), str(split_path)])
+    # (a backward the device refused on the split-K kernel: the grid's ran)
+    refused = json.loads(json.dumps(split))
+    refused["results"][0]["label"] = "lstm H1024 refused"
+    refused["results"][0]["plan"]["replaced"] = [
+        {"pass": "backward", "refused": {"split_k_bwd": 1}, "ran": {"split_k_bwd": 0},
+         "summary": "x"}]
+    refused_path = tmp_path / "refused.json"
+    refused_path.write_text(json.dumps(refused))
+    table.main([str(old), str(other), str(new), str(split_path), str(refused_path)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
     assert lines[2:] == [
@@ -533,7 +541,11 @@ def test_table_rows_from_bench_reports_only(tmp_path, capsys):
         "| 0.25 |",
         "| GPU X | lstm H1024 | fwd | persistent_grid | 2.00 | - | 3.00x | - | - | 0.25 |",
         "| GPU X | lstm H1024 | fwdbwd | persistent_grid + split-K bwd | 2.00 | 6.00 | 3.00x "
-        "| - | - | 0.25 |"]
+        "| - | - | 0.25 |",
+        "| GPU X | lstm H1024 refused | fwd | persistent_grid | 2.00 | - | 3.00x | - | - | "
+        "0.25 |",
+        "| GPU X | lstm H1024 refused | fwdbwd | persistent_grid | 2.00 | 6.00 | 3.00x | - | - "
+        "| 0.25 |"]
 
 
 def test_source_hash_names_the_python_sources(tmp_path):
@@ -686,10 +698,16 @@ def test_summary_table_shows_the_graph_baseline_and_cudnn_algorithm():
     assert "  cuDNN-graph: reserve n/a; not compared; cuDNN algorithm fwd standard, bwd " \
         "standard" in lines
     assert "  plan: persistent_grid (heuristic), planned reserve 10 B" in lines
-    # A plan whose backward is the split-K kernel's names its form.
-    report["results"][0]["plan"]["recurrence"] = {"split_k_bwd": 2}
+    # A plan whose backward is the split-K kernel's names its form, unless the device
+    # refused that backward and the grid's ran it.
+    plan = report["results"][0]["plan"]
+    plan["recurrence"] = {"split_k_bwd": 2}
     assert ("  plan: persistent_grid, backward split-K (two barriers) (heuristic), planned "
             "reserve 10 B") in format_table(report).splitlines()
+    plan["replaced"] = [{"pass": "backward", "refused": {"split_k_bwd": 2},
+                         "ran": {"split_k_bwd": 0}, "summary": "split-K refused"}]
+    assert "  plan: persistent_grid (heuristic), planned reserve 10 B" in format_table(
+        report).splitlines()
 
 
 def test_summary_table_names_the_timings_whose_cpu_warmup_did_not_settle():
