@@ -86,21 +86,24 @@ def step_bounds(max_len: int, chunks: int) -> tuple[int, ...]:
 
 
 def stack_plans(cfg: RNNConfig, backend: object, batch: int, dtype: torch.dtype,
-                props: DeviceProperties) -> tuple[LayerPlan, ...]:
+                props: DeviceProperties, *,
+                backward: bool | None = None) -> tuple[LayerPlan, ...]:
     """The recurrence plans of the stack as `backend` (a backend, or its name) will run them:
-    for a backend with `plans_run` (TritonRecurrence) each layer's forward and backward plan,
-    the planner's choice or what replaced it after a launch the device refused (a refused
-    persistent CTA runs as a persistent grid of more programs); for the name "triton" the
-    planner's choice (the call TritonRecurrence.plan_choice makes); a "reference" plan for
-    any other backend (torch ops: never pipelined by the rule). Every layer of a
-    unidirectional stack has the same (H, Hout, P, B), hence the same plans."""
+    for a backend with `plans_run` (TritonRecurrence) each layer's forward and backward plan
+    (one pass's alone where `backward` names it), the planner's choice or what replaced it
+    after a launch the device refused (a refused persistent CTA runs as a persistent grid of
+    more programs); for the name "triton" the planner's choice (the call
+    TritonRecurrence.plan_choice makes); a "reference" plan for any other backend (torch
+    ops: never pipelined by the rule). Every layer of a unidirectional stack has the same
+    (H, Hout, P, B), hence the same plans."""
     name = backend if isinstance(backend, str) else getattr(backend, "name", "")
     if name != "triton":
         return (LayerPlan("reference"),) * cfg.num_layers
     shape = (cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props, 1)
     plans_run = getattr(backend, "plans_run", None)
     if plans_run is not None:
-        return tuple(plans_run(shape)) * cfg.num_layers
+        both = tuple(plans_run(shape))
+        return (both if backward is None else both[int(backward):][:1]) * cfg.num_layers
     return (recurrence_choice(*shape)[0],) * cfg.num_layers
 
 
@@ -127,9 +130,8 @@ def concurrent_layers(num_layers: int, plans: Sequence[LayerPlan],
     overlap real instead of two kernels time-slicing the same SMs.
 
     Other families (stepwise, reference) never spin: W = min(L, 2) when forced and none of
-    the plans is persistent. Where some are (a pass's plan replaced by a stepwise one after
-    a refused launch: `stack_plans` gives both passes' plans, and each pass's W counts both,
-    which is conservative), the persistent ones bound W as above: their launches still spin.
+    the plans is persistent. Where some are (plans given for both passes, one of them
+    stepwise), the persistent ones bound W as above: their launches still spin.
     """
     persistent = [p for p in plans if p.family in PERSISTENT]
     if persistent:
@@ -208,18 +210,28 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         (L t_launch)): L = 2, T = 1024 gives C = 16 (64-step chunks), modelled 5.76 ms
         against 10.26 ms; T = 64 gives C = 2.
 
-    W (when C > 1) is `concurrent_layers` of the plans, for each pass its own (the backward's
-    fewer where its launches take more programs: Decision.backward_width); the rule asks
-    the forward's for W >= 2 and the model. plans: one LayerPlan per layer;
-    props: device properties (default: `device`'s; tests pass planner.PRESETS entries)."""
+    W (when C > 1) is `concurrent_layers` of each pass's plans, the forward's of the plans
+    that run the forward, the backward's of those that run the backward (fewer where its
+    launches take more programs: Decision.backward_width); the rule asks the forward's for
+    W >= 2 and the model. plans: one LayerPlan per layer, for both passes (default: each
+    pass's `stack_plans`); props: device properties (default: `device`'s; tests pass
+    planner.PRESETS entries)."""
     L, D = cfg.num_layers, cfg.num_dirs
 
     def off(reason: str) -> Decision:
         return Decision(1, 1, OFF, reason, max_len)
 
-    def resolved() -> tuple[DeviceProperties, Sequence[LayerPlan]]:
+    def resolved() -> tuple[DeviceProperties, Sequence[LayerPlan], Sequence[LayerPlan]]:
+        """(props, the forward's plans, the backward's plans)."""
         p = props if props is not None else device_properties(device)
-        return p, plans if plans is not None else stack_plans(cfg, backend, batch, dtype, p)
+        if plans is not None:
+            return p, plans, plans
+        return p, *(stack_plans(cfg, backend, batch, dtype, p, backward=b)
+                    for b in (False, True))
+
+    def widths(p, fwd_pl, bwd_pl) -> tuple[int, int]:
+        return (concurrent_layers(L, fwd_pl, p, backward=False),
+                concurrent_layers(L, bwd_pl, p))
 
     forced = current_constraints().get("pipeline_chunks")
     if forced is not None:
@@ -232,11 +244,11 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         chunks = max(1, min(forced, max_len))
         if chunks == 1:
             return off(how if forced == 1 else f"{how}, but T = {max_len} < 2 steps")
-        p, pl = resolved()
+        p, fwd_pl, bwd_pl = resolved()
         if chunks < forced:
             how += f", clamped to T = {max_len} steps"
-        return Decision(chunks, concurrent_layers(L, pl, p, backward=False), FORCED, how,
-                        max_len, concurrent_layers(L, pl, p))
+        width, backward_width = widths(p, fwd_pl, bwd_pl)
+        return Decision(chunks, width, FORCED, how, max_len, backward_width)
     if automatic is None:
         automatic = os.environ.get("TRITONRNN_PIPELINE", "0") == "1"
     if not automatic:
@@ -251,14 +263,14 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
     if max_len < 2 * MIN_CHUNK_STEPS:
         return off(f"T = {max_len} < {2 * MIN_CHUNK_STEPS} steps: no two chunks of >= "
                    f"{MIN_CHUNK_STEPS} steps")
-    p, pl = resolved()
-    other = [lp.family for lp in pl if lp.family not in PERSISTENT]
+    p, fwd_pl, bwd_pl = resolved()
+    other = [lp.family for lp in (*fwd_pl, *bwd_pl) if lp.family not in PERSISTENT]
     if other:
         return off(f"{other[0]} recurrences: only persistent launches "
                    f"({' / '.join(PERSISTENT)}) are overlapped")
-    width = concurrent_layers(L, pl, p, backward=False)
+    width, backward_width = widths(p, fwd_pl, bwd_pl)
     if width < 2:
-        programs = max(lp.pass_programs(False) for lp in pl)
+        programs = max(lp.pass_programs(False) for lp in fwd_pl)
         return off(f"co-residency: two layers' programs (2 x {programs}) exceed the "
                    f"{p.sm_count} SMs")
     serial = model_time_us(L, max_len, 1, 1)
@@ -271,7 +283,7 @@ def decide(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,
         return off(f"the model gains under {100 * (1 - MIN_GAIN):.0f}% (best {best} chunks: "
                    f"{model})")
     return Decision(best, width, AUTOMATIC, f"automatic (TRITONRNN_PIPELINE=1), model: {model}",
-                    max_len, concurrent_layers(L, pl, p))
+                    max_len, backward_width)
 
 
 def pipeline_chunks(cfg: RNNConfig, batch: int, max_len: int, device: torch.device | str,

@@ -302,8 +302,9 @@ def test_a_refused_split_k_backward_runs_the_familys_own(backend, monkeypatch, o
 def test_the_layer_pipeline_counts_the_programs_of_a_replacement(backend):
     """The pipeline keeps W layers in flight only where W launches' programs fit the SMs
     together (`pipeline.concurrent_layers`, the bound that rules out a barrier deadlock). It
-    must count the plan that runs: here the refused persistent CTA (32 programs, W = 4)
-    runs as a persistent grid of 128 programs, so W = 1 on 132 SMs."""
+    must count the plan that runs, in each pass: here the refused persistent CTA (32
+    programs, W = 4) runs as a persistent grid of 128 programs, so W = 1 on 132 SMs in the
+    pass that runs it."""
     from types import SimpleNamespace
 
     from tritonrnn.rnn import pipeline
@@ -315,12 +316,14 @@ def test_the_layer_pipeline_counts_the_programs_of_a_replacement(backend):
     info = SimpleNamespace(B=B, max_len=1024)
     sms = backend.properties(cpu).sm_count
 
-    def width() -> int:
+    def width(backward: bool = False) -> int:
         with plan_constraints(pipeline_chunks=8):
-            return pipeline.plan_pipeline(cfg, backend, info, dtype, cpu).width
+            d = pipeline.decide(cfg, info.B, info.max_len, cpu, dtype=dtype, backend=backend)
+        return d.backward_width if backward else d.width
 
     planned = backend._choice("lstm", R, None, B, 1, "forward")[0]
-    assert planned.family == "persistent_cta" and width() == sms // planned.num_programs == 4
+    assert planned.family == "persistent_cta"
+    assert width() == width(backward=True) == sms // planned.num_programs == 4
 
     def launch(lp):
         if lp.family == "persistent_cta":
@@ -330,12 +333,12 @@ def test_the_layer_pipeline_counts_the_programs_of_a_replacement(backend):
         backend._run("forward", backend._choice("lstm", R, None, B, 1, "forward"), launch)
     runs = backend._choice("lstm", R, None, B, 1, "forward")[0]
     assert runs.family == "persistent_grid" and runs.num_programs > sms // 2
-    assert width() == 1
-    # The backward's plan counts too: replaced alone, it bounds W as well.
+    assert (width(), width(backward=True)) == (1, 4)  # (the backward's plan still the CTA)
+    # The backward's plan replaced alone bounds the backward's W, not the forward's.
     backend._smaller.clear()
     with pytest.warns(RuntimeWarning, match="needs more than this device has"):
         backend._run("backward", backend._choice("lstm", R, None, B, 1, "backward"), launch)
-    assert width() == 1
+    assert (width(), width(backward=True)) == (4, 1)
 
 
 def test_a_bench_report_names_the_plan_that_ran(backend, monkeypatch):
