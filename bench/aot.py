@@ -1148,7 +1148,9 @@ def format_report(report: dict) -> str:
         f"block_h={lp['block_h'] or '-'} {own}block_k={lp['block_k']} {staged}"
         f"warps={lp['num_warps']}"
         f"{' (backward ' + str(lp['num_warps_bwd']) + ')' if lp.get('num_warps_bwd') else ''} "
-        f"programs={lp['num_programs']}{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
+        f"programs={lp['num_programs']}"
+        f"{' (forward ' + str(lp['forward_programs']) + ')' if lp.get('forward_programs') else ''}"
+        f"{' (pair launch)' if lp['num_dirs'] == 2 else ''} "
         f"planner on-chip estimate={lp['onchip_bytes']} B",
     ]
     if report.get("compile_options"):

@@ -722,6 +722,18 @@ def test_only_spills_in_the_step_loop_fail_the_fit(stack, local, in_loop, outsid
     assert aot.report_ok(report) is (not kinds[1])
 
 
+def test_report_names_the_forwards_programs_where_the_backward_takes_more():
+    """A split-K plan's backward launch takes more programs than its forward (the planner's
+    rule at LSTM H=1024 B=16: 128 against 64): the plan line names both."""
+    plan = {"family": "persistent_grid", "block_b": 16, "block_h": 16, "block_k": 0,
+            "num_warps": 8, "num_programs": 128, "num_dirs": 1, "onchip_bytes": 163840}
+    report = {"shape": "s", "preset": "h100", "device": "d", "arch": 90, "triton": "t",
+              "source": "heuristic", "kernels": [], "plan": plan}
+    assert "programs=128 planner" in aot.format_report(report)
+    plan["forward_programs"] = 64
+    assert "programs=128 (forward 64) planner" in aot.format_report(report)
+
+
 def test_compile_options_reach_ptxas(reports):
     """An extra compile option (maxnreg, an experiment knob) caps the registers: the capped
     kernels spill, and (the step loop being where the live values are) reload in the loop;
