@@ -102,8 +102,10 @@ def stack_plans(cfg: RNNConfig, backend: object, batch: int, dtype: torch.dtype,
     shape = (cfg.rnn_mode, cfg.num_units, cfg.out_size, cfg.num_proj, dtype, batch, props, 1)
     plans_run = getattr(backend, "plans_run", None)
     if plans_run is not None:
-        both = tuple(plans_run(shape))
-        return (both if backward is None else both[int(backward):][:1]) * cfg.num_layers
+        forward, backward_plan = plans_run(shape)
+        run = ((forward, backward_plan) if backward is None
+               else (backward_plan,) if backward else (forward,))
+        return run * cfg.num_layers
     return (recurrence_choice(*shape)[0],) * cfg.num_layers
 
 

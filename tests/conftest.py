@@ -137,36 +137,40 @@ def _no_failed_barrier():
         check_barriers()
 
 
+def _fresh_plans() -> None:
+    """Empties the planner's caches (plans and heuristic choices), whose keys do not hold a
+    swapped switch or rule."""
+    from tritonrnn.rnn import planner
+
+    planner._plan_cached.cache_clear()
+    planner._heuristic.cache_clear()
+
+
 def _switched(monkeypatch, attr: str, env: str, on: bool = True):
     """Turns a kernels.persistent_grid switch read at import (`attr`, env var `env`) on or
     off, with the planner's caches emptied before and after: their keys do not hold the
     switch, and a plan made under one setting must not answer for the other."""
     from tritonrnn.kernels import persistent_grid as pg
-    from tritonrnn.rnn import planner
-
-    def fresh() -> None:
-        planner._plan_cached.cache_clear()
-        planner._heuristic.cache_clear()
 
     monkeypatch.setattr(pg, attr, on)
     # The processes that compile for sm_90 (bench.aot) import the kernels afresh.
     monkeypatch.setenv(env, "on" if on else "off")
-    fresh()
+    _fresh_plans()
     yield
-    fresh()
+    _fresh_plans()
 
 
 @pytest.fixture
 def no_split_k_rule(monkeypatch):
     """The heuristic's plans with the family's own backward everywhere (the planner's
-    `_SPLIT_K_RULE` emptied, its plan cache emptied before and after): for tests of that
+    `_SPLIT_K_RULE` emptied, its caches emptied before and after): for tests of that
     backward at the shapes where the rule runs the split-K kernel instead."""
     from tritonrnn.rnn import planner
 
     monkeypatch.setattr(planner, "_SPLIT_K_RULE", {})
-    planner._plan_cached.cache_clear()
+    _fresh_plans()
     yield
-    planner._plan_cached.cache_clear()
+    _fresh_plans()
 
 
 @pytest.fixture
