@@ -447,6 +447,15 @@ def cmd_bench(args, argv) -> int:
     # which options, and its file is named after them (never over the preset's own report).
     overrides = _overrides(args)
     extra = {"overrides": overrides} if overrides and preset != "custom" else {}
+    # So is a run of other passes, implementations or backend than the defaults: its file is
+    # named after them, never over the full run's report (nor a `--pass fwd` over a `bwd`).
+    selection = {"pass": args.passes} if args.passes != "all" else {}
+    if impls != IMPLS:
+        selection["impl"] = "-".join(impls)
+    if args.backend != "auto":
+        selection["backend"] = args.backend
+    if selection:
+        extra["selection"] = selection
 
     saved: list[Path] = []  # the last checkpoint's file
 

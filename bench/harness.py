@@ -434,14 +434,19 @@ def report_path(report: dict, out_dir: Path, *, partial: bool = False) -> Path:
     shape (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
     one directory (gpu_session.sh's `vector` stage, LSTM then GRU) must not overwrite each
     other's report; a preset whose shape options were overridden adds them
-    (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report. partial:
-    the checkpoint file beside it, <stem>.partial.json."""
+    (<device>-<date>-anchor-dtype-fp16.json), never over the preset's own report. A run of
+    fewer passes, other implementations or another backend than the defaults adds them too
+    (<device>-<date>-grid-pass-fwdbwd.json, ...-impl-torch-backend-reference.json): a
+    `--pass fwd` run and a `--pass bwd` run of one preset used to share a file, the second
+    replacing the first. partial: the checkpoint file beside it, <stem>.partial.json."""
     date = report["created"][:10]
     stem = f"{device_slug(report['environment']['device'])}-{date}-{report['preset']}"
     if report["preset"] == "custom" and report["results"]:
         stem += "-" + device_slug(report["results"][0]["label"])
     elif report.get("overrides"):  # a preset with shape options overridden
         stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["overrides"].items()))
+    if report.get("selection"):  # run options other than the defaults
+        stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["selection"].items()))
     return out_dir / f"{stem}{'.partial' if partial else ''}.json"
 
 

@@ -56,9 +56,43 @@ def test_a_preset_with_overridden_options_does_not_replace_the_presets_report(tm
     assert len(reports) == 2 and len(list(tmp_path.glob("*.png"))) == 2
     (plain,) = [r for r in reports.values() if "overrides" not in r]
     (name, over), = [(n, r) for n, r in reports.items() if "overrides" in r]
-    assert over["overrides"] == {"time": 2} and name.endswith("-smoke-time-2.json")
+    assert over["overrides"] == {"time": 2}
+    assert name.endswith("-smoke-time-2-pass-fwd-impl-torch.json")
     assert {r["shape"]["time"] for r in over["results"]} == {2}
     assert plain["preset"] == over["preset"] == "smoke"
+
+
+@pytest.mark.parametrize("second", [["--pass", "bwd", "--impl", "torch"],
+                                    ["--pass", "fwd", "--impl", "torch-packed"],
+                                    ["--pass", "fwd", "--impl", "torch", "--backend",
+                                     "reference"]],
+                         ids=["pass", "impl", "backend"])
+def test_runs_of_other_passes_or_implementations_keep_both_reports(tmp_path, capsys, second):
+    """A `--pass fwd` run and a `--pass bwd` run of one preset (or runs of other --impl, or
+    --backend) are different reports: each file is named after its run options, so the second
+    no longer replaces the first."""
+    common = ["bench", "--device", "cpu", "--preset", "smoke", "--time", "2", "--batch", "1",
+              "--cpu-rep", "1", "--no-progress", "--out", str(tmp_path)]
+    assert main([*common, "--pass", "fwd", "--impl", "torch"]) == 0
+    assert main([*common, *second]) == 0
+    capsys.readouterr()
+    reports = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert len(reports) == 2 and len(list(tmp_path.glob("*.png"))) == 2
+    selections = sorted(tuple(sorted(r["selection"].items())) for r in reports.values())
+    assert len(set(selections)) == 2
+    for name, r in reports.items():
+        want = "-".join(f"{k}-{v}" for k, v in r["selection"].items())
+        assert name.endswith(f"-smoke-batch-1-time-2-{want}.json"), name
+
+
+def test_report_path_without_selection_keeps_the_preset_name(tmp_path):
+    from tritonrnn.bench.harness import report_path
+
+    report = {"created": "2026-11-30T00:00:00", "environment": {"device": "NVIDIA H200"},
+              "preset": "grid", "results": []}
+    assert report_path(report, tmp_path).name == "nvidia-h200-2026-11-30-grid.json"
+    report["selection"] = {"pass": "fwdbwd"}
+    assert report_path(report, tmp_path).name == "nvidia-h200-2026-11-30-grid-pass-fwdbwd.json"
 
 
 # ----------------------------------------------------------------------------- barrier
