@@ -1424,9 +1424,11 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
     retiled = any(k in choice for k in ("block_h", "block_b", "block_k"))
     if "num_warps" not in choice and not vector_tiles(block_b) and (
         vector or (retiled and family == "persistent_grid" == base.family)
+        or base.family not in ("persistent_grid", "stepwise")
     ):
-        # MMA tiles forced on a vector-tile heuristic, or other tiles forced on a grid
-        # heuristic: the rule's warps for the tiles that run, not the heuristic tiles'.
+        # MMA tiles forced on a vector-tile heuristic, other tiles forced on a grid heuristic,
+        # or the grid's kernels forced on another family's plan (the CTA's warps are its
+        # one program's): the rule's warps for the tiles that run, not the heuristic's.
         num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H, Hout,
                                            P)
         bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(

@@ -488,6 +488,27 @@ def test_forward_warps_follow_the_register_weights(cell, H, P):
     assert _persistent_grid_warps(16, 32, cell, 0, torch.float32, H, P or H, P) == 4  # FMA
 
 
+@pytest.mark.parametrize("family", ["persistent_grid", "stepwise"])
+@pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("gru", 64, 64), ("lstm", 96, 1)])
+def test_grid_forced_on_a_cta_plan_takes_the_grid_rules_warps(family, mode, H, B):
+    """The CTA's warps are its one program's (8 at these shapes): forced onto the grid's
+    kernels without num_warps, each pass takes the grid rule's warps for the tiles that run
+    (it used to keep the CTA's 8), and num_warps forced with the family still wins."""
+    from tritonrnn.rnn.planner import _persistent_grid_bwd_warps, _persistent_grid_warps
+
+    base = _plan(mode=mode, H=H, B=B).layer(0)
+    assert (base.family, base.num_warps) == ("persistent_cta", 8)
+    with plan_constraints(family=family):
+        lp = _plan(mode=mode, H=H, B=B).layer(0)
+    rule = (_persistent_grid_warps(lp.block_h, lp.block_b, mode, lp.block_k, torch.bfloat16,
+                                   H, H, 0),
+            _persistent_grid_bwd_warps(lp.block_h, lp.block_b, mode, lp.block_k,
+                                       torch.bfloat16, H, H, 0))
+    assert lp.family == family and (lp.num_warps, lp.backward_warps) == rule == (4, 4)
+    with plan_constraints(family=family, num_warps=8):
+        assert _plan(mode=mode, H=H, B=B).layer(0).num_warps == 8
+
+
 @pytest.mark.parametrize("env", ["off", "fwd,bwd", "bwd"])
 def test_warps_do_not_follow_the_hoist_switch(monkeypatch, env):
     """TRITONRNN_HOIST_WEIGHTS decides the launches' HOIST, not the plan: the anchor's
