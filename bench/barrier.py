@@ -3,8 +3,8 @@
 At small batch a persistent-grid step is bound by the exchange of h_t between programs, and
 the floor of that exchange is one grid barrier. This measures, on the same GPU in one run:
 
-- bare barrier: `n` barriers of the same number of co-resident programs doing nothing else
-  (kernels/grid_barrier.run_bare_barriers), in microseconds per barrier;
+- bare barrier: `n` barriers of the same number of co-resident programs, on the same warps,
+  doing nothing else (kernels/grid_barrier.run_bare_barriers), in microseconds per barrier;
 - kernel step: the persistent-grid forward recurrence of one layer (the planner's tiles), in
   microseconds per time step (input projection excluded: it is one GEMM outside the loop);
 - backward step: the backward recurrence of the same layer as the plan runs it (the
@@ -13,7 +13,8 @@ the floor of that exchange is one grid barrier. This measures, on the same GPU i
   and form the weight gradients excluded), per time step;
 
 and reports each step's ratio to the barriers of its own launch (design target: within 2x):
-the forward's one barrier a step of its programs, the backward's of its programs and count
+the forward's one barrier a step of its programs and warps, the backward's of its programs,
+warps and count
 (the split-K kernel's two-barrier form meets twice a step, as `scripts/split_k_probe.py`
 counts it).
 """
@@ -93,7 +94,7 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     Each pass runs as the plan runs it: the backward on the split-K kernel where the plan
     names it (`planner.split_k_launch`: its own programs, `programs_bwd`, and one or two
     barriers a step, `split_k_bwd`), and each pass's ratio is against a bare barrier of its
-    own programs (`barrier_bwd_us` where they differ from the forward's)."""
+    own programs and warps (`barrier_bwd_us` where they differ from the forward's)."""
     from tritonrnn.kernels import split_k
     from tritonrnn.kernels.grid_barrier import (
         BarrierTimeoutError,
@@ -143,15 +144,19 @@ def measure_shape(mode: str, H: int, B: int, T: int, dtype, device, timing: Timi
     # the flag: each one is kept and read once, after the timing.
     bare_syncs: list[torch.Tensor] = []
 
-    def bare_barriers(programs: int, per_step: int = 1):
+    def bare_barriers(programs: int, per_step: int, warps: int):
         return time_callable(
-            lambda: bare_syncs.append(run_bare_barriers(per_step * T, programs, device)),
+            lambda: bare_syncs.append(run_bare_barriers(per_step * T, programs, device,
+                                                        num_warps=warps)),
             "cuda", timing)
 
-    bare = bare_barriers(row["programs"])
+    # Each pass's floor: barriers of its launch's programs on its warps (a barrier's bar.syncs
+    # wait for every warp of the program; before 2026-11-30 the bare ones ran on 4 warps).
+    row["bare_warps"] = [lp.num_warps, lp.backward_warps]
+    bare = bare_barriers(row["programs"], 1, lp.num_warps)
     row["barriers_bwd"] = 1 if split is None or split.one_barrier else 2  # a step
-    bare_bwd = (bare_barriers(row["programs_bwd"], row["barriers_bwd"])
-                if (row["programs_bwd"], row["barriers_bwd"]) != (row["programs"], 1)
+    own_bwd = (row["programs_bwd"], row["barriers_bwd"], lp.backward_warps)
+    bare_bwd = (bare_barriers(*own_bwd) if own_bwd != (row["programs"], 1, lp.num_warps)
                 else bare)
     try:
         # The launches queue their barriers' error flags (deferred check): a launch whose

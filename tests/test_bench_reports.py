@@ -144,20 +144,22 @@ def test_barrier_row_is_no_timing_when_a_timed_launchs_barrier_timed_out(monkeyp
     assert "timed out" in barrier.format_rows([row])
 
 
-@pytest.mark.parametrize("form", [0, 1, 2])
-def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
+@pytest.mark.parametrize("form, bwd_warps", [(0, 8), (0, 4), (1, 8), (2, 8), (2, 4)])
+def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form, bwd_warps):
     """A plan whose backward is the split-K kernel's (the planner's rule at LSTM H=1024 B=16:
     128 programs under a 64-program forward): the row times that kernel, on the plan's
     launch, not the grid backward, and each pass against the bare barriers of its own
     launch: its programs (`split_k.footprint` of the launch, 96 here, not the plan's 128)
     and, for the two-barrier form, two a step; the grid's own backward (form 0) against the
-    forward's barrier."""
+    forward's barrier. Each pass's bare barriers run on that pass's warps (they ran on 4
+    whatever the kernels'), so a backward on other warps than the forward's gets its own."""
     from tritonrnn.kernels import grid_barrier, persistent_grid, split_k
     from tritonrnn.rnn import planner
 
     lp = planner.LayerPlan("persistent_grid", block_b=16, block_h=16, num_warps=8,
                            num_programs=128 if form else 64,
-                           forward_programs=64 if form else 0, split_k_bwd=form)
+                           forward_programs=64 if form else 0, split_k_bwd=form,
+                           num_warps_bwd=0 if bwd_warps == 8 else bwd_warps)
     launch = split_k.SplitK(256, 128, 16, True) if form == 1 else split_k.SplitK(
         64, 512, 16, False)
     ran = []  # each launch: "fwd", "grid", ("split", its launch's keywords) or ("bare", n)
@@ -170,8 +172,9 @@ def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
     monkeypatch.setattr(persistent_grid, "grid_backward", lambda *a, **k: ran.append("grid"))
     monkeypatch.setattr(split_k, "split_k_backward", lambda *a, **k: ran.append(
         ("split", k["units"], k["kblock"], k["btile"], k["one_barrier"], k["num_warps"])))
-    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda count, n, device: (
-        ran.append(("bare", n, count)), torch.tensor([0, 0], dtype=torch.int32))[1])
+    monkeypatch.setattr(grid_barrier, "run_bare_barriers", lambda count, n, device, *,
+                        num_warps: (ran.append(("bare", n, count, num_warps)),
+                                    torch.tensor([0, 0], dtype=torch.int32))[1])
     monkeypatch.setattr(grid_barrier, "check_barriers", lambda: None)
 
     def timed(fn, device_type, cfg):
@@ -186,18 +189,19 @@ def test_barrier_row_times_each_pass_as_the_plan_runs_it(monkeypatch, form):
     T = 8
     row = barrier.measure_shape("lstm", 1024, 16, T, torch.bfloat16, torch.device("cpu"),
                                 TimingConfig())
-    backward = ("split", *launch, 8) if form else "grid"
+    backward = ("split", *launch, bwd_warps) if form else "grid"
     barriers = 2 if form == 2 else 1  # a step
-    assert ran == ["fwd", backward, ("bare", 64, T)] + (
-        [("bare", 96, barriers * T)] if form else [])
+    own_bare = bool(form) or bwd_warps != 8
+    assert ran == ["fwd", backward, ("bare", 64, T, 8)] + (
+        [("bare", 96 if form else 64, barriers * T, bwd_warps)] if own_bare else [])
     assert (row["programs"], row["programs_bwd"], row["split_k_bwd"]) == (
         64, 96 if form else 64, form)
-    assert row["barriers_bwd"] == barriers
+    assert row["barriers_bwd"] == barriers and row["bare_warps"] == [8, bwd_warps]
     assert row["ratio"] == pytest.approx(1.0)  # 1 ms against the 64 programs' 1 ms
     # 2 ms against 1.5 ms (96 programs) a barrier, two of them a step in the two-barrier
-    # form; against the forward's 1 ms for the grid's backward
+    # form; against the forward's 1 ms (64 programs) for the grid's backward
     assert row["bwd_ratio"] == pytest.approx({0: 2.0, 1: 2 / 1.5, 2: 2 / 3.0}[form])
-    assert ("barrier_bwd_us" in row) == bool(form)
+    assert ("barrier_bwd_us" in row) == own_bare
     text = barrier.format_rows([row])
     assert ("backward split-K" in text) == bool(form)
     if form:
