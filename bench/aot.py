@@ -29,7 +29,7 @@ What the launchers chose only because they ran in the interpreter is overridden 
 from the launchers' own logic with "on GPU" instead of "interpreting":
   DOT_DT       the weights' Triton dtype (interpreter: tl.float32, its half dot is wrong)
   FP32_DOT     DOT_DT == tl.float32, with the GPU DOT_DT
-  VW           vector tiles' slice width, `persistent_grid.vector_width` of the GPU DOT_DT
+  VW           vector tiles' slice width, `grid_tiles.vector_width` of the GPU DOT_DT
                (interpreter: fp32's 128 columns; bf16 / fp16 on a GPU: 256)
   BARRIER      1 (grid barrier) for a persistent launch (the planner's persistent_grid
                family), else 0
@@ -497,7 +497,7 @@ def _gpu_vector_width(recorded, ctx: GpuContext, gpu: dict):
     # A vector tile's slice width follows the dot dtype (interpreter: fp32's 128 columns).
     if not recorded:
         return recorded  # 0: MMA tiles
-    from tritonrnn.kernels.persistent_grid import vector_width
+    from tritonrnn.kernels.grid_tiles import vector_width
 
     return vector_width(gpu.get("DOT_DT", _tl_dtype(ctx.dtype)))
 

@@ -60,15 +60,8 @@ from .grid_barrier import (
     grid_wait,
     poll_earlier_launches,
 )
-from .persistent_grid import (
-    _COUNTER_LIMIT,
-    _env_on_off,
-    _mm,
-    _step_rows,
-    _steps_in_one_launch,
-    _store_gates,
-    grid_smem_budget,
-)
+from .grid_tiles import _env_on_off, grid_smem_budget
+from .persistent_grid import _COUNTER_LIMIT, _mm, _step_rows, _steps_in_one_launch, _store_gates
 
 # TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the planner
 # gives a persistent-grid or stepwise plan's backward without a projection this kernel where

@@ -286,10 +286,10 @@ def kernels_fingerprint() -> str:
 # The kernel switches that change what a launch runs (kernels/NOTES.md, "Switches"): module
 # globals read at import (tests and ablations set them in-process) and their defaults.
 _VARIANT_GLOBALS = (
-    ("persistent_grid", "_FWD_JOINED_SUMS", True), ("persistent_grid", "_FWD_MASK_IN_LOOP", True),
-    ("persistent_grid", "_FWD_PAIRED_CHUNKS", True),
-    ("persistent_grid", "_BWD_PAIRED_GATES", True),
-    ("persistent_grid", "_BWD_PAIRED_GATES_WIDE", False),
+    ("grid_tiles", "_FWD_JOINED_SUMS", True), ("grid_tiles", "_FWD_MASK_IN_LOOP", True),
+    ("grid_tiles", "_FWD_PAIRED_CHUNKS", True),
+    ("grid_tiles", "_BWD_PAIRED_GATES", True),
+    ("grid_tiles", "_BWD_PAIRED_GATES_WIDE", False),
     ("split_k", "_BWD_SPLIT_K", False), ("split_k", "_BWD_SPLIT_K1", False),
 )
 
@@ -298,15 +298,15 @@ def kernel_variants() -> dict[str, object]:
     """The kernel switches set away from their defaults ({} by default): the variant a timing
     ran, which a tuning entry and tune's partial record carry, so that the planner uses a
     choice only under the variant that timed it."""
-    from tritonrnn.kernels import persistent_grid, split_k
+    from tritonrnn.kernels import grid_tiles, split_k
 
-    modules = {"persistent_grid": persistent_grid, "split_k": split_k}
+    modules = {"grid_tiles": grid_tiles, "split_k": split_k}
     out: dict[str, object] = {}
     for module, name, default in _VARIANT_GLOBALS:
         value = getattr(modules[module], name)
         if value != default:
             out[name.lstrip("_")] = value
-    hoist = persistent_grid._env_passes("TRITONRNN_HOIST_WEIGHTS")
+    hoist = grid_tiles._env_passes("TRITONRNN_HOIST_WEIGHTS")
     if hoist != "auto":
         out["HOIST_WEIGHTS"] = hoist if isinstance(hoist, str) else ",".join(sorted(hoist))
     return out
@@ -482,7 +482,7 @@ class LayerPlan:
     num_dirs: int = 1  # 2: both directions of a bidirectional layer share each launch
     num_warps_bwd: int = 0  # the backward kernel's warps; 0: num_warps
     # persistent_grid / stepwise: the backward loads two gates' operands at once (PAIRG,
-    # `kernels.persistent_grid.grid_pairs_gates`), decided within the device's budget
+    # `kernels.grid_tiles.grid_pairs_gates`), decided within the device's budget
     pair_gates: bool = False
     # persistent_grid / stepwise with resident weights: the backward's own tiles where they
     # differ from the forward's (0: the forward's; `_taller_backward`, constraints
@@ -491,7 +491,7 @@ class LayerPlan:
     block_b_bwd: int = 0
     # persistent_grid / stepwise with streamed weights: the software-pipeline depth of the
     # forward's streamed loops and, where it differs, the backward's (the launches'
-    # num_stages; 0: Triton's default, `kernels.persistent_grid.DEFAULT_STAGES`;
+    # num_stages; 0: Triton's default, `kernels.grid_tiles.DEFAULT_STAGES`;
     # `_stream_stages`, constraints num_stages / num_stages_bwd). onchip_bytes counts them.
     num_stages: int = 0
     num_stages_bwd: int = 0
@@ -542,7 +542,7 @@ class LayerPlan:
         own, and with streamed weights the stages of both passes, the forward's alone under
         a split-K backward (Triton's default named as such), so that a tuned entry keeps what
         was timed."""
-        from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+        from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES
 
         own = {"family": self.family, "block_b": self.block_b, "num_warps": self.num_warps}
         if self.family != "persistent_cta":
@@ -608,11 +608,7 @@ def _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps, b
     """A grid-family plan (the streamed loops at Triton's default stages); smem_limit: the
     budget within which its backward may pair its gates (`grid_pairs_gates`; None: no
     limit), counted in onchip_bytes where it does."""
-    from tritonrnn.kernels.persistent_grid import (
-        grid_onchip_bytes,
-        grid_pairs_gates,
-        grid_programs,
-    )
+    from tritonrnn.kernels.grid_tiles import grid_onchip_bytes, grid_pairs_gates, grid_programs
 
     return LayerPlan(
         family, block_b, block_h, num_warps,
@@ -671,8 +667,8 @@ _STREAM_K = 64
 
 def _smem_budget(props: DeviceProperties) -> int:
     """Shared memory a grid-family plan may count on per program on the device (the
-    interpreter preset's is an H100's): `kernels.persistent_grid.grid_smem_budget`."""
-    from tritonrnn.kernels.persistent_grid import grid_smem_budget
+    interpreter preset's is an H100's): `kernels.grid_tiles.grid_smem_budget`."""
+    from tritonrnn.kernels.grid_tiles import grid_smem_budget
 
     return grid_smem_budget(props.smem_per_program)
 
@@ -705,12 +701,12 @@ def _fma_dots(dtype: torch.dtype, props: DeviceProperties) -> bool:
 
 def _weights_label(cell: str, lp: LayerPlan, dtype: torch.dtype, H: int, P: int) -> str:
     """How a plan holds its recurrent weights, for Plan.explain(): resident (with the passes
-    that keep them in registers, `kernels.persistent_grid.hoist_pass`: "fwd first chunk"
+    that keep them in registers, `kernels.grid_tiles.hoist_pass`: "fwd first chunk"
     where only the first resident chunk stays there, `Hoist.FIRST`), or streamed in chunks
     of block_k with the loops' shape (joint gate tile, transposed products) and their stages
     where the plan names them (`_stream_stages`). The forward's alone under a split-K
     backward (its R blocks: `Plan._backward_exchange`)."""
-    from tritonrnn.kernels.persistent_grid import (
+    from tritonrnn.kernels.grid_tiles import (
         Hoist,
         _joint_gates,
         _swap_dots,
@@ -752,11 +748,11 @@ def _grid_fit(cell, H, Hout, P, dtype, batch, props, block_k=0,
     whose grid (both directions' programs for a pair launch, num_dirs = 2) is co-resident
     (<= SMs) and whose per-program footprint (the resident weight slice, or a streamed
     chunk's tiles with block_k > 0) fits on chip. Resident weights only where those tiles'
-    chunks keep their dot operands small (`kernels.persistent_grid.resident_operands_fit`);
+    chunks keep their dot operands small (`kernels.grid_tiles.resident_operands_fit`);
     where not, None: the weights are streamed on the streamed pass's tiles rather than kept
     resident on larger hidden slices or narrower batch tiles (which spilled more: LSTM H=1024
     P=512 B=128 at 32 x 32 tiles 244 local loads per step against 31 at 16 x 64)."""
-    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+    from tritonrnn.kernels.grid_tiles import resident_operands_fit
 
     for block_h in _GRID_TILES:
         if block_h > max(16, _pow2(H)):
@@ -821,7 +817,7 @@ def _stream_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
     LSTM H=384 B=1024 7 -> 36, GRU 0 -> 19), and moved their 64 x 128 forwards, which spilled
     at 3, both ways: those passes keep the default (_STAGED_TILE). Triton 3.9 spills five
     plans more (kernels/NOTES.md, "Where the weights live")."""
-    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, stream_stage_bytes
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES, stream_stage_bytes
 
     if (lp.family != "persistent_grid" or not lp.block_k or lp.num_stages
             or _fma_dots(dtype, props)):
@@ -849,7 +845,7 @@ def _with_stages(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: tor
     `fwd` stages and its backward's on `bwd`, onchip_bytes counting them: num_stages = fwd,
     num_stages_bwd = bwd where it differs; both 0 where both are Triton's default (the plan
     then names none, as the planner's own plans on the default)."""
-    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, grid_onchip_bytes
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES, grid_onchip_bytes
 
     if fwd == bwd == DEFAULT_STAGES:
         fwd = bwd = 0
@@ -868,11 +864,7 @@ def _with_backward_tiles(lp: LayerPlan, cell: str, H: int, Hout: int, P: int,
     block_b tiles on num_warps_bwd warps: that backward's gate pairing (`grid_pairs_gates`)
     within smem_limit, num_programs and onchip_bytes the larger of the forward's (as planned,
     which counts a backward on its tiles too) and the new backward's (`_grid_bwd_bytes`)."""
-    from tritonrnn.kernels.persistent_grid import (
-        _grid_bwd_bytes,
-        grid_pairs_gates,
-        grid_programs,
-    )
+    from tritonrnn.kernels.grid_tiles import _grid_bwd_bytes, grid_pairs_gates, grid_programs
 
     if (block_h, block_b) == (lp.block_h, lp.block_b):
         return lp.with_backward_warps(num_warps_bwd)
@@ -923,7 +915,7 @@ def _taller_backward(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype:
     return taller if fits else lp
 
 
-# Vector tiles (kernels.persistent_grid.vector_tiles): batch buckets up to this size run the
+# Vector tiles (kernels.grid_tiles.vector_tiles): batch buckets up to this size run the
 # persistent grid with one batch tile of the bucket's width and the resident products on the
 # FMA units, the weights held in registers. A 16-wide MMA tile for one row computes 15/16
 # padding, stages h (dph) in shared memory and reads the weight slice from shared memory
@@ -953,7 +945,7 @@ def _vector_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1) -> LayerPlan 
     Not on the interpreter preset: there every program of every step runs in NumPy, and the
     vector tiles' slices of 8 and per-column operand tiles make the end-to-end tests several
     times slower (tests force them with plan_constraints instead)."""
-    from tritonrnn.kernels.persistent_grid import grid_vector_bytes
+    from tritonrnn.kernels.grid_tiles import grid_vector_bytes
 
     if batch > _VECTOR_BATCH or props.interpreter:
         return None
@@ -973,12 +965,11 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
                            H: int = 0, Hout: int = 0, P: int = 0) -> int:
     """Warps of a persistent-grid forward program: 4 up to a 16 x 32 tile, else 8; 8 on a
     resident 16 x 32 tile (`_split_k_on_8`); 8 on a 16 x 16 tile of shape H
-    (Hout, P; 0: unknown, not checked) whose resident weights
-    `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8 warps but not on
-    4.
+    (Hout, P; 0: unknown, not checked) whose resident weights the kernels hold in registers
+    (HOIST, `grid_tiles.hoist_pass`) on 8 warps but not on 4.
 
     The 16 x 16 rule: on 8 warps each thread holds half the weights, so slices of 257 to
-    512 B per thread on 4 warps stay in registers (`persistent_grid.hoist_budget`); the
+    512 B per thread on 4 warps stay in registers (`grid_tiles.hoist_budget`); the
     step then reads only h's operand from shared memory. The rule is HOIST's default one
     whatever TRITONRNN_HOIST_WEIGHTS says (the switch decides the launches' HOIST, not the
     plan's warps: `off` runs those forwards on 8 warps unhoisted). An H200 timed it
@@ -988,7 +979,7 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     there (LSTM H=256 B=16: hoisted on 4 warps; 8 untimed), and so do those too large for 8
     whose first chunk is too (LSTM H=1152 / 1280: 512 B of it per thread). GRU H=1408 /
     1536 (576 B per thread on 8 warps) hold their first chunk (384 B) in registers on 8
-    (`kernels.persistent_grid.Hoist.FIRST`, since 2026-11-28, untimed: the sm_90 forward
+    (`kernels.grid_tiles.Hoist.FIRST`, since 2026-11-28, untimed: the sm_90 forward
     step loop 809 -> 503 instructions and 96 -> 24 ldmatrix per warp against 4 warps
     unhoisted, Triton 3.6, GRU H=1536 B=16, no local memory).
 
@@ -997,7 +988,7 @@ def _persistent_grid_warps(block_h: int, block_b: int, cell: str = "lstm",
     (bf16, T = 1024, `scripts/step_ablation.py`), forward + backward of the layer, 8 -> 4
     warps: LSTM H=512 B=1 15.9 -> 10.4 ms, H=768 B=16 19.5 -> 14.2, H=768 B=64 (16 x 32
     tiles) 35.5 -> 20.1; GRU H=1024 B=16 17.9 -> 13.2 (before the forward's split cap,
-    `kernels.persistent_grid._FWD_GATE_SPLIT`; the 16 x 32 forward won on 8 warps after
+    `kernels.grid_tiles._FWD_GATE_SPLIT`; the 16 x 32 forward won on 8 warps after
     it, `_split_k_on_8`). Larger tiles keep 8 (not measured)."""
     if block_h * block_b > 512:
         return 8
@@ -1023,7 +1014,7 @@ def _split_k_on_8(block_k: int, block_h: int, block_b: int, fma: bool) -> bool:
     per warp, GRU H=1024 1114 -> 666), the mma.sync per warp 192 -> 96, no spills. On an
     H100 the 8-warp 16 x 32 forward had lost (12.2 against 5.8 ms at LSTM H=768 B=64) when
     its slices were added by tl.sum, before the split cap
-    (`kernels.persistent_grid._FWD_GATE_SPLIT`). Streamed weights and fp32's FMA dots keep
+    (`kernels.grid_tiles._FWD_GATE_SPLIT`). Streamed weights and fp32's FMA dots keep
     4 (not timed)."""
     return not block_k and not fma and (block_h, block_b) == (16, 32)
 
@@ -1033,7 +1024,7 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
                                H: int = 0, Hout: int = 0, P: int = 0) -> int:
     """Warps of a persistent-grid backward program: 4 below a 16 x 32 tile, else 8; and 8 on
     a 16 x 16 tile of shape H (Hout, P; 0: unknown, not checked) whose resident weights
-    (R^T's columns) `kernels.persistent_grid` holds in registers (HOIST, `hoist_pass`) on 8
+    (R^T's columns) the kernels hold in registers (HOIST, `grid_tiles.hoist_pass`) on 8
     warps but not on 4, as the forward's rule (`_persistent_grid_warps`).
 
     The 16 x 16 rule: an H200 timed the backward hoisted on 8 warps against 4 unhoisted
@@ -1049,7 +1040,7 @@ def _persistent_grid_bwd_warps(block_h: int, block_b: int, cell: str = "lstm",
     so do plans with a projection (not hoisted).
     Resident weights too large for either (`_too_large_to_hoist`; on 16 x 16 tiles LSTM H =
     1152 and 1280, bf16 / fp16, B <= 16; GRU H = 1408 and 1536 were too until their first
-    chunk stayed in registers on 8 warps, `kernels.persistent_grid.Hoist.FIRST`) run 8
+    chunk stayed in registers on 8 warps, `kernels.grid_tiles.Hoist.FIRST`) run 8
     warps unhoisted: on 4 their
     sm_90 backwards spilled in the step loop (Triton 3.6, bf16, B = 16, stack bytes, local
     loads per step, instructions: LSTM H=1152 40 B, 10, 1360; H=1280 72 B, 17, 1506; GRU
@@ -1099,7 +1090,7 @@ def _hoists_16x16(pass_name: str, cell: str, block_k: int, dtype: torch.dtype, H
                   Hout: int, P: int, num_warps: int) -> bool:
     """HOIST's default rule (`hoist_pass`) for a persistent 16 x 16 launch of `pass_name` of
     shape H (Hout: 0 for H) on num_warps."""
-    from tritonrnn.kernels.persistent_grid import hoist_pass
+    from tritonrnn.kernels.grid_tiles import hoist_pass
 
     return hoist_pass(pass_name, cell, H, Hout or H, P, dtype, 16, 16, block_k, num_warps,
                       True, by_default=True)
@@ -1173,7 +1164,7 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
     slices spilled (sm_90 compiles, Triton 3.6, 8 warps, forward: LSTM H=1536 B=256 at 64 x
     32 tiles 136 B, 33 local loads per step; GRU H=2048 B=256 64 B, 11; at 32 x 64 tiles
     neither spills)."""
-    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+    from tritonrnn.kernels.grid_tiles import resident_operands_fit
 
     budget = _smem_budget(props)
     slices = (32, 16) if _fma_dots(dtype, props) else (64, 32, 16)
@@ -1312,11 +1303,7 @@ def _with_split_k(lp: LayerPlan, choice: dict, cell: str, H: int, P: int, dtype:
             f"{where}: {name} has no tiles for {cell} H={H} {dtype} batch bucket {batch} on "
             f"{props.name} (`kernels.split_k.{rule}, on at most {props.sm_count} programs "
             f"within its shared memory)")
-    from tritonrnn.kernels.persistent_grid import (
-        DEFAULT_STAGES,
-        grid_onchip_bytes,
-        grid_programs,
-    )
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES, grid_onchip_bytes, grid_programs
 
     programs, onchip = split_k.footprint(cell, H, batch, dtype, launch)
     fwd_programs = grid_programs(H, H, 0, batch, lp.block_h, lp.block_b, lp.num_dirs)
@@ -1366,7 +1353,7 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
             )
         return LayerPlan("reference")
     block_b = choice.get("block_b", base.block_b)
-    from tritonrnn.kernels.persistent_grid import vector_tiles
+    from tritonrnn.kernels.grid_tiles import vector_tiles
 
     vector = vector_tiles(base.block_b)
     if "block_b" not in choice and vector and (
@@ -1459,7 +1446,7 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
             f"{where}: {stages[0]} = {choice[stages[0]]} needs streamed weights (block_k > "
             f"0: the stages of the loop over their chunks), got block_k = 0 (resident)"
         )
-    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES
 
     def planned(dirs: int) -> LayerPlan:
         lp = _grid(family, cell, H, Hout, P, dtype, block_b, block_h, batch, num_warps,
@@ -1569,7 +1556,7 @@ def smaller_choice(lp: LayerPlan, cell: str, H: int, Hout: int, P: int, dtype: t
                    if k in _FORWARD_KEYS and v != own.get(k)}
         return _apply(base, {**forward, "split_k_bwd": 0}, cell, H, Hout, P, dtype, bucket,
                       props, num_dirs)
-    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES
 
     def with_default_stages(c: LayerPlan | None) -> list[LayerPlan | None]:
         """c, then c on Triton's default stages where it names more."""
@@ -1996,7 +1983,7 @@ def candidates(plan: Plan) -> list[dict]:
     deeper is also tried on Triton's default. A grid-family choice names its backward
     (split_k_bwd = 0), and each form of the split-K backward is tried beside every
     persistent-grid forward (`_split_k_candidates`)."""
-    from tritonrnn.kernels.persistent_grid import DEFAULT_STAGES, vector_tiles
+    from tritonrnn.kernels.grid_tiles import DEFAULT_STAGES, vector_tiles
 
     if plan.dtype == "float64":
         return [{"family": "reference"}]

@@ -7,7 +7,7 @@ hidden sizes, a batch of lengths (zeros, unsorted, all full), the kernel family 
 (TRITONRNN_HOIST_WEIGHTS), the split-K backward's two forms (TRITONRNN_BWD_SPLIT_K,
 TRITONRNN_BWD_SPLIT_K1, and the constraint split_k_bwd over them) and the widest single
 resident chunk
-(`persistent_grid._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
+(`grid_tiles._MAX_CHUNK` 16 or 32 instead of 512: the small sizes drawn here then hold
 their reductions in halved chunks as H = 1024, or H = 512 at 64-column tiles, do on a GPU;
 `_XJOIN_TILE` 16 x 64 instead of 64 x 64: streamed 16 x 64 tiles then start their joint
 product from the input-side tiles as the large-batch tiles do; `_LATE_TILE` 16 x 64 instead
@@ -215,7 +215,7 @@ def run_case(case: dict) -> dict:
         sys.path.insert(0, str(ROOT / "tests"))
     import helpers
 
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles as gt
     from tritonrnn.kernels import split_k
     from tritonrnn.rnn.planner import plan_constraints
 
@@ -223,9 +223,9 @@ def run_case(case: dict) -> dict:
     saved = {k: os.environ.get(k) for k in SWITCHES}
     os.environ.update(case["env"])
     kernel = case.get("kernel", {})
-    saved_kernel = {k: getattr(pg, k) for k in kernel}
+    saved_kernel = {k: getattr(gt, k) for k in kernel}
     for k, v in kernel.items():
-        setattr(pg, k, v)
+        setattr(gt, k, v)
     saved_split = split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1
     split_k._BWD_SPLIT_K = case.get("split_k", False)
     split_k._BWD_SPLIT_K1 = case.get("split_k1", False)
@@ -237,16 +237,16 @@ def run_case(case: dict) -> dict:
         return split_run(*args, **kw)
 
     split_k.split_k_backward = counted
-    # What the grid kernels' launches held in registers (`persistent_grid.Hoist`, counted per
+    # What the grid kernels' launches held in registers (`grid_tiles.Hoist`, counted per
     # launch: the interpreter's launch one step each; "FIRST" counts those of `Hoist.FIRST`).
-    hoisted, hoist_run = {}, pg._hoist_constexprs
+    hoisted, hoist_run = {}, gt._hoist_constexprs
 
     def hoist_counted(choice):
-        key = pg.Hoist(choice).name
+        key = gt.Hoist(choice).name
         hoisted[key] = hoisted.get(key, 0) + 1
         return hoist_run(choice)
 
-    pg._hoist_constexprs = hoist_counted
+    gt._hoist_constexprs = hoist_counted
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
@@ -276,10 +276,10 @@ def run_case(case: dict) -> dict:
             else:
                 os.environ[k] = v
         for k, v in saved_kernel.items():
-            setattr(pg, k, v)
+            setattr(gt, k, v)
         split_k._BWD_SPLIT_K, split_k._BWD_SPLIT_K1 = saved_split
         split_k.split_k_backward = split_run
-        pg._hoist_constexprs = hoist_run
+        gt._hoist_constexprs = hoist_run
         helpers.LENGTHS.pop("_fuzz", None)
     out["seconds"] = round(time.time() - t0, 2)
     return out

@@ -9,7 +9,7 @@
 # across warps), 12 from there to the grid barrier's arrival (8 of them the four gate
 # tiles' conversions from the MMA layout to the cell's: TTGIR convert_layout #linear ->
 # #blocked), 8 while the arrival is out (the next step's prefetched inputs) and at the
-# wait. The joined gate sums (persistent_grid._FWD_JOINED_SUMS, the default) convert the
+# wait. The joined gate sums (grid_tiles._FWD_JOINED_SUMS, the default) convert the
 # four tiles at once: 21; the active-row mask formed in the loop (_mask_in_loop, the
 # default) drops the carried mask's conversion: 19; both chunks of h loaded and staged
 # together (_paired_chunks): 17; the split-K slices added by halves (_ksum, split 4

@@ -4,7 +4,8 @@ Times the forward recurrence (the planner's tiles, T steps, one launch) with par
 replaced by no-ops, one variant per process: Triton resolves a kernel's helper functions
 from its module's globals when it first compiles it, so swapping a helper in
 `tritonrnn.kernels.persistent_grid` before the first launch gives a kernel without that
-part. The outputs of a variant are garbage (no barrier means races); only its time counts.
+part (the launch options, `tritonrnn.kernels.grid_tiles`, are swapped the same way). The
+outputs of a variant are garbage (no barrier means races); only its time counts.
 
     python scripts/step_ablation.py [--out DIR]        # every variant, every shape
     python scripts/step_ablation.py --set wide         # a named set (scripts/gpu_session.sh)
@@ -179,7 +180,7 @@ SETS = {
     "spills-b256": ("lstm,512,256;gru,512,256", "layer;nowidecap,layer;bk64,layer"),
     # Resident chunks of 512 / 1024 columns at 64-column batch tiles spilled (Triton 3.6,
     # local loads per step, forward + backward: 40, 1097, 335); the planner streams their
-    # weights since (`persistent_grid.resident_operands_fit`); bk0 restores the resident plan.
+    # weights since (`grid_tiles.resident_operands_fit`); bk0 restores the resident plan.
     "spills-wide": ("lstm,768,128;rnn_tanh,1536,64;gru,768,256", "layer;bk0,layer"),
     # Resident 32 x 64 and 64 x 64 tiles whose chunks pass that rule (K <= 512) still spill
     # (local loads per step, forward / backward: 7 / 22, 0 / 22, 0 / 35): their live tiles
@@ -274,7 +275,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # 16 x 32 forward (planner `_taller_backward`; each pass timed apart on 2026-11-27,
         # never as one plan): against both passes on 16 x 32.
         ("lstm,768,64;gru,768,64;gru,1024,64", "layer;samebwd,layer"),
-        # Only the first resident chunk in registers (`persistent_grid.Hoist.FIRST`,
+        # Only the first resident chunk in registers (`grid_tiles.Hoist.FIRST`,
         # 2026-11-28: GRU H=1536 B=16 both passes on 8 warps, the 32 x 16 backwards of GRU
         # H=768 / 1024 B=64): against the same warps unhoisted (at B = 64 the plan before),
         # and at H=1536 against the plan before (the forward on 4 warps unhoisted, the
@@ -419,14 +420,14 @@ def _no_store(ptr, stride, rows, cols, val, mask):
 
 
 def _hoisted(passes: tuple[str, ...]):
-    """`persistent_grid._hoist_weights` as with TRITONRNN_HOIST_WEIGHTS naming `passes`
+    """`grid_tiles._hoist_weights` as with TRITONRNN_HOIST_WEIGHTS naming `passes`
     (none: off)."""
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles as gt
 
     def hoist(pass_name, block_k, block_b, persistent=True, proj=0, thread_bytes=0,
               num_warps=4, first_bytes=0):
-        held = pass_name in passes and pg.hoist_tiles(block_k, block_b, persistent, proj)
-        return pg.Hoist.ALL if held else pg.Hoist.NONE
+        held = pass_name in passes and gt.hoist_tiles(block_k, block_b, persistent, proj)
+        return gt.Hoist.ALL if held else gt.Hoist.NONE
 
     return hoist
 
@@ -434,7 +435,7 @@ def _hoisted(passes: tuple[str, ...]):
 def _forced_split(n: int):
     """An `_nsplit` that always splits K n ways (capped by the chunk), both passes, on MMA
     tiles (vector tiles' FMA products take no split: 1, as `_nsplit` gives them)."""
-    from tritonrnn.kernels.persistent_grid import vector_tiles
+    from tritonrnn.kernels.grid_tiles import vector_tiles
 
     def nsplit(ka, kb, num_warps, bm, bb, max_split=32):
         if n == 1 or vector_tiles(bb):
@@ -447,6 +448,7 @@ def swaps() -> dict:
     """Variant part -> [(module, attribute, replacement), ...]; the parts "full", "bh32" and
     "layer" swap nothing (bh32 / layer: applied in `_measure`)."""
     from tritonrnn.kernels import cells, split_k
+    from tritonrnn.kernels import grid_tiles as gt
     from tritonrnn.kernels import persistent_grid as pg
     from tritonrnn.rnn import planner
 
@@ -462,43 +464,43 @@ def swaps() -> dict:
         "nocell": [(cells, "cell_forward", _no_cell)],
         "noxg": [(pg, "_load_gate", _no_load)],
         "nostore": [(pg, "_store_rows", _no_store)],
-        "nosums": [(pg, "_FWD_JOINED_SUMS", False)],
-        "carrymask": [(pg, "_FWD_MASK_IN_LOOP", False)],
-        "nopair": [(pg, "_FWD_PAIRED_CHUNKS", False)],
-        "pairg": [(pg, "_BWD_PAIRED_GATES", True)],
-        "nopairg": [(pg, "_BWD_PAIRED_GATES", False)],
-        "pairg32": [(pg, "_BWD_PAIRED_GATES_WIDE", True)],
+        "nosums": [(gt, "_FWD_JOINED_SUMS", False)],
+        "carrymask": [(gt, "_FWD_MASK_IN_LOOP", False)],
+        "nopair": [(gt, "_FWD_PAIRED_CHUNKS", False)],
+        "pairg": [(gt, "_BWD_PAIRED_GATES", True)],
+        "nopairg": [(gt, "_BWD_PAIRED_GATES", False)],
+        "pairg32": [(gt, "_BWD_PAIRED_GATES_WIDE", True)],
         "splitk": [(split_k, "_BWD_SPLIT_K", True)],
         "splitk1": [(split_k, "_BWD_SPLIT_K1", True)],
         # The grid's own backward where the planner's rule picks the split-K kernel's.
         "nosplitk": [(planner, "_SPLIT_K_RULE", {})],
         # The backward on the forward's tiles (the planner's 32 x 16 backward under 16 x 32).
         "samebwd": [(planner, "_taller_backward", lambda lp, *_a: lp)],
-        "gs2": [(pg, "_FWD_GATE_SPLIT", 2)],
+        "gs2": [(gt, "_FWD_GATE_SPLIT", 2)],
         # Streamed weights (large batch): the loops' dots untransposed, the forward's gates
         # in separate products (the loops as they were before both).
-        "noswap": [(pg, "_swap_dots", lambda *_a: False)],
-        "nojoin": [(pg, "_joint_gates", lambda *_a: False)],
+        "noswap": [(gt, "_swap_dots", lambda *_a: False)],
+        "nojoin": [(gt, "_joint_gates", lambda *_a: False)],
         # The backward's resident gate products chained through one accumulator.
-        "chains1": [(pg, "_bwd_chains", lambda *_a: 1)],
+        "chains1": [(gt, "_bwd_chains", lambda *_a: 1)],
         # Batch 1 on 16-wide MMA tiles (as before vector tiles).
         "mma1": [(planner, "_VECTOR_BATCH", 0)],
         # Vector tiles with unsliced chunks.
-        "vec1": [(pg, "vector_width", lambda _dt: 1 << 16)],
-        "chunk1024": [(pg, "_MAX_CHUNK", 1024)],
+        "vec1": [(gt, "vector_width", lambda _dt: 1 << 16)],
+        "chunk1024": [(gt, "_MAX_CHUNK", 1024)],
         # Batch tiles wider than 32 columns hold single chunks as wide as narrow tiles do.
-        "nowidecap": [(pg, "_max_chunk", lambda _bb: pg._MAX_CHUNK)],
-        "noxjoin": [(pg, "_XJOIN_TILE", 1 << 30)],
-        "nolate": [(pg, "_LATE_TILE", 1 << 30)],
-        "hoist": [(pg, "_hoist_weights", _hoisted(("fwd", "bwd")))],
-        "hoistf": [(pg, "_hoist_weights", _hoisted(("fwd",)))],
-        "nohoist": [(pg, "_hoist_weights", _hoisted(()))],
+        "nowidecap": [(gt, "_max_chunk", lambda _bb: gt._MAX_CHUNK)],
+        "noxjoin": [(gt, "_XJOIN_TILE", 1 << 30)],
+        "nolate": [(gt, "_LATE_TILE", 1 << 30)],
+        "hoist": [(gt, "_hoist_weights", _hoisted(("fwd", "bwd")))],
+        "hoistf": [(gt, "_hoist_weights", _hoisted(("fwd",)))],
+        "nohoist": [(gt, "_hoist_weights", _hoisted(()))],
         **{f"w{w}": [(planner, "_persistent_grid_warps", warps(w)),
                      (planner, "_persistent_grid_bwd_warps", warps(w)),
                      (planner, "_VECTOR_WARPS", w)] for w in (2, 4, 8)},
         **{f"bw{w}": [(planner, "_persistent_grid_bwd_warps", warps(w))] for w in (2, 4, 8)},
         **{f"fw{w}": [(planner, "_persistent_grid_warps", warps(w))] for w in (4, 8)},
-        **{f"s{n}": [(pg, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
+        **{f"s{n}": [(gt, "_nsplit", _forced_split(n))] for n in (1, 2, 4, 8)},
     }
 
 
@@ -580,7 +582,7 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
             if w in parts:
                 lp = replace(lp, num_warps=int(w[1:]))
         if "bh32" in parts:  # (streamed: the stages the planner gives those tiles)
-            from tritonrnn.kernels.persistent_grid import grid_programs
+            from tritonrnn.kernels.grid_tiles import grid_programs
 
             programs = grid_programs(H, H, 0, B, 32, lp.block_b, lp.num_dirs)
             lp = planner._stream_stages(replace(lp, block_h=32, num_stages=0, num_stages_bwd=0,

@@ -147,12 +147,12 @@ def _fresh_plans() -> None:
 
 
 def _switched(monkeypatch, attr: str, env: str, on: bool = True):
-    """Turns a kernels.persistent_grid switch read at import (`attr`, env var `env`) on or
+    """Turns a kernels.grid_tiles switch read at import (`attr`, env var `env`) on or
     off, with the planner's caches emptied before and after: their keys do not hold the
     switch, and a plan made under one setting must not answer for the other."""
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles
 
-    monkeypatch.setattr(pg, attr, on)
+    monkeypatch.setattr(grid_tiles, attr, on)
     # The processes that compile for sm_90 (bench.aot) import the kernels afresh.
     monkeypatch.setenv(env, "on" if on else "off")
     _fresh_plans()
@@ -176,7 +176,7 @@ def no_split_k_rule(monkeypatch):
 @pytest.fixture
 def paired_gates_wide(monkeypatch):
     """The grid backward's gate operands loaded ahead on 16 x 32 tiles too
-    (`kernels.persistent_grid._BWD_PAIRED_GATES_WIDE`, off by default)."""
+    (`kernels.grid_tiles._BWD_PAIRED_GATES_WIDE`, off by default)."""
     yield from _switched(monkeypatch, "_BWD_PAIRED_GATES_WIDE",
                          "TRITONRNN_BWD_PAIRED_GATES_WIDE")
 
@@ -184,6 +184,6 @@ def paired_gates_wide(monkeypatch):
 @pytest.fixture
 def gates_apart(monkeypatch):
     """The grid backward's gate operands each loaded where its products use them
-    (`kernels.persistent_grid._BWD_PAIRED_GATES` off; PAIRG is the default)."""
+    (`kernels.grid_tiles._BWD_PAIRED_GATES` off; PAIRG is the default)."""
     yield from _switched(monkeypatch, "_BWD_PAIRED_GATES", "TRITONRNN_BWD_PAIRED_GATES",
                          on=False)

@@ -21,9 +21,10 @@ import triton.language as tl
 
 from tritonrnn.bench import aot
 from tritonrnn.bench.harness import environment
+from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.kernels import persistent_cta as pc
 from tritonrnn.kernels import persistent_grid as pg
-from tritonrnn.kernels.persistent_grid import SMEM_SLACK as _SMEM_SLACK
+from tritonrnn.kernels.grid_tiles import SMEM_SLACK as _SMEM_SLACK
 from tritonrnn.rnn.packing import make_pack_info
 from tritonrnn.rnn.planner import PRESETS
 
@@ -272,8 +273,8 @@ def test_rules_match_the_launchers_logic_outside_the_interpreter(dtype, monkeypa
     # Under the interpreter IEEE is recorded True (allow_tf32 False).
     assert aot._gpu_upcast(True, ctx, {}) is upcast
     assert aot._gpu_ieee(True, ctx, {}) is ieee
-    assert aot._gpu_dot_dt(tl.float32, ctx, {}) == pg._DOT_DTYPES[dtype]
-    assert aot._gpu_fp32_dot(True, ctx, {"DOT_DT": pg._DOT_DTYPES[dtype]}) is (
+    assert aot._gpu_dot_dt(tl.float32, ctx, {}) == gt._DOT_DTYPES[dtype]
+    assert aot._gpu_fp32_dot(True, ctx, {"DOT_DT": gt._DOT_DTYPES[dtype]}) is (
         dtype == torch.float32)
     info = make_pack_info([3, 2], 3, torch.device("cpu"))
     assert aot._gpu_host_steps(3, ctx, {}) == pc._host_steps(info) == -1
@@ -560,7 +561,7 @@ def test_compiled_stepwise_fp32(reports):
 
 @pytest.mark.compiler_specific
 def test_hoisted_weights_leave_the_step_loop(monkeypatch):
-    """HOIST (`kernels.persistent_grid._hoist_weights`, the planner's LSTM H=256 B=16: 16 x 16
+    """HOIST (`kernels.grid_tiles._hoist_weights`, the planner's LSTM H=256 B=16: 16 x 16
     tiles, 4 warps, 256 B of weights per thread): without the runtime branches around the
     dots the compiler keeps the resident weights in registers: the step loops' ldmatrix
     drop to h's / dph's operand (per warp, Triton 3.6: forward 40 -> 8, backward 32 -> 16;
@@ -569,7 +570,7 @@ def test_hoisted_weights_leave_the_step_loop(monkeypatch):
     the loop). TRITONRNN_HOIST_WEIGHTS=off compiles the branches. Both compiles sum the
     forward's gates per gate (TRITONRNN_FWD_JOINED_SUMS=off), so that HOIST alone differs:
     with the joined sums Triton 3.6's hoisted forward loop is the longer one (736 against 696
-    instructions, `persistent_grid._FWD_JOINED_SUMS`)."""
+    instructions, `grid_tiles._FWD_JOINED_SUMS`)."""
     monkeypatch.setenv("TRITONRNN_FWD_JOINED_SUMS", "off")
     job = [(COMPILES[1][1], COMPILES[1][2])]
     try:
@@ -611,7 +612,7 @@ def anchor_report():
 # Forward step-loop rules that each take 2 BAR.SYNC off the 4-warp anchor's loop, against
 # their switch off (on the planner's 8-warp forward with its weights in registers Triton 3.6
 # compiles PAIR to the same 16 BAR.SYNC and shared memory as without): MASK_IN_LOOP
-# (`persistent_grid._mask_in_loop`: the active-row mask formed in the loop, not the
+# (`grid_tiles._mask_in_loop`: the active-row mask formed in the loop, not the
 # loop-carried 1-D tensor Triton 3.6 converts to the tiles' layout
 # through shared memory every step; 3.9 has no such conversion) and PAIR
 # (`_paired_chunks`: both chunks of h, 512 + 256, loaded before either product and staged
@@ -640,11 +641,11 @@ def test_forward_loop_rules_drop_two_barriers(anchor_report, monkeypatch, env, c
     lp, lp_off = anchor_report["plan"], off["plan"]
     assert fwd["shared"] <= lp["onchip_bytes"] and base["shared"] <= lp_off["onchip_bytes"]
     if constexpr == "PAIR":
-        monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
+        monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", False)
         counts = []
         for paired in (True, False):
-            monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", paired)
-            counts.append(pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16,
+            monkeypatch.setattr(gt, "_FWD_PAIRED_CHUNKS", paired)
+            counts.append(gt.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16,
                                                num_warps=4))
         assert counts[0] - counts[1] == 2 * 16 * 256, counts
         if triton.__version__.startswith("3.6."):
@@ -849,7 +850,7 @@ def test_backward_compiles_on_its_own_tiles(name):
 
 # The planner's resident plan for LSTM H=512 B=256: 16 x 64 tiles on 8 warps. Its backward
 # held K = 512 in one chunk and spilled in every step (Triton 3.6: 72 B, 17 local loads per
-# step); a 64-column tile halves its chunks (`persistent_grid._max_chunk`: 256 + 256).
+# step); a 64-column tile halves its chunks (`grid_tiles._max_chunk`: 256 + 256).
 B256 = [("lstm512-b256", aot.AotShape("lstm", hidden=512, batch=256, dtype=torch.bfloat16))]
 
 
@@ -883,7 +884,7 @@ def test_backwards_too_large_to_hoist_run_8_warps_without_spills():
         assert bwd["shared"] <= lp["onchip_bytes"] + _SMEM_SLACK <= H100.smem_per_program
 
 
-# Only the first resident chunk in registers (`persistent_grid.Hoist.FIRST`: GRU H=1536
+# Only the first resident chunk in registers (`grid_tiles.Hoist.FIRST`: GRU H=1536
 # B=16's 1024 of 1536 columns in both passes, 8 warps; the 32 x 16 backward of GRU H=1024
 # B=64, 512 of 1024): no local memory in the step loops, and fewer ldmatrix per step than
 # the same passes unhoisted (Triton 3.6, per warp: GRU H=1536 forward 48 on 8 warps -> 24,
@@ -1105,6 +1106,7 @@ import os, types, torch
 from triton.compiler.compiler import CompiledKernel
 from tritonrnn.bench import aot
 from tritonrnn.kernels import persistent_grid as pg
+from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.rnn import engine
 from tritonrnn.rnn.config import make_config
 from tritonrnn.rnn.packing import make_pack_info
@@ -1317,7 +1319,7 @@ def test_huge_batch_stepwise_tiles_are_wgmma_without_spills():
 # The persistent grid's first co-resident tiles at these shapes would hold resident chunks of
 # 512 or 1024 columns against 64-column batch tiles, and spilled (Triton 3.6, local loads per
 # step, forward + backward: 1097, 40, 335); the planner streams their weights instead
-# (`persistent_grid.resident_operands_fit`). Neither Triton 3.6 nor 3.9 spills them so.
+# (`grid_tiles.resident_operands_fit`). Neither Triton 3.6 nor 3.9 spills them so.
 WIDE_CHUNKS = [
     ("tanh1536-b64", aot.AotShape("rnn_tanh", hidden=1536, batch=64, dtype=torch.bfloat16)),
     ("lstm768-b128", aot.AotShape("lstm", hidden=768, batch=128, dtype=torch.bfloat16)),
@@ -1334,7 +1336,7 @@ def test_wide_resident_chunks_stream_without_spills():
 # loads + stores per step, forward / backward: LSTM H=1024 82 / 905, GRU 64 / 131). Now:
 # 64 x 128 (`planner._grid_batch_tiles`: the same programs, less L2 traffic), whose
 # forwards spill less (41 / 31), and backwards whose sub-steps load their own inputs after
-# their product (`persistent_grid._late_loads`): prefetched 951 / 140, late 102 / 15.
+# their product (`grid_tiles._late_loads`): prefetched 951 / 140, late 102 / 15.
 # Triton 3.9 spills the forwards more, about as much at either tile (LSTM 132 at 128 x 64,
 # 113 at 64 x 128; GRU 116 / 113), the late backwards 109 / 17 (prefetched at 128 x 64: 169
 # / 21).
@@ -1430,7 +1432,7 @@ def test_streamed_loops_compile_on_their_stages(name):
     assert (lp["num_stages"], lp["num_stages_bwd"] or lp["num_stages"]) == want
     for k, stages, p in zip(_kernels(r), want, ("fwd", "bwd"), strict=True):
         assert k["num_stages"] == stages
-        nbytes = pg.stream_stage_bytes(shape.mode, shape.hidden, 0, shape.dtype,
+        nbytes = gt.stream_stage_bytes(shape.mode, shape.hidden, 0, shape.dtype,
                                        lp["block_h"], lp["block_b"], 64, p)
         full = lp["block_b"] >= 64 or (p == "fwd" and shape.mode != "rnn_tanh")
         assert k["shared"] == (stages if full else stages - 1) * nbytes, (p, k["shared"])

@@ -35,6 +35,7 @@ import triton
 from helpers import compare_with_torch, make_case, params_from_module, stepwise_runs
 
 from tritonrnn.kernels import cells
+from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.kernels import persistent_cta as pc
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.rnn import cudnn_rnn, engine, reference
@@ -232,7 +233,7 @@ def _expected_launches(family, kind, H, P, info, block_h=16, block_b=16):
         return 1, (triton.cdiv(info.B, block_b), 2)
     nph = 2 if P else 1
     n_sub = nph * info.max_len + (1 if kind == "bwd" else 0)
-    programs = pg.grid_programs(H, P or H, P, info.B, block_h, block_b)
+    programs = gt.grid_programs(H, P or H, P, info.B, block_h, block_b)
     ranges = pg._launch_ranges(n_sub, family == "persistent_grid", ON_GPU, programs)
     return len(ranges), (programs, 2)
 
@@ -380,9 +381,9 @@ def test_direction_offsets_of_engine_layouts():
 
 
 def test_grid_programs_counts_both_directions():
-    assert pg.grid_programs(33, 33, 0, 5, 16, 16) == 3
-    assert pg.grid_programs(33, 33, 0, 5, 16, 16, num_dirs=2) == 6
-    assert pg.grid_programs(1024, 256, 256, 40, 16, 16, num_dirs=2) == 64 * 3 * 2
+    assert gt.grid_programs(33, 33, 0, 5, 16, 16) == 3
+    assert gt.grid_programs(33, 33, 0, 5, 16, 16, num_dirs=2) == 6
+    assert gt.grid_programs(1024, 256, 256, 40, 16, 16, num_dirs=2) == 64 * 3 * 2
 
 
 def test_backend_falls_back_per_direction_when_pair_is_not_coresident(monkeypatch, launches):
@@ -614,9 +615,9 @@ def _pair_against(backends, args, per_direction_tol, monkeypatch):
 def test_large_batch_streamed_plan_end_to_end(mode, proj):
     """The large-batch plan's kernels through the op: weights streamed, batch tiles of 64 (70
     rows: a full and a partial tile), so every streamed dot runs transposed
-    (`persistent_grid._swap_dots`), both directions sharing launches; 2 layers against
+    (`grid_tiles._swap_dots`), both directions sharing launches; 2 layers against
     torch.nn in float64, every output and gradient."""
-    assert pg._swap_dots(16, 64)
+    assert gt._swap_dots(16, 64)
     with plan_constraints(family="persistent_grid", block_h=16, block_b=64, block_k=16):
         compare_with_torch(mode, L=2, bidirectional=True, lengths="batch70", proj=proj, I=3,
                            H=17, T=4, backend="triton", device=DEV.type, **E2E)

@@ -33,11 +33,11 @@ def test_draws_are_reproducible_and_varied():
 
 
 def test_cases_run_clean(tmp_path):
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles as gt
 
     before = {k: os.environ.get(k) for k in FZ.SWITCHES}
     knobs = ("_MAX_CHUNK", "_XJOIN_TILE", "_LATE_TILE", "_HOIST_8WARP_THREAD_BYTES")
-    constants = {k: getattr(pg, k) for k in knobs}
+    constants = {k: getattr(gt, k) for k in knobs}
     # One case that sets the chunk width and two more of the kernel module's constants.
     start = next(i for i in range(100) if len(FZ.draw(i)["kernel"]) >= 3
                  and "_MAX_CHUNK" in FZ.draw(i)["kernel"])
@@ -51,7 +51,7 @@ def test_cases_run_clean(tmp_path):
     assert any(r["status"] == "ok" for r in recs)
     assert recs[-1]["kernel"] == FZ.draw(start)["kernel"]
     assert {k: os.environ.get(k) for k in FZ.SWITCHES} == before  # switches restored
-    assert {k: getattr(pg, k) for k in knobs} == constants  # and the kernel constants
+    assert {k: getattr(gt, k) for k in knobs} == constants  # and the kernel constants
     from tritonrnn.kernels import split_k
 
     assert split_k._BWD_SPLIT_K is False  # and the split-K switches
@@ -131,9 +131,9 @@ def test_run_case_counts_hoisted_launches():
     # GRU H=33 (resident chunks 32 + 16) on 16 x 16 tiles and 8 warps, the 8-warp budget
     # drawn down to 8 B: the grid launches hold only their first chunk (`Hoist.FIRST`), and
     # the record says so; the launchers' helper is restored after.
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles as gt
 
-    helper = pg._hoist_constexprs
+    helper = gt._hoist_constexprs
     case = {"shape": dict(mode="gru", L=1, bidirectional=False, time_major=False, proj=0, I=5,
                           H=33, T=3, lengths=[3, 1, 2], seed=1),
             "constraints": {"family": "persistent_grid", "block_h": 16, "block_b": 16,
@@ -142,7 +142,7 @@ def test_run_case_counts_hoisted_launches():
     rec = FZ.run_case(case)
     assert rec["status"] == "ok", rec
     assert rec["hoist_launches"].get("FIRST", 0) > 0 and set(rec["hoist_launches"]) == {"FIRST"}
-    assert pg._hoist_constexprs is helper
+    assert gt._hoist_constexprs is helper
     rec = FZ.run_case({**case, "kernel": {}})  # the budget as it is: the whole slice fits
     assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"ALL"}, rec
 

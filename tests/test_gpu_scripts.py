@@ -459,18 +459,18 @@ def test_ablation_swaps_keep_the_replaced_signatures(part):
     ("nohoist", "TRITONRNN_HOIST_WEIGHTS", "off", "_hoist_weights"),
 ])
 def test_switch_variants_decide_as_their_environment(monkeypatch, part, env, value, fn):
-    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import grid_tiles as gt
 
     ((module, name, swapped),) = ABL.swaps()[part]
-    assert (module, name) == (pg, fn)
+    assert (module, name) == (gt, fn)
     monkeypatch.setenv(env, value)
-    real = getattr(pg, fn)
+    real = getattr(gt, fn)
     cases = [(p, bk, bb, persistent, proj) for p in ("fwd", "bwd") for bk in (0, 64)
              for bb in (1, 2, 4, 16, 32, 64) for persistent in (True, False) for proj in (0, 48)]
     for case in cases:
         assert swapped(*case) == real(*case), (part, case)
     assert any(swapped(*case) for case in cases) is (value != "off")
-    assert swapped("fwd", 0, 1, True, 0) is pg.Hoist.NONE  # B = 1: vector tiles, not hoisted
+    assert swapped("fwd", 0, 1, True, 0) is gt.Hoist.NONE  # B = 1: vector tiles, not hoisted
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

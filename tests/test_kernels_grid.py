@@ -27,6 +27,7 @@ import torch
 from helpers import stepwise_runs
 
 from tritonrnn.kernels import cells
+from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.rnn import reference
 from tritonrnn.rnn.packing import make_pack_info
@@ -337,41 +338,41 @@ def test_interpreted_launches_differ_only_in_hoist(monkeypatch, cell, P, block_k
 
 def test_reduction_split():
     # Two power-of-two chunks whenever they beat one padded chunk.
-    assert pg._ksplit(768) == (512, 256)
-    assert pg._ksplit(1536) == (1024, 512)
-    assert pg._ksplit(1024) == (512, 512)  # one chunk would be wider than _MAX_CHUNK
-    assert pg._ksplit(1000) == (512, 512)
-    assert pg._ksplit(2048) == (1024, 1024)
-    assert pg._ksplit(512) == (512, 0)
-    assert pg._ksplit(33) == (32, 16)
-    assert pg._ksplit(24) == (32, 0)  # 16 + 16 is no shorter than pad(24) = 32
-    assert pg._ksplit(5) == (16, 0)
-    assert pg._ksplit(1100) == (1024, 128)
+    assert gt._ksplit(768) == (512, 256)
+    assert gt._ksplit(1536) == (1024, 512)
+    assert gt._ksplit(1024) == (512, 512)  # one chunk would be wider than _MAX_CHUNK
+    assert gt._ksplit(1000) == (512, 512)
+    assert gt._ksplit(2048) == (1024, 1024)
+    assert gt._ksplit(512) == (512, 0)
+    assert gt._ksplit(33) == (32, 16)
+    assert gt._ksplit(24) == (32, 0)  # 16 + 16 is no shorter than pad(24) = 32
+    assert gt._ksplit(5) == (16, 0)
+    assert gt._ksplit(1100) == (1024, 128)
     for K in range(1, 3000):
-        ka, kb = pg._ksplit(K)
+        ka, kb = gt._ksplit(K)
         # Two different chunks pad less than one; equal ones are a halved single chunk.
-        assert ka + kb >= K and ka + kb <= pg._pad(K)
+        assert ka + kb >= K and ka + kb <= gt._pad(K)
         assert kb in (0, ka) or ka + kb < 1.25 * K + 16
-        assert kb != ka or ka + kb == pg._pad(K) > pg._MAX_CHUNK
+        assert kb != ka or ka + kb == gt._pad(K) > gt._MAX_CHUNK
     # Streamed weights: chunks of block_k.
-    assert pg._ksplit(1536, 64) == (64, 0)
+    assert gt._ksplit(1536, 64) == (64, 0)
     # Wider batch tiles halve narrower single chunks: the operand [chunk, block_b] stays
     # within _MAX_CHUNK x 32 elements; two different chunks are kept as they are.
-    assert [pg._max_chunk(bb) for bb in (1, 16, 32, 64, 128)] == [512, 512, 512, 256, 128]
-    assert pg._ksplit(512, 0, 32) == (512, 0)
-    assert pg._ksplit(512, 0, 64) == (256, 256)
-    assert pg._ksplit(256, 0, 64) == (256, 0)
-    assert pg._ksplit(256, 0, 128) == (128, 128)
-    assert pg._ksplit(768, 0, 64) == (512, 256)
-    assert pg._ksplit(1024, 0, 64) == (512, 512)
+    assert [gt._max_chunk(bb) for bb in (1, 16, 32, 64, 128)] == [512, 512, 512, 256, 128]
+    assert gt._ksplit(512, 0, 32) == (512, 0)
+    assert gt._ksplit(512, 0, 64) == (256, 256)
+    assert gt._ksplit(256, 0, 64) == (256, 0)
+    assert gt._ksplit(256, 0, 128) == (128, 128)
+    assert gt._ksplit(768, 0, 64) == (512, 256)
+    assert gt._ksplit(1024, 0, 64) == (512, 512)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_halved_chunk_matches_reference(cell, monkeypatch):
     # A reduction held as two equal halves (H = 1024's 512 + 512 on a GPU), forced small:
     # with _MAX_CHUNK = 16, H = 32 is two chunks of 16 in both passes.
-    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
-    assert pg._ksplit(32) == (16, 16)
+    monkeypatch.setattr(gt, "_MAX_CHUNK", 16)
+    assert gt._ksplit(32) == (16, 16)
     _check_layer(cell, 32, 0, *VARLEN, reverse=False, persistent=True, block_h=16)
 
 
@@ -380,14 +381,14 @@ def test_wide_tile_halves_its_chunk(cell, monkeypatch):
     # 64-column batch tiles hold half the single chunk 32-column tiles do (`_max_chunk`):
     # with _MAX_CHUNK = 32, H = 32 stays one chunk at block_b = 32 and is 16 + 16 at 64, in
     # both passes, the planner's shared-memory count following.
-    monkeypatch.setattr(pg, "_MAX_CHUNK", 32)
-    assert pg._ksplit(32, 0, 32) == (32, 0) and pg._ksplit(32, 0, 64) == (16, 16)
+    monkeypatch.setattr(gt, "_MAX_CHUNK", 32)
+    assert gt._ksplit(32, 0, 32) == (32, 0) and gt._ksplit(32, 0, 64) == (16, 16)
     lengths, T = [5, 3, 0, 5, 1], 5
     _check_layer(cell, 32, 0, lengths, T, reverse=False, persistent=True, block_h=16, block_b=64)
-    halved = pg.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
-    monkeypatch.setattr(pg, "_MAX_CHUNK", 64)
-    assert pg._ksplit(32, 0, 64) == (32, 0)
-    assert halved < pg.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
+    halved = gt.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
+    monkeypatch.setattr(gt, "_MAX_CHUNK", 64)
+    assert gt._ksplit(32, 0, 64) == (32, 0)
+    assert halved < gt.grid_onchip_bytes(cell, 32, 32, 0, torch.bfloat16, 16, 64, 0, 8)
 
 
 @PERSIST
@@ -421,26 +422,26 @@ def test_finished_batch_tile_is_skipped_correctly(proj, monkeypatch):
 
 @directed("cell", [("lstm",), ("gru",), ("rnn_tanh",)])
 def test_hoisted_weights_match_reference(monkeypatch, cell, reverse):
-    """TRITONRNN_HOIST_WEIGHTS (`pg._hoist_weights`): the dots leave their runtime branches,
+    """TRITONRNN_HOIST_WEIGHTS (`gt._hoist_weights`): the dots leave their runtime branches,
     so a finished batch tile (the second: rows of lengths 2, 1 and 0) keeps forming its
     products on stale exchange columns, and the backward reads the dph slot its first step
     never wrote; every result must still be the reference's (act masks them out). Both
     launches must hold their whole slice (HOIST applies to persistent launches without a
     projection only, `hoist_tiles`, which test_hoist_weights_choice covers)."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
-    held, real = [], pg.hoist_pass
+    held, real = [], gt.hoist_pass
 
     def recorded(pass_name, *args, **kwargs):
         held.append((pass_name, real(pass_name, *args, **kwargs)))
         return held[-1][1]
 
-    monkeypatch.setattr(pg, "hoist_pass", recorded)
+    monkeypatch.setattr(gt, "hoist_pass", recorded)
     lengths, T = [5] * 16 + [2, 1, 0], 5
     _check_layer(cell, 33, 0, lengths, T, reverse=reverse, persistent=True, block_h=16)
-    assert held == [("fwd", pg.Hoist.ALL), ("bwd", pg.Hoist.ALL)]
+    assert held == [("fwd", gt.Hoist.ALL), ("bwd", gt.Hoist.ALL)]
 
 
-# Hoist.FIRST (`pg._hoist_by_default`): only the first resident chunk leaves the runtime
+# Hoist.FIRST (`gt._hoist_by_default`): only the first resident chunk leaves the runtime
 # branches (HOIST_FIRST), the second chunk's products keep theirs (tile_b); forced here by an
 # 8-warp budget below the whole slice. H = 33: chunks of 32 + 16 in both passes; the second
 # batch tile's rows (lengths 2, 1, 0) finish early, so its programs skip the second chunk's
@@ -448,10 +449,10 @@ def test_hoisted_weights_match_reference(monkeypatch, cell, reverse):
 @directed("cell", [("lstm",), ("gru",), ("rnn_tanh",)])
 def test_first_chunk_hoisted_matches_reference(monkeypatch, cell, reverse):
     monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
-    monkeypatch.setattr(pg, "_HOIST_8WARP_THREAD_BYTES", 8)
+    monkeypatch.setattr(gt, "_HOIST_8WARP_THREAD_BYTES", 8)
     for p in ("fwd", "bwd"):
-        assert pg.hoist_pass(p, cell, 33, 33, 0, torch.float32, 16, 16, 0, 8,
-                             True) == pg.Hoist.FIRST, p
+        assert gt.hoist_pass(p, cell, 33, 33, 0, torch.float32, 16, 16, 0, 8,
+                             True) == gt.Hoist.FIRST, p
     lengths, T = [5] * 16 + [2, 1, 0], 5
     _check_layer(cell, 33, 0, lengths, T, reverse=reverse, persistent=True, block_h=16,
                  num_warps=8)
@@ -461,11 +462,11 @@ def test_hoist_weights_choice(monkeypatch):
     """By default: persistent launches of resident 16-wide MMA tiles without a projection,
     at most 256 B of weights per thread (512 B on 8 warps); off; per pass
     whatever the size; a bad value names the variable."""
-    hoist = pg._hoist_weights
+    hoist = gt._hoist_weights
     bf16 = torch.bfloat16
-    lstm256 = pg.weight_thread_bytes(4 * 16, 256, 0, bf16, 4)
-    anchor = pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 4)
-    assert (lstm256, anchor, pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)) == (256, 768,
+    lstm256 = gt.weight_thread_bytes(4 * 16, 256, 0, bf16, 4)
+    anchor = gt.weight_thread_bytes(4 * 16, 512, 256, bf16, 4)
+    assert (lstm256, anchor, gt.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)) == (256, 768,
                                                                                    384)
     monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
     assert hoist("fwd", 0, 16, True, 0, lstm256) and hoist("bwd", 0, 16, True, 0, lstm256)
@@ -477,19 +478,19 @@ def test_hoist_weights_choice(monkeypatch):
     assert not hoist("fwd", 0, 1, True, 0, 0)  # vector tiles: weights in registers already
     # Either pass on 8 warps up to 512 B per thread (`hoist_budget`): the anchor's 384 B,
     # LSTM H=1024's 512, not GRU H=1536's 576.
-    assert [pg.hoist_budget(p, w) for p in ("fwd", "bwd") for w in (4, 8)] == [256, 512,
+    assert [gt.hoist_budget(p, w) for p in ("fwd", "bwd") for w in (4, 8)] == [256, 512,
                                                                               256, 512]
     with pytest.raises(ValueError, match="hoist_budget: pass_name expected .* got 'fw'"):
-        pg.hoist_budget("fw", 8)
-    anchor8 = pg.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)
+        gt.hoist_budget("fw", 8)
+    anchor8 = gt.weight_thread_bytes(4 * 16, 512, 256, bf16, 8)
     assert hoist("fwd", 0, 16, True, 0, anchor8, 8) and hoist("bwd", 0, 16, True, 0,
                                                               anchor8, 8)
     for p in ("fwd", "bwd"):
-        assert hoist(p, 0, 16, True, 0, 512, 8) == pg.Hoist.ALL
+        assert hoist(p, 0, 16, True, 0, 512, 8) == gt.Hoist.ALL
         assert not hoist(p, 0, 16, True, 0, 576, 8)
         # Past the budget, the first of two chunks on 8 warps up to 384 B (GRU H=1536's
         # 1024 of 1536 columns; not LSTM H=1280's 512 B, nor on 4 warps).
-        assert hoist(p, 0, 16, True, 0, 576, 8, 384) == pg.Hoist.FIRST
+        assert hoist(p, 0, 16, True, 0, 576, 8, 384) == gt.Hoist.FIRST
         assert not hoist(p, 0, 16, True, 0, 640, 8, 512)
         assert not hoist(p, 0, 16, True, 0, 576, 4, 384)
         assert not hoist(p, 0, 32, True, 0, 576, 8, 384)  # 16-wide batch tiles only
@@ -499,7 +500,7 @@ def test_hoist_weights_choice(monkeypatch):
     assert not hoist("fwd", 0, 16, True, 0, lstm256)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", " fwd ")
     assert hoist("fwd", 0, 16, True, 0, anchor) and not hoist("bwd", 0, 16, True, 0, lstm256)
-    assert hoist("fwd", 0, 16, True, 0, 576, 8, 384) == pg.Hoist.ALL  # named: all of it
+    assert hoist("fwd", 0, 16, True, 0, 576, 8, 384) == gt.Hoist.ALL  # named: all of it
     assert not hoist("fwd", 0, 16, False, 0, anchor)
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "")  # empty: as unset
     assert hoist("fwd", 0, 16, True, 0, lstm256) and not hoist("fwd", 0, 16, True, 0, anchor)
@@ -569,7 +570,7 @@ def test_inputs_without_unit_column_stride(kind, cell, P):
     check(ins, outs, reverse)
 
 
-# Split K (`pg._nsplit`): the reduction cut into S slices, one per warp, where the output tile
+# Split K (`gt._nsplit`): the reduction cut into S slices, one per warp, where the output tile
 # has fewer 16 x 8 MMA tiles than the program has warps. (H, block_h, block_k, num_warps, S of
 # the recurrent dots): one 64 chunk in 4 slices; 64 + 32 in 2; streamed 32-wide chunks in 2;
 # one program, all steps in one launch, 2 slices (the in-kernel loop with split K).
@@ -580,28 +581,28 @@ SPLIT_K = pytest.mark.parametrize("H, block_h, block_k, num_warps, S", [
 
 
 def test_split_k_factor():
-    assert pg._nsplit(512, 256, 8, 16, 16) == 8  # the anchor: 2 MMA tiles, 8 warps
-    assert pg._nsplit(1024, 512, 8, 16, 16) == 8
-    assert pg._nsplit(64, 0, 8, 32, 64) == 1  # 16 MMA tiles cover 8 warps: a plain dot
-    assert pg._nsplit(64, 0, 4, 16, 16) == 4
-    assert pg._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
-    assert pg._nsplit(32, 16, 4, 16, 16) == 1
-    assert pg._nsplit(16, 0, 8, 16, 16) == 1
-    assert pg._nsplit(512, 256, 16, 16, 16) == 16  # 16 warps (forced): 16 slices
+    assert gt._nsplit(512, 256, 8, 16, 16) == 8  # the anchor: 2 MMA tiles, 8 warps
+    assert gt._nsplit(1024, 512, 8, 16, 16) == 8
+    assert gt._nsplit(64, 0, 8, 32, 64) == 1  # 16 MMA tiles cover 8 warps: a plain dot
+    assert gt._nsplit(64, 0, 4, 16, 16) == 4
+    assert gt._nsplit(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
+    assert gt._nsplit(32, 16, 4, 16, 16) == 1
+    assert gt._nsplit(16, 0, 8, 16, 16) == 1
+    assert gt._nsplit(512, 256, 16, 16, 16) == 16  # 16 warps (forced): 16 slices
     # The forward's gate dots: one slice per warp, up to 8 (`_FWD_GATE_SPLIT`).
-    assert pg._gate_split(512, 256, 16, 16, 16) == 8
-    assert pg._gate_split(512, 256, 8, 16, 16) == 8
-    assert pg._gate_split(512, 256, 4, 16, 16) == 4
-    assert pg._gate_split(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
-    assert pg._gate_split(32, 16, 4, 16, 16) == 1
-    assert pg._gate_split(64, 0, 4, 16, 32) == 1  # 4 MMA tiles for 4 warps: a plain dot
+    assert gt._gate_split(512, 256, 16, 16, 16) == 8
+    assert gt._gate_split(512, 256, 8, 16, 16) == 8
+    assert gt._gate_split(512, 256, 4, 16, 16) == 4
+    assert gt._gate_split(64, 32, 4, 16, 16) == 2  # the 32 chunk keeps 16 columns a slice
+    assert gt._gate_split(32, 16, 4, 16, 16) == 1
+    assert gt._gate_split(64, 0, 4, 16, 32) == 1  # 4 MMA tiles for 4 warps: a plain dot
 
 
 @SPLIT_K
 @directed("cell", [(c,) for c in CELLS])
 def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps, S):
-    assert pg._nsplit(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
-    assert pg._gate_split(*pg._ksplit(H, block_k), num_warps, block_h, 16) == S
+    assert gt._nsplit(*gt._ksplit(H, block_k), num_warps, block_h, 16) == S  # backward
+    assert gt._gate_split(*gt._ksplit(H, block_k), num_warps, block_h, 16) == S
     kw = dict(persistent=True, block_h=block_h, block_k=block_k, num_warps=num_warps)
     _check_layer(cell, H, 0, *VARLEN, reverse=reverse, **kw)
 
@@ -611,8 +612,8 @@ def test_split_k_matches_reference(cell, reverse, H, block_h, block_k, num_warps
 # 256 columns, 16 slices of 16.
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 def test_sixteen_slices_match_reference(cell):
-    assert pg._nsplit(*pg._ksplit(256, 0), 16, 16, 16) == 16
-    assert pg._gate_split(*pg._ksplit(256, 0), 16, 16, 16) == 8
+    assert gt._nsplit(*gt._ksplit(256, 0), 16, 16, 16) == 16
+    assert gt._gate_split(*gt._ksplit(256, 0), 16, 16, 16) == 8
     _check_layer(cell, 256, 0, [3, 1, 3, 2], 3, reverse=False, persistent=True, block_h=16,
                  num_warps=16)
 
@@ -623,7 +624,7 @@ def test_sixteen_slices_match_reference(cell):
 @pytest.mark.parametrize("cell, H", [("lstm", 33), ("gru", 33), ("lstm", 32), ("gru", 32)],
                          ids=lambda v: str(v))
 def test_backward_gate_chains_match_reference(monkeypatch, cell, H, chains):
-    monkeypatch.setattr(pg, "_bwd_chains", lambda *_a: chains)
+    monkeypatch.setattr(gt, "_bwd_chains", lambda *_a: chains)
     ins, outs = _backward_problem(cell, H, 0, *VARLEN)
     _run_backward(ins, outs, True, persistent=False, block_h=16)
     _check_backward(ins, outs, True)
@@ -632,12 +633,12 @@ def test_backward_gate_chains_match_reference(monkeypatch, cell, H, chains):
 def test_backward_chain_rule():
     # 16 x 16 tiles, 4 warps, S = 4: 2 MMA tiles per warp; LSTM H=768 (4 gates * 768 / 64 =
     # 48 per chain) -> 4 chains; H=256 (16: short) -> 1; one gate -> 1.
-    assert pg._bwd_chains(16, 16, 4, 4, 4, 768) == 4
-    assert pg._bwd_chains(16, 16, 4, 4, 3, 1536) == 4
-    assert pg._bwd_chains(16, 16, 4, 4, 4, 256) == 1
-    assert pg._bwd_chains(16, 16, 4, 4, 1, 1024) == 1
+    assert gt._bwd_chains(16, 16, 4, 4, 4, 768) == 4
+    assert gt._bwd_chains(16, 16, 4, 4, 3, 1536) == 4
+    assert gt._bwd_chains(16, 16, 4, 4, 4, 256) == 1
+    assert gt._bwd_chains(16, 16, 4, 4, 1, 1024) == 1
     # 16 x 32 tiles, 8 warps, S = 8: 4 tiles per warp, chains overlap already -> 1.
-    assert pg._bwd_chains(16, 32, 8, 8, 4, 1024) == 1
+    assert gt._bwd_chains(16, 32, 8, 8, 4, 1024) == 1
 
 
 # The streamed forward's joint gate dot (`_joint_gates`): one [4 * block_h, block_k] product
@@ -645,7 +646,7 @@ def test_backward_chain_rule():
 # projection too.
 @directed("cell, H, P", [("lstm", 64, 0), ("gru", 64, 0), ("lstm", 96, 64)])
 def test_joint_gate_forward_matches_reference(cell, reverse, H, P):
-    assert pg._joint_gates(cell, 32) and not pg._joint_gates(cell)
+    assert gt._joint_gates(cell, 32) and not gt._joint_gates(cell)
     ins, outs = _forward_problem(cell, H, P, *VARLEN)
     _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_k=32, num_warps=4)
     _check_forward(ins, outs, reverse)
@@ -669,8 +670,8 @@ def _swap_lengths():
 @directed("cell, P", [(c, 0) for c in CELLS] + [("lstm", 20)])
 @PERSIST_UNHOISTED
 def test_streamed_swapped_dots_match_reference(cell, P, reverse, persistent):
-    assert pg._swap_dots(16, 64) and not pg._swap_dots(16, 32) and not pg._swap_dots(0, 64)
-    assert pg._joint_gates(cell, 16, 64)
+    assert gt._swap_dots(16, 64) and not gt._swap_dots(16, 32) and not gt._swap_dots(0, 64)
+    assert gt._joint_gates(cell, 16, 64)
     kw = dict(persistent=persistent, block_h=16, block_b=64, block_k=16, num_warps=4)
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
@@ -698,8 +699,8 @@ GATED = directed("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 20)])
 @GATED
 @PERSIST_UNHOISTED
 def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persistent):
-    monkeypatch.setattr(pg, "_XJOIN_TILE", 16 * 64)
-    assert pg._xjoin(cell, 16, 16, 64)
+    monkeypatch.setattr(gt, "_XJOIN_TILE", 16 * 64)
+    assert gt._xjoin(cell, 16, 16, 64)
     kw = dict(persistent=persistent, block_h=16, block_b=64, block_k=16, num_warps=4)
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
@@ -712,8 +713,8 @@ def test_streamed_xjoin_matches_reference(monkeypatch, cell, P, reverse, persist
 @GATED
 @BLOCK_K
 def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
-    monkeypatch.setattr(pg, "_LATE_TILE", 16 * 64)
-    assert pg._late_loads(cell, 16, 64) and not pg._late_loads(cell, 16, 32)
+    monkeypatch.setattr(gt, "_LATE_TILE", 16 * 64)
+    assert gt._late_loads(cell, 16, 64) and not gt._late_loads(cell, 16, 32)
     kw = dict(persistent=True, block_h=16, block_b=64, block_k=block_k, num_warps=4)
     _check_layer(cell, 33, P, *_swap_lengths(), reverse=reverse, **kw)
 
@@ -723,7 +724,7 @@ def test_late_loads_match_reference(monkeypatch, cell, P, reverse, block_k):
 # full and one ragged hidden slice and chunk; 70 rows: a full and a partial batch tile.
 @directed("cell, P", [("lstm", 0), ("gru", 0), ("rnn_tanh", 0), ("lstm", 48)])
 def test_stepwise_64_tiles_match_reference(cell, P, reverse):
-    assert pg._xjoin(cell, 64, 64, 64) == (cell != "rnn_tanh")
+    assert gt._xjoin(cell, 64, 64, 64) == (cell != "rnn_tanh")
     kw = dict(persistent=False, block_h=64, block_b=64, block_k=64, num_warps=8)
     _check_layer(cell, 96, P, *_swap_lengths(), reverse=reverse, **kw)
 
@@ -732,44 +733,44 @@ def test_resident_operands_fit():
     # A resident chunk's operand [chunk, block_b] within 512 x 32 elements in both passes'
     # reductions (H and Hout): 1024-column chunks at 16-column tiles (GRU H=1536: 1024 + 512,
     # the issue's reach), 512 at 32 (H=1024: 512 + 512), 256 at 64 (H=512: 256 + 256).
-    assert pg.resident_operands_fit(1536, 1536, 16) and pg.resident_operands_fit(2048, 2048, 16)
-    assert pg.resident_operands_fit(1024, 1024, 32) and not pg.resident_operands_fit(1536, 1536, 32)
-    assert pg.resident_operands_fit(512, 512, 64) and not pg.resident_operands_fit(768, 768, 64)
+    assert gt.resident_operands_fit(1536, 1536, 16) and gt.resident_operands_fit(2048, 2048, 16)
+    assert gt.resident_operands_fit(1024, 1024, 32) and not gt.resident_operands_fit(1536, 1536, 32)
+    assert gt.resident_operands_fit(512, 512, 64) and not gt.resident_operands_fit(768, 768, 64)
     # With a projection both reductions count: R over Hout = P, R^T over H.
-    assert not pg.resident_operands_fit(1024, 256, 64)
-    assert not pg.resident_operands_fit(256, 1024, 64)
-    assert pg.resident_operands_fit(1024, 256, 16)
+    assert not gt.resident_operands_fit(1024, 256, 64)
+    assert not gt.resident_operands_fit(256, 1024, 64)
+    assert gt.resident_operands_fit(1024, 256, 16)
 
 
 def test_xjoin_choice():
     # Gated cells, streamed and swapped (batch tiles >= 64), tiles of >= 64 x 64 elements.
-    assert pg._xjoin("lstm", 64, 64, 64) and pg._xjoin("gru", 32, 128, 64)
-    assert pg._xjoin("lstm", 64, 32, 128) and not pg._xjoin("lstm", 64, 32, 64)
-    assert not pg._xjoin("rnn_tanh", 64, 128, 64) and not pg._xjoin("rnn_relu", 64, 64, 64)
-    assert not pg._xjoin("lstm", 0, 64, 64) and not pg._xjoin("lstm", 64, 128, 32)
+    assert gt._xjoin("lstm", 64, 64, 64) and gt._xjoin("gru", 32, 128, 64)
+    assert gt._xjoin("lstm", 64, 32, 128) and not gt._xjoin("lstm", 64, 32, 64)
+    assert not gt._xjoin("rnn_tanh", 64, 128, 64) and not gt._xjoin("rnn_relu", 64, 64, 64)
+    assert not gt._xjoin("lstm", 0, 64, 64) and not gt._xjoin("lstm", 64, 128, 32)
 
 
 def test_late_loads_choice():
     # Gated cells on tiles of >= 128 x 64 elements, whichever way round.
-    assert pg._late_loads("lstm", 128, 64) and pg._late_loads("gru", 64, 128)
-    assert pg._late_loads("lstm", 256, 64)
-    assert not pg._late_loads("lstm", 64, 64) and not pg._late_loads("gru", 32, 128)
-    assert not pg._late_loads("rnn_tanh", 128, 64) and not pg._late_loads("rnn_relu", 128, 64)
+    assert gt._late_loads("lstm", 128, 64) and gt._late_loads("gru", 64, 128)
+    assert gt._late_loads("lstm", 256, 64)
+    assert not gt._late_loads("lstm", 64, 64) and not gt._late_loads("gru", 32, 128)
+    assert not gt._late_loads("rnn_tanh", 128, 64) and not gt._late_loads("rnn_relu", 128, 64)
 
 
 def test_fold_dy_choice():
     # dy joins the carry after the wait, except on resident 64-column tiles (Triton 3.9
     # spilled there); the resident 16 x 64 layer tests above run that path.
-    assert pg._fold_dy(0, 16) and pg._fold_dy(0, 32) and pg._fold_dy(64, 64)
-    assert pg._fold_dy(16, 128) and not pg._fold_dy(0, 64)
+    assert gt._fold_dy(0, 16) and gt._fold_dy(0, 32) and gt._fold_dy(64, 64)
+    assert gt._fold_dy(16, 128) and not gt._fold_dy(0, 64)
 
 
 def test_streamed_joint_gate_choice():
     # Streamed gated cells always join their gates (no split K); one-gate cells only where
     # the dot is swapped; resident weights never.
-    assert pg._joint_gates("lstm", 16, 16) and pg._joint_gates("gru", 64, 32)
-    assert not pg._joint_gates("rnn_tanh", 16, 32) and pg._joint_gates("rnn_relu", 16, 64)
-    assert not pg._joint_gates("lstm", 0, 64) and not pg._joint_gates("lstm")
+    assert gt._joint_gates("lstm", 16, 16) and gt._joint_gates("gru", 64, 32)
+    assert not gt._joint_gates("rnn_tanh", 16, 32) and gt._joint_gates("rnn_relu", 16, 64)
+    assert not gt._joint_gates("lstm", 0, 64) and not gt._joint_gates("lstm")
 
 
 def test_switches_from_the_environment(monkeypatch):
@@ -777,15 +778,15 @@ def test_switches_from_the_environment(monkeypatch):
     # default): on / off, else an error naming it.
     for raw, want in (("", False), ("off", False), ("on", True), (" on ", True)):
         monkeypatch.setenv("TRITONRNN_BWD_PAIRED_GATES_WIDE", raw)
-        assert pg._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE") is want
+        assert gt._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE") is want
     monkeypatch.setenv("TRITONRNN_BWD_PAIRED_GATES_WIDE", "1")
     with pytest.raises(ValueError, match=r"TRITONRNN_BWD_PAIRED_GATES_WIDE: expected on or "
                                          r"off, got '1'"):
-        pg._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE")
+        gt._env_on_off("TRITONRNN_BWD_PAIRED_GATES_WIDE")
     # A switch that is on by default (TRITONRNN_FWD_JOINED_SUMS).
     for raw, want in (("", True), ("off", False), ("on", True)):
         monkeypatch.setenv("TRITONRNN_FWD_JOINED_SUMS", raw)
-        assert pg._env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True) is want
+        assert gt._env_on_off("TRITONRNN_FWD_JOINED_SUMS", default=True) is want
 
 
 # The forward's gate pre-activations summed joined (the default on MMA tiles, SUMS) and per
@@ -794,8 +795,8 @@ def test_switches_from_the_environment(monkeypatch):
 @pytest.mark.parametrize("joined", [True, False], ids=["joined", "per_gate"])
 @pytest.mark.parametrize("cell, block_b", [(c, 16) for c in CELLS] + [("lstm", 2)])
 def test_gate_sums_match_reference(monkeypatch, cell, block_b, joined):
-    monkeypatch.setattr(pg, "_FWD_JOINED_SUMS", joined)
-    assert pg._joined_sums(block_b) == (joined and block_b >= 16)
+    monkeypatch.setattr(gt, "_FWD_JOINED_SUMS", joined)
+    assert gt._joined_sums(block_b) == (joined and block_b >= 16)
     ins, outs = _forward_problem(cell, 33, 0, *VARLEN)
     _run_forward(ins, outs, False, persistent=True, block_h=16 if block_b >= 16 else 8,
                  block_b=block_b)
@@ -812,9 +813,9 @@ def test_gate_sums_match_reference(monkeypatch, cell, block_b, joined):
                                               ("lstm", 20, True)])
 def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, reverse,
                                                          in_loop):
-    monkeypatch.setattr(pg, "_FWD_MASK_IN_LOOP", in_loop)
-    assert pg._mask_in_loop(16, 16) is in_loop
-    assert not pg._mask_in_loop(16, 2) and not pg._mask_in_loop(64, 64)
+    monkeypatch.setattr(gt, "_FWD_MASK_IN_LOOP", in_loop)
+    assert gt._mask_in_loop(16, 16) is in_loop
+    assert not gt._mask_in_loop(16, 2) and not gt._mask_in_loop(64, 64)
     ins, outs = _forward_problem(cell, 33, P, *VARLEN)
     _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
     _check_forward(ins, outs, reverse)
@@ -827,10 +828,10 @@ def test_forward_active_mask_both_ways_matches_reference(monkeypatch, cell, P, r
 @pytest.mark.parametrize("mode", [1, 0], ids=["paired", "apart"])
 @pytest.mark.parametrize("cell, reverse", [("lstm", False), ("gru", True), ("rnn_tanh", False)])
 def test_forward_chunks_paired_or_apart_match_reference(monkeypatch, cell, reverse, mode):
-    assert pg._paired_chunks(16) == 1 and pg._paired_chunks(32) == 1  # the defaults
-    assert pg._paired_chunks(64) == 0 and pg._paired_chunks(2) == 0
-    monkeypatch.setattr(pg, "_FWD_PAIRED_CHUNKS", mode > 0)
-    assert pg._paired_chunks(16) == mode and pg._paired_chunks(64) == 0
+    assert gt._paired_chunks(16) == 1 and gt._paired_chunks(32) == 1  # the defaults
+    assert gt._paired_chunks(64) == 0 and gt._paired_chunks(2) == 0
+    monkeypatch.setattr(gt, "_FWD_PAIRED_CHUNKS", mode > 0)
+    assert gt._paired_chunks(16) == mode and gt._paired_chunks(64) == 0
     lengths = [5] * 20 + [3, 0, 1, 5, 2] * 3
     ins, outs = _forward_problem(cell, 40, 0, lengths, 5)
     _run_forward(ins, outs, reverse, persistent=True, block_h=16, block_b=16)
@@ -840,9 +841,9 @@ def test_forward_chunks_paired_or_apart_match_reference(monkeypatch, cell, rever
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "apart"])
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
-    assert pg._paired_gates(0, 16)  # on by default
-    assert not pg._paired_gates(64, 16) and not pg._paired_gates(0, 32)
-    assert not pg._paired_gates(0, 2)
+    assert gt._paired_gates(0, 16)  # on by default
+    assert not gt._paired_gates(64, 16) and not gt._paired_gates(0, 32)
+    assert not gt._paired_gates(0, 2)
     # The planner's count at H = 768: the weights, 2*G*16*768 B, and paired the backward's
     # two gates' operands staged at once (2*16*2*768 B; tanh's one gate, whose paired
     # backward stays within its forward's footprint); apart the forward's staged h is the
@@ -850,20 +851,20 @@ def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     on = 2 * G * 16 * 768 + 2 * 16 * min(G, 2) * 768
     apart = {"lstm": 131072, "gru": 106496, "rnn_tanh": 49152}[cell]
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", paired)
-    assert pg._paired_gates(0, 16) is paired
-    assert pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16) == (
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", paired)
+    assert gt._paired_gates(0, 16) is paired
+    assert gt.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 16) == (
         on if paired else apart)
-    assert pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on) is paired
-    assert not pg.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on - 1)
+    assert gt.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on) is paired
+    assert not gt.grid_pairs_gates(cell, 768, 768, 0, torch.bfloat16, 16, 16, 0, on - 1)
     if paired:
         # Within a budget only (`grid_pairs_gates`): GRU H=1536 paired needs 2*3*16*1536 +
         # 2*16*2*1536 B, past an H100's; apart, its forward's 2*3*16*1536 + 2*16*1536 is
         # the most.
         for budget, fits, onchip in ((None, True, 245760), (225280, False, 196608)):
-            assert pg.grid_pairs_gates("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 0,
+            assert gt.grid_pairs_gates("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 0,
                                        budget) is fits
-            assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16,
+            assert gt.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16,
                                         smem_limit=budget) == onchip
     _check_layer(cell, 40, 0, *VARLEN, reverse=True, persistent=True, block_h=16, block_b=16)
 
@@ -873,15 +874,15 @@ def test_backward_gates_loaded_ahead_match_reference(monkeypatch, cell, paired):
 # (H = 40: 32 + 16), 35 rows (two batch tiles, the second partial), against the reference.
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn_tanh"])
 def test_wide_tiles_backward_gates_loaded_ahead_match_reference(monkeypatch, cell):
-    assert not pg._paired_gates(0, 32)  # off by default
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES_WIDE", True)
-    assert pg._paired_gates(0, 32) and pg._paired_gates(0, 16)
-    assert not pg._paired_gates(64, 32) and not pg._paired_gates(0, 64)
+    assert not gt._paired_gates(0, 32)  # off by default
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES_WIDE", True)
+    assert gt._paired_gates(0, 32) and gt._paired_gates(0, 16)
+    assert not gt._paired_gates(64, 32) and not gt._paired_gates(0, 64)
     # The count at H = 768: the weights 2*G*16*768 B and two gates' 32-column operands
     # 2*32*2*768 B (tanh: one gate's).
     G = cells.NUM_GATES[cells.CELL_IDS[cell]]
     on = 2 * G * 16 * 768 + 2 * 32 * min(G, 2) * 768
-    assert pg.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 32) == on
+    assert gt.grid_onchip_bytes(cell, 768, 768, 0, torch.bfloat16, 16, 32) == on
     lengths = [9] * 20 + [7, 0, 5, 2] * 3 + [3, 8, 1]
     _check_layer(cell, 40, 0, lengths, 9, reverse=True, persistent=True, block_h=16,
                  block_b=32)
@@ -909,14 +910,14 @@ VEC_CASES = [(c, P, 1, False, True, False) for c, P in [(c, 0) for c in CELLS] +
                          ids=lambda v: str(v))
 def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sliced,
                                       monkeypatch):
-    assert pg.vector_tiles(block_b) and pg._nsplit(16, 16, 8, 8, block_b) == 1
+    assert gt.vector_tiles(block_b) and gt._nsplit(16, 16, 8, 8, block_b) == 1
     if sliced:
         # Slices of 8 columns (`vector_width`, 256 for bf16 on a GPU) of chunks of 16 (with
         # _MAX_CHUNK = 16, H = 17 is 16 + 16): R, R^T, Pw and Pw^T chunks are each held as
         # [2, rows, 8] (`_vgates`, `_vgate_sum`, `_vdot`); otherwise one slice per chunk.
-        monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
-        monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
-        assert pg._ksplit(17) == (16, 16)
+        monkeypatch.setattr(gt, "_MAX_CHUNK", 16)
+        monkeypatch.setattr(gt, "vector_width", lambda dot_dt: 8)
+        assert gt._ksplit(17) == (16, 16)
     kw = dict(persistent=persistent, block_h=8, block_b=block_b, num_warps=8)
     _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=reverse, **kw)
 
@@ -925,8 +926,8 @@ def test_vector_tiles_match_reference(cell, P, block_b, reverse, persistent, sli
 # Pw's products in both passes.
 @pytest.mark.parametrize("cell, P", [("lstm", 20), ("gru", 0)])
 def test_vector_slices_halved_match_reference(monkeypatch, cell, P):
-    monkeypatch.setattr(pg, "_MAX_CHUNK", 16)
-    monkeypatch.setattr(pg, "vector_width", lambda dot_dt: 8)
+    monkeypatch.setattr(gt, "_MAX_CHUNK", 16)
+    monkeypatch.setattr(gt, "vector_width", lambda dot_dt: 8)
     kw = dict(persistent=True, block_h=8, block_b=2, num_warps=8)
     _check_layer(cell, 17, P, *VEC_LENGTHS, reverse=False, **kw)
 
@@ -943,7 +944,7 @@ def test_vector_tiles_batch_one_single_program():
 def test_split_k_projection(block_k):
     # H = 96 (64 + 32: S = 2 for R in the forward, R^T in the backward), P = 64 (Pw's
     # reduction over H in the forward, Pw^T's over P in the backward, split too).
-    assert pg._nsplit(*pg._ksplit(64, block_k), 4, pg._block_o(96, 64, 16), 16) > 1
+    assert gt._nsplit(*gt._ksplit(64, block_k), 4, gt._block_o(96, 64, 16), 16) > 1
     kw = dict(persistent=False, block_h=16, block_k=block_k, num_warps=4)
     _check_layer("lstm", 96, 64, *VARLEN, reverse=True, **kw)
 
@@ -958,7 +959,7 @@ def test_split_k_projection(block_k):
 def test_every_sub_step_arrives_once(cell, P, pair):
     lengths, T = [5, 0, 3, 5, 1, 2, 4, 1, 3, 2, 5, 4, 1, 3, 2, 5, 4], 6  # 2 batch tiles
     H, nph = 33, 2 if P else 1
-    programs = pg.grid_programs(H, P or H, P, len(lengths), 16, 16)
+    programs = gt.grid_programs(H, P or H, P, len(lengths), 16, 16)
     kw = dict(persistent=True, block_h=16, _count_arrivals=True)
     for kind, n_sub in (("forward", nph * max(lengths)), ("backward", nph * max(lengths) + 1)):
         make, run = ((_forward_problem, _run_forward) if kind == "forward"
@@ -986,7 +987,7 @@ def test_single_program_launch_meets_its_barrier(monkeypatch, kind, cell, P, rev
 
     monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "sync")  # the launch itself raises
     lengths, T, H = [5, 0, 3, 5, 1], 6, 16
-    assert pg.grid_programs(H, P or H, P, len(lengths), 16, 16) == 1
+    assert gt.grid_programs(H, P or H, P, len(lengths), 16, 16) == 1
     make, run, check = ((_forward_problem, _run_forward, _check_forward) if kind == "forward"
                         else (_backward_problem, _run_backward, _check_backward))
     results = {}
@@ -1138,9 +1139,9 @@ def test_persistent_run_split_into_launches(monkeypatch, cell, P):
 
 
 def test_grid_formulas(monkeypatch):
-    assert pg.grid_programs(33, 33, 0, 5, 16, 16) == 3
-    assert pg.grid_programs(1024, 1024, 0, 64, 16, 16) == 64 * 4
-    assert pg.grid_programs(1024, 256, 256, 16, 16, 16) == 64
+    assert gt.grid_programs(33, 33, 0, 5, 16, 16) == 3
+    assert gt.grid_programs(1024, 1024, 0, 64, 16, 16) == 64 * 4
+    assert gt.grid_programs(1024, 256, 256, 16, 16, 16) == 64
     # Shared memory as Triton 3.6 allocates it for sm_90 (checked against compiled kernels):
     # the resident slice plus the larger of the staged exchange operand (bf16; the per-gate
     # forward stages both chunks of its reduction at once on tiles up to 32 columns,
@@ -1148,70 +1149,70 @@ def test_grid_formulas(monkeypatch):
     # the split-K scratch (8 warps: the backward's S = 8 slices of fp32 partial sums; the
     # forward's 4 gates joined in S = 4, its cap with the slices added by halves). First
     # with the backward's gates apart (TRITONRNN_BWD_PAIRED_GATES=off), then paired.
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", False)
     # LSTM H=1024, 16x16 tiles: R slice 2*4*16*1024 + max(the forward's stage of both 512
     # chunks 2*16*1024, scratch 4*4*4*16*16); the backward stages 2*16*512.
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
+    assert gt.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16) == 163840
     # 16 x 32 tiles: the stage doubles (2*32*1024).
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
+    assert gt.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
     # GRU, per-gate forward dots (the default): 3 gates' rows 2*3*16*1024 +
     # stage 2*32*1024, as compiled.
-    assert pg.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
+    assert gt.grid_onchip_bytes("gru", 1024, 1024, 0, torch.bfloat16, 16, 32) == 163840
     # Projection P=256: backward R columns 2*4*16*1024 + Pw columns 2*16*256 + stage 2*16*512
     # (the forward's R rows 2*4*16*256 + Pw rows 2*16*1024 + Pw's stage 2*16*512: less).
-    assert pg.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
+    assert gt.grid_onchip_bytes("lstm", 1024, 256, 256, torch.bfloat16, 16, 16) == 155648
     # GRU H=512 (16 x 16 tiles), the planner's 4 forward warps: either pass 2*3*16*512 +
     # 2*16*512. With 8 (the default here) the forward's 8 slices' scratch 4*8*4*16*16
     # outweighs its stage: 2*3*16*512 + 32768 (the sm_90 compile holds these weights in
     # registers, `_hoist_weights`, and takes 49152: an over-estimate, safe).
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16,
+    assert gt.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16,
                                 fwd_warps=4) == 65536
-    assert pg.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 81920
+    assert gt.grid_onchip_bytes("gru", 512, 512, 0, torch.bfloat16, 16, 16) == 81920
     # The split reduction: LSTM H=768 holds 512 + 256 columns (a 1024 tile would be 2*4*16*1024),
     # staged together in the forward (2*16*768; the backward's 98304 + 2*16*512 is less); GRU
     # H=1536 1024 + 512: 2*3*16*1536 + 2*16*1536 (196608 as compiled; the backward 180224).
     # That is with the planner's 4 forward warps; with 8 (the default here, `w8`) the
     # forward's 8 slices' scratch 4*8*4*16*16 is the larger: 131072, as compiled.
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16,
+    assert gt.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16,
                                 fwd_warps=4) == 98304 + 24576
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 32768
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 196608
+    assert gt.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 16, 16) == 98304 + 32768
+    assert gt.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16) == 196608
     # Paired (the default), 16-wide tiles: the backward stages two gates' operands at once,
     # 2*16*2*K, past the forward's stage (as compiled at the anchor, tests/test_aot.py).
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", True)
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", True)
     for cell, H, P, paired in (("lstm", 1024, 0, 2 * 4 * 16 * 1024 + 2 * 16 * 2 * 1024),
                                ("lstm", 768, 0, 98304 + 2 * 16 * 2 * 768),
                                ("gru", 1536, 0, 2 * 3 * 16 * 1536 + 2 * 16 * 2 * 1536),
                                ("lstm", 1024, 256, 155648 - 2 * 16 * 512 + 2 * 16 * 2 * 1024)):
-        assert pg.grid_onchip_bytes(cell, H, P or H, P, torch.bfloat16, 16,
+        assert gt.grid_onchip_bytes(cell, H, P or H, P, torch.bfloat16, 16,
                                     16) == paired, (cell, H, P)
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", False)
+    assert gt.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 32) == 196608
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", False)
     # 16 x 32 tiles, 8 warps: the forward's scratch [8, 4*16, 32] fp32 (its 4 joined gates in
     # 8 slices, one per warp) is the largest, 98304 as compiled (Triton 3.6); the backward's
     # [8, 16, 32] is as large as the staged operand (2*32*256). With 4 forward warps (the
     # planner's) its 4 MMA tiles cover the warps: no split, the backward's 49152, as
     # compiled.
-    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
+    assert gt.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32) == 2 * 4 * 16 * 256 + (
         4 * 8 * 4 * 16 * 32) == 98304
-    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32,
+    assert gt.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32,
                                 fwd_warps=4) == 49152
     # 2 warps: the 4 MMA tiles of a 16 x 32 output keep them busy, a plain dot, no scratch.
-    assert pg.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32, num_warps=2) == (
+    assert gt.grid_onchip_bytes("lstm", 256, 256, 0, torch.bfloat16, 16, 32, num_warps=2) == (
         2 * 4 * 16 * 256 + 2 * 32 * 256)
     # fp32: the exchange is staged in fp32.
-    assert pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.float32, 16, 16) == (
+    assert gt.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.float32, 16, 16) == (
         4 * 4 * 16 * 1024 + 4 * 16 * 1024)
     # Streamed weights: one chunk's tiles, 3 pipeline buffers, independent of H; the forward's
     # joint gate tile (4 * block_h rows, GRU padded) is the widest (as compiled, Triton 3.6).
-    assert pg.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 3 * 64 * 2 * (
+    assert gt.grid_onchip_bytes("gru", 1536, 1536, 0, torch.bfloat16, 16, 16, 64) == 3 * 64 * 2 * (
         4 * 16 + 16) == 30720
-    assert pg.grid_onchip_bytes("lstm", 8192, 8192, 0, torch.bfloat16, 16, 16, 64) == 30720
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 64) == 3 * 64 * 2 * (
+    assert gt.grid_onchip_bytes("lstm", 8192, 8192, 0, torch.bfloat16, 16, 16, 64) == 30720
+    assert gt.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 64) == 3 * 64 * 2 * (
         4 * 32 + 64) == 73728
-    assert pg.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 128) == 147456
+    assert gt.grid_onchip_bytes("lstm", 768, 768, 0, torch.bfloat16, 32, 64, 128) == 147456
     # One gate: rows = block_h in both directions.
-    assert pg.grid_onchip_bytes("rnn_tanh", 2048, 2048, 0, torch.bfloat16, 64, 64, 64) == (
+    assert gt.grid_onchip_bytes("rnn_tanh", 2048, 2048, 0, torch.bfloat16, 64, 64, 64) == (
         3 * 64 * 2 * (64 + 64))
 
 
@@ -1256,33 +1257,33 @@ def test_gpu_hoisted_weights(monkeypatch, cell, warps):
     launch recorded holding its whole slice (HOIST applies to persistent launches without a
     projection only: `hoist_tiles`)."""
     monkeypatch.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd,bwd")
-    held, real = [], pg.hoist_pass
+    held, real = [], gt.hoist_pass
 
     def recorded(pass_name, *args, **kwargs):
         held.append((pass_name, real(pass_name, *args, **kwargs)))
         return held[-1][1]
 
-    monkeypatch.setattr(pg, "hoist_pass", recorded)
+    monkeypatch.setattr(gt, "hoist_pass", recorded)
     lengths, T = [9] * 16 + [7, 0, 5, 2], 9
     _check_layer(cell, 96, 0, lengths, T, reverse=True, dtype=torch.bfloat16,
                  persistent=True, block_h=16, num_warps=warps)
-    assert held == [("fwd", pg.Hoist.ALL), ("bwd", pg.Hoist.ALL)]
+    assert held == [("fwd", gt.Hoist.ALL), ("bwd", gt.Hoist.ALL)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("H, block_h", [(1536, 16), (768, 32)])
 def test_gpu_first_chunk_hoisted(monkeypatch, H, block_h):
     """bf16 GRU on 8 warps where HOIST holds only the first resident chunk in registers
-    (`pg.Hoist.FIRST`, the default rule): H=1536 on 16 x 16 tiles (1024 of 1536 columns),
+    (`gt.Hoist.FIRST`, the default rule): H=1536 on 16 x 16 tiles (1024 of 1536 columns),
     H=768 on 32 x 16 (512 of 768). H=768's second batch tile, whose rows finish early, skips
     only the second chunk's products; H=1536 has one batch tile (two would be 192 programs,
     more than an H100's or H200's SMs)."""
     monkeypatch.delenv("TRITONRNN_HOIST_WEIGHTS", raising=False)
     for p in ("fwd", "bwd"):
-        assert pg.hoist_pass(p, "gru", H, H, 0, torch.bfloat16, block_h, 16, 0, 8,
-                             True) == pg.Hoist.FIRST, p
+        assert gt.hoist_pass(p, "gru", H, H, 0, torch.bfloat16, block_h, 16, 0, 8,
+                             True) == gt.Hoist.FIRST, p
     lengths, T = ([9] * 12 + [7, 0, 5, 2]) if H == 1536 else ([9] * 16 + [7, 0, 5, 2]), 9
-    programs = pg.grid_programs(H, H, 0, len(lengths), block_h, 16)
+    programs = gt.grid_programs(H, H, 0, len(lengths), block_h, 16)
     assert programs <= torch.cuda.get_device_properties(DEV).multi_processor_count, programs
     _check_layer("gru", H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
                  block_h=block_h, num_warps=8)
@@ -1295,14 +1296,14 @@ def test_direct_backward_pairs_gates_within_the_device_memory():
     slack, so it keeps the gates apart there; the interpreter (no limit) pairs; a plan's
     answer stands where pairing applies at all."""
     bf16, optin = torch.bfloat16, 232448  # H100 / H200 shared memory per block (opt-in)
-    budget = pg.grid_smem_budget(optin)
-    assert budget == optin - pg.SMEM_SLACK == 225280
+    budget = gt.grid_smem_budget(optin)
+    assert budget == optin - gt.SMEM_SLACK == 225280
 
     def pairs(ask, cell, H, smem, block_k=0, block_b=16, warps=4):
-        return pg.launch_pairs_gates(ask, cell, H, H, 0, bf16, 16, block_b, block_k, warps,
+        return gt.launch_pairs_gates(ask, cell, H, H, 0, bf16, 16, block_b, block_k, warps,
                                      smem)
 
-    assert pg._grid_bwd_bytes("gru", 1536, 1536, 0, bf16, 16, 16, 4, True) > budget
+    assert gt._grid_bwd_bytes("gru", 1536, 1536, 0, bf16, 16, 16, 4, True) > budget
     assert not pairs(None, "gru", 1536, optin) and pairs(None, "gru", 1536, None)
     assert pairs(None, "lstm", 768, optin) and pairs(True, "gru", 1536, optin)
     assert not pairs(False, "lstm", 768, optin) and not pairs(False, "lstm", 768, None)
@@ -1329,9 +1330,9 @@ def test_gpu_backward_gates_loaded_ahead(monkeypatch, cell, H, paired, block_b):
     default) and apart, and on 16 x 32 tiles paired (`_BWD_PAIRED_GATES_WIDE`, opt-in): two
     resident chunks per gate (H = 40: 32 + 16, H = 640: 512 + 128), two batch tiles (the
     second partial), varlen."""
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES", paired)
-    monkeypatch.setattr(pg, "_BWD_PAIRED_GATES_WIDE", block_b == 32)
-    assert pg._paired_gates(0, block_b) is paired
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES", paired)
+    monkeypatch.setattr(gt, "_BWD_PAIRED_GATES_WIDE", block_b == 32)
+    assert gt._paired_gates(0, block_b) is paired
     lengths, T = [9] * (block_b + 3) + [7, 0, 5, 2], 9
     _check_layer(cell, H, 0, lengths, T, reverse=True, dtype=torch.bfloat16, persistent=True,
                  block_h=16, block_b=block_b)
@@ -1494,7 +1495,7 @@ def test_gpu_8192_element_tiles(cell, P, dtype, block_h, block_b):
     # cells' backward loads each sub-step's inputs after its product (`_late_loads`).
     # H = 160: full and ragged hidden slices; `_wide_lengths`: a full and a partial 128-wide
     # batch tile.
-    assert pg._late_loads(cell, block_h, block_b) == (cell != "rnn_tanh")
+    assert gt._late_loads(cell, block_h, block_b) == (cell != "rnn_tanh")
     _check_layer(cell, 160, P, *_wide_lengths(), reverse=True, dtype=dtype, persistent=True,
                  block_h=block_h, block_b=block_b, block_k=64, num_warps=8)
 

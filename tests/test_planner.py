@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.rnn import reserve as reserve_mod
 from tritonrnn.rnn.planner import (
@@ -299,7 +300,7 @@ def test_stepwise_tiles_read_the_fewest_bytes(mode, H, B, old):
 
 @pytest.mark.parametrize("why,mode,H,B,direction,tiles", [
     # The first co-resident tiles would hold chunks whose dot operands [chunk, block_b] spill
-    # (`kernels.persistent_grid.resident_operands_fit`; they were these shapes' resident
+    # (`kernels.grid_tiles.resident_operands_fit`; they were these shapes' resident
     # plans): the grid streams the weights instead of keeping them resident elsewhere.
     ("chunks", "rnn_tanh", 1536, 64, "unidirectional", (16, 64, 64)),
     ("chunks", "lstm", 768, 128, "unidirectional", (16, 64, 64)),
@@ -316,7 +317,7 @@ def test_stepwise_tiles_read_the_fewest_bytes(mode, H, B, old):
     ("tile", "rnn_tanh", 384, 1024, "bidirectional", (64, 128, 64)),
 ])
 def test_wide_resident_weights_stream_instead(why, mode, H, B, direction, tiles):
-    from tritonrnn.kernels.persistent_grid import resident_operands_fit
+    from tritonrnn.kernels.grid_tiles import resident_operands_fit
     from tritonrnn.rnn.planner import _RESIDENT_TILE
 
     lp = _plan(mode=mode, H=H, B=B, direction=direction).layer(0)
@@ -455,12 +456,12 @@ def test_persistent_grid_warps_per_pass(mode, H, B, fwd, bwd):
     assert ("(backward 8)" in _plan(mode=mode, H=H, B=B).explain()) == (bwd == 8 != fwd)
     # 16 x 16 tiles' weights in registers in both passes: on 4 warps up to 256 B, else on 8.
     for p, w in (("fwd", lp.num_warps), ("bwd", lp.backward_warps)):
-        hoisted = pg.hoist_pass(p, mode, H, H, 0, torch.bfloat16, lp.block_h, lp.block_b,
+        hoisted = gt.hoist_pass(p, mode, H, H, 0, torch.bfloat16, lp.block_h, lp.block_b,
                                 lp.block_k, w, True)
         too_large = (mode, H) in (("lstm", 1280), ("lstm", 1152))
         assert bool(hoisted) == (lp.block_h == lp.block_b == 16 and not too_large), p
         first = (mode, H) in (("gru", 1536), ("gru", 1408))
-        assert (hoisted == pg.Hoist.FIRST) == first, p
+        assert (hoisted == gt.Hoist.FIRST) == first, p
 
 
 @pytest.mark.parametrize("cell, H, P", [("lstm", 768, 0), ("lstm", 768, 384),
@@ -474,7 +475,7 @@ def test_forward_warps_follow_the_register_weights(cell, H, P):
     bf16 = torch.bfloat16
 
     def hoisted(w, block_k=0):
-        return pg.hoist_pass("fwd", cell, H, P or H, P, bf16, 16, 16, block_k, w, True)
+        return gt.hoist_pass("fwd", cell, H, P or H, P, bf16, 16, 16, block_k, w, True)
 
     want = 8 if hoisted(8) and not hoisted(4) else 4
     assert want == (8 if (cell, H, P) in (("lstm", 768, 0), ("gru", 1024, 0)) else 4)
@@ -518,7 +519,7 @@ def test_warps_do_not_follow_the_hoist_switch(monkeypatch, env):
     lp = _plan(H=768, B=16).layer(0)
     assert (lp.num_warps, lp.backward_warps) == (8, 8)
     for p in ("fwd", "bwd"):
-        assert pg.hoist_pass(p, "lstm", 768, 768, 0, torch.bfloat16, 16, 16, 0, 8,
+        assert gt.hoist_pass(p, "lstm", 768, 768, 0, torch.bfloat16, 16, 16, 0, 8,
                              True) == (p in env)
 
 
@@ -939,7 +940,7 @@ def test_a_tuning_entry_applies_only_under_the_switches_that_timed_it(switch, va
         if switch == "HOIST_WEIGHTS":
             m.setenv("TRITONRNN_HOIST_WEIGHTS", "fwd, bwd")
         else:
-            m.setattr(split_k if "SPLIT_K" in switch else pg, switch, value)
+            m.setattr(split_k if "SPLIT_K" in switch else gt, switch, value)
         assert kernel_variants() == variants
         assert _plan(H=768, B=16).source == "heuristic"  # the default's timing, not this
         assert tune._partial_key(base.key) != default_partial
@@ -1271,7 +1272,7 @@ def test_streamed_loops_take_the_stages_that_fit(mode, H, B, direction, dtype, w
         return
     assert lp.family == "persistent_grid" and lp.block_k == 64
     budget = _smem_budget(PRESETS[device])
-    per_stage = [pg.stream_stage_bytes(mode, H, 0, dtype, lp.block_h, lp.block_b, 64, p)
+    per_stage = [gt.stream_stage_bytes(mode, H, 0, dtype, lp.block_h, lp.block_b, 64, p)
                  for p in ("fwd", "bwd")]
     tile = lp.block_h * lp.block_b
     for p, stages, nbytes in zip(("fwd", "bwd"), want, per_stage, strict=True):
@@ -1299,7 +1300,7 @@ def test_stage_constraints():
             lp = _plan(H=768, B=256).layer(0)
         assert (lp.num_stages, lp.backward_stages) == want
         assert (lp.block_h, lp.block_b, lp.block_k) == (base.block_h, base.block_b, 64)
-        assert lp.onchip_bytes == pg.grid_onchip_bytes(
+        assert lp.onchip_bytes == gt.grid_onchip_bytes(
             "lstm", 768, 768, 0, torch.bfloat16, lp.block_h, lp.block_b, 64,
             fwd_warps=lp.num_warps, stages=want[0], stages_bwd=want[1])
     # Streamed tiles forced on a resident plan get the rule's stages.
@@ -1400,7 +1401,7 @@ def test_split_k_backward_is_a_plan_choice(request, monkeypatch):
             64, 64, 128)
         assert (lp.pair_gates, lp.own_backward_tiles) == (False, False)
         # (the forward's alone, 163840 B, not the grid backward's 196608 in base's)
-        forward = pg.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16, 0,
+        forward = gt.grid_onchip_bytes("lstm", 1024, 1024, 0, torch.bfloat16, 16, 16, 0,
                                        fwd_warps=8, backward=False)
         assert (forward, base.onchip_bytes) == (163840, 196608)
         assert lp.onchip_bytes == max(forward, split_k.onchip_bytes(
@@ -1495,7 +1496,7 @@ def test_split_k_rule_picks_the_timed_form(request, device, dtype, mode, H, B, f
     assert (launch.one_barrier, tuple(launch[:3])) == (form == 1,
                                                        planner._SPLIT_K_RULE[(mode, H, B)][1])
     programs, _ = split_k.footprint(mode, H, B, dtype, launch)
-    forward = pg.grid_programs(H, H, 0, B, lp.block_h, lp.block_b, 1)
+    forward = gt.grid_programs(H, H, 0, B, lp.block_h, lp.block_b, 1)
     assert (lp.pass_programs(False), lp.num_programs) == (forward, max(programs, forward))
     assert "backward split-K" in plan.explain()
     assert _plan(mode=mode, H=H, B=B // 2 + 1, dtype=dtype, device=device).layer(0) == lp

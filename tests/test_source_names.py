@@ -320,8 +320,8 @@ def test_calls_fit_their_callees_signatures(path):
 
 
 @pytest.mark.parametrize("source, want", [
-    ("from tritonrnn.kernels import persistent_grid as pg\npg.grid_programs(1, 2, block_q=3)\n",
-     "line 2: pg.grid_programs: no parameter ['block_q']"),
+    ("from tritonrnn.kernels import grid_tiles as gt\ngt.grid_programs(1, 2, block_q=3)\n",
+     "line 2: gt.grid_programs: no parameter ['block_q']"),
     ("import torch\ntorch.cuda.Event(enable_timin=True)\n",
      "line 2: torch.cuda.Event: no parameter ['enable_timin']"),
     ("from .persistent_grid import check_coresident\ncheck_coresident(1)\n",
