@@ -35,7 +35,7 @@ import json
 import torch
 
 from . import ops
-from .config import GATES, check_dropout, check_int, check_int64
+from .config import GATES, check_choice, check_dropout, check_int, check_int64
 from .planner import current_constraints, plan_constraints
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
@@ -120,12 +120,38 @@ def _cudnn_rnn_op(
     )
 
 
+def _static(*tensors) -> bool:
+    """Whether every size of `tensors` (None skipped) is a plain int: a fake traced with
+    dynamic shapes (torch.compile's dynamic=True, or after a recompile) holds symbols."""
+    return all(type(d) is int for t in tensors if isinstance(t, torch.Tensor) for d in t.shape)
+
+
+def _check_fake(input, input_h, input_c, params, sequence_lengths, **attrs):
+    """`ops.validate_shapes` where the sizes are plain ints (returns its (config, T, B)), else
+    None after the checks that symbolic sizes allow: the attributes' choices and the states'
+    ranks (a wrong rank would be an IndexError in the fake's indexing). The real op checks
+    the rest when it runs."""
+    if _static(input, input_h, input_c, params, sequence_lengths):
+        return ops.validate_shapes(input, input_h, input_c, params, sequence_lengths, **attrs)
+    check_choice("rnn_mode", attrs["rnn_mode"], ("lstm", "gru", "rnn_tanh", "rnn_relu"))
+    check_choice("direction", attrs["direction"], ("unidirectional", "bidirectional"))
+    ops._check_tensor("input", input, 3)
+    ops._check_tensor("input_h", input_h, 3)
+    if attrs["rnn_mode"] == "lstm":
+        ops._check_tensor("input_c", input_c, 3)
+    return None
+
+
 @_cudnn_rnn_op.register_fake
 def _cudnn_rnn_fake(
     input, input_h, input_c, params, sequence_lengths, seeds, rnn_mode, input_mode, direction,
     dropout, seed, seed2, num_proj, is_training, time_major, backend,
 ):
-    # Shapes only; the real op validates everything (a fake cannot read lengths or seeds).
+    # Shapes only: the checks that read no data (a fake cannot read lengths or seeds), so that
+    # a bad argument is the eager call's named error under torch.compile and on meta tensors.
+    _check_fake(input, input_h, input_c, params, sequence_lengths, rnn_mode=rnn_mode,
+                input_mode=input_mode, direction=direction, dropout=dropout, seed=seed,
+                seed2=seed2, num_proj=num_proj, time_major=time_major)
     lstm = rnn_mode == "lstm"
     D = 2 if direction == "bidirectional" else 1
     if time_major:
@@ -217,8 +243,21 @@ def _cudnn_rnn_backprop_op(
 
 
 @_cudnn_rnn_backprop_op.register_fake
-def _cudnn_rnn_backprop_fake(input, input_h, input_c, params, *args):
-    rnn_mode = args[10]
+def _cudnn_rnn_backprop_fake(
+    input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+    output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved, seeds,
+    rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major, backend,
+    constraints="",
+):
+    checked = _check_fake(input, input_h, input_c, params, sequence_lengths,
+                          rnn_mode=rnn_mode, input_mode=input_mode, direction=direction,
+                          dropout=dropout, seed=seed, seed2=seed2, num_proj=num_proj,
+                          time_major=time_major)
+    if checked is not None and _static(output, output_h, output_c, output_backprop,
+                                       output_h_backprop, output_c_backprop):
+        ops.check_backprop_shapes(checked[0], checked[1], checked[2], input, input_h, input_c,
+                                  output, output_h, output_c, output_backprop,
+                                  output_h_backprop, output_c_backprop, time_major)
     d_c = (
         input_c.new_empty(input_c.shape) if rnn_mode == "lstm" else input.new_empty((0,))
     )

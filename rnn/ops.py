@@ -17,7 +17,7 @@ from . import reserve as reserve_mod
 from .config import RNNConfig, check_choice, check_int, make_config
 from .interpreter import check_interpreter_in_effect, interpreter_requested
 from .packing import MAX_ROWS, PackInfo, make_pack_info, pack, unpack
-from .params import FLOAT_DTYPES, check_params_tensor
+from .params import FLOAT_DTYPES, check_dense, check_params_tensor
 from .planner import current_constraints, plan_constraints
 
 BACKENDS = ("auto", "reference", "triton")
@@ -76,6 +76,7 @@ def _check_tensor(name: str, t: object, rank: int, dtype: torch.dtype | None = N
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
     check_untransformed(name, t)
+    check_dense(name, t)
     if t.dim() != rank:
         raise ValueError(f"{name}: expected a rank-{rank} tensor, got shape {list(t.shape)}")
     if dtype is not None and t.dtype != dtype:
@@ -102,17 +103,20 @@ def check_ignored_state(name: str, t: object, rnn_mode: str) -> None:
         )
 
 
-def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
+def _check_lengths_tensor(sequence_lengths: object, B: int, T: int) -> None:
+    """sequence_lengths' type, dtype and shape (None: the rows T x B must fit the kernels'
+    offsets); its values are `_lengths`' to read."""
     if sequence_lengths is None:
         if T * B > MAX_ROWS:  # (else make_pack_info's error, which names sequence_lengths)
             raise ValueError(f"input: expected max time x batch of at most {MAX_ROWS} (the "
                              f"kernels' int32 packed-row offsets), got {T} x {B} = {T * B}")
-        return [T] * B
+        return
     if not isinstance(sequence_lengths, torch.Tensor):
         raise TypeError(
             f"sequence_lengths: expected an int32/int64 tensor of shape [{B}] or None, got "
             f"{type(sequence_lengths).__name__}"
         )
+    check_dense("sequence_lengths", sequence_lengths)
     if sequence_lengths.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             f"sequence_lengths: expected dtype int32 or int64, got {sequence_lengths.dtype}"
@@ -122,6 +126,12 @@ def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
             f"sequence_lengths: expected shape [{B}] (the batch), got "
             f"{list(sequence_lengths.shape)}"
         )
+
+
+def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
+    _check_lengths_tensor(sequence_lengths, B, T)
+    if sequence_lengths is None:
+        return [T] * B
     if sequence_lengths.is_meta:
         raise ValueError(
             "sequence_lengths: expected a tensor with data (the lengths are read on the host), "
@@ -171,7 +181,15 @@ def _resolve_backend(backend: object, device: torch.device, dtype: torch.dtype):
     return triton_recurrence()
 
 
-def _validate(
+def _validate(input, input_h, input_c, params, sequence_lengths, **attrs) -> _Call:
+    """Every argument checked (`validate_shapes`), then the lengths read on the host."""
+    cfg, T, B = validate_shapes(input, input_h, input_c, params, sequence_lengths, **attrs)
+    # Lengths may live on any device: they are read on the host once.
+    lengths = _lengths(sequence_lengths, B, T)
+    return _Call(cfg, make_pack_info(lengths, T, input.device), T, B)
+
+
+def validate_shapes(
     input,
     input_h,
     input_c,
@@ -186,7 +204,12 @@ def _validate(
     seed2,
     num_proj,
     time_major,
-) -> _Call:
+) -> tuple[RNNConfig, int, int]:
+    """(config, T, B): every check of the forward's arguments that reads no tensor's data
+    (types, ranks, dtypes, shapes, devices, attributes, the params' size; the lengths' dtype
+    and shape but not their values). What a shape-only call can check too: the custom ops'
+    fake implementations (torch.compile's tracing, meta tensors) run it, so that a bad
+    argument is the same named error there as in eager mode."""
     check_choice("rnn_mode", rnn_mode, ("lstm", "gru", "rnn_tanh", "rnn_relu"))
     check_choice("direction", direction, ("unidirectional", "bidirectional"))
     if not isinstance(time_major, bool):
@@ -262,9 +285,8 @@ def _validate(
     if params.dtype != dtype:
         raise TypeError(f"params: expected dtype {dtype} (the input's), got {params.dtype}")
     _check_device("params", params, dev)
-    # Lengths may live on any device: they are read on the host once.
-    lengths = _lengths(sequence_lengths, B, T)
-    return _Call(cfg, make_pack_info(lengths, T, dev), T, B)
+    _check_lengths_tensor(sequence_lengths, B, T)
+    return cfg, T, B
 
 
 def _time_major(t: torch.Tensor, time_major: bool) -> torch.Tensor:
@@ -502,8 +524,26 @@ def cudnn_rnn_backprop(
         num_proj=num_proj, time_major=time_major,
     )
     cfg, dtype, dev = call.cfg, input.dtype, input.device
+    check_backprop_shapes(cfg, call.T, call.B, input, input_h, input_c, output, output_h,
+                          output_c, output_backprop, output_h_backprop, output_c_backprop,
+                          time_major)
+    layout = reserve_mod.reserve_layout(cfg, call.info, dtype)
+    reserve_space = reserve_mod.check(reserve_space, host_reserved, layout, dev)
+    rec = _resolve_backend(backend, dev, dtype)
+    return _backprop(
+        call, rec, input, input_h, input_c, params, output, output_backprop,
+        output_h_backprop, output_c_backprop if cfg.is_lstm else None, reserve_space, time_major,
+    )
+
+
+def check_backprop_shapes(cfg: RNNConfig, T: int, B: int, input, input_h, input_c, output,
+                          output_h, output_c, output_backprop, output_h_backprop,
+                          output_c_backprop, time_major: bool) -> None:
+    """The backprop's outputs and their gradients against the forward's arguments (types,
+    ranks, dtypes, devices, shapes: no data read; the backprop op's fake runs it too)."""
+    dtype, dev = input.dtype, input.device
     D, Hout = cfg.num_dirs, cfg.out_size
-    out_shape = (call.T, call.B, D * Hout) if time_major else (call.B, call.T, D * Hout)
+    out_shape = (T, B, D * Hout) if time_major else (B, T, D * Hout)
     for name, t in (("output", output), ("output_backprop", output_backprop)):
         _check_tensor(name, t, 3, dtype)
         _check_device(name, t, dev)
@@ -523,10 +563,3 @@ def cudnn_rnn_backprop(
     else:
         check_ignored_state("output_c", output_c, cfg.rnn_mode)
         check_ignored_state("output_c_backprop", output_c_backprop, cfg.rnn_mode)
-    layout = reserve_mod.reserve_layout(cfg, call.info, dtype)
-    reserve_space = reserve_mod.check(reserve_space, host_reserved, layout, dev)
-    rec = _resolve_backend(backend, dev, dtype)
-    return _backprop(
-        call, rec, input, input_h, input_c, params, output, output_backprop,
-        output_h_backprop, output_c_backprop if cfg.is_lstm else None, reserve_space, time_major,
-    )

@@ -155,7 +155,7 @@ def _config_from_keywords(
 
 def params_size(
     *,
-    rnn_mode: str,
+    rnn_mode: str = "lstm",
     num_layers: int,
     num_units: int,
     input_size: int,
@@ -179,7 +179,7 @@ def canonical_to_params(
     weights: list[torch.Tensor],
     biases: list[torch.Tensor],
     *,
-    rnn_mode: str,
+    rnn_mode: str = "lstm",
     num_layers: int,
     num_units: int,
     input_size: int,
@@ -208,6 +208,7 @@ def canonical_to_params(
         for i, (t, shape) in enumerate(zip(tensors, shapes, strict=True)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{arg}[{i}]: expected a tensor, got {type(t).__name__}")
+            check_dense(f"{arg}[{i}]", t)
             if tuple(t.shape) != shape:
                 raise ValueError(
                     f"{arg}[{i}]: expected shape {list(shape)}, got {list(t.shape)}"
@@ -229,7 +230,7 @@ def canonical_to_params(
 def params_to_canonical(
     params: torch.Tensor,
     *,
-    rnn_mode: str,
+    rnn_mode: str = "lstm",
     num_layers: int,
     num_units: int,
     input_size: int,
@@ -261,11 +262,21 @@ def params_to_canonical(
     return out[: len(w_shapes)], out[len(w_shapes) :]
 
 
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """A TypeError naming `name` for a tensor that is not dense (sparse, nested, mkldnn):
+    the ops reshape, view and launch kernels on strided storage, and such a tensor would fail
+    deep inside instead (a reshape or data-pointer RuntimeError)."""
+    if t.is_nested or t.layout != torch.strided:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise TypeError(f"{name}: expected a dense tensor (layout torch.strided), got {got}")
+
+
 def check_params_tensor(cfg: RNNConfig, params: object, sizes_from: str = "") -> None:
     """`params` a 1-D float tensor of `cfg`'s size. `sizes_from`: where the configuration's
     sizes came from, for the message (the op's: its tensors' shapes)."""
     if not isinstance(params, torch.Tensor):
         raise TypeError(f"params: expected a tensor, got {type(params).__name__}")
+    check_dense("params", params)
     if params.dim() != 1:
         raise ValueError(f"params: expected a 1-D tensor, got shape {list(params.shape)}")
     _check_float("params", params.dtype)

@@ -42,6 +42,7 @@ from tritonrnn.kernels.grid_barrier import capturing
 
 from .config import RNNConfig
 from .packing import PackInfo, derived
+from .params import check_dense
 
 MAGIC = 0x31564E5254495254  # "TRITRNV1" as little-endian bytes
 VERSION = 1
@@ -181,6 +182,7 @@ def check(
     """
     if not isinstance(reserve, torch.Tensor):
         raise TypeError(f"reserve_space: expected a tensor, got {type(reserve).__name__}")
+    check_dense("reserve_space", reserve)
     if reserve.dtype != torch.uint8:
         raise TypeError(f"reserve_space: expected a 1-D uint8 tensor from cudnn_rnn, got "
                         f"{reserve.dtype} of shape {list(reserve.shape)}")
@@ -203,6 +205,8 @@ def check(
         )
     expected = _header(layout)
     host_ok = False
+    if isinstance(host_reserved, torch.Tensor):
+        check_dense("host_reserved", host_reserved)
     if isinstance(host_reserved, torch.Tensor) and host_reserved.numel() == HEADER_BYTES:
         if host_reserved.dtype not in (torch.int8, torch.uint8):  # bytes, read as int8
             raise TypeError(

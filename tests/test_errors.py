@@ -116,6 +116,19 @@ FORWARD_CASES = {
     "seed_bool": ({"seed": True}, TypeError, r"seed: expected an int, got bool True"),
     "layer_axis_bidir": ({"direction": "bidirectional"}, ValueError,
                          r"input_h: expected a layer axis that is a positive multiple of 2"),
+    # Layouts the ops cannot reshape or launch on: named, not a RuntimeError from a reshape.
+    "input_sparse": ({"input": torch.randn(T, B, I).to_sparse()}, TypeError,
+                     r"^input: expected a dense tensor \(layout torch.strided\), got layout "
+                     r"torch.sparse_coo$"),
+    "input_h_sparse": ({"input_h": torch.randn(1, B, H).to_sparse()}, TypeError,
+                       r"^input_h: expected a dense tensor .*got layout torch.sparse_coo$"),
+    "input_c_sparse_csr": ({"input_c": torch.randn(1, B, H)[0].to_sparse_csr()}, TypeError,
+                           r"^input_c: expected a dense tensor .*got layout torch.sparse_csr$"),
+    "params_sparse": ({"params": torch.randn(312).to_sparse()}, TypeError,
+                      r"^params: expected a dense tensor .*got layout torch.sparse_coo$"),
+    "input_nested": ({"input": torch.nested.nested_tensor([torch.randn(2, I),
+                                                          torch.randn(3, I)])},
+                     TypeError, r"^input: expected a dense tensor .*got a nested tensor$"),
 }
 
 
@@ -143,6 +156,8 @@ LENGTH_CASES = {
     "list": ([4, 4, 4], TypeError, r"sequence_lengths: expected an int32/int64 tensor.*list"),
     "meta": (torch.tensor([4, 4, 4], device="meta"), ValueError,
              r"sequence_lengths: expected a tensor with data .*got a tensor on the meta device"),
+    "sparse": (torch.tensor([4, 4, 4]).to_sparse(), TypeError,
+               r"^sequence_lengths: expected a dense tensor .*got layout torch.sparse_coo$"),
 }
 
 
@@ -184,6 +199,12 @@ BACKPROP_CASES = {
                            r"host_reserved: expected a tensor with data.*meta"),
     "reserve_meta": (11, torch.zeros(8, dtype=torch.uint8, device="meta"),
                      r"reserve_space: expected a tensor on cpu.*got meta"),
+    "output_backprop_sparse": (8, torch.randn(T, B, H).to_sparse(),
+                               r"^output_backprop: expected a dense tensor .*sparse_coo$"),
+    "reserve_sparse": (11, torch.ones(300, dtype=torch.uint8).to_sparse(),
+                       r"^reserve_space: expected a dense tensor .*sparse_coo$"),
+    "host_reserved_sparse": (12, torch.ones(64, dtype=torch.int8).to_sparse(),
+                             r"^host_reserved: expected a dense tensor .*sparse_coo$"),
 }
 
 
@@ -302,6 +323,23 @@ def test_params_helper_errors():
     with pytest.raises(TypeError, match=r"params: expected dtype float16, bfloat16, float32 "
                        r"or float64, got torch.int32"):
         params_to_canonical(torch.zeros(42, dtype=torch.int32), **kw)
+    with pytest.raises(TypeError, match=r"^params: expected a dense tensor .*sparse_coo$"):
+        params_to_canonical(torch.ones(42).to_sparse(), **kw)
+    with pytest.raises(TypeError, match=r"^biases\[1\]: expected a dense tensor .*sparse_coo$"):
+        canonical_to_params(w, [b[0], b[1].to_sparse()] + b[2:], **kw)
+
+
+def test_params_helpers_default_to_lstm():
+    """rnn_mode defaults to "lstm" in the params helpers as in the ops (TensorFlow's
+    CudnnRNNParamsSize / ...Canonical attribute default)."""
+    kw = dict(num_layers=2, num_units=3, input_size=4)
+    n = params_size(**kw)
+    assert n == params_size(rnn_mode="lstm", **kw) != params_size(rnn_mode="gru", **kw)
+    p = torch.arange(n, dtype=torch.float32)
+    w, b = params_to_canonical(p, **kw)
+    assert [t.shape for t in w] == [t.shape for t in
+                                    params_to_canonical(p, rnn_mode="lstm", **kw)[0]]
+    assert torch.equal(canonical_to_params(w, b, **kw), p)
 
 
 # TensorFlow's attributes take NumPy scalars as well as Python numbers: the same call, the

@@ -84,3 +84,66 @@ def test_library_all_meta_with_lengths_is_named(lengths_device):
     out = library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"], lens,
                             is_training=False, backend="reference")
     assert out.output.is_meta and out.reserve_space.numel() == 0
+
+
+# A bad argument in a shape-only call (the op's fake: meta tensors, torch.compile's tracing)
+# is the eager call's named error; the fake indexed the states' shapes unchecked (an
+# IndexError for a rank-2 input_h) and took a params buffer of any size, any rnn_mode, an
+# integer input.
+SHAPE_ONLY_CASES = {
+    "input_h_rank": ({"input_h": (B, H)}, {}),
+    "input_rank": ({"input": (T, B)}, {}),
+    "params_size": ({"params": (7,)}, {}),
+    "input_c_batch": ({"input_c": (1, B + 1, H)}, {}),
+    "rnn_mode": ({}, {"rnn_mode": "bogus"}),
+    "direction": ({}, {"direction": "both"}),
+    "int_input": ({"input": (T, B, I, torch.int64)}, {}),
+    "dropout": ({}, {"dropout": 1.0}),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_ONLY_CASES))
+def test_library_meta_call_names_a_bad_argument_as_eager_does(case):
+    shapes, attrs = SHAPE_ONLY_CASES[case]
+    calls = {}
+    for device in ("cpu", "meta"):
+        a = _lstm_args(device)
+        for name, shape in shapes.items():
+            dtype = shape[-1] if isinstance(shape[-1], torch.dtype) else torch.float32
+            dims = shape[:-1] if isinstance(shape[-1], torch.dtype) else shape
+            a[name] = torch.zeros(dims, dtype=dtype, device=device)
+        with pytest.raises((ValueError, TypeError)) as err:
+            library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"],
+                              backend="reference", **attrs)
+        calls[device] = (type(err.value), str(err.value))
+    assert calls["meta"] == calls["cpu"]
+
+
+def test_compiled_call_names_a_bad_argument():
+    """Under torch.compile the op's fake runs at trace time, before the real op: its error
+    (which Dynamo reports wrapped) names the argument, not an IndexError of the fake's."""
+    a = _lstm_args()
+    fn = torch.compile(lambda x, h, c, p: library_cudnn_rnn(x, h, c, p,
+                                                            backend="reference").output,
+                       backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"input_h: expected a rank-3 tensor, got shape "
+                                        r"\[2, 4\]") as err:
+        fn(a["input"], a["input_h"][0], a["input_c"], a["params"])
+    assert not isinstance(err.value, IndexError)
+
+
+def test_backprop_fake_names_a_bad_argument():
+    a = _lstm_args("meta")
+    out = library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"],
+                            backend="reference")
+    good = [a["input"], a["input_h"], a["input_c"], a["params"], None, out.output,
+            out.output_h, out.output_c, torch.zeros_like(out.output),
+            torch.zeros_like(out.output_h), torch.zeros_like(out.output_c), out.reserve_space,
+            out.host_reserved, None, "lstm", "linear_input", "unidirectional", 0.0, 0, 0, 0,
+            True, "reference"]
+    dx, dh, dc, dp = torch.ops.tritonrnn.cudnn_rnn_backprop(*good)
+    assert dx.shape == a["input"].shape and dp.shape == a["params"].shape
+    bad = list(good)
+    bad[8] = torch.zeros(T + 1, B, H, device="meta")
+    with pytest.raises(ValueError, match=r"^output_backprop: expected shape \[3, 2, 4\] "):
+        torch.ops.tritonrnn.cudnn_rnn_backprop(*bad)
