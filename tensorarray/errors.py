@@ -74,5 +74,8 @@ class TensorArrayAllocatorError(TensorArrayError, ValueError):
 
 
 class TensorArrayNameError(TensorArrayError, ValueError):
-    """A name already taken by a live array of the registry (for example a user array named
-    like the gradient array ``"<forward name>@<source>"`` that grad() is about to create)."""
+    """``TensorArrayRegistry.register`` of a handle whose key (its name; a gradient array's
+    forward name and source) a live array of the registry already holds. The arrays' own
+    names are unique (name + "_" + a counter), and gradient arrays are keyed apart from them,
+    so a user array named like a gradient array (``"<forward name>@<source>"``) does not
+    collide with it."""

@@ -68,8 +68,18 @@ class TensorArrayHandle:
         return f"TensorArrayHandle({self.name!r}, {state})"
 
 
+def _key(handle: TensorArrayHandle) -> str | tuple[str, str]:
+    """Where the registry indexes an array: under its name, a gradient array under (forward
+    name, source), TensorArrayGrad's key. TensorFlow keeps gradient arrays in a container of
+    their own, so a user array named like one ("<forward name>@<source>") never collides
+    with it."""
+    res = handle._res
+    return (res.forward_name, res.source) if res.is_grad else handle.name
+
+
 class TensorArrayRegistry:
-    """Indexes TensorArray handles by name; one default instance plus any number for isolation.
+    """Indexes TensorArray handles by name (gradient arrays by their forward array's name and
+    source, `_key`); one default instance plus any number for isolation.
 
     Args:
         allocator: default slab allocator for arrays created in this registry that pass none
@@ -78,33 +88,48 @@ class TensorArrayRegistry:
 
     def __init__(self, allocator: Allocator | None = None):
         self.allocator: Allocator | None = allocator
-        self._handles: weakref.WeakValueDictionary[str, TensorArrayHandle] = (
+        self._handles: weakref.WeakValueDictionary[str | tuple[str, str], TensorArrayHandle] = (
             weakref.WeakValueDictionary()
         )
         self._lock = threading.Lock()
 
     def register(self, handle: TensorArrayHandle) -> None:
-        """Index ``handle`` under its name (names are unique, so this never replaces one)."""
+        """Index ``handle`` under its name, a gradient array under (forward name, source)
+        (names are unique, so this never replaces one)."""
+        key = _key(handle)
         with self._lock:
-            if handle.name in self._handles:
+            if key in self._handles:
                 raise TensorArrayNameError(
                     f"TensorArray {handle.name!r}: a live array with this name is already "
                     "registered; names must be unique"
                 )
-            self._handles[handle.name] = handle
+            self._handles[key] = handle
 
-    def unregister(self, name: str) -> None:
-        """Drop ``name`` from the index (no error when it is absent)."""
+    def unregister(self, key: str | tuple[str, str]) -> None:
+        """Drop ``key`` from the index: an array's name, a gradient array's (forward name,
+        source) (no error when it is absent)."""
         with self._lock:
-            self._handles.pop(name, None)
+            self._handles.pop(key, None)
+
+    def _find(self, name: object) -> TensorArrayHandle | None:
+        """The live array named ``name``: a user's array first, else a gradient array (a
+        user may name an array like a gradient array; the gradient array is then reached
+        through its forward array's ``grad(source)``)."""
+        with self._lock:
+            handle = self._handles.get(name) if isinstance(name, str) else None
+            if handle is None:
+                handle = next((h for k, h in self._handles.items()
+                               if isinstance(k, tuple) and h.name == name), None)
+        return handle
 
     def lookup(self, name: str) -> TensorArrayHandle:
-        """The live handle registered under ``name``.
+        """The live handle registered under ``name`` (a user's array before a gradient array
+        of the same name).
 
         Raises:
             TensorArrayClosedError: no live array has that name (closed, freed or never made).
         """
-        handle = self._handles.get(name)
+        handle = self._find(name)
         if handle is None:
             raise TensorArrayClosedError(
                 f"TensorArray {name!r}: lookup(name={name!r}) expected a live array in this "
@@ -124,13 +149,13 @@ class TensorArrayRegistry:
             handle._res.close()
 
     def names(self) -> list[str]:
-        """Names of the live arrays, gradient arrays included, in creation order."""
+        """Names of the live arrays, gradient arrays included, in creation order (a name
+        twice where a user named an array like a gradient array)."""
         with self._lock:  # other threads register arrays meanwhile
-            return list(self._handles.keys())
+            return [h.name for h in list(self._handles.values())]
 
     def __contains__(self, name: object) -> bool:
-        with self._lock:
-            return name in self._handles
+        return self._find(name) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -329,25 +329,43 @@ class ArrayResource:
 
     # ------------------------------------------------------------ flag helpers
 
-    def _fresh_in_range(self, a: int, b: int) -> list[int]:
-        """Indices in ``[a, b)`` that are unwritten or soft (they read as zeros).
+    def _fresh_mask(self, a: int, b: int) -> bytes | None:
+        """One byte per index of ``[a, b)``: 1 where it is unwritten or soft (it reads as
+        zeros), else 0; None where no index is.
 
         Bytes are 0/1, so the per-index logic runs as big-integer bit operations in C.
         """
         written, soft = self.written, self.soft
         if written.find(0, a, b) == -1 and soft.find(1, a, b) == -1:
-            return []
+            return None
         n = b - a
         ones = int.from_bytes(_ONE * n, "little")
         w = int.from_bytes(written[a:b], "little")
         s = int.from_bytes(soft[a:b], "little")
-        mask = ((w ^ ones) | s).to_bytes(n, "little")
-        out = []
-        j = mask.find(1)
+        return ((w ^ ones) | s).to_bytes(n, "little")
+
+    @staticmethod
+    def _mask_indices(mask: bytes | None, a: int) -> list[int]:
+        """The indices a `_fresh_mask` of ``[a, ...)`` marks (list storage: one element each)."""
+        out: list[int] = []
+        j = mask.find(1) if mask is not None else -1
         while j != -1:
             out.append(a + j)
-            j = mask.find(1, j + 1)
+            j = mask.find(1, j + 1)  # type: ignore[union-attr]
         return out
+
+    @staticmethod
+    def _zero_masked(slab: torch.Tensor, a: int, mask: bytes | None) -> None:
+        """Zero the slab rows a `_fresh_mask` of ``[a, ...)`` marks, in one tensor op whatever
+        their number (a stack of a gradient array whose rows are still soft copies walked
+        them one by one in Python: 33 ms for 200,000 rows, against 0.2 ms written)."""
+        if mask is None:
+            return
+        if mask.find(0) == -1:
+            slab[a : a + len(mask)].zero_()
+            return
+        rows = torch.frombuffer(bytearray(mask), dtype=torch.uint8).nonzero().squeeze(1)
+        slab.index_fill_(0, rows.add_(a).to(slab.device), 0)
 
     def _has_data_in_range(self, a: int, b: int) -> bool:
         """Whether some index in ``[a, b)`` holds real data (written and not soft)."""
@@ -566,10 +584,13 @@ class ArrayResource:
         value: ``[len(indices), *shape]``.
         """
         written, soft = self.written, self.soft
+        fresh_mask = None
         if indices is None:
             has_data = self._has_data_in_range(lo, end)
             duplicates = False
-            fresh = self._fresh_in_range(lo, end) if has_data else None
+            fresh = None
+            if has_data:
+                fresh_mask = self._fresh_mask(lo, end)
         else:
             has_data = any(written[i] and not soft[i] for i in indices)
             unique = list(dict.fromkeys(indices))
@@ -598,7 +619,10 @@ class ArrayResource:
                 else:
                     # Aggregation: fresh rows start at zero, then every row adds (index_add_
                     # sums duplicate indices).
-                    self._zero_rows(slab, fresh)  # type: ignore[arg-type]
+                    if indices is None:
+                        self._zero_masked(slab, lo, fresh_mask)
+                    else:
+                        self._zero_rows(slab, fresh)  # type: ignore[arg-type]
                     if indices is None:
                         slab[lo:end].add_(value)
                     else:
@@ -919,20 +943,26 @@ class ArrayResource:
         elements (``stack=True``) or the list of elements (``stack=False``).
         """
         written, soft = self.written, self.soft
+        mask = None
         if indices is None:
-            fresh = self._fresh_in_range(lo, end)
+            mask = self._fresh_mask(lo, end)
             rng = range(lo, end)
         else:
             fresh = sorted(i for i in dict.fromkeys(indices) if not written[i] or soft[i])
             rng = indices
         if self.slab_shape is not None:
             slab = self._ensure_capacity(self.size)
-            self._zero_rows(_unversioned(slab), fresh)
+            if indices is None:
+                self._zero_masked(_unversioned(slab), lo, mask)
+            else:
+                self._zero_rows(_unversioned(slab), fresh)
             if indices is None:
                 data = slab[lo:end]
             else:
                 data = slab.index_select(0, torch.tensor(indices, device=slab.device))
         else:
+            if indices is None:
+                fresh = self._mask_indices(mask, lo)
             items, shapes, es = self.items, self.shapes, self.element_shape
             for i in fresh:
                 if not written[i]:
@@ -1020,8 +1050,8 @@ class ArrayResource:
                     g.shapes = shapes
         handle = TensorArrayHandle(g, self.registry, new_flow())
         self.registry.register(handle)
-        # Frozen only once the gradient array exists: a failed creation (the allocator, a
-        # name taken in the registry) leaves this array as it was.
+        # Frozen only once the gradient array exists: a failed creation (the allocator)
+        # leaves this array as it was.
         self.dynamic_size = False
         self.grads[source] = handle
         return handle
@@ -1053,4 +1083,4 @@ class ArrayResource:
         self.items = None
         for handle in grads:
             handle._res.close()
-        self.registry.unregister(self.name)
+        self.registry.unregister((self.forward_name, self.source) if self.is_grad else self.name)

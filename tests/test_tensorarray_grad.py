@@ -17,7 +17,6 @@ from tritonrnn.tensorarray import (
     TensorArrayGradResult,
     TensorArrayHandle,
     TensorArrayIndexError,
-    TensorArrayNameError,
     TensorArrayReadError,
     TensorArrayRegistry,
     TensorArrayShapeError,
@@ -135,20 +134,40 @@ def test_grad_freezes_a_dynamic_array_at_its_current_size():
     assert ta.grad("gradients_1").size() == 3
 
 
-def test_failed_grad_creation_leaves_the_array_growable():
-    # The gradient array's name "<name>@<source>" is taken by a user array: the lookup fails,
-    # and the forward array must not be frozen by the attempt.
-    ta = TensorArray(torch.float32, 0, dynamic_size=True).write(0, torch.ones(2))
-    squatter = TensorArray(torch.float32, 1, name=f"{ta.handle.name}@src")
+def test_a_user_array_named_like_a_gradient_array_does_not_collide_with_it():
+    # The spec: the gradient array is looked up under the key (N, S), and two arrays never
+    # collide. A user array whose name is the gradient array's "<name>@<source>" used to block
+    # its creation (TensorArrayNameError); TensorFlow keys gradient arrays apart too.
+    reg = TensorArrayRegistry()
+    ta = TensorArray(torch.float32, 0, dynamic_size=True, registry=reg).write(0, torch.ones(2))
+    squatter = TensorArray(torch.float32, 1, name=f"{ta.handle.name}@src", registry=reg)
     source = squatter.handle.name.removeprefix(f"{ta.handle.name}@")
-    with pytest.raises(TensorArrayNameError, match="already registered") as info:
-        ta.grad(source)
-    assert isinstance(info.value, ValueError)
-    assert ta.dynamic_size and ta.size() == 1
+    g = ta.grad(source)
+    assert g.handle.name == squatter.handle.name and g.handle is not squatter.handle
+    assert not ta.dynamic_size and g.size() == 1 and squatter.size() == 1
+    assert ta.grad(source).handle is g.handle  # the same accumulator, looked up by (N, S)
+    # The name finds the user's array; the gradient array stays reachable through grad().
+    assert reg.lookup(squatter.handle.name) is squatter.handle
+    assert reg.names().count(squatter.handle.name) == 2
+    squatter.close()
+    assert reg.lookup(g.handle.name) is g.handle and not g.handle.closed
+    assert squatter.handle.name in reg
+    g = g.write(0, torch.full((2,), 3.0)).write(0, torch.full((2,), 4.0))
+    assert torch.equal(g.read(0), torch.full((2,), 7.0))
+    ta.close()
+    assert g.handle.closed and reg.names() == []
+
+
+@pytest.mark.parametrize("prepend", [(-1,), ("a",), 3.5], ids=["undefined", "str", "float"])
+def test_failed_grad_creation_leaves_the_array_growable(prepend):
+    # A refused grad (its shape_to_prepend) must not freeze the forward array.
+    ta = TensorArray(torch.float32, 0, dynamic_size=True).write(0, torch.ones(2))
+    with pytest.raises((TensorArrayShapeError, TensorArrayTypeError), match="shape_to_prepend"):
+        ta.grad("gradients", shape_to_prepend=prepend)
+    assert ta.dynamic_size and ta.size() == 1 and ta.handle._res.grads == {}
     ta = ta.write(3, torch.ones(2))
     assert ta.size() == 4
-    squatter.close()
-    g = ta.grad(source)
+    g = ta.grad("gradients")
     assert not ta.dynamic_size and g.size() == 4
 
 
@@ -472,3 +491,26 @@ def test_list_gradient_writes_and_scatters_add():
     g = g.scatter([0], torch.tensor([[4.0, 4]]))
     assert torch.equal(g.read(1), torch.full((3,), 3.0))
     assert torch.equal(g.read(0), torch.full((2,), 7.0))
+
+
+@pytest.mark.parametrize("storage", ["slab", "list"])
+def test_stack_and_unstack_over_soft_rows_between_written_ones(storage):
+    """A gradient array whose rows are soft copies (zeros) except every third, which holds
+    data: stack reads zeros and the data in place, and an aggregating unstack over the whole
+    range replaces the soft rows and adds to the others (the rows to zero found in one
+    tensor op, whatever their pattern)."""
+    n = 10
+    shape = (2,) if storage == "slab" else None
+    ta = TensorArray(torch.float32, n, element_shape=shape).unstack(torch.ones(n, 2))
+    g = ta.grad("gradients")
+    held = list(range(0, n, 3))
+    g = g.scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
+    want = torch.zeros(n, 2)
+    want[held] = 5.0
+    assert torch.equal(g.stack(), want)
+    g2 = ta.grad("gradients_1").scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
+    g2 = g2.unstack(torch.arange(2 * n, dtype=torch.float32).view(n, 2))
+    assert torch.equal(g2.stack(), want + torch.arange(2 * n, dtype=torch.float32).view(n, 2))
+    # A contiguous gather reads a range that starts past 0.
+    g3 = ta.grad("gradients_2").scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
+    assert torch.equal(g3.gather(torch.arange(4, 9)), want[4:9])
