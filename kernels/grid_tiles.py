@@ -748,9 +748,11 @@ def _grid_bwd_bytes(cell: str, H: int, Hout: int, P: int, dtype: torch.dtype, bh
 
 
 def _split_scratch(ka: int, kb: int, num_warps: int, rows: int, bb: int, gates: int = 1,
-                   split=_nsplit) -> int:
-    """Bytes of a split-K product's partial sums, [S, gates * rows, bb] fp32 (0 unsplit)."""
-    S = split(ka, kb, num_warps, rows, bb)
+                   split=None) -> int:
+    """Bytes of a split-K product's partial sums, [S, gates * rows, bb] fp32 (0 unsplit).
+    split: the slice rule (`_gate_split` for the forward's gate dots), default `_nsplit`,
+    looked up at the call, so that an ablation's swapped rule reaches these bytes too."""
+    S = (split or _nsplit)(ka, kb, num_warps, rows, bb)
     return 4 * S * gates * rows * bb if S > 1 else 0
 
 

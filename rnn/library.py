@@ -36,6 +36,7 @@ import torch
 
 from . import ops
 from .config import GATES, check_choice, check_dropout, check_int, check_int64
+from .params import check_dense
 from .planner import current_constraints, plan_constraints
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
 
@@ -348,6 +349,8 @@ def _check_devices(input, input_h, input_c, params, sequence_lengths, seeds,
                     ("params", params), ("sequence_lengths", sequence_lengths),
                     ("seeds", seeds)):
         ops.check_untransformed(name, t)
+        if isinstance(t, torch.Tensor):  # (before the dispatcher, which has no sparse or
+            check_dense(name, t)         # nested kernel of the op to name it)
     for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
         if t is not None:
             ops._check_device(name, t, dev)

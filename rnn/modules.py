@@ -69,7 +69,7 @@ from tritonrnn.kernels.grid_barrier import capturing
 from . import library
 from .config import make_config
 from .ops import BACKENDS, check_length_values, check_untransformed
-from .params import FLOAT_DTYPES, params_layout
+from .params import FLOAT_DTYPES, check_dense, params_layout
 
 _MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 _SEED_HIGH = 2**62  # seeds drawn in [0, 2**62): any int the op accepts
@@ -446,6 +446,7 @@ class _RNNBase(nn.Module):
                      batched: bool) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        check_dense(name, t)
         if _autocast_dtype(x.device) == x.dtype and t.is_floating_point():
             t = t.to(x.dtype)
         want = shape if batched else (shape[0], shape[2])
@@ -483,6 +484,7 @@ class _RNNBase(nn.Module):
             raise TypeError(f"input: expected a tensor or a PackedSequence, got "
                             f"{type(x).__name__}")
         check_untransformed("input", x)
+        check_dense("input", x)
         if x.dim() not in (2, 3):
             raise ValueError(f"input: expected a 2-D (unbatched) or 3-D tensor, got shape "
                              f"{list(x.shape)}")
@@ -509,6 +511,7 @@ class _RNNBase(nn.Module):
         if not isinstance(lengths, torch.Tensor):
             raise TypeError(f"lengths: expected a 1-D int tensor or a list of ints, got "
                             f"{type(lengths).__name__}")
+        check_dense("lengths", lengths)
         if lengths.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"lengths: expected dtype int32 or int64, got {lengths.dtype}")
         if tuple(lengths.shape) != (B,):

@@ -1415,11 +1415,19 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
     ):
         # MMA tiles forced on a vector-tile heuristic, other tiles forced on a grid heuristic,
         # or the grid's kernels forced on another family's plan (the CTA's warps are its
-        # one program's): the rule's warps for the tiles that run, not the heuristic's.
-        num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H, Hout,
-                                           P)
-        bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(
-            block_h, block_b, cell, block_k, dtype, H, Hout, P))
+        # one program's): the rule's warps for the tiles that run, not the heuristic's;
+        # stepwise forced on a CTA plan, the stepwise rule's (`_stepwise_fit`: no hoisted
+        # weights, so 8 warps only for a large slice or tile, both passes).
+        if family == "stepwise" and base.family != "persistent_grid" and not vector:
+            onchip = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
+                           block_k, 1, _smem_budget(props)).onchip_bytes
+            num_warps = _grid_warps(onchip, block_h, block_b)
+            bwd = choice.get("num_warps_bwd", num_warps)
+        else:
+            num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H,
+                                               Hout, P)
+            bwd = choice.get("num_warps_bwd", _persistent_grid_bwd_warps(
+                block_h, block_b, cell, block_k, dtype, H, Hout, P))
     # The backward's own tiles: forced, else the heuristic's where the choice keeps its
     # family and tiles (forced tiles apply to both passes).
     bwd_tiles = ("block_h_bwd" in choice or "block_b_bwd" in choice or (

@@ -1,9 +1,10 @@
-"""The resource manager: TensorArray handles and the registries that index them by name.
+"""The resource manager: TensorArray handles and the registries that index them (by name; a
+gradient array by its forward array's name and its source, TensorArrayGrad's key).
 
 A handle is the identity of one array's storage (the TensorFlow resource handle). Every
 TensorArray object made from the same array (each mutator returns a new one) shares one handle.
 
-Lifetime: a registry indexes its arrays by handle name but holds them weakly. An array lives as
+Lifetime: a registry indexes its arrays but holds them weakly. An array lives as
 long as a TensorArray object, a handle or an autograd graph node refers to it, so a training loop
 that never calls ``close()`` does not leak (TensorFlow frees its arrays with the step container;
 Python reference counting plays that role here). ``close()`` frees the storage at once.
@@ -41,8 +42,9 @@ class TensorArrayHandle:
     """Identity of one array's storage.
 
     Attributes:
-        name: unique name of the array (``"TensorArray_7"``; a gradient array is named
-            ``"<forward name>@<source>"``).
+        name: name of the array (``"TensorArray_7"``, unique among the arrays made by
+            TensorArray; a gradient array is named ``"<forward name>@<source>"``, which a
+            user's array may also be named: the registry keys gradient arrays apart).
         registry: the :class:`TensorArrayRegistry` that indexes the array.
     """
 

@@ -98,7 +98,7 @@ SHAPE_ONLY_CASES = {
     "rnn_mode": ({}, {"rnn_mode": "bogus"}),
     "direction": ({}, {"direction": "both"}),
     "int_input": ({"input": (T, B, I, torch.int64)}, {}),
-    "dropout": ({}, {"dropout": 1.0}),
+    "skip_input_size": ({}, {"input_mode": "skip_input"}),  # input size 3, num_units 4
 }
 
 
@@ -147,3 +147,21 @@ def test_backprop_fake_names_a_bad_argument():
     bad[8] = torch.zeros(T + 1, B, H, device="meta")
     with pytest.raises(ValueError, match=r"^output_backprop: expected shape \[3, 2, 4\] "):
         torch.ops.tritonrnn.cudnn_rnn_backprop(*bad)
+
+
+@pytest.mark.parametrize("arg", ["nested_input", "seeds", "sequence_lengths"])
+def test_library_names_a_sparse_or_nested_argument(arg):
+    """Checked before the dispatcher, which has no kernel of the op for a nested or sparse
+    tensor (NotImplementedError) and whose real op read sparse seeds' data pointer."""
+    a = _lstm_args()
+    seeds, lens = torch.tensor([1, 2]), torch.tensor([T, 1])
+    if arg == "nested_input":
+        a["input"] = torch.nested.nested_tensor([torch.randn(T, I), torch.randn(T, I)])
+        want = r"^input: expected a dense tensor .*got a nested tensor$"
+    elif arg == "seeds":
+        seeds, want = seeds.to_sparse(), r"^seeds: expected a dense tensor .*sparse_coo$"
+    else:
+        lens, want = lens.to_sparse(), r"^sequence_lengths: expected a dense tensor .*sparse_coo$"
+    with pytest.raises(TypeError, match=want):
+        library_cudnn_rnn(a["input"], a["input_h"], a["input_c"], a["params"], lens,
+                          seeds=seeds, dropout=0.5, backend="reference")

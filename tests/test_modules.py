@@ -1062,3 +1062,23 @@ def test_flatten_parameters_with_mixed_dtypes_returns_quietly_like_torch():
     ours.weight_hh_l0.data = ours.weight_hh_l0.data.float()  # one dtype again: it runs
     ours.flatten_parameters()
     assert ours._flat_is_current() and ours(torch.randn(T, 2, I))[0].shape == (T, 2, H)
+
+
+@pytest.mark.parametrize("arg", ["input", "nested_input", "hx", "lengths"])
+def test_a_sparse_or_nested_argument_is_named(arg):
+    """The modules' arguments are checked dense at the boundary, as the ops' are: a sparse
+    or nested one failed inside (NestedTensorImpl has no sizes, a sparse reshape)."""
+    m = LSTM(I, H, backend="reference")
+    x, lengths = torch.randn(T, 2, I), torch.tensor([T, 3])
+    hx = (torch.zeros(1, 2, H), torch.zeros(1, 2, H))
+    if arg == "input":
+        x, want = x.to_sparse(), r"^input: expected a dense tensor .*got layout torch.sparse_coo$"
+    elif arg == "nested_input":
+        x = torch.nested.nested_tensor([torch.randn(T, I), torch.randn(3, I)])
+        want, lengths = r"^input: expected a dense tensor .*got a nested tensor$", None
+    elif arg == "hx":
+        hx, want = (hx[0].to_sparse(), hx[1]), r"^hx\[0\]: expected a dense tensor .*sparse_coo$"
+    else:
+        lengths, want = lengths.to_sparse(), r"^lengths: expected a dense tensor .*sparse_coo$"
+    with pytest.raises(TypeError, match=want):
+        m(x, hx, lengths=lengths)

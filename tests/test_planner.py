@@ -489,25 +489,40 @@ def test_forward_warps_follow_the_register_weights(cell, H, P):
     assert _persistent_grid_warps(16, 32, cell, 0, torch.float32, H, P or H, P) == 4  # FMA
 
 
-@pytest.mark.parametrize("family", ["persistent_grid", "stepwise"])
-@pytest.mark.parametrize("mode,H,B", [("lstm", 128, 16), ("gru", 64, 64), ("lstm", 96, 1)])
-def test_grid_forced_on_a_cta_plan_takes_the_grid_rules_warps(family, mode, H, B):
-    """The CTA's warps are its one program's (8 at these shapes): forced onto the grid's
-    kernels without num_warps, each pass takes the grid rule's warps for the tiles that run
-    (it used to keep the CTA's 8), and num_warps forced with the family still wins."""
-    from tritonrnn.rnn.planner import _persistent_grid_bwd_warps, _persistent_grid_warps
+@pytest.mark.parametrize("mode,H,B,grid,stepwise", [
+    ("lstm", 128, 16, (4, 4), (4, 4)), ("gru", 64, 64, (4, 4), (4, 4)),
+    ("lstm", 96, 1, (4, 4), (4, 4)),
+    # 32 x 16 tiles: the grid's forward on 4 warps, its backward on 8; stepwise 8 for both
+    # (a tile of 512)
+    ("rnn_tanh", 256, 256, (4, 8), (8, 8)),
+])
+def test_grid_families_forced_on_a_cta_plan_take_their_own_warps(mode, H, B, grid,
+                                                                 stepwise):
+    """The CTA's warps are its one program's (8 at these shapes): the grid's kernels forced
+    on its plan without num_warps take, for the tiles that run, the persistent grid's rule
+    (`_persistent_grid_warps` / `_bwd_warps`) or the stepwise heuristic's (`_grid_warps`,
+    both passes) (they kept the CTA's 8), and num_warps forced with the family still wins."""
+    from tritonrnn.rnn.planner import (
+        _grid_warps,
+        _persistent_grid_bwd_warps,
+        _persistent_grid_warps,
+    )
 
     base = _plan(mode=mode, H=H, B=B).layer(0)
     assert (base.family, base.num_warps) == ("persistent_cta", 8)
-    with plan_constraints(family=family):
-        lp = _plan(mode=mode, H=H, B=B).layer(0)
-    rule = (_persistent_grid_warps(lp.block_h, lp.block_b, mode, lp.block_k, torch.bfloat16,
-                                   H, H, 0),
-            _persistent_grid_bwd_warps(lp.block_h, lp.block_b, mode, lp.block_k,
-                                       torch.bfloat16, H, H, 0))
-    assert lp.family == family and (lp.num_warps, lp.backward_warps) == rule == (4, 4)
-    with plan_constraints(family=family, num_warps=8):
-        assert _plan(mode=mode, H=H, B=B).layer(0).num_warps == 8
+    for family, want in (("persistent_grid", grid), ("stepwise", stepwise)):
+        with plan_constraints(family=family):
+            lp = _plan(mode=mode, H=H, B=B).layer(0)
+        assert lp.family == family and (lp.num_warps, lp.backward_warps) == want, family
+        tiles = (lp.block_h, lp.block_b)
+        if family == "persistent_grid":
+            rule = tuple(f(*tiles, mode, lp.block_k, torch.bfloat16, H, H, 0)
+                         for f in (_persistent_grid_warps, _persistent_grid_bwd_warps))
+        else:
+            rule = (_grid_warps(lp.onchip_bytes, *tiles),) * 2
+        assert rule == want, family
+        with plan_constraints(family=family, num_warps=8):
+            assert _plan(mode=mode, H=H, B=B).layer(0).backward_warps == 8
 
 
 @pytest.mark.parametrize("env", ["off", "fwd,bwd", "bwd"])

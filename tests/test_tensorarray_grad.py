@@ -496,21 +496,25 @@ def test_list_gradient_writes_and_scatters_add():
 @pytest.mark.parametrize("storage", ["slab", "list"])
 def test_stack_and_unstack_over_soft_rows_between_written_ones(storage):
     """A gradient array whose rows are soft copies (zeros) except every third, which holds
-    data: stack reads zeros and the data in place, and an aggregating unstack over the whole
-    range replaces the soft rows and adds to the others (the rows to zero found in one
-    tensor op, whatever their pattern)."""
+    data: stack reads zeros and the data in place, an aggregating unstack over the whole
+    range replaces the soft rows and adds to the others, and a contiguous gather reads a
+    range past 0 (the rows to zero found in one tensor op whatever their pattern). List
+    storage: the forward array's last row unwritten (no shape to soft-copy there), which the
+    gradient array's first write fills."""
     n = 10
-    shape = (2,) if storage == "slab" else None
-    ta = TensorArray(torch.float32, n, element_shape=shape).unstack(torch.ones(n, 2))
-    g = ta.grad("gradients")
+    written = n if storage == "slab" else n - 1
+    ta = TensorArray(torch.float32, n).scatter(torch.arange(written),
+                                              torch.ones(written, 2))
     held = list(range(0, n, 3))
-    g = g.scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
     want = torch.zeros(n, 2)
     want[held] = 5.0
-    assert torch.equal(g.stack(), want)
-    g2 = ta.grad("gradients_1").scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
-    g2 = g2.unstack(torch.arange(2 * n, dtype=torch.float32).view(n, 2))
-    assert torch.equal(g2.stack(), want + torch.arange(2 * n, dtype=torch.float32).view(n, 2))
-    # A contiguous gather reads a range that starts past 0.
-    g3 = ta.grad("gradients_2").scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
-    assert torch.equal(g3.gather(torch.arange(4, 9)), want[4:9])
+
+    def grad(source):
+        g = ta.grad(source)
+        assert (g.handle._res.slab_shape is None) == (storage == "list")
+        return g.scatter(torch.tensor(held), torch.full((len(held), 2), 5.0))
+
+    assert torch.equal(grad("gradients").stack(), want)
+    ramp = torch.arange(2 * n, dtype=torch.float32).view(n, 2)
+    assert torch.equal(grad("gradients_1").unstack(ramp).stack(), want + ramp)
+    assert torch.equal(grad("gradients_2").gather(torch.arange(4, 9)), want[4:9])
