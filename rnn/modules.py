@@ -24,6 +24,11 @@ update of a Parameter is an update of the buffer. In a forward:
   buffer is rebuilt once from the current Parameters and they become views again
   (`flatten_parameters`, which `_apply` calls after every conversion). The check is a
   pointer comparison per Parameter.
+- Because the Parameters share the buffer (and its autograd version counter), editing any
+  of them in place between a forward and its backward makes that backward raise (torch.nn
+  on the CPU raises only for a tensor it saved, in practice weight_hh); and
+  `safetensors.torch.save_model` refuses the module's shared storage, so save
+  `safetensors.torch.save_file(module.state_dict(), path)` instead.
 - Only the Parameters the module registered itself are ever re-pointed at its buffer. Weights
   that are computed (torch.nn.utils.parametrize, torch.nn.utils.prune) or that are not the
   module's (the caller's tensors under torch.func.functional_call, which a functional call
@@ -682,6 +687,14 @@ class LSTM(_RNNBase):
                          dropout, bidirectional, proj_size, device, dtype, backend=backend)
 
 
+def _refuse_proj_size(name: str, proj_size: object) -> None:
+    """torch.nn.GRU and RNN refuse a proj_size argument whatever its value (0 included):
+    projection is LSTM only."""
+    if proj_size is not None:
+        raise ValueError(f"proj_size: expected no proj_size for {name} (projection is LSTM "
+                         f"only; torch.nn.{name} refuses the argument too), got {proj_size!r}")
+
+
 class GRU(_RNNBase):
     """torch.nn.GRU on the CudnnRNN V3 op ("reset after" GRU, torch's equations).
 
@@ -692,10 +705,10 @@ class GRU(_RNNBase):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
                  bidirectional: bool = False, device=None, dtype=None, *,
-                 proj_size: int = 0, backend: str = "auto") -> None:
-        # proj_size: taken as torch.nn.GRU takes it, an error unless 0 (LSTM only)
+                 proj_size: int | None = None, backend: str = "auto") -> None:
+        _refuse_proj_size("GRU", proj_size)
         super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first,
-                         dropout, bidirectional, proj_size, device, dtype, backend=backend)
+                         dropout, bidirectional, 0, device, dtype, backend=backend)
 
 
 class RNN(_RNNBase):
@@ -709,11 +722,12 @@ class RNN(_RNNBase):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
                  dropout: float = 0.0, bidirectional: bool = False, device=None, dtype=None,
-                 *, proj_size: int = 0, backend: str = "auto") -> None:
+                 *, proj_size: int | None = None, backend: str = "auto") -> None:
+        _refuse_proj_size("RNN", proj_size)
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"nonlinearity: expected one of ['tanh', 'relu'], got "
                              f"{nonlinearity!r}")
         self.nonlinearity = nonlinearity
         super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size,
                          hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-                         proj_size, device, dtype, backend=backend)
+                         0, device, dtype, backend=backend)

@@ -710,8 +710,13 @@ def test_no_grad_eval_keeps_no_reserve(monkeypatch):
         (lambda: LSTM(I, H, 2, dropout="0.1"), TypeError, "dropout"),
         (lambda: LSTM(I, H, proj_size=H), ValueError, "proj_size"),
         (lambda: LSTM(I, H, proj_size=-1), ValueError, "proj_size"),
-        (lambda: GRU(I, H, proj_size=2), ValueError, r"^proj_size: expected 0 for GRU"),
-        (lambda: RNN(I, H, proj_size=2), ValueError, r"^proj_size: expected 0 for RNN_TANH"),
+        (lambda: GRU(I, H, proj_size=2), ValueError, r"^proj_size: expected no proj_size for "
+         r"GRU .*got 2$"),
+        (lambda: RNN(I, H, proj_size=2), ValueError, r"^proj_size: expected no proj_size for "
+         r"RNN .*got 2$"),
+        # torch.nn refuses the argument whatever its value
+        (lambda: GRU(I, H, proj_size=0), ValueError, r"^proj_size: .*GRU .*got 0$"),
+        (lambda: RNN(I, H, proj_size=0), ValueError, r"^proj_size: .*RNN .*got 0$"),
         (lambda: LSTM(I, H, 2.0), TypeError, "num_layers: expected an int, got float"),
         (lambda: RNN(I, H, nonlinearity="sigmoid"), ValueError, "nonlinearity"),
         (lambda: RNN(I, H, backend="cudnn"), ValueError, "backend"),
@@ -720,7 +725,8 @@ def test_no_grad_eval_keeps_no_reserve(monkeypatch):
     ],
     ids=["input_size0", "input_size_float", "hidden_neg", "layers0", "bias_str",
          "batch_first_int", "bidir_none", "dropout1", "dropout_neg", "dropout_str",
-         "proj_eq_hidden", "proj_neg", "gru_proj", "rnn_proj", "layers_float", "nonlinearity",
+         "proj_eq_hidden", "proj_neg", "gru_proj", "rnn_proj", "gru_proj0", "rnn_proj0",
+         "layers_float", "nonlinearity",
          "backend", "dtype_int", "dtype_complex"],
 )
 def test_constructor_errors(ctor, exc, match):
