@@ -25,8 +25,13 @@ the design. `host_reserved` is a copy of the 64 header bytes on the host (int8),
 backprop checks a reserve without reading device memory first.
 
 The fingerprint hashes the configuration, T, B, the lengths and the dtype: a reserve from
-another configuration, or from another batch, is rejected with a clear error. The dropout
-attributes (rate, seed, seed2) count only where a mask is applied (dropout > 0, L > 1).
+another configuration, or from a batch of other shape or lengths, is rejected with a clear
+error. The dropout attributes (rate, seed, seed2) count only where a mask is applied
+(dropout > 0, L > 1). It hashes no data: the reserve of another forward of the same
+configuration, shape, lengths and dtype (other input values) is accepted, and the
+gradients are computed from that forward's activations; so is, where T == B, one written in
+the other layout (time_major). Telling them apart would take a pass over the inputs at
+every forward.
 """
 
 from __future__ import annotations
