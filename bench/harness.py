@@ -101,6 +101,11 @@ def environment(device: torch.device) -> dict:
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
+        # The float32 math each side ran: cuDNN's RNNs in TF32 unless this is off (torch's
+        # default: on), tritonrnn's kernels and the fp32 matmul ceiling IEEE unless
+        # matmul_tf32 (default off). fp32 shapes compare the two as they are.
+        "tf32": {"cudnn": bool(torch.backends.cudnn.allow_tf32),
+                 "matmul": bool(torch.backends.cuda.matmul.allow_tf32)},
         "flashrnn": flash,
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -130,16 +135,19 @@ class BenchOptions:
     seed: int = 0
 
 
-def _peak_bytes(fn, device: torch.device) -> int | None:
+def _peak_bytes(fn, device: torch.device, setup=None) -> int | None:
+    """Bytes one call of fn allocates at its peak above what was held before it; with
+    `setup`, setup() runs first, outside the window, and the call is fn(setup's result)."""
     if device.type != "cuda":
         return None
+    state = setup() if setup is not None else None
     synchronize("cuda")
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    result = fn()
+    result = fn(state) if setup is not None else fn()
     synchronize("cuda")
     peak = torch.cuda.max_memory_allocated(device) - base
-    del result
+    del result, state
     return int(peak)
 
 
@@ -243,8 +251,13 @@ def run_shape(shape: BenchShape, opts: BenchOptions, ceilings: Ceilings, tick=No
             try:
                 fn()  # one more warm-up, right before timing
                 t = measure(fn, dev.type, opts.timing)
-                peak = (runner.peak_bytes[p] if runner.peak_bytes is not None
-                        else _peak_bytes(fn, dev))
+                if runner.peak_bytes is not None:
+                    peak = runner.peak_bytes[p]
+                elif p in runner.peak_runs:
+                    setup, peak_run = runner.peak_runs[p]
+                    peak = _peak_bytes(peak_run, dev, setup)
+                else:
+                    peak = _peak_bytes(fn, dev)
                 _check_barriers(dev)  # a timed run whose grid barrier failed is no result
                 run.update(status="ok", **t.as_dict(), peak_bytes=peak)
             except Exception as e:  # recorded, the sweep goes on
@@ -319,6 +332,13 @@ def _derive(record: dict, case: runners.Case, ceilings: Ceilings) -> None:
         for base in ("torch", "torch-packed")
         if mine and impls.get(base, {}).get("reserve_bytes")
     }
+    # torch's padded run keeps T * B rows in its reserve where tritonrnn keeps the N =
+    # sum(lengths) rows that run, so on varlen shapes its ratio includes N / (T * B); per row
+    # it is the same configuration's (torch-packed, where it runs cuDNN, keeps N rows too).
+    rows = shape.time * shape.batch
+    if "torch" in record["reserve_ratio"] and case.tokens != rows:
+        record["reserve_ratio_per_row"] = {
+            "torch": record["reserve_ratio"]["torch"] * rows / case.tokens}
     by_key = {(r["impl"], r["pass"]): r for r in record["runs"] if r["status"] == "ok"}
     for run in record["runs"]:
         if run["status"] != "ok":

@@ -71,6 +71,11 @@ def report_rows(report: dict) -> list[str]:
             graph = runs.get(("torch-graph", pas), {})
             fam = _families(r, pas)
             ratio = (r.get("reserve_ratio") or {}).get("torch")
+            # varlen: against cuDNN's padded T * B rows, and per row (reports since
+            # 2026-11-30 carry it)
+            per_row = (r.get("reserve_ratio_per_row") or {}).get("torch")
+            reserve = ("-" if ratio is None else f"{ratio:.2f}" if per_row is None
+                       else f"{ratio:.2f} ({per_row:.2f} per row)")
             if run["status"] != "ok":
                 out.append(f"| {device} | {r['label']} | {pas} | {fam} | failed | "
                            f"{_ms(base)} | - | {_ms(graph)} | - | - |")
@@ -78,8 +83,7 @@ def report_rows(report: dict) -> list[str]:
             out.append(
                 f"| {device} | {r['label']} | {pas} | {fam} | {run['ms']:.2f} | "
                 f"{_ms(base)} | {_x(run.get('speedup_vs_torch'))} | {_ms(graph)} | "
-                f"{_x(run.get('speedup_vs_torch_graph'))} | "
-                f"{'-' if ratio is None else f'{ratio:.2f}'} |"
+                f"{_x(run.get('speedup_vs_torch_graph'))} | {reserve} |"
             )
     return out
 

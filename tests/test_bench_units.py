@@ -1119,3 +1119,84 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     assert isinstance(bar, _Silent) == (importlib.util.find_spec("tqdm") is None)
     bar.close()
     assert isinstance(progress_bar(3, "x", enabled=False), _Silent)
+
+
+def test_peak_of_a_pass_measured_on_its_own_call(monkeypatch):
+    """`_peak_bytes` with a setup: setup() runs before the peak's window (what it allocates
+    counts as held before), the measured call gets its result. torch's eager bwd is timed
+    on one retained forward (cuDNN then clones its reserve every call) but its peak is taken
+    on a fresh forward's backward without retain_graph, which holds no such copy."""
+    from tritonrnn.bench import harness
+
+    log, held = [], [0]
+
+    def alloc(n):
+        held[0] += n
+        log.append(("alloc", n))
+
+    monkeypatch.setattr(harness, "synchronize", lambda kind: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: log.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: held[0])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: held[0])
+    peak = harness._peak_bytes(lambda state: alloc(state), torch.device("cuda"),
+                               setup=lambda: (alloc(100), 7)[1])
+    assert log == [("alloc", 100), "reset", ("alloc", 7)] and peak == 7
+    assert harness._peak_bytes(lambda: alloc(5), torch.device("cpu")) is None
+
+    case = runners.build_case(presets.BenchShape(mode="lstm", hidden=4, input_size=3, batch=2,
+                                                 time=3, dtype="float32"),
+                              torch.device("cpu"), seed=0)
+    eager = runners.torch_runner(case, packed=False)
+    setup, run = eager.peak_runs["bwd"]
+    fresh = setup()
+    got = run(fresh)
+    want = eager.passes["bwd"]()
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        if w is not None:
+            torch.testing.assert_close(g, w)
+    with pytest.raises(RuntimeError, match="second time"):  # no graph kept (retain=False)
+        run(fresh)
+
+
+def test_varlen_reserve_ratio_is_also_given_per_row(tmp_path, capsys):
+    """torch's padded run keeps T * B rows in its reserve, tritonrnn's the N = sum(lengths)
+    rows that run: a varlen shape's ratio against it includes N / (T * B), so the report
+    adds the per-row ratio and the table shows both (fixed-length shapes: the one ratio)."""
+    from tritonrnn.bench import harness, table
+
+    for varlen in ("none", "uniform"):
+        shape = presets.BenchShape(mode="lstm", hidden=4, input_size=3, batch=4, time=5,
+                                   dtype="float32", varlen=varlen)
+        case = runners.build_case(shape, torch.device("cpu"), seed=1)
+        record = {"implementations": {"tritonrnn": {"reserve_bytes": 300},
+                                      "torch": {"reserve_bytes": 1000}}, "runs": []}
+        harness._derive(record, case, roofline.Ceilings("cpu", 1e9))
+        assert record["reserve_ratio"] == {"torch": 0.3}
+        if varlen == "none":
+            assert "reserve_ratio_per_row" not in record
+            continue
+        assert case.tokens < 20
+        per_row = record["reserve_ratio_per_row"]["torch"]
+        assert per_row == pytest.approx(0.3 * 20 / case.tokens)
+        report = {"schema": "tritonrnn.bench/1", "environment": {"device": "GPU X"},
+                  "results": [{**record, "label": "varlen",
+                               "plan": {"families": ["persistent_cta"]},
+                               "runs": [{"impl": "tritonrnn", "pass": "fwd", "status": "ok",
+                                         "ms": 1.0}]}]}
+        path = tmp_path / "varlen.json"
+        path.write_text(json.dumps(report))
+        table.main([str(path)])
+        assert capsys.readouterr().out.strip().splitlines()[-1].endswith(
+            f"| 0.30 ({per_row:.2f} per row) |")
+
+
+def test_environment_records_each_sides_tf32():
+    """fp32 shapes compare cuDNN (TF32 unless torch.backends.cudnn.allow_tf32 is off, torch's
+    default on) with IEEE fp32 kernels: the report says which math each side ran."""
+    from tritonrnn.bench.harness import environment
+
+    env = environment(torch.device("cpu"))
+    assert env["tf32"] == {"cudnn": torch.backends.cudnn.allow_tf32,
+                           "matmul": torch.backends.cuda.matmul.allow_tf32}
