@@ -35,7 +35,15 @@ import json
 import torch
 
 from . import ops
-from .config import GATES, check_choice, check_dropout, check_int, check_int64
+from .config import (
+    DIRECTIONS,
+    GATES,
+    RNN_MODES,
+    check_choice,
+    check_dropout,
+    check_int,
+    check_int64,
+)
 from .params import check_dense
 from .planner import current_constraints, plan_constraints
 from .reserve import HEADER_BYTES, PAYLOAD_OFFSET
@@ -134,8 +142,8 @@ def _check_fake(input, input_h, input_c, params, sequence_lengths, **attrs):
     the rest when it runs."""
     if _static(input, input_h, input_c, params, sequence_lengths):
         return ops.validate_shapes(input, input_h, input_c, params, sequence_lengths, **attrs)
-    check_choice("rnn_mode", attrs["rnn_mode"], ("lstm", "gru", "rnn_tanh", "rnn_relu"))
-    check_choice("direction", attrs["direction"], ("unidirectional", "bidirectional"))
+    check_choice("rnn_mode", attrs["rnn_mode"], RNN_MODES)
+    check_choice("direction", attrs["direction"], DIRECTIONS)
     ops._check_tensor("input", input, 3)
     ops._check_tensor("input_h", input_h, 3)
     if attrs["rnn_mode"] == "lstm":

@@ -129,7 +129,7 @@ def _check_lengths_tensor(sequence_lengths: object, B: int, T: int) -> None:
 
 
 def _lengths(sequence_lengths: object, B: int, T: int) -> list[int]:
-    _check_lengths_tensor(sequence_lengths, B, T)
+    """The lengths read on the host (their tensor checked by `_check_lengths_tensor`)."""
     if sequence_lengths is None:
         return [T] * B
     if sequence_lengths.is_meta:
