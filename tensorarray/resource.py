@@ -358,7 +358,7 @@ class ArrayResource:
     def _zero_masked(slab: torch.Tensor, a: int, mask: bytes | None) -> None:
         """Zero the slab rows a `_fresh_mask` of ``[a, ...)`` marks, in one tensor op whatever
         their number (a stack of a gradient array whose rows are still soft copies walked
-        them one by one in Python: 33 ms for 200,000 rows, against 0.2 ms written)."""
+        them one by one in Python: 28.5 ms for 200,000 rows on a CPU, 0.6 ms now)."""
         if mask is None:
             return
         if mask.find(0) == -1:
@@ -1050,8 +1050,8 @@ class ArrayResource:
                     g.shapes = shapes
         handle = TensorArrayHandle(g, self.registry, new_flow())
         self.registry.register(handle)
-        # Frozen only once the gradient array exists: a failed creation (the allocator)
-        # leaves this array as it was.
+        # Frozen only once the gradient array exists: a failed creation (a shape_to_prepend
+        # the gradient array's constructor refuses) leaves this array as it was.
         self.dynamic_size = False
         self.grads[source] = handle
         return handle
