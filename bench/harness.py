@@ -449,6 +449,11 @@ def _report(results: list[dict], opts: BenchOptions, ceilings: Ceilings, env: di
     }
 
 
+def _options_slug(options: dict) -> str:
+    """{"time": 2, "pass": "fwd"} -> "-time-2-pass-fwd" (a report file name's options)."""
+    return "-" + device_slug("-".join(f"{k}-{v}" for k, v in options.items()))
+
+
 def report_path(report: dict, out_dir: Path, *, partial: bool = False) -> Path:
     """Where write_report puts `report`: <device>-<date>-<preset>.json under out_dir. A custom
     shape (no preset) adds its label, <device>-<date>-custom-<label>.json: two custom runs into
@@ -464,9 +469,9 @@ def report_path(report: dict, out_dir: Path, *, partial: bool = False) -> Path:
     if report["preset"] == "custom" and report["results"]:
         stem += "-" + device_slug(report["results"][0]["label"])
     elif report.get("overrides"):  # a preset with shape options overridden
-        stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["overrides"].items()))
+        stem += _options_slug(report["overrides"])
     if report.get("selection"):  # run options other than the defaults
-        stem += "-" + device_slug("-".join(f"{k}-{v}" for k, v in report["selection"].items()))
+        stem += _options_slug(report["selection"])
     return out_dir / f"{stem}{'.partial' if partial else ''}.json"
 
 

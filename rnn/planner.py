@@ -1140,6 +1140,20 @@ def _stepwise_traffic(G: int, block_h: int, block_b: int) -> float:
     return 2 * G / block_b + (1 + G) / block_h
 
 
+def _stepwise_plan(cell, H, Hout, P, dtype, block_b, block_h, batch, block_k, num_dirs,
+                   budget) -> LayerPlan:
+    """A stepwise plan on its rule's warps (no hoisted weights): 8 where its 4-warp
+    footprint or tile is large (`_grid_warps`), else 4, both passes."""
+    lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4, block_k,
+               num_dirs, budget)
+    warps = _grid_warps(lp.onchip_bytes, block_h, block_b)
+    if warps == 4:
+        return lp
+    # (the forward's warps decide its gate layout, so its bytes)
+    return _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, warps, block_k,
+                 num_dirs, budget)
+
+
 def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
                   below: int | None = None) -> LayerPlan:
     """Stepwise tiles: those that read the fewest L2 bytes per step (`_stepwise_traffic`),
@@ -1177,12 +1191,8 @@ def _stepwise_fit(cell, H, Hout, P, dtype, batch, props, num_dirs=1,
                     continue
                 if not block_k and not resident_operands_fit(H, Hout, block_b):
                     continue  # (as the persistent grid's: streamed instead)
-                lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
-                           block_k, num_dirs, budget)
-                warps = _grid_warps(lp.onchip_bytes, block_h, block_b)
-                if warps != 4:  # the forward's warps decide its gate layout (its bytes)
-                    lp = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch,
-                               warps, block_k, num_dirs, budget)
+                lp = _stepwise_plan(cell, H, Hout, P, dtype, block_b, block_h, batch,
+                                    block_k, num_dirs, budget)
                 if below is not None and lp.onchip_bytes >= below:
                     continue
                 if (props.interpreter or lp.onchip_bytes <= budget) and (
@@ -1416,12 +1426,10 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
         # MMA tiles forced on a vector-tile heuristic, other tiles forced on a grid heuristic,
         # or the grid's kernels forced on another family's plan (the CTA's warps are its
         # one program's): the rule's warps for the tiles that run, not the heuristic's;
-        # stepwise forced on a CTA plan, the stepwise rule's (`_stepwise_fit`: no hoisted
-        # weights, so 8 warps only for a large slice or tile, both passes).
+        # stepwise forced on a CTA plan, the stepwise rule's (`_stepwise_plan`).
         if family == "stepwise" and base.family != "persistent_grid" and not vector:
-            onchip = _grid("stepwise", cell, H, Hout, P, dtype, block_b, block_h, batch, 4,
-                           block_k, 1, _smem_budget(props)).onchip_bytes
-            num_warps = _grid_warps(onchip, block_h, block_b)
+            num_warps = _stepwise_plan(cell, H, Hout, P, dtype, block_b, block_h, batch,
+                                       block_k, num_dirs, _smem_budget(props)).num_warps
             bwd = choice.get("num_warps_bwd", num_warps)
         else:
             num_warps = _persistent_grid_warps(block_h, block_b, cell, block_k, dtype, H,

@@ -283,8 +283,9 @@ case "$stage" in
     # third session in one call of at most 430 s: the grid sweep's kernels compiled ahead
     # (the rule's among them), and the other plans `confirm`'s rows time, in parallel (the
     # grid's own backward at the rule's shapes and at LSTM H=1024 B=256, `--split-k-bwd 0`,
-    # the plans at the buckets between them and the split-K forms there); the sweep against cuDNN (with the rule at LSTM H=1024 B=16 / 64; its
-    # correctness check too), then step_ablation's `confirm` rows, then `check`.
+    # the plans at the buckets between them and the split-K forms there); the sweep against
+    # cuDNN (with the rule at LSTM H=1024 B=16 / 64; its correctness check too), then
+    # step_ablation's `confirm` rows, then `check`.
     box 45 warm-grid python -m tritonrnn.bench aot --preset grid --device-preset current \
       --jobs 14 --json "$out/aot-grid.json"
     t0=$SECONDS

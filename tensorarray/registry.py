@@ -70,18 +70,10 @@ class TensorArrayHandle:
         return f"TensorArrayHandle({self.name!r}, {state})"
 
 
-def _key(handle: TensorArrayHandle) -> str | tuple[str, str]:
-    """Where the registry indexes an array: under its name, a gradient array under (forward
-    name, source), TensorArrayGrad's key. TensorFlow keeps gradient arrays in a container of
-    their own, so a user array named like one ("<forward name>@<source>") never collides
-    with it."""
-    res = handle._res
-    return (res.forward_name, res.source) if res.is_grad else handle.name
-
-
 class TensorArrayRegistry:
     """Indexes TensorArray handles by name (gradient arrays by their forward array's name and
-    source, `_key`); one default instance plus any number for isolation.
+    source, `ArrayResource.registry_key`); one default instance plus any number for
+    isolation.
 
     Args:
         allocator: default slab allocator for arrays created in this registry that pass none
@@ -98,7 +90,7 @@ class TensorArrayRegistry:
     def register(self, handle: TensorArrayHandle) -> None:
         """Index ``handle`` under its name, a gradient array under (forward name, source)
         (names are unique, so this never replaces one)."""
-        key = _key(handle)
+        key = handle._res.registry_key
         with self._lock:
             if key in self._handles:
                 raise TensorArrayNameError(

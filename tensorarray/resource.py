@@ -183,6 +183,14 @@ class ArrayResource:
     def _prefix(self, op: str) -> str:
         return f"TensorArray {self.name!r}: {op}: "
 
+    @property
+    def registry_key(self) -> str | tuple[str, str]:
+        """Where the registry indexes this array: under its name, a gradient array under
+        (forward name, source), TensorArrayGrad's key. TensorFlow keeps gradient arrays in a
+        container of their own, so a user array named like one ("<forward name>@<source>")
+        never collides with it."""
+        return (self.forward_name, self.source) if self.is_grad else self.name  # type: ignore[return-value]
+
     def check_open(self, op: str) -> None:
         if self.closed:
             raise TensorArrayClosedError(
@@ -1083,4 +1091,4 @@ class ArrayResource:
         self.items = None
         for handle in grads:
             handle._res.close()
-        self.registry.unregister((self.forward_name, self.source) if self.is_grad else self.name)
+        self.registry.unregister(self.registry_key)
