@@ -457,7 +457,9 @@ class TensorArray:
         :func:`tensor_array_grad`). The first call freezes this array (``dynamic_size`` off for
         good); the gradient array has this array's current size, aggregating writes,
         ``clear_after_read`` on, and every index written here marked written there with its
-        shape (``shape_to_prepend + shape``) and no data, so reading it gives zeros.
+        shape (``shape_to_prepend + shape``) and no data, so reading it gives zeros. As in
+        TensorFlow, only number dtypes aggregate: a bool gradient array takes one write per
+        index and refuses a second (TensorArrayDTypeError) rather than OR-ing them.
 
         ``flow`` orders the lookup in TensorFlow graphs; eager PyTorch needs no such edge, so it
         is only checked to be a tensor.

@@ -426,6 +426,13 @@ class ArrayResource:
                     f"{self._prefix(op)}index {i} must be unwritten, but it was already written "
                     "(each index of a forward TensorArray is written once)"
                 )
+            if self.dtype is torch.bool and (dup or not self.soft[i]):
+                # TensorFlow adds only number types (tensor_array::AddToTensor refuses bool
+                # with InvalidArgument); a sum of bools would be an OR, not a gradient.
+                raise TensorArrayDTypeError(
+                    f"{self._prefix(op)}cannot aggregate into index {i}: a gradient array adds "
+                    "repeated writes, which needs a number dtype, got torch.bool"
+                )
             existing = self._shape_of(i) if exists else None
             if existing is not None and tuple(shape) != existing:
                 raise TensorArrayShapeError(
@@ -580,7 +587,12 @@ class ArrayResource:
             return
         if not self.aggregate:
             self._check_write_target(i, shape_of(i), op)
-        if shapes is None and self.slab_shape is not None and tuple(shape) == self.slab_shape:
+        if (
+            shapes is None
+            and self.slab_shape is not None
+            and tuple(shape) == self.slab_shape
+            and self.dtype is not torch.bool
+        ):
             return  # every written index of a slab has the slab shape: all aggregations match
         for i in range(lo, end):
             if self.written[i]:

@@ -13,6 +13,7 @@ from ta_helpers import nan_allocator, raises
 from tritonrnn.tensorarray import (
     TensorArray,
     TensorArrayClosedError,
+    TensorArrayDTypeError,
     TensorArrayGradError,
     TensorArrayGradResult,
     TensorArrayHandle,
@@ -245,6 +246,29 @@ def test_unstack_and_split_into_grad_add(storage):
     sp = TensorArray(torch.float32, 2).split(torch.zeros(3, 2), [1, 2])
     gs = sp.grad("gradients").split(torch.ones(3, 2), [1, 2]).split(torch.ones(3, 2), [1, 2])
     assert torch.equal(gs.concat(), torch.full((3, 2), 2.0))
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize(
+    "aggregate",
+    [
+        lambda g: g.write(1, torch.ones(2, dtype=torch.bool)),
+        lambda g: g.scatter([2, 0, 2], torch.ones(3, 2, dtype=torch.bool)),
+        lambda g: g.unstack(torch.ones(3, 2, dtype=torch.bool)),
+    ],
+    ids=["write", "scatter", "unstack"],
+)
+def test_error_a_bool_gradient_array_does_not_aggregate(aggregate, storage):
+    """TensorFlow adds number types only (tensor_array::AddToTensor refuses bool): a repeated
+    write of a bool gradient array is an error naming the index and dtype, not an OR, and
+    leaves the array as it was. First writes (over soft-copied rows too) still replace."""
+    ta = forward(storage, torch.bool, elem=(2,))
+    g = ta.grad("gradients").write(1, torch.tensor([True, False]))
+    with pytest.raises(TensorArrayDTypeError, match=r"cannot aggregate into index \d: .*number "
+                                                    r"dtype, got torch.bool"):
+        aggregate(g)
+    assert torch.equal(g.read(1), torch.tensor([True, False]))
+    assert torch.equal(g.gather([0, 2]), torch.zeros(2, 2, dtype=torch.bool))
 
 
 # ------------------------------------------------------------------ shape soft copy
