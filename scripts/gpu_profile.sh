@@ -27,14 +27,20 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 sections=(--section SpeedOfLight --section WarpStateStats --section SourceCounters
           --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis)
 report() {  # $1: report stem; each conversion cut at NCU_CONVERT_SECONDS (default 30)
-  [ -f "$1.ncu-rep" ] || return 0
+  if [ ! -f "$1.ncu-rep" ]; then  # no kernel matched, or the run was cut before one
+    echo "$(basename "$1"): no report (see $(basename "$1").log)" >&2
+    missing=$((missing + 1))
+    return 0
+  fi
   local cut=${NCU_CONVERT_SECONDS:-30}
-  timeout "$cut" "$ncu" -i "$1.ncu-rep" --page details > "$1-details.txt" 2>&1
-  timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv --print-source sass \
-    > "$1-sass.csv" 2>&1 \
-    || timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv > "$1-sass.csv" 2>&1
-  rm -f "$1.ncu-rep"
+  # The raw report (large) is dropped only once both pages are out of it.
+  timeout "$cut" "$ncu" -i "$1.ncu-rep" --page details > "$1-details.txt" 2>&1 \
+    && { timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv --print-source sass \
+           > "$1-sass.csv" 2>&1 \
+         || timeout "$cut" "$ncu" -i "$1.ncu-rep" --page source --csv > "$1-sass.csv" 2>&1; } \
+    && rm -f "$1.ncu-rep"
 }
+missing=0
 profile() {  # $1: kernel regex, $2: report stem, the rest: step_ablation.py arguments
   local kernel=$1 stem=$2 t0=$SECONDS
   shift 2
@@ -47,7 +53,10 @@ profile() {  # $1: kernel regex, $2: report stem, the rest: step_ablation.py arg
 for shape in "$@"; do
   name=${shape//,/-}
   profile _grid_fwd "$out/$name-fwd" --once "$shape"
-  profile _grid_bwd "$out/$name-bwd" --once "$shape" --layer
+  # The layer's backward: the grid kernel, or the split-K kernel where the planner's rule
+  # (rnn/planner._SPLIT_K_RULE: LSTM H=1024 B=16 / 64, GRU H=1536 B=16) runs it.
+  profile "_grid_bwd|_split_k1?_bwd" "$out/$name-bwd" --once "$shape" --layer
   grep -E "Duration|Warp Cycles Per Issued|Excessive|excessive" "$out/$name-fwd-details.txt" \
     2>/dev/null | head -8 || true  # no match: the details are in the report files anyway
 done
+[ "$missing" -eq 0 ]  # exit 1 when a profile wrote no report

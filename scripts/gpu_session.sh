@@ -60,7 +60,12 @@
 # into one archive, $OUT/<stage>.tgz (the device tool brings back at most 8 files; a stage cut
 # at its limit still brings back what its finished steps wrote). Unpack it here with
 #   tar xzf /work/.device/.../all.tgz -C bench/results
-# Without $OUT (run by hand) everything goes to bench/results.
+# Without $OUT (run by hand) everything goes to bench/results. A stage exits 1 when one of
+# its steps (a time-boxed command, an ablation, a pytest run) did not end with rc 0, and
+# names those steps on stderr; the finished steps' files are packed either way.
+# The ablation sets that change the grid's backward (and `splitk`'s rows at the rule's
+# shapes) run it with `nosplitk` since 2026-11-30: at LSTM H=1024 B=16 / 64 and GRU H=1536
+# B=16 the planner's plan runs the split-K backward, which those variants leave alone.
 #   bash scripts/gpu_session.sh all       the evidence of issues 5 and 6 in one call, each step
 #                                         time-boxed: the sweeps' kernels compiled ahead in
 #                                         parallel (warm), the grid and targets sweeps against
@@ -173,13 +178,21 @@ tr() { python -m tritonrnn.bench "$@"; }
 ablate() { local secs=$1 name=$2 t0=$SECONDS
   timeout "$secs" python scripts/step_ablation.py --out "$out/$name" --set "$name" 2>&1 \
     | tee "$out/ablation-$name.log" | tail -20
-  echo "ablation $name: rc ${PIPESTATUS[0]} in $((SECONDS - t0)) s (124: cut at its box)"
+  local rc=${PIPESTATUS[0]}
+  echo "ablation $name: rc $rc in $((SECONDS - t0)) s (124: cut at its box)"
+  failed_step "ablation-$name" "$rc"
   pack; }
 # box SECONDS NAME COMMAND...: one time-boxed step, its output in $out/NAME.log.
 box() { local secs=$1 name=$2; shift 2; local t0=$SECONDS
   timeout "$secs" "$@" > "$out/$name.log" 2>&1
-  echo "$name: rc $? in $((SECONDS - t0)) s"
+  local rc=$?
+  echo "$name: rc $rc in $((SECONDS - t0)) s"
+  failed_step "$name" "$rc"
   pack; }
+# The stage's steps that did not end with rc 0 (124: cut at their box); the stage exits 1
+# when there is one, so the device tool's rc says what the log does.
+failed=""
+failed_step() { [ "$2" -eq 0 ] || failed="$failed $1(rc $2)"; }
 # Kernels in the Triton cache (one directory per compile, plus Triton's launcher modules).
 cached() { echo "Triton cache: $(ls "$TRITON_CACHE_DIR" 2>/dev/null | wc -l) entries $1"; }
 case "$stage" in
@@ -198,10 +211,12 @@ case "$stage" in
     t0=$SECONDS
     timeout 150 python -m pytest -v -rf -p no:cacheprovider -m gpu $first $par 2>&1 \
       | tee "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
+    failed_step "pytest-grid" "${PIPESTATUS[0]}"
     pack
     timeout $((200 - (SECONDS - t0))) python -m pytest -v -rf -p no:cacheprovider -m gpu tests \
       $(printf -- "--ignore=%s " $first) $par 2>&1 \
       | tee -a "$out/gpu-tests.log" | grep -v " PASSED \| SKIPPED " | tail -30
+    failed_step "pytest-rest" "${PIPESTATUS[0]}"
     echo "$(grep -c " PASSED " "$out/gpu-tests.log") passed (gpu-tests.log)" ;;
   bench)
     # --no-tune: bench otherwise tunes each missing plan key's first 16 candidates
@@ -252,7 +267,8 @@ case "$stage" in
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
     ablate 190 b64
     timeout 150 python -m tritonrnn.bench bench --preset large-batch --pass fwdbwd --no-tune \
-      --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20 ;;
+      --no-progress --out "$out" 2>&1 | tee "$out/bench-large-batch.log" | tail -20
+    failed_step bench-large-batch "${PIPESTATUS[0]}" ;;
   warps)
     ablate 560 warps ;;
   hoist)
@@ -263,6 +279,7 @@ case "$stage" in
       timeout 80 python -m tritonrnn.bench bench --mode "$1" --hidden "$2" --batch 1 \
         --time 1024 --dtype bf16 --pass fwdbwd --no-tune --no-progress --out "$out" 2>&1 \
         | tee "$out/bench-$1-$2-b1.log" | tail -10
+      failed_step "bench-$1-$2-b1" "${PIPESTATUS[0]}"
     done ;;
   spills)
     ablate 360 spills
@@ -352,6 +369,7 @@ case "$stage" in
     # its two ncu runs cut at NCU_SECONDS, each report's conversions at NCU_CONVERT_SECONDS.
     for shape in lstm,768,16 lstm,1024,64; do
       NCU_SECONDS=60 NCU_CONVERT_SECONDS=15 OUT="$out" bash scripts/gpu_profile.sh "$shape"
+      failed_step "profile-$shape" $?
       pack
     done ;;
   all)
@@ -385,3 +403,7 @@ case "$stage" in
   *) echo "usage: $0 all|tests|confirm|barrier|phases|bench|bench2|grid|tune|ablation|wide|large|warps|hoist|vector|spills|spills2|huge|late|decide|splitk|profile" >&2
      exit 2 ;;
 esac
+if [ -n "$failed" ]; then
+  echo "gpu_session.sh $stage: steps that did not end with rc 0:$failed" >&2
+  exit 1
+fi

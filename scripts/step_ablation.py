@@ -140,20 +140,32 @@ VARIANTS = ["full,layer", "mma1,layer", "chains1,layer", "nowait",
             "nowait,noarrive", "nodot", "nocell", "noxg", "nostore", "nowait,noarrive,nodot",
             "nowait,noarrive,nodot,noxg,nostore", "s1", "w8", "bare4"]
 T = 1024
+
+
+def _grid_backward(variants: str) -> str:
+    """`variants` (';'-separated) each with `nosplitk` first: the grid family's own backward
+    also at the shapes where the planner's rule runs the split-K kernel's (`_SPLIT_K_RULE`:
+    LSTM H=1024 B=16 / 64, GRU H=1536 B=16), for the sets whose variants change the grid's
+    backward (warps, hoisting, chunks, chains, its barrier or product), which the split-K
+    kernel would leave as the plan's. Elsewhere nosplitk changes nothing."""
+    return ";".join(f"nosplitk,{v}" for v in variants.split(";"))
+
+
 # The ablations of scripts/gpu_session.sh's stages, by name (`--set NAME`; the stage's
 # `ablate SECONDS NAME` call): (shapes, variants), as --shapes / --variants take them.
 SETS = {
     "wide": ("lstm,1024,64;gru,1024,64;lstm,768,64",
-             "full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer"),
+             _grid_backward("full,layer;bw4,layer;chunk1024,layer;chunk1024,bw4,layer")),
     "large": ("lstm,768,256;lstm,1024,256;gru,1024,256", "layer;noswap,layer;noswap,nojoin,layer"),
     # B = 64: the resident 16 x 32 plan against streamed 16 x 64 tiles (wgmma loops).
     "b64": ("lstm,768,64;lstm,1024,64;gru,1024,64",
             "layer;bk64,bb64,bh16,layer;bk128,bb64,bh16,layer"),
     # (The planner's plan there is 8 warps since 2026-11-27, hoisted: against 4 warps, both
     # passes (w4) and the forward (fw4); w8 / fw8 were the plan itself.)
-    "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16", "layer;w4,layer;fw4,layer"),
+    "warps": ("lstm,768,16;lstm,1024,16;gru,1024,16",
+              _grid_backward("layer;w4,layer;fw4,layer")),
     "hoist": ("lstm,256,16;lstm,768,16;lstm,1024,16;gru,1024,16",
-              "layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer"),
+              _grid_backward("layer;nohoist,layer;w8,layer;w8,hoist,layer;w8,hoistf,layer")),
     "vector": ("lstm,512,1;lstm,768,1;lstm,1024,1;gru,1024,1", "layer;mma1,layer;vec1,layer"),
     # Where a step's time goes with the current kernels, forward (the step time) and
     # backward (the layer's): the exchange operand's L2 round trip (noload: h, and dph in the
@@ -165,14 +177,15 @@ SETS = {
     # 16 -> 14 BAR.SYNC, backward 617 -> 693 (the operand's selects); before, its forward
     # had no product left in the loop, and its rows of 2026-11-27 equal nodot's.)
     "phases": ("lstm,768,16;lstm,1024,16;lstm,512,1",
-               "layer;noload,layer;nodot,nobdot,layer;nowait,noarrive,layer"),
+               _grid_backward("layer;noload,layer;nodot,nobdot,layer;nowait,noarrive,layer")),
     # The planner's 4-warp backward of GRU H=1536 at B = 1 and 16 (16 x 16 tiles) spills in
     # its step loop (sm_90, Triton 3.6: 48 B, 12 local loads per step). 8 warps: none, 833
     # instead of 1422 instructions per warp, but two warps per scheduler; one MMA chain
     # (chains1): none, 1396 instructions, but chains of 72 MMAs instead of 3 x 24. LSTM
     # H=768 B=16, where 4 warps won, as the control. The planner's backward there is 8 warps
     # since 2026-11-27 (bw8 was the plan itself): against the 4-warp one (bw4).
-    "spills": ("gru,1536,1;gru,1536,16;lstm,768,16", "layer;bw4,layer;chains1,layer"),
+    "spills": ("gru,1536,1;gru,1536,16;lstm,768,16",
+               _grid_backward("layer;bw4,layer;chains1,layer")),
     # The resident 16 x 64 backward of LSTM H=512 B=256 (8 warps) spilled too (72 B, 17
     # local loads per step) with K = 512 in one chunk (nowidecap); as 256 + 256
     # (`_max_chunk`, the default since 2026-11-25) it does not, nor do weights streamed in
@@ -281,7 +294,7 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
         # and at H=1536 against the plan before (the forward on 4 warps unhoisted, the
         # backward on 8 unhoisted; the grid sweep's GRU H=1536 B=16 took 11.92 ms fwd + bwd
         # with it).
-        ("gru,1536,16", "layer;nohoist,layer;fw4,nohoist,layer"),
+        ("gru,1536,16", _grid_backward("layer;nohoist,layer;fw4,nohoist,layer")),
         ("gru,768,64;gru,1024,64", "layer;nohoist,layer"),
         # The streamed loops pipelined for 96 KiB in flight (planner `_stream_stages`,
         # 2026-11-27: LSTM / GRU 32 x 64 tiles 5 forward and 8 backward stages, LSTM 16 x 16
@@ -311,14 +324,16 @@ DECISIONS: dict[str, list[tuple[str, str]]] = {
     # one-barrier form too at B = 16 (`split_k1_tiles`; none at GRU H=1536), the largest
     # gaps of issue 5 first. One shape a job: a run cut at its box keeps whole comparisons
     # (a job's variants each run over all its shapes, the plan's first).
+    # (Through the switches, as timed on 2026-11-29: where the planner's rule runs the
+    # split-K kernel since, `nosplitk` first gives the switches the choice again.)
     "splitk": [
         ("lstm,1024,256", "layer;splitk,layer"),
-        ("lstm,1024,16", "layer;splitk,layer;splitk1,layer"),
-        ("lstm,1024,64", "layer;splitk,layer"),
+        ("lstm,1024,16", _grid_backward("layer;splitk,layer;splitk1,layer")),
+        ("lstm,1024,64", _grid_backward("layer;splitk,layer")),
         ("gru,1024,64", "layer;splitk,layer"),
         ("lstm,768,64", "layer;splitk,layer"),
         ("gru,1024,16", "layer;splitk,layer;splitk1,layer"),
-        ("lstm,768,256;gru,1536,16", "layer;splitk,layer"),
+        ("lstm,768,256;gru,1536,16", _grid_backward("layer;splitk,layer")),
     ],
     # The split-K rule (planner `_SPLIT_K_RULE`, 2026-11-30, from the `splitk` rows above)
     # against the grid's own backward it replaced, as one plan (the rows above timed it
@@ -610,7 +625,9 @@ def _measure(variant: str, shapes=SHAPES, once: bool = False, emit=None) -> list
                      # (the forward's, which the step times; the larger pass's: a split-K
                      # backward's launch may take more)
                      "programs": lp.pass_programs(False), "programs_bwd": lp.num_programs,
-                     "num_warps": lp.num_warps,
+                     "num_warps": lp.num_warps, "num_warps_bwd": lp.backward_warps,
+                     # the backward's kernel: 0 the family's own, 1 / 2 split-K's forms
+                     "split_k_bwd": lp.split_k_bwd,
                      "block_b": lp.block_b, "block_h": lp.block_h, "block_k": lp.block_k,
                      "num_stages": lp.num_stages, "num_stages_bwd": lp.backward_stages,
                      "step_us": ms * 1e3 / T})
@@ -788,6 +805,15 @@ def _aot_line(row: dict) -> str:
             f"instr, MMA {row['MMA']}, LDSM {row['LDSM']}, LDL {row['LDL']}, BAR {row['BAR']}")
 
 
+def baseline(variant: str) -> str:
+    """The variant a decision's verdict compares `variant` with: the planner's plan
+    (`layer`), or for a variant under `nosplitk` (first: `_grid_backward`) the plan with the
+    grid family's own backward (`nosplitk,layer`, itself against the plan)."""
+    if variant.startswith("nosplitk,") and variant != "nosplitk,layer":
+        return "nosplitk,layer"
+    return "layer"
+
+
 def _time_line(row: dict, plan: dict | None = None) -> str:
     """A timed row as a line; with `plan` (the same shape's `layer` row, the planner's plan),
     the variant's layer fwd + bwd against the plan's: a decision's verdict."""
@@ -870,7 +896,9 @@ def main() -> int:
     gpu = torch.cuda.is_available() and not args.aot
     header = {"environment": environment(torch.device("cuda" if gpu else "cpu")),
               "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
-    plans: dict[tuple, dict] = {}  # (mode, H, B) -> the `layer` row: the planner's plan
+    # (baseline, mode, H, B) -> the baseline's row (`layer`: the planner's plan; `nosplitk,
+    # layer`: the plan with the grid's own backward, `_grid_backward`'s jobs)
+    plans: dict[tuple, dict] = {}
     for v, shapes in runs(todo, merge=args.aot):
         cmd = [sys.executable, __file__, "--variant", v,
                "--shapes", ";".join(f"{m},{h},{b}" for m, h, b in shapes)]
@@ -880,10 +908,11 @@ def main() -> int:
 
         def take(row, v=v):
             rows.append(row)
-            if v == "layer":
-                plans[row["mode"], row["H"], row["B"]] = row
+            shape = row["mode"], row["H"], row["B"]
+            if v in ("layer", "nosplitk,layer"):
+                plans[(v, *shape)] = row
             print(_aot_line(row) if args.aot else
-                  _time_line(row, plans.get((row["mode"], row["H"], row["B"]))), flush=True)
+                  _time_line(row, plans.get((baseline(v), *shape))), flush=True)
             if args.out:  # after every row: a run cut short keeps what it finished (the
                 # file replaced whole: a SIGTERM mid-write leaves the rows before it)
                 name = "step_ablation_aot.json" if args.aot else "step_ablation.json"
@@ -904,7 +933,9 @@ def main() -> int:
               f"failed, {len(misfits)} do not fit (spills, shared memory, "
               f"registers or co-residency), {len(failed)} variant processes failed", flush=True)
         return 1 if errors or failed else 0
-    return 0
+    if failed:
+        print(f"{len(failed)} variant processes failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
 #   planner and the command line, and the fallbacks from a launch Triton refuses (but the
 #   cases of the projection and the split-K backward, whose kernels the version selection's
 #   probes run and whose fallback is the library's own, as in the other cases).
-# Extra arguments go to both pytest runs.
+# Extra arguments go to both pytest runs; a `-k` among them replaces the second run's
+# exclusions below (pytest keeps the last -k), so it may select the two tests excluded there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/version_test_selection.sh

@@ -9,4 +9,15 @@
 # cases' time). The numerics of every case are the main suite's, under the newest Triton.
 # shellcheck shell=bash
 VERSION_TEST_FILES=(tests/test_aot.py tests/test_harness.py tests/test_source_names.py)
-mapfile -t VERSION_TEST_PROBES < <(grep -v -e '^#' -e '^$' "$(dirname "${BASH_SOURCE[0]}")/../tests/version_probes.txt")
+_probes="$(dirname "${BASH_SOURCE[0]}")/../tests/version_probes.txt"
+# (Checked here: the process substitution below loses grep's exit status, so a missing file
+# would select no probes and pass.)
+if [ ! -r "$_probes" ]; then
+  echo "version_test_selection.sh: $_probes is missing; scripts/version_probes.py writes it" >&2
+  return 1
+fi
+mapfile -t VERSION_TEST_PROBES < <(grep -v -e '^#' -e '^$' "$_probes")
+if [ "${#VERSION_TEST_PROBES[@]}" -eq 0 ]; then
+  echo "version_test_selection.sh: $_probes lists no tests" >&2
+  return 1
+fi

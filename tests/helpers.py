@@ -30,10 +30,12 @@ exec "{py}" "{recorder}" "$(basename "$0")" "$@"
 """
 
 
-def run_gpu_session(stage: str, tmp_path: Path, recorder: str) -> list:
+def run_gpu_session(stage: str, tmp_path: Path, recorder: str, returncode: int = 0,
+                    stderr: list[str] | None = None) -> list:
     """Runs `scripts/gpu_session.sh <stage>` with python, nvidia-smi and ncu replaced by
     `recorder` (Python source that appends one JSON line a call to $STUB_LOG; $OUT, $WORK
-    and $STAGE are set for it) and returns those lines, parsed. The stage must exit 0."""
+    and $STAGE are set for it) and returns those lines, parsed. The stage must exit with
+    `returncode`, its stderr's last line holding each of `stderr`."""
     import json
     import os
     import subprocess
@@ -52,7 +54,9 @@ def run_gpu_session(stage: str, tmp_path: Path, recorder: str) -> list:
            "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "STAGE": stage}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh"), stage], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == returncode, r.stderr
+    last = (r.stderr.splitlines() or [""])[-1]
+    assert all(s in last for s in stderr or []), r.stderr
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

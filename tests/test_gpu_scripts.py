@@ -34,10 +34,13 @@ STAGES = ["all", "tests", "bench", "bench2", "grid", "tune", "ablation", "wide",
 ABL = load_script("step_ablation")
 PROBE = load_script("split_k_probe")
 
-# A stub records its name and arguments as one JSON line and runs nothing.
+# A stub records its name and arguments as one JSON line and runs nothing, but for the report
+# file an ncu profile run writes (`-o STEM`: gpu_profile.sh fails a profile without one).
 RECORDER = """import json, os, sys
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "ncu" and "-o" in sys.argv:
+    open(sys.argv[sys.argv.index("-o") + 1] + ".ncu-rep", "w").close()
 """
 
 
@@ -103,6 +106,63 @@ def test_a_stage_brings_its_files_back_in_one_archive(stage, tmp_path):
             "profile": {"gpu.txt", *(f"lstm-{shape}-{kind}.log" for shape in ("768-16", "1024-64")
                                      for kind in ("fwd", "bwd"))}}[stage]
     assert want <= names, names
+
+
+# A recorder whose runs of pytest (`python -m pytest`), of one bench step (`--preset grid`)
+# and of the ablation script fail.
+FAILING = RECORDER + """args = sys.argv[1:]
+if args[:3] == ["python", "-m", "pytest"] or "grid" in args or (
+        len(args) > 1 and args[1].endswith("step_ablation.py")):
+    sys.exit(3)
+"""
+
+
+# A recorder whose ncu writes no report (no kernel matched the profile's regex).
+NO_REPORT = RECORDER.replace('"-o" in sys.argv', "False")
+
+
+@pytest.mark.parametrize(("stage", "recorder", "steps"), [
+    ("tests", FAILING, ["pytest-grid(rc 3)", "pytest-rest(rc 3)"]),
+    ("confirm", FAILING, ["bench-grid(rc 3)", "ablation-confirm(rc 3)"]),
+    ("profile", NO_REPORT, ["profile-lstm,768,16(rc 1)", "profile-lstm,1024,64(rc 1)"]),
+], ids=["tests", "confirm", "profile"])
+def test_a_stage_whose_step_fails_exits_1_naming_it(stage, recorder, steps, tmp_path):
+    """The device tool's rc is the stage's: a failed pytest run, time-boxed step, ablation
+    or profile without a report makes the stage exit 1, naming the steps on stderr (the
+    `tests` stage exited 0 whatever pytest said), after running its other steps and packing
+    its files."""
+    assert recorder != RECORDER
+    calls = run_gpu_session(stage, tmp_path, recorder, returncode=1,
+                            stderr=[f"gpu_session.sh {stage}: steps that did not end with rc 0:",
+                                    *steps])
+    assert calls and (tmp_path / "out" / f"{stage}.tgz").is_file()
+
+
+@pytest.mark.parametrize("preset", ["h100", "h200"])
+def test_the_profiles_kernel_filters_match_the_kernels_the_plans_launch(preset):
+    """gpu_profile.sh picks each pass's kernel by an ncu name regex: at the `profile`
+    stage's shapes it must match the kernel the planner's plan runs (the backward of LSTM
+    H=1024 B=64 is the split-K kernel's since the planner's rule: `_grid_bwd` alone matched
+    nothing, and ncu wrote no report)."""
+    from tritonrnn.kernels import persistent_grid as pg
+    from tritonrnn.kernels import split_k
+    from tritonrnn.rnn.planner import PRESETS, recurrence_choice
+
+    profile = (ROOT / "scripts" / "gpu_profile.sh").read_text()
+    fwd, bwd = re.findall(r'^\s*profile "?([^" ]+)"? "\$out/\$name-(?:fwd|bwd)"', profile,
+                          re.MULTILINE)
+    stage = (ROOT / "scripts" / "gpu_session.sh").read_text().split("\n  profile)")[1]
+    shapes = re.search(r"for shape in ([\w, ]+); do", stage).group(1).split()
+    assert shapes == ["lstm,768,16", "lstm,1024,64"]
+    backward = {0: pg._grid_bwd_kernel, 1: split_k._split_k1_bwd_kernel,
+                2: split_k._split_k_bwd_kernel}
+    for mode, h, b in (shape.split(",") for shape in shapes):
+        lp, _ = recurrence_choice(mode, int(h), int(h), 0, torch.bfloat16, int(b),
+                                  PRESETS[preset])
+        assert lp.family == "persistent_grid", (mode, h, b, lp)
+        assert re.search(fwd, pg._grid_fwd_kernel.fn.__name__)
+        assert re.search(bwd, backward[lp.split_k_bwd].fn.__name__), (mode, h, b, lp)
+        assert not re.search(bwd, pg._grid_fwd_kernel.fn.__name__)
 
 
 def _budgets(stage: str) -> list[int]:
@@ -312,9 +372,13 @@ def test_every_named_set_is_run_by_a_stage_and_plans():
         assert len(got) == len(decisions)
         for (shapes, variants), (got_shapes, got_variants) in zip(decisions, got, strict=True):
             assert got_shapes == ABL.parse_shapes(shapes) and got_variants == variants.split(";")
-            # A decision is the planner's plan against the variants that undo its rules.
-            assert got_variants[0] == "layer" and len(got_variants) >= 2, (name, variants)
-            assert all(v.endswith(",layer") for v in got_variants[1:]), (name, variants)
+            # A decision is the planner's plan against the variants that undo its rules (or,
+            # `_grid_backward`, the plan with the grid's own backward against them).
+            base = got_variants[0]
+            assert base in ("layer", "nosplitk,layer") and len(got_variants) >= 2, (name,
+                                                                                     variants)
+            assert all(v.endswith(",layer") and ABL.baseline(v) in (base, "layer")
+                       for v in got_variants[1:]), (name, variants)
             _check_plans(got_shapes, got_variants)
     args = ABL.build_parser().parse_args(["--aot", "--set", "all"])
     assert len(ABL.jobs(args)) == len(ABL.SETS) + sum(map(len, ABL.DECISIONS.values()))
@@ -532,8 +596,9 @@ def test_names_the_ablation_imports_exist():
 def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant(
         monkeypatch, capsys, tmp_path):
     """Each variant's line ends with its layer fwd + bwd against the same shape's plan
-    (`layer`); a variant process that outlives its limit is reported and the set goes on
-    (the subprocesses are faked: nothing is timed)."""
+    (`layer`), or under `nosplitk` against `nosplitk,layer`; a variant process that outlives
+    its limit is reported, the set goes on and exits 1 (the subprocesses are faked: nothing
+    is timed)."""
     started = []
 
     def fake_run(cmd, limit, on_row):
@@ -542,28 +607,34 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
         assert limit == 240
         if v == "hoist,layer":
             return -9, True, []
-        ms = {"layer": 2.0, "fw8,layer": 3.0}.get(v, 1.0)
+        ms = {"layer": 2.0, "fw8,layer": 3.0, "nosplitk,layer": 4.0}.get(v, 1.0)
         for m, h, b in (sh.split(",") for sh in cmd[cmd.index("--shapes") + 1].split(";")):
             on_row({"variant": v, "mode": m, "H": int(h), "B": int(b), "programs": 48,
                     "num_warps": 4, "step_us": 5.0, "fwd_ms": ms, "bwd_ms": ms})
         return 0, False, []
 
     monkeypatch.setitem(ABL.DECISIONS, "decide", [
-        ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nosums,layer")])
+        ("lstm,768,16", "layer;fw8,layer;hoist,layer"), ("gru,1024,64", "layer;nosums,layer"),
+        ("gru,1024,64", "nosplitk,layer;nosplitk,w4,layer")])
     monkeypatch.setattr(ABL, "run_variant", fake_run)
     monkeypatch.setattr(sys, "argv", ["step_ablation.py", "--set", "decide",
                                       "--out", str(tmp_path)])
-    assert ABL.main() == 0
+    assert ABL.main() == 1
     out = capsys.readouterr().out
-    assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nosums,layer"]
+    assert started == ["layer", "fw8,layer", "hoist,layer", "layer", "nosums,layer",
+                       "nosplitk,layer", "nosplitk,w4,layer"]
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
     assert "= 0.50x the plan's fwd+bwd" in out  # nosums against gru's plan
+    assert "= 0.25x the plan's fwd+bwd" in out  # nosplitk,w4 against nosplitk,layer
+    assert "= 2.00x the plan's fwd+bwd" in out  # nosplitk,layer against gru's plan
     assert "hoist,layer: killed after 240 s (its rows until then are kept)" in out
+    assert out.splitlines()[-1] == "1 variant processes failed: hoist,layer"
     report = json.loads((tmp_path / "step_ablation.json").read_text())
     assert {"device", "commit", "torch", "triton"} <= set(report["environment"])
     assert report["command"] == ["step_ablation.py", "--set", "decide", "--out", str(tmp_path)]
     rows = report["rows"]
-    assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nosums,layer"]
+    assert [r["variant"] for r in rows] == ["layer", "fw8,layer", "layer", "nosums,layer",
+                                            "nosplitk,layer", "nosplitk,w4,layer"]
 
 
 def test_a_variant_process_cut_at_its_limit_keeps_the_rows_it_printed(tmp_path):
