@@ -60,10 +60,13 @@ class TritonRecurrence:
 
     def _choice(self, cell, R, Pw, batch, num_dirs, phase) -> tuple[LayerPlan, str, tuple]:
         """(plan, source, shape) for `_run`: the plan that runs `phase` of this recurrence is
-        the planner's, or what replaced it after a launch needed more than the device has."""
+        the planner's, or what replaced it after a launch needed more than the device has
+        (not a plan forced with plan_constraints: that one runs, or its error is raised)."""
         shape = _shape(cell, R, Pw, batch, num_dirs, self.properties(R.device))
         lp, source = self.plan_choice(shape)
-        return self._replaced(phase, shape, lp), source, shape
+        if source != "constrained":
+            lp = self._replaced(phase, shape, lp)
+        return lp, source, shape
 
     def _replaced(self, phase: str, shape: tuple, lp: LayerPlan) -> LayerPlan:
         """lp, or the plan that replaced it for `phase` of `shape` (`_run`), transitively."""
@@ -76,8 +79,11 @@ class TritonRecurrence:
         makes it: the planner's choice, or what replaced it after a launch needed more than
         the device has. The layer pipeline bounds the layers it keeps in flight by their
         programs (`pipeline.stack_plans`): a replacement may be another family with more
-        programs (a refused persistent CTA runs as a persistent grid)."""
-        lp, _ = self.plan_choice(shape)
+        programs (a refused persistent CTA runs as a persistent grid). A plan forced with
+        plan_constraints is never replaced (`_choice`)."""
+        lp, source = self.plan_choice(shape)
+        if source == "constrained":
+            return lp, lp
         return self._replaced("forward", shape, lp), self._replaced("backward", shape, lp)
 
     def replacements(self, cell: str, H: int, P: int, dtype: torch.dtype, batch: int,

@@ -241,6 +241,24 @@ def test_a_plan_forced_by_plan_constraints_is_not_replaced(backend, monkeypatch)
     assert calls == {"cta_backward": 1} and backend._smaller == {}
 
 
+def test_a_forced_plan_runs_even_where_a_replacement_was_kept_for_it(backend, monkeypatch):
+    """A plan refused without constraints is replaced for later calls; forced with
+    plan_constraints afterwards, it is launched again (and its error raised), not swapped
+    for the kept replacement: a forced plan is the plan that runs or fails."""
+    calls = {}
+    _refuse(monkeypatch, pc, "cta_backward", calls)
+    case = dict(L=1, lengths="varlen", I=4, H=17, T=5, backend="triton", **FP32)
+    with pytest.warns(RuntimeWarning, match="running persistent_grid"):
+        compare_with_torch("lstm", **case)
+    assert calls == {"cta_backward": 1} and len(backend._smaller) == 1
+    with (warnings.catch_warnings(), pytest.raises(OutOfResources) as info,
+          plan_constraints(family="persistent_cta")):
+        warnings.simplefilter("error")
+        compare_with_torch("lstm", **case)
+    assert any("forced by plan_constraints" in n for n in info.value.__notes__)
+    assert calls == {"cta_backward": 2}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_gpu_refused_launches_fall_back_to_a_plan_that_fits(backend, monkeypatch, mode):
