@@ -1107,8 +1107,26 @@ def _grid_block_h(cell, H, Hout, P, dtype, block_b, batch, props) -> int:
     return block_h
 
 
-@functools.lru_cache(maxsize=4096)
+def _switch_state() -> tuple:
+    """The kernel switches' values (`_VARIANT_GLOBALS`), as a cache key: the on-chip formulas
+    the heuristic fits plans with read some of them (`grid_pairs_gates`, `grid_onchip_bytes`),
+    and tests and ablations set them in-process."""
+    from tritonrnn.kernels import grid_tiles, split_k
+
+    modules = {"grid_tiles": grid_tiles, "split_k": split_k}
+    return tuple(getattr(modules[module], name) for module, name, _ in _VARIANT_GLOBALS)
+
+
 def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> LayerPlan:
+    """The planner's own plan for one recurrence (no constraints, no tuning entry), cached by
+    its arguments and the kernel switches (`_switch_state`)."""
+    return _heuristic_cached(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs,
+                             _switch_state())
+
+
+@functools.lru_cache(maxsize=4096)
+def _heuristic_cached(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs,
+                      _switches: tuple) -> LayerPlan:
     if dtype == torch.float64:
         return LayerPlan("reference")
     if _cta_fits(cell, H, Hout, P, dtype, props):

@@ -138,18 +138,19 @@ def _no_failed_barrier():
 
 
 def _fresh_plans() -> None:
-    """Empties the planner's caches (plans and heuristic choices), whose keys do not hold a
-    swapped switch or rule."""
+    """Empties the planner's caches (plans and heuristic choices), whose keys hold the
+    kernel switches but not a swapped rule (a function replaced in-process)."""
     from tritonrnn.rnn import planner
 
     planner._plan_cached.cache_clear()
-    planner._heuristic.cache_clear()
+    planner._heuristic_cached.cache_clear()
 
 
 def _switched(monkeypatch, attr: str, env: str, on: bool = True):
     """Turns a kernels.grid_tiles switch read at import (`attr`, env var `env`) on or
-    off, with the planner's caches emptied before and after: their keys do not hold the
-    switch, and a plan made under one setting must not answer for the other."""
+    off, with the planner's caches emptied before and after (their keys hold the switch
+    since `planner._switch_state`; emptied all the same, so that no test's plans depend on
+    what earlier tests cached)."""
     from tritonrnn.kernels import grid_tiles
 
     monkeypatch.setattr(grid_tiles, attr, on)

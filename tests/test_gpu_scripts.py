@@ -287,7 +287,7 @@ def _variant_plan(variant: str, shape, props):
     table = ABL.swaps()
     saved = [(name, getattr(planner, name)) for part in variant.split(",")
              for module, name, _ in table.get(part, ()) if module is planner]
-    planner._heuristic.cache_clear()
+    planner._heuristic_cached.cache_clear()
     try:
         for part in variant.split(","):
             for module, name, value in table.get(part, ()):
@@ -299,7 +299,7 @@ def _variant_plan(variant: str, shape, props):
     finally:
         for name, value in reversed(saved):
             setattr(planner, name, value)
-        planner._heuristic.cache_clear()
+        planner._heuristic_cached.cache_clear()
 
 
 def test_no_planner_variant_of_a_set_is_the_plan_itself():
@@ -398,11 +398,11 @@ def test_a_decisions_rule_variants_keep_the_weights_where_the_plan_has_them(monk
                 for module, name, value in ABL.swaps().get(part, []):
                     m.setattr(module, name, value)
             planner._plan_cached.cache_clear()
-            planner._heuristic.cache_clear()
+            planner._heuristic_cached.cache_clear()
             lp, _ = planner.recurrence_choice(mode, H, H, 0, torch.bfloat16, B,
                                               planner.PRESETS["h100"])
         planner._plan_cached.cache_clear()
-        planner._heuristic.cache_clear()
+        planner._heuristic_cached.cache_clear()
         return lp.family, lp.block_h, lp.block_b, lp.block_k
 
     checked = 0
@@ -554,7 +554,7 @@ def test_ablation_variant_kernels_run(part, monkeypatch):
         monkeypatch.setattr(module, name, value)
     # A plan cached before the swap would hide a planner part (and one made with it must
     # not outlive this test).
-    planner._heuristic.cache_clear()
+    planner._heuristic_cached.cache_clear()
     planner._plan_cached.cache_clear()
     g = torch.Generator().manual_seed(0)
     T, H = 2, 32  # two steps: the second reads the exchanged h of the first
@@ -572,7 +572,7 @@ def test_ablation_variant_kernels_run(part, monkeypatch):
             assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
             params.grad = None
     finally:
-        planner._heuristic.cache_clear()
+        planner._heuristic_cached.cache_clear()
         planner._plan_cached.cache_clear()
 
 

@@ -107,6 +107,22 @@ def test_paired_gates_only_within_the_budget(request, device, paired, apart):
 
 
 # PAIRG on 16 x 32 tiles (TRITONRNN_BWD_PAIRED_GATES_WIDE, opt-in) within the budget too:
+def test_a_switch_set_in_process_reaches_the_heuristics_cached_plans(monkeypatch):
+    """The heuristic's cache is keyed by the kernel switches (`_switch_state`): a switch set
+    in-process after a plan was cached gives the switch's plan, with no cache emptied by
+    hand (rnn_tanh H=768 B=64 pairs its backward's gates under the opt-in wide switch)."""
+    from tritonrnn.kernels import grid_tiles
+    from tritonrnn.rnn import planner
+
+    args = ("rnn_tanh", 768, 768, 0, torch.bfloat16, 64, PRESETS["h100"])
+    assert not planner._heuristic(*args).pair_gates
+    monkeypatch.setattr(grid_tiles, "_BWD_PAIRED_GATES_WIDE", True)
+    assert planner._heuristic(*args).pair_gates
+    assert planner.recurrence_choice(*args)[0].pair_gates
+    monkeypatch.setattr(grid_tiles, "_BWD_PAIRED_GATES_WIDE", False)
+    assert not planner._heuristic(*args).pair_gates
+
+
 # LSTM / GRU H=768 B=64 pair their gates on an H100 (sm_90 compiles, Triton 3.6: 30 / 26 ->
 # 18 BAR.SYNC per backward step, no spills), H=1024 B=64 would need 262144 / 229376 B and
 # keeps them apart; no plan's tiles or warps change.
@@ -117,7 +133,7 @@ def test_wide_paired_gates_only_within_the_budget(request, monkeypatch):
 
     def fresh() -> None:  # the caches' keys do not hold the patch
         planner._plan_cached.cache_clear()
-        planner._heuristic.cache_clear()
+        planner._heuristic_cached.cache_clear()
 
     monkeypatch.setattr(planner, "_taller_backward", lambda lp, *_a: lp)
     fresh()
