@@ -63,11 +63,23 @@ def _partial_key(key: str) -> str:
 
 
 def _read_partial(path: Path) -> dict:
+    """The partial file's records ({} without one). A file that is not a JSON object
+    raises ValueError naming it: the records are written back whole, and rewriting a
+    damaged file would drop every other key's resumable measurements."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    fix = "move it aside (or delete it) to start afresh; it is left as it is"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"tune's partial file {path}: expected a JSON object, got "
+                         f"unreadable JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"tune's partial file {path}: expected a JSON object, got a JSON "
+                         f"{type(data).__name__}; {fix}")
+    return data
 
 
 def _write_partial(path: Path, data: dict) -> None:
@@ -77,8 +89,11 @@ def _write_partial(path: Path, data: dict) -> None:
 
 
 def _set_partial(path: Path, pkey: str, record: dict | None) -> None:
-    """The partial file's record for `pkey` set (None: removed), the other keys' records
-    (concurrent runs' too) kept: one read-modify-write under the tuning cache's lock."""
+    """The partial file's record for `pkey` updated with `record`'s measurements (None:
+    removed), the other keys' records kept: one read-modify-write under the tuning cache's
+    lock. The key's record takes the union of the file's and `record`'s measurements
+    (`record`'s where both have one), so two runs of one key (concurrent `tune` runs on two
+    GPUs of a model) keep each other's."""
     from tritonrnn.rnn.planner import tuning_cache_lock
 
     with tuning_cache_lock():
@@ -86,7 +101,7 @@ def _set_partial(path: Path, pkey: str, record: dict | None) -> None:
         if record is None:
             partial.pop(pkey, None)
         else:
-            partial[pkey] = record
+            partial[pkey] = {**_measurements(partial.get(pkey)), **record}
         _write_partial(path, partial)
 
 
@@ -194,7 +209,8 @@ def tune_key(
         return summary
     best_id = min(timed, key=timed.get)
     best = json.loads(best_id)
-    store_tuning_entry(key, best, timed[best_id], device_name, measured, len(ids))
+    if not store_tuning_entry(key, best, timed[best_id], device_name, measured, len(ids)):
+        summary["kept"] = True  # the cache's entry for the key covers more candidates
     if measured >= len(ids):  # complete: the partial record has served
         _set_partial(path, pkey, None)
     else:
@@ -301,17 +317,24 @@ def tune_shapes(shapes: list[BenchShape], device: torch.device, timing: TimingCo
 
     from .progress import progress_bar
 
-    # The cache read as a store reads it, before anything is timed: a damaged file fails
-    # here (ValueError naming it), not at the first store after a key's candidates ran.
+    # The cache and the partial file read as a store reads them, before anything is timed:
+    # a damaged file fails here (ValueError naming it), not at the first store after a
+    # key's candidates ran.
     stored_entries(tuning_cache_path())
+    _read_partial(partial_path())
+    # Planned for the device that times them: the plan key (and the candidates) of the
+    # current device would file the interpreter's timings of `--device cpu` on a GPU host
+    # under the GPU's key.
+    props = device_properties(device)
     plans = []
     for s in shapes:
         plan = plan_for(rnn_mode=s.mode, input_size=s.input, num_units=s.hidden,
                         num_layers=s.layers, direction=s.direction, num_proj=s.proj,
-                        batch=s.batch, max_time=s.time, dtype=s.torch_dtype)
+                        batch=s.batch, max_time=s.time, dtype=s.torch_dtype,
+                        device_properties=props)
         plans.append((s, plan, by_promise(plan, candidates(plan))))
     total = sum(len(c) for _, _, c in plans)
-    name = device_properties(device).name
+    name = props.name
     out = []
     with progress_bar(total, "tritonrnn tune", progress) as bar:
 
@@ -357,6 +380,9 @@ def format_tune(summaries: list[dict], cache: Path) -> str:
                 notes.append(f"{bad} failed")
             if out:
                 notes.append(f"{out} screened out after one run (> {SCREEN_FACTOR:g}x the best)")
+            if s.get("kept"):
+                notes.append("not stored: the cache's entry, from another run, covers more "
+                             "candidates")
             of = (f"the first {s['partial']} of {s['candidates']} candidates (partial: a run "
                   f"with a larger --max-candidates carries on)" if "partial" in s
                   else f"{s['candidates']} candidates")

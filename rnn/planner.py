@@ -242,7 +242,10 @@ def _cache_file(root: str) -> str:
 def _tuning_cache_stamp() -> tuple[str, tuple[int, int, int] | None]:
     """The tuning cache's path and (mtime_ns, inode, size), None without a file: what its
     contents and the plans made from them are cached by. `store_tuning_entry` replaces the
-    file whole, so every store gives a new inode, also within one mtime tick."""
+    file whole and empties this process's caches; but a file system may hand the freed
+    inode to the next replacement, and file times move in ticks of the kernel's coarse clock
+    (milliseconds), so two stores of another process within one tick that leave the size as
+    it was can go unseen here until the file changes again."""
     path = _cache_file(os.environ.get("TRITONRNN_CACHE_DIR", ""))
     try:
         st = os.stat(path)
@@ -341,10 +344,18 @@ def tuning_entry(key: str) -> dict | None:
     return entry
 
 
+# A tuning entry's fields besides its choice (_CONSTRAINT_KEYS): the timing and what took it.
+_ENTRY_METADATA = ("ms", "device", "triton", "kernels", "variants", "measured", "candidates")
+
+
 def _entry_problem(entry: object) -> str | None:
     """What makes a tuning-cache entry unusable, or None (`tuning_entry`)."""
     if not isinstance(entry, dict):
         return f"expected a dict of choices, got {type(entry).__name__}"
+    unknown = sorted(str(k) for k in entry if k not in (*_CONSTRAINT_KEYS, *_ENTRY_METADATA))
+    if unknown:
+        return (f"fields expected among {list(_CONSTRAINT_KEYS)} and the timing's "
+                f"{list(_ENTRY_METADATA)}, got {unknown}")
     for k in _CONSTRAINT_KEYS:
         if k in entry and (problem := _constraint_problem(k, entry[k])):
             return problem
@@ -364,12 +375,16 @@ def tuning_complete(entry: dict) -> bool:
 
 
 def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
-                       measured: int | None = None, candidates: int | None = None) -> None:
+                       measured: int | None = None, candidates: int | None = None) -> bool:
     """Records the best choice for a plan key with the Triton release, the kernels' sources
     and the kernel switches (`kernel_variants`, where any is set) that timed it (atomic
     replace of the JSON file; an entry for the key from another release, other kernels or
     other switches is replaced).
-    measured < candidates: the best of only the first `measured` candidates (`tuning_complete`)."""
+    measured < candidates: the best of only the first `measured` candidates (`tuning_complete`).
+    Returns False, storing nothing, where the key's entry (of this release, kernels and
+    switches) covers more of the candidates: a complete one against a partial one, a partial
+    one of more measured candidates (two `tritonrnn tune` runs of one key, one with
+    --max-candidates or cut short: the later store would replace the fuller timing)."""
     entry = {**{k: choice[k] for k in _CONSTRAINT_KEYS if k in choice},
              "ms": float(ms), "device": device, "triton": triton.__version__,
              "kernels": kernels_fingerprint()}
@@ -379,7 +394,25 @@ def store_tuning_entry(key: str, choice: dict, ms: float, device: str,
         entry.update(measured=measured, candidates=candidates)
     path = tuning_cache_path()
     with tuning_cache_lock():
-        write_json_atomic(path, {"version": 1, "entries": {**stored_entries(path), key: entry}})
+        entries = stored_entries(path)
+        old = entries.get(key)
+        if _coverage(old, entry) > _coverage(entry, entry):
+            return False
+        write_json_atomic(path, {"version": 1, "entries": {**entries, key: entry}})
+    # (this process's caches: the file's stamp may repeat, `_tuning_cache_stamp`)
+    _load_cache.cache_clear()
+    _plan_cached.cache_clear()
+    return True
+
+
+def _coverage(entry: object, like: dict) -> float:
+    """How much of its key's candidates a tuning entry timed (all: inf; partial: how many),
+    -1 for one that is unusable or of another release, kernels or switches than `like`."""
+    if (not isinstance(entry, dict) or _entry_problem(entry) is not None
+            or any(entry.get(k) != like.get(k) for k in ("triton", "kernels"))
+            or entry.get("variants", {}) != like.get("variants", {})):
+        return -1
+    return math.inf if tuning_complete(entry) else entry["measured"]
 
 
 def stored_entries(path: Path) -> dict:
@@ -401,7 +434,7 @@ def stored_entries(path: Path) -> dict:
         raise ValueError(f"{what}, got unreadable JSON ({e}); {fix}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what}, got a JSON {type(data).__name__}; {fix}")
-    if data.get("version") != 1:
+    if type(data.get("version")) is not int or data["version"] != 1:
         raise ValueError(f"{what}, got version {data.get('version')!r}; {fix}")
     entries = data.get("entries", {})
     if not isinstance(entries, dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -454,6 +455,57 @@ def test_max_candidates_caches_a_partial_best_that_later_runs_carry_on(tmp_path,
     calls.clear()
     assert tune.tune_key("k6", choices, measure, "dev", limit=1)["status"] == "cached"
     assert calls == []
+
+
+def test_two_runs_of_one_key_keep_each_others_measurements_and_the_fuller_entry(
+        tmp_path, monkeypatch):
+    """Run A (cut at --max-candidates 2) and run B (complete) of one key, interleaved as
+    two GPUs' runs may be: B's complete entry is not replaced by A's later partial one, and
+    A's measurements join B's record in the partial file instead of replacing it."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    from tritonrnn.rnn.planner import tuning_complete, tuning_entry
+
+    choices = [{"family": "persistent_grid", "block_b": 16, "num_warps": w} for w in (4, 8, 2)]
+    ms = {4: 2.0, 8: 3.0, 2: 1.0}
+    pkey = tune._partial_key("k7")
+
+    def measure_a(choice, _bound):
+        if choice["num_warps"] == 8:  # B runs its whole key meanwhile
+            tune.tune_key("k7", choices, lambda c, _b: ms[c["num_warps"]], "dev", force=True)
+            assert tuning_complete(tuning_entry("k7"))
+        return ms[choice["num_warps"]]
+
+    summary = tune.tune_key("k7", choices, measure_a, "dev", limit=2, force=True)
+    assert summary["kept"] and summary["partial"] == 2
+    assert "not stored: the cache's entry, from another run, covers more" in tune.format_tune(
+        [{**summary, "label": "x"}], tmp_path)
+    entry = tuning_entry("k7")
+    assert tuning_complete(entry) and (entry["num_warps"], entry["ms"]) == (2, 1.0)
+    # B's completion removed the key's record; A's two measurements are kept, B's the
+    # union's where A had none (none here: B's record was removed before A's second write).
+    record = json.loads(tune.partial_path().read_text())[pkey]
+    assert sorted(json.loads(c)["num_warps"] for c in record) == [4, 8]
+    tune._set_partial(tune.partial_path(), pkey, {tune.choice_id(choices[2]): {"ms": 1.0}})
+    record = json.loads(tune.partial_path().read_text())[pkey]
+    assert sorted(json.loads(c)["num_warps"] for c in record) == [2, 4, 8]
+
+
+@pytest.mark.parametrize("content", ['{"k": ', "[1, 2]"], ids=["truncated", "list"])
+def test_a_damaged_partial_file_is_refused_before_anything_is_timed(tmp_path, monkeypatch,
+                                                                     content):
+    """The partial file is written back whole: a damaged one is refused (ValueError naming
+    it) before the first candidate runs, and left as it is, rather than replaced by one
+    key's record (every other key's resumable measurements lost)."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
+    path = tune.partial_path()
+    path.write_text(content)
+    shape = presets.BenchShape(mode="rnn_relu", hidden=8, input_size=4, batch=2, time=2,
+                               dtype="fp32")
+    monkeypatch.setattr(tune, "shape_measurer", lambda *_a, **_k: pytest.fail("timed first"))
+    with pytest.raises(ValueError, match=rf"tune's partial file {re.escape(str(path))}: "
+                                         r"expected a JSON object, got .*move it aside"):
+        tune.tune_shapes([shape], torch.device("cpu"), timing.TimingConfig())
+    assert path.read_text() == content
 
 
 def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch):

@@ -404,6 +404,27 @@ def test_tune_then_plan_reads_the_cache(capsys, monkeypatch):
     assert "cached" in capsys.readouterr().out
 
 
+def test_tune_on_the_cpu_of_a_gpu_host_files_its_timings_under_the_interpreters_key(
+        capsys, monkeypatch):
+    """`tune --device cpu` where torch sees a GPU (faked: the current device's properties
+    are an H100's): the timings are the interpreter's, so the key and the candidates are
+    planned for it, not for the current device (whose key they were filed under)."""
+    from tritonrnn.rnn import planner
+
+    monkeypatch.setattr(planner, "_current_device_properties", lambda: planner.PRESETS["h100"])
+    picks = [{"family": "persistent_cta", "block_b": 16, "num_warps": 4}]
+    monkeypatch.setattr(planner, "candidates", lambda plan: list(picks))
+    shape = ["--mode", "rnn_relu", "--hidden", "16", "--input-size", "16", "--batch", "2",
+             "--time", "3", "--dtype", "fp32"]
+    rc = main(["tune", *shape, "--device", "cpu", "--allow-cpu", "--no-progress",
+               "--cpu-rep", "1", "--rep", "20", "--warmup", "5"])
+    assert rc == 0, capsys.readouterr().out
+    entries = json.loads(planner.tuning_cache_path().read_text())["entries"]
+    interpreter = planner.PRESETS["interpreter"].name
+    assert [k.split("|")[0] for k in entries] == [interpreter], entries
+    assert all(e["device"] == interpreter for e in entries.values())
+
+
 def test_tune_max_candidates_caches_a_partial_best_then_carries_on(capsys, monkeypatch):
     """--max-candidates 1: the plan's own choice is timed and cached as partial (plan reads
     it); the next run without the limit times only the other candidate."""

@@ -735,9 +735,55 @@ def test_plans_follow_the_tuning_cache_file_not_the_id_of_its_loaded_dict(monkey
         shared.update(read(path, stamp))
         return shared
 
+    same_dict.cache_clear = lambda: None  # (a store empties the real one's cache)
     monkeypatch.setattr(planner, "_load_cache", same_dict)
     store_tuning_entry(base.key, first, 0.5, "h100")
     assert _plan(H=224).layer(0).block_h == 32
+
+
+def test_a_store_keeps_the_entry_that_covers_more_candidates():
+    """Two tune runs of one key (concurrent, one of them partial or cut short): the later
+    store does not replace an entry of the same release, kernels and switches that timed
+    more of the candidates (a complete one, or a partial one of more); a store of at least
+    as much coverage replaces it, and an entry of other kernels counts for nothing."""
+    key = _plan(H=176).key
+    one = {"family": "stepwise", "block_b": 16, "block_h": 32, "num_warps": 8}
+    two = {"family": "stepwise", "block_b": 16, "block_h": 16, "num_warps": 4}
+
+    def stored() -> tuple:
+        e = load_tuning_cache()[key]
+        return e["block_h"], e["ms"], e.get("measured")
+
+    assert store_tuning_entry(key, one, 1.0, "h100")
+    assert not store_tuning_entry(key, two, 2.0, "h100", measured=2, candidates=3)
+    assert stored() == (32, 1.0, None)
+    assert store_tuning_entry(key, two, 2.0, "h100")  # complete over complete: the later
+    assert stored() == (16, 2.0, None)
+    _write_tuning_cache({})
+    assert store_tuning_entry(key, one, 1.0, "h100", measured=3, candidates=9)
+    assert not store_tuning_entry(key, two, 0.5, "h100", measured=2, candidates=9)
+    assert store_tuning_entry(key, two, 0.5, "h100", measured=3, candidates=9)
+    assert stored() == (16, 0.5, 3)
+    _write_tuning_cache({key: {**load_tuning_cache()[key], "kernels": "0" * 16,
+                               "measured": 9, "candidates": 9}})
+    assert store_tuning_entry(key, one, 1.0, "h100", measured=1, candidates=9)
+    assert stored() == (32, 1.0, 1)
+
+
+def test_a_store_reaches_this_processs_plans_even_where_the_files_stamp_repeats(monkeypatch):
+    """The cache's stamp (mtime, inode, size) can repeat across stores (an inode reused
+    within one tick of the file clock): this process's own stores empty its caches."""
+    from tritonrnn.rnn import planner
+
+    base = _plan(H=208)
+    store_tuning_entry(base.key, {"family": "stepwise", "block_b": 16, "block_h": 32,
+                                  "num_warps": 8}, 1.0, "h100")
+    path = str(tuning_cache_path())
+    monkeypatch.setattr(planner, "_tuning_cache_stamp", lambda: (path, (1, 2, 3)))
+    assert _plan(H=208).layer(0).block_h == 32
+    store_tuning_entry(base.key, {"family": "stepwise", "block_b": 16, "block_h": 16,
+                                  "num_warps": 4}, 1.0, "h100")
+    assert _plan(H=208).layer(0).block_h == 16
 
 
 def test_a_partial_tuning_entry_says_so_in_the_plan():
@@ -875,8 +921,13 @@ def _this_triton(**entry) -> dict:
      "measured and candidates expected two ints >= 0, got measured='3', candidates=5"),
     (_this_triton(family="stepwise", measured=3),
      "measured and candidates expected two ints >= 0, got measured=3, candidates=None"),
+    (_this_triton(family="stepwise", num_stage=4),
+     r"fields expected among \[.*\] and the timing's \[.*\], got \['num_stage'\]"),
+    (_this_triton(family="stepwise", block_K=128, pipeline_chunks=4),
+     r"fields expected among .* got \['block_K', 'pipeline_chunks'\]"),
 ], ids=["list", "str", "family", "block_b-str", "block_b-8", "block_h-24", "block_h-0",
-        "warps-0", "warps-3", "block_k-7", "measured-str", "measured-alone"])
+        "warps-0", "warps-3", "block_k-7", "measured-str", "measured-alone", "misspelled",
+        "unknown"])
 def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
     # An entry plan_constraints would refuse is treated as absent (with one warning naming
     # the key and the problem): the heuristic runs, not a "tuned" plan that fails at launch.
@@ -890,9 +941,11 @@ def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
 @pytest.mark.parametrize("content, problem", [
     ('{"version": 1, "entries": {"a": {}', "got unreadable JSON"),
     ('{"version": 2, "entries": {"a": {}}}', "got version 2"),
+    ('{"version": true, "entries": {"a": {}}}', "got version True"),
+    ('{"version": 1.0, "entries": {"a": {}}}', "got version 1.0"),
     ('[1, 2]', "got a JSON list"),
     ('{"version": 1, "entries": [1]}', "got entries of type list"),
-], ids=["truncated", "version-2", "list", "entries-list"])
+], ids=["truncated", "version-2", "version-true", "version-float", "list", "entries-list"])
 def test_a_store_leaves_a_cache_it_cannot_read_alone(content, problem):
     """The planner reads such a file as empty; a store, which replaces the file whole,
     raises instead of overwriting its entries with one."""
