@@ -1470,15 +1470,17 @@ def _apply_tiles(base: LayerPlan, choice: dict, cell, H, Hout, P, dtype, batch, 
     # on a heuristic that streams them, resident.
     block_k = choice.get("block_k", 0 if vector_tiles(block_b) else base.block_k)
     retiled = any(k in choice for k in ("block_h", "block_b", "block_k"))
-    if "num_warps" not in choice and not vector_tiles(block_b) and (
-        vector or (retiled and family == "persistent_grid" == base.family)
-        or base.family not in ("persistent_grid", "stepwise")
-    ):
-        # MMA tiles forced on a vector-tile heuristic, other tiles forced on a grid heuristic,
-        # or the grid's kernels forced on another family's plan (the CTA's warps are its
-        # one program's): the rule's warps for the tiles that run, not the heuristic's;
-        # stepwise forced on a CTA plan, the stepwise rule's (`_stepwise_plan`).
-        if family == "stepwise" and base.family != "persistent_grid" and not vector:
+    if "num_warps" not in choice and (retiled or family != base.family
+                                      or vector != vector_tiles(block_b)):
+        # Other tiles or another family than the heuristic's (whose warps are its own tiles'
+        # and family's: the CTA's are its one program's): the warps of the rule for the
+        # tiles and family that run, as the heuristic would give them there. Vector tiles:
+        # `_VECTOR_WARPS` (`_vector_fit`); stepwise MMA tiles: the stepwise rule's
+        # (`_stepwise_plan`, as `_stepwise_fit`); the grid's: its warp rules.
+        if vector_tiles(block_b):
+            num_warps = _VECTOR_WARPS
+            bwd = choice.get("num_warps_bwd", num_warps)
+        elif family == "stepwise":
             num_warps = _stepwise_plan(cell, H, Hout, P, dtype, block_b, block_h, batch,
                                        block_k, num_dirs, _smem_budget(props)).num_warps
             bwd = choice.get("num_warps_bwd", num_warps)

@@ -566,6 +566,42 @@ def test_forced_tiles_take_their_own_warps():
         assert (lp.num_warps, lp.backward_warps) == warps, cons
 
 
+@pytest.mark.parametrize("mode,H,B,cons", [
+    # a stepwise heuristic (64 x 64 tiles, 8 warps) retiled to 16 x 16
+    ("lstm", 2048, 1024, {"block_h": 16, "block_b": 16}),
+    # stepwise 64 x 64 streamed forced on a grid heuristic (step_ablation's sw64)
+    ("lstm", 256, 16, {"family": "stepwise", "block_h": 64, "block_b": 64, "block_k": 64}),
+    ("rnn_tanh", 1024, 16, {"family": "stepwise", "block_h": 64, "block_b": 64,
+                            "block_k": 64}),
+    # the grid heuristic's own tiles in the stepwise family
+    ("lstm", 1024, 64, {"family": "stepwise"}),
+    # vector tiles forced on an MMA heuristic (the README's recipe)
+    ("lstm", 256, 2, {"family": "persistent_grid", "block_b": 2, "block_h": 8}),
+    ("rnn_tanh", 1024, 2, {"family": "stepwise", "block_b": 2, "block_h": 8}),
+], ids=["stepwise-retiled", "sw64-lstm", "sw64-tanh", "grid-to-stepwise", "vector-grid",
+        "vector-stepwise"])
+def test_forced_tiles_or_family_take_the_warps_of_the_rule_that_runs_them(mode, H, B, cons):
+    """Tiles or a family forced without num_warps: the warps the heuristic's rule gives the
+    tiles and family that run (stepwise: `_stepwise_plan`'s; vector tiles: _VECTOR_WARPS),
+    whichever family the heuristic picked for the shape (they kept the heuristic's where it
+    was stepwise, or a grid forced to stepwise, or an MMA plan forced to vector tiles)."""
+    from tritonrnn.rnn import planner
+
+    with plan_constraints(**cons):
+        lp = _plan(mode=mode, H=H, B=B).layer(0)
+    if lp.block_b < 16:
+        want = planner._VECTOR_WARPS
+    else:
+        want = planner._stepwise_plan(mode, H, H, 0, torch.bfloat16, lp.block_b, lp.block_h,
+                                      planner._bucket(B), lp.block_k, 1,
+                                      planner._smem_budget(PRESETS["h100"])).num_warps
+    assert (lp.num_warps, lp.backward_warps) == (want, want), lp
+    base = _plan(mode=mode, H=H, B=B).layer(0)
+    assert base.num_warps != want or base.family != lp.family or base.block_b != lp.block_b
+    with plan_constraints(**cons, num_warps=2):
+        assert _plan(mode=mode, H=H, B=B).layer(0).num_warps == 2
+
+
 def test_warps_constraints_per_pass():
     with plan_constraints(num_warps=4):  # both passes (the rule's: 8 and 8)
         lp = _plan(H=768, B=64).layer(0)
