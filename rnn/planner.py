@@ -16,7 +16,8 @@ Family rule (documented in `recurrence_choice`):
      chip per program, and the grid is co-resident (programs <= SMs). At batch 1 (GPU presets)
      first with vector tiles (`_vector_fit`: one batch tile of the batch's width,
      the weight slice in registers, FMA products) where the slice fits 256 B per thread;
-     else MMA tiles (batch tiles of 16..64, weights in shared memory), resident where the
+     else MMA tiles (batch tiles of 16..64, and 128 for streamed weights on 64-unit slices,
+     `_grid_batch_tiles`; weights in shared memory), resident where the
      slice fits and its chunks' dot operands stay small (`resident_operands_fit`), else
      streamed from L2 in chunks of 64 columns (float32 on a GPU always streamed: its FMA
      dots spill a resident chunk, `_weight_layouts`).
