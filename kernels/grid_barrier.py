@@ -286,10 +286,16 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
         if barrier_check_mode() == "sync" or not on_gpu:
             _raise_if_failed(flags.cpu(), what, earlier=False)
             return
-        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-        host.copy_(flags, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        try:
+            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        except RuntimeError as err:
+            # The launch ran (a backward may have written its gradients over its inputs):
+            # no caller may rerun it (`rnn.triton_backend._persistent_or_stepwise`).
+            err.after_launch = True
+            raise
     with _pending_lock:
         _pending.append((event, host, what))
 

@@ -312,15 +312,17 @@ class StepwiseFallbackWarning(RuntimeWarning):
 def _persistent_or_stepwise(run: Callable[[bool], None], family: str) -> None:
     """run(persistent) for a grid-family plan: stepwise for the stepwise family; persistent
     for persistent_grid, rerun stepwise where it raises RuntimeError (`_with_stepwise_fallback`
-    says when), an earlier launch's barrier timeout excepted."""
+    says when), an earlier launch's barrier timeout excepted, and an error raised after the
+    launch ran (`grid_barrier.check_flags`' bookkeeping: the kernel may have written over its
+    inputs, so a rerun would compute from them)."""
     if family != "persistent_grid":
         run(False)
         return
     try:
         run(True)
     except RuntimeError as err:
-        if getattr(err, "earlier", False):  # grid_barrier.BarrierTimeoutError of another launch
-            raise
+        if getattr(err, "earlier", False) or getattr(err, "after_launch", False):
+            raise  # another launch's barrier timeout, or this launch ran
         warnings.warn(f"tritonrnn: persistent-grid launch failed ({err}); rerunning stepwise",
                       StepwiseFallbackWarning, stacklevel=4)
         run(False)

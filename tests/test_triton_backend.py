@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -555,6 +556,51 @@ def test_split_k_backward_failing_persistent_launch_reruns_stepwise(monkeypatch)
         compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=64, T=4, backend="triton",
                            **FP32)
     assert calls == [True, False]
+
+
+def test_an_error_raised_after_a_persistent_launch_ran_is_not_rerun_stepwise(monkeypatch):
+    """An error the launcher raises after its kernel ran (`grid_barrier.check_flags`' queuing
+    of the flags, tagged after_launch) propagates: the backward may have written its
+    gradients over its pre-activations, so a stepwise rerun would compute from them."""
+    from tritonrnn.kernels import persistent_grid as pg
+
+    calls, run = [], pg.grid_backward
+
+    def ran_then_failed(*args, **kw):
+        calls.append(kw["persistent"])
+        run(*args, **kw)
+        err = RuntimeError("CUDA error: out of memory (pinned host memory)")
+        err.after_launch = True
+        raise err
+
+    monkeypatch.setattr(pg, "grid_backward", ran_then_failed)
+    with (plan_constraints(family="persistent_grid", block_h=16), warnings.catch_warnings(),
+          pytest.raises(RuntimeError, match="pinned host memory")):
+        warnings.simplefilter("error")
+        compare_with_torch("lstm", L=1, lengths="varlen", I=4, H=32, T=3, backend="triton",
+                           **FP32)
+    assert calls == [True]
+
+
+@pytest.mark.gpu
+def test_check_flags_tags_a_failure_of_its_queuing_as_after_the_launch(monkeypatch):
+    """The deferred check's bookkeeping (pinned copy, event) failing: the error carries
+    after_launch, which the stepwise fallback honours."""
+    from tritonrnn.kernels import grid_barrier
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", "deferred")
+    real = torch.empty
+
+    def no_pinned(*args, **kw):
+        if kw.get("pin_memory"):
+            raise RuntimeError("CUDA error: out of memory")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch, "empty", no_pinned)
+    sync = torch.zeros(2, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="out of memory") as info:
+        grid_barrier.check_flags(sync, "grid_backward")
+    assert info.value.after_launch
 
 
 @pytest.mark.parametrize("path", ["ops", "library", "library-compiled", "module"])
