@@ -41,6 +41,7 @@ import functools
 import itertools
 import json
 import math
+import operator
 import os
 import stat
 import tempfile
@@ -187,6 +188,17 @@ def _constraint_problem(key: str, value: object) -> str | None:
     return None
 
 
+def _as_int(value: object) -> object:
+    """`value` as a Python int where it is an integer of another type (a NumPy or torch
+    scalar: operator.index takes it), else unchanged (bool, str, float: refused by name)."""
+    if isinstance(value, int | str | float | bool) or value is None:
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 @contextlib.contextmanager
 def plan_constraints(**overrides):
     """Forces planner choices inside the block, e.g. `plan_constraints(family="stepwise")`.
@@ -205,7 +217,9 @@ def plan_constraints(**overrides):
     cannot apply to a shape raises
     ValueError when that shape is planned: the tiles of a family that has none (block_h or a
     streamed block_k on the persistent CTA, any tile or warps on the reference family), or a
-    plan that does not fit the device (shared memory, co-resident programs)."""
+    plan that does not fit the device (shared memory, co-resident programs). Integer values
+    may be any integer type (NumPy's too, as plan_for's sizes), not bool."""
+    overrides = {k: _as_int(v) for k, v in overrides.items()}
     for k, v in overrides.items():
         if k not in _CONSTRAINT_KEYS + _STACK_KEYS:
             raise ValueError(

@@ -1334,6 +1334,27 @@ def test_backward_tile_constraints_refuse_bad_values(constraints, message):
         pass
 
 
+def test_constraints_take_integers_of_any_integer_type():
+    """NumPy and torch integer scalars are ints to plan_constraints (as plan_for's sizes);
+    their float and bool scalars are not."""
+    import numpy as np
+
+    from tritonrnn.rnn import planner as planner_mod
+
+    with plan_constraints(block_b=np.int64(16), num_warps=torch.tensor(4), block_k=np.int32(64)):
+        got = planner_mod.current_constraints()
+        lp = _plan(H=768, B=16).layer(0)
+    assert got == {"block_b": 16, "num_warps": 4, "block_k": 64}
+    assert all(type(v) is int for v in got.values())
+    assert (lp.block_b, lp.num_warps, lp.block_k) == (16, 4, 64)
+    for bad, shown in ((np.float64(16.0), "16.0"), (np.bool_(True), "True"),
+                       (torch.tensor(16.0), "tensor(16.)")):
+        with pytest.raises(ValueError, match=rf"block_b expected a positive int, got .*"
+                                             rf"{re.escape(shown)}"), plan_constraints(
+                block_b=bad):
+            pass
+
+
 @pytest.mark.parametrize("H, B, constraints, message", [
     (256, 1, dict(family="persistent_cta", block_h_bwd=32),
      "block_h_bwd = 32 cannot apply to family 'persistent_cta'"),
