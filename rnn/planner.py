@@ -475,7 +475,8 @@ def write_json_atomic(path: Path, data: dict, *, sort_keys: bool = True) -> None
     """`data` as `path`'s whole new content: written beside it, then renamed over it (a
     reader sees the old file or the new one, never part of either). The new file keeps the
     old one's permissions, or gets those a plain open() would give (0o666 less the umask):
-    a cache directory shared between users stays readable by them."""
+    a cache directory shared between users stays readable by them. The data reach the disk
+    before the rename (fsync): a crash after it leaves the new content, not an empty file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -486,6 +487,8 @@ def write_json_atomic(path: Path, data: dict, *, sort_keys: bool = True) -> None
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=sort_keys)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -997,6 +997,21 @@ def test_a_store_leaves_a_cache_it_cannot_read_alone(content, problem):
     assert not list(path.parent.glob("*.tmp"))  # no temporary left
 
 
+def test_a_stores_data_reach_the_disk_before_the_rename(monkeypatch):
+    """write_json_atomic syncs the new file's data before renaming it over the old one (a
+    rename can reach the disk before unsynced data: a crash then leaves an empty file)."""
+    import os
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"),
+                                                     real_replace(a, b))[1])
+    store_tuning_entry("k9", {"family": "stepwise"}, 1.0, "h100")
+    assert events == ["fsync", "replace"]
+    assert "k9" in load_tuning_cache()
+
+
 def test_a_store_keeps_the_cache_files_permissions(monkeypatch):
     """Written beside the cache and renamed over it, the file keeps its mode (a directory
     shared between users stays readable by them); a new one gets a plain open()'s."""
