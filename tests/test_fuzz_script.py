@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 from helpers import load_script
 
 FZ = load_script("fuzz_configs")
@@ -145,6 +146,35 @@ def test_run_case_counts_hoisted_launches():
     assert gt._hoist_constexprs is helper
     rec = FZ.run_case({**case, "kernel": {}})  # the budget as it is: the whole slice fits
     assert rec["status"] == "ok" and set(rec["hoist_launches"]) == {"ALL"}, rec
+
+
+def test_a_case_plans_afresh_and_leaves_no_plan_made_under_its_overrides():
+    """The planner's caches are keyed by the switches, not by the launch rules' constants a
+    case overrides: a case starts and ends with them empty, so no case plans from another's
+    cached plan."""
+    from tritonrnn.rnn import planner
+
+    planner.recurrence_choice("lstm", 64, 64, 0, torch.float32, 4, planner.PRESETS["h100"])
+    seen = []
+    real = planner._heuristic_cached
+
+    def spy(*args):
+        seen.append(real.cache_info().currsize)
+        return real(*args)
+
+    spy.cache_clear = real.cache_clear
+    spy.cache_info = real.cache_info
+    case = {"shape": dict(mode="rnn_tanh", L=1, bidirectional=False, time_major=False, proj=0,
+                          I=3, H=16, T=2, lengths=[2, 1], seed=1),
+            "constraints": {}, "env": {}, "kernel": {"_HOIST_8WARP_THREAD_BYTES": 8}}
+    planner._heuristic_cached = spy
+    try:
+        rec = FZ.run_case(case)
+    finally:
+        planner._heuristic_cached = real
+    assert rec["status"] == "ok", rec
+    assert seen and seen[0] == 0  # the first plan of the case: nothing cached before it
+    assert real.cache_info().currsize == 0 and planner._plan_cached.cache_info().currsize == 0
 
 
 def test_hoist_first_focus_draws_cases_that_hold_the_first_chunk(tmp_path):
