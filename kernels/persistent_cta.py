@@ -490,9 +490,34 @@ def _row_stride(name: str, t: torch.Tensor | None) -> int:
     return t.stride(0)
 
 
+def check_device(name_tensors: list[tuple[str, torch.Tensor | None]],
+                 info: PackInfo | None = None) -> torch.device:
+    """The device of a launch's tensors (name_tensors: (name, tensor or None) pairs, at least
+    one a tensor; None is an absent optional tensor): the first tensor's, which must be a GPU
+    unless TRITON_INTERPRET=1, and that of every other tensor and of info's index tensors;
+    ValueError naming the first argument that is not. A kernel addresses every pointer on
+    the launch's device: unchecked, a tensor elsewhere reaches Triton's launch, whose errors
+    name no argument ("Pointer argument (at 2) cannot be accessed from Triton", "0 active
+    drivers")."""
+    anchor_name, anchor = next((n, t) for n, t in name_tensors if t is not None)
+    dev = anchor.device
+    if not _interpreting() and dev.type != "cuda":
+        raise ValueError(f"{anchor_name}: expected a CUDA tensor (or TRITON_INTERPRET=1 for "
+                         f"the interpreter), got device {dev}")
+    for name, t in name_tensors:
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name}: expected a tensor on {dev} ({anchor_name}'s), got "
+                             f"{t.device}")
+    if info is not None and info.device != dev:
+        raise ValueError(f"info: expected its index tensors on {dev} ({anchor_name}'s), got "
+                         f"{info.device}")
+    return dev
+
+
 def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int, others,
-                  anchor: str = "xg"):
-    """xg: the tensor that sets the dtype (named `anchor`: the backward's is dy)."""
+                  info: PackInfo, anchor: str = "xg"):
+    """xg: the tensor that sets the dtype and device (named `anchor`: the backward's is dy);
+    others: the other tensors by name."""
     if cell not in cells.CELL_IDS:
         raise ValueError(f"cell: expected one of {sorted(cells.CELL_IDS)}, got {cell!r}")
     if not isinstance(xg, torch.Tensor) or not isinstance(R, torch.Tensor):
@@ -513,6 +538,7 @@ def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int
         raise ValueError(f"R: expected [{G}*H, Hout] for cell {cell!r}, got {list(R.shape)}")
     if Pw is not None and cell != "lstm":
         raise ValueError(f"Pw: a projection needs cell 'lstm', got {cell!r}")
+    check_device([(anchor, xg), *others.items()], info)
 
 
 def _dot_flags(dtype: torch.dtype, allow_tf32: bool) -> tuple[bool, bool]:
@@ -631,7 +657,7 @@ def cta_forward_pair(
 def _forward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> None:
     """One launch: direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
-    _check_common(cell, xg, R, Pw, block_b, {k: t[k] for k in FORWARD_TENSORS[1:]})
+    _check_common(cell, xg, R, Pw, block_b, {k: t[k] for k in FORWARD_TENSORS[1:]}, info)
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G
@@ -736,7 +762,7 @@ def _backward(cell, t, info, reverse, dirs, block_b, num_warps, allow_tf32) -> N
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     _check_common(cell, dy, R, Pw, block_b,
-                  {k: t[k] for k in BACKWARD_TENSORS if k != "dy"}, anchor="dy")
+                  {k: t[k] for k in BACKWARD_TENSORS if k != "dy"}, info, anchor="dy")
     cid = cells.CELL_IDS[cell]
     G = cells.NUM_GATES[cid]
     H = R.shape[0] // G

@@ -167,7 +167,13 @@ from .grid_barrier import (
     grid_wait,
     poll_earlier_launches,
 )
-from .persistent_cta import BACKWARD_TENSORS, FORWARD_TENSORS, direction_offsets, split_pair
+from .persistent_cta import (
+    BACKWARD_TENSORS,
+    FORWARD_TENSORS,
+    check_device,
+    direction_offsets,
+    split_pair,
+)
 
 # --------------------------------------------------------------------------------------------
 # Shared tile helpers
@@ -1590,12 +1596,18 @@ def _launch_ranges(n_sub: int, persistent: bool, on_gpu: bool, programs: int):
     return [(u, u + 1) for u in range(n_sub)]
 
 
-def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_stages=0):
-    if cell not in cells.CELL_IDS:
-        raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
-    # The first tensor given sets the dtype and device (the backward's pre_x is absent for
-    # tanh / relu).
-    anchor_name, anchor = next((n, t) for n, t in name_tensors if t is not None)
+def check_dtypes(name_tensors: list[tuple[str, torch.Tensor | None]]) -> torch.dtype:
+    """The dtype of a launch's tensors (name_tensors: (name, tensor or None) pairs; None is
+    an absent optional tensor): the first tensor's, which must be one the grid kernels take
+    and every other tensor's too; ValueError naming the first that is not a tensor or not of
+    that dtype."""
+    for name, t in name_tensors:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
+    first = next(((n, t) for n, t in name_tensors if t is not None), None)
+    if first is None:
+        raise ValueError(f"{name_tensors[0][0]}: expected a tensor, got None")
+    anchor_name, anchor = first
     dtype = anchor.dtype
     if dtype not in grid_tiles._DOT_DTYPES:
         raise ValueError(
@@ -1604,7 +1616,28 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_
                               if dtype == torch.float64 else ""))
     for name, t in name_tensors:
         if t is not None and t.dtype != dtype:
-            raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
+            raise ValueError(f"{name}: expected dtype {dtype} ({anchor_name}'s), got {t.dtype}")
+    return dtype
+
+
+def _matrix_shape(name: str, t: torch.Tensor | None, expected: str) -> tuple[int, int]:
+    """(rows, columns) of a 2-D tensor argument; ValueError naming it where it is absent or
+    of another rank (`expected`: the shape wanted, in words), before its shape is unpacked
+    (which would fail with "not enough values to unpack", naming nothing)."""
+    if t is None or t.dim() != 2:
+        got = "None" if t is None else f"shape {list(t.shape)}"
+        raise ValueError(f"{name}: expected a 2-D tensor {expected}, got {got}")
+    return t.shape[0], t.shape[1]
+
+
+def _check_common(name_tensors, cell, info, block_h, block_b, block_k, num_warps,
+                  num_stages=0):
+    """(dtype, device, on a GPU) of a launch; ValueError naming the first argument that is
+    not what the kernels take. The first tensor given sets the dtype and the device (the
+    backward's pre_x is absent for tanh / relu)."""
+    if cell not in cells.CELL_IDS:
+        raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+    dtype = check_dtypes(name_tensors)
     for name, v in (("block_h", block_h), ("block_b", block_b)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
@@ -1628,12 +1661,7 @@ def _check_common(name_tensors, cell, block_h, block_b, block_k, num_warps, num_
     if num_stages and not block_k:
         raise ValueError(f"num_stages applies to streamed weights (block_k > 0): expected 0 "
                          f"with resident weights (block_k = 0), got num_stages = {num_stages}")
-    dev = anchor.device
-    interp = _interpreting()
-    if not interp and dev.type != "cuda":
-        raise ValueError(f"{anchor_name}: expected a CUDA tensor (or TRITON_INTERPRET=1 for "
-                         f"the interpreter), got device {dev}")
-    return dtype, dev, not interp
+    return dtype, check_device(name_tensors, info), not _interpreting()
 
 
 def _stages_option(num_stages: int) -> dict:
@@ -1784,11 +1812,11 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     """Launches for direction `reverse` (dirs None) or both directions (dirs: offsets)."""
     xg, R, bR, Pw, h0, c0, y, c_seq, hT, cT = (t[k] for k in FORWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
-    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, block_h,
-                                       block_b, block_k, num_warps, num_stages)
+    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in FORWARD_TENSORS], cell, info,
+                                       block_h, block_b, block_k, num_warps, num_stages)
     G = cells.NUM_GATES[cid]
     lstm = cid == cells.CELL_LSTM
-    GH, Hout = R.shape
+    GH, Hout = _matrix_shape("R", R, f"[{G} * H, Hout] for cell {cell!r}")
     H = GH // G
     P = Pw.shape[0] if Pw is not None else 0
     if P and not lstm:
@@ -1966,11 +1994,11 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     (pre_x, pre_h, R, Pw, y, h_prev, c_seq, c_prev, dy, dhT, dcT, dpre_x, dpre_h, dh0, dc0,
      dh_total, m_seq) = (t[k] for k in BACKWARD_TENSORS)
     cid = cells.CELL_IDS.get(cell)
-    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in BACKWARD_TENSORS], cell, block_h,
-                                       block_b, block_k, num_warps, num_stages)
+    dtype, dev, on_gpu = _check_common([(k, t[k]) for k in BACKWARD_TENSORS], cell, info,
+                                       block_h, block_b, block_k, num_warps, num_stages)
     G = cells.NUM_GATES[cid]
     lstm, gru = cid == cells.CELL_LSTM, cid == cells.CELL_GRU
-    GH, Hout = R.shape
+    GH, Hout = _matrix_shape("R", R, f"[{G} * H, Hout] for cell {cell!r}")
     H = GH // G
     P = Pw.shape[0] if Pw is not None else 0
     if P and not lstm:

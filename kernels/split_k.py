@@ -35,7 +35,9 @@ every cell, variable lengths (packed rows, the batch sorted by length), per-sequ
 Under TRITON_INTERPRET=1 (or persistent=False) each phase of each step is its own launch and
 the carries go through global memory between launches: the same kernel code, no barrier. A
 single program's persistent launch runs every step in one launch there too, barrier included
-(it never waits for another program).
+(it never waits for another program). The products take their operands (dph or the gate
+gradients, and R) in the tensors' dtype on a GPU, with fp32 accumulation; the interpreter
+runs them in fp32 (DOT_DT, as the grid kernels do: its bf16 tl.dot is wrong).
 """
 
 from __future__ import annotations
@@ -60,8 +62,17 @@ from .grid_barrier import (
     grid_wait,
     poll_earlier_launches,
 )
-from .grid_tiles import _env_on_off, grid_smem_budget
-from .persistent_grid import _COUNTER_LIMIT, _mm, _step_rows, _steps_in_one_launch, _store_gates
+from .grid_tiles import _DOT_DTYPES, _env_on_off, grid_smem_budget
+from .persistent_cta import check_device
+from .persistent_grid import (
+    _COUNTER_LIMIT,
+    _matrix_shape,
+    _mm,
+    _step_rows,
+    _steps_in_one_launch,
+    _store_gates,
+    check_dtypes,
+)
 
 # TRITONRNN_BWD_SPLIT_K=on (read at import; the ablation variant `splitk` sets it): the planner
 # gives a persistent-grid or stepwise plan's backward without a projection this kernel where
@@ -77,27 +88,27 @@ _BWD_SPLIT_K1 = _env_on_off("TRITONRNN_BWD_SPLIT_K1")
 @triton.jit
 def _product(DPH, rows, act, kb, r0, r1, r2, r3, BB: tl.constexpr, U: tl.constexpr,
              KC: tl.constexpr, G: tl.constexpr, H: tl.constexpr, SPLIT: tl.constexpr,
-             FP32_DOT: tl.constexpr):
+             DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr):
     """Phase A's [BB, U] partial: the rows' dph over this program's K block (rows not active:
-    zeros) times its resident R block, in SPLIT independent accumulators (shorter chains of
-    MMAs each waiting for the one before)."""
+    zeros; cast to DOT_DT, as the R chunks r0..r3 are) times its resident R block, in SPLIT
+    independent accumulators (shorter chains of MMAs each waiting for the one before)."""
     kk = tl.arange(0, KC)
     a = DPH + rows[:, None] * (G * H) + kb * (4 * KC) + kk[None, :]
     m = act[:, None]
-    acc = _mm(tl.load(a, mask=m, other=0.0), r0, FP32_DOT)
+    acc = _mm(tl.load(a, mask=m, other=0.0).to(DOT_DT), r0, FP32_DOT)
     if SPLIT == 4:
-        acc1 = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT)
-        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT)
-        acc3 = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT)
+        acc1 = _mm(tl.load(a + KC, mask=m, other=0.0).to(DOT_DT), r1, FP32_DOT)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0).to(DOT_DT), r2, FP32_DOT)
+        acc3 = _mm(tl.load(a + 3 * KC, mask=m, other=0.0).to(DOT_DT), r3, FP32_DOT)
         acc = (acc + acc1) + (acc2 + acc3)
     elif SPLIT == 2:
-        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT, acc)
-        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT)
-        acc = acc + _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT, acc2)
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0).to(DOT_DT), r1, FP32_DOT, acc)
+        acc2 = _mm(tl.load(a + 2 * KC, mask=m, other=0.0).to(DOT_DT), r2, FP32_DOT)
+        acc = acc + _mm(tl.load(a + 3 * KC, mask=m, other=0.0).to(DOT_DT), r3, FP32_DOT, acc2)
     else:
-        acc = _mm(tl.load(a + KC, mask=m, other=0.0), r1, FP32_DOT, acc)
-        acc = _mm(tl.load(a + 2 * KC, mask=m, other=0.0), r2, FP32_DOT, acc)
-        acc = _mm(tl.load(a + 3 * KC, mask=m, other=0.0), r3, FP32_DOT, acc)
+        acc = _mm(tl.load(a + KC, mask=m, other=0.0).to(DOT_DT), r1, FP32_DOT, acc)
+        acc = _mm(tl.load(a + 2 * KC, mask=m, other=0.0).to(DOT_DT), r2, FP32_DOT, acc)
+        acc = _mm(tl.load(a + 3 * KC, mask=m, other=0.0).to(DOT_DT), r3, FP32_DOT, acc)
     return acc
 
 
@@ -171,7 +182,7 @@ def _split_k_bwd_kernel(
     B, S, q_begin, q_end, do_a, do_b, max_spin,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
     KC: tl.constexpr, BB: tl.constexpr, NK: tl.constexpr, US: tl.constexpr,
-    SPLIT: tl.constexpr, REVERSE: tl.constexpr, FP32_DOT: tl.constexpr,
+    SPLIT: tl.constexpr, REVERSE: tl.constexpr, DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr,
     BARRIER: tl.constexpr,
 ):
     """Backward iterations q in [q_begin, q_end) of q = 0..S: phase A of q multiplies the dph
@@ -179,17 +190,18 @@ def _split_k_bwd_kernel(
     dh0 / dc0. DPH is dpre_h for GRU, else dpre_x (what multiplies R). PART [NK, Bpad, H]
     fp32: the partials; HC / DCC [Bpad, H] fp32: the carried direct term of dh (dhT until a
     row's last step) and dc, read at the start of a launch and written at its end.
-    do_a / do_b: run phase A / B (both on a GPU; one per launch without a barrier)."""
+    do_a / do_b: run phase A / B (both on a GPU; one per launch without a barrier).
+    DOT_DT: the products' operand dtype (`split_k_backward`)."""
     NU: tl.constexpr = H // U
     KB: tl.constexpr = 4 * KC
     ub, kb, jb, b_ok, jb64, lens, cols = _program_block(LENS, B, NU, NK, U, BB)
     kk = tl.arange(0, KC)
     # The resident R block [KB, U] as four [KC, U] chunks.
     r_at = R + (kb * KB + kk)[:, None] * H + cols[None, :]
-    r0 = tl.load(r_at)
-    r1 = tl.load(r_at + KC * H)
-    r2 = tl.load(r_at + 2 * KC * H)
-    r3 = tl.load(r_at + 3 * KC * H)
+    r0 = tl.load(r_at).to(DOT_DT)
+    r1 = tl.load(r_at + KC * H).to(DOT_DT)
+    r2 = tl.load(r_at + 2 * KC * H).to(DOT_DT)
+    r3 = tl.load(r_at + 3 * KC * H).to(DOT_DT)
     # This program's cell slice: US units of its unit block (none where kb * US >= U).
     su = ub * U + kb * US + tl.arange(0, US)
     own = b_ok[:, None] & (kb * US + tl.arange(0, US) < U)[None, :]
@@ -205,7 +217,7 @@ def _split_k_bwd_kernel(
         if do_a != 0:
             act_n, rows_n = _step_rows(OFFS, lens, jb64, b_ok, s + 1, 0, REVERSE, 1)
             acc = _product(DPH, rows_n, act_n, kb, r0, r1, r2, r3, BB, U, KC, G, H, SPLIT,
-                           FP32_DOT)
+                           DOT_DT, FP32_DOT)
             tl.store(PART + (kb * bpad + jb64)[:, None] * H + cols[None, :], acc)
             if BARRIER:
                 grid_arrive(SYNC)
@@ -242,10 +254,11 @@ def _split_k_bwd_kernel(
 
 
 @triton.jit
-def _r_gate(R, ku, cols, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr):
-    """Gate k's rows of the K block's units in R, columns `cols`: [KU, U] (gate 0's rows past
-    G: never multiplied)."""
-    return tl.load(R + ((k if k < G else 0) * H + ku)[:, None] * H + cols[None, :])
+def _r_gate(R, ku, cols, k: tl.constexpr, G: tl.constexpr, H: tl.constexpr,
+            DOT_DT: tl.constexpr):
+    """Gate k's rows of the K block's units in R, columns `cols`: [KU, U] in DOT_DT (gate 0's
+    rows past G: never multiplied)."""
+    return tl.load(R + ((k if k < G else 0) * H + ku)[:, None] * H + cols[None, :]).to(DOT_DT)
 
 
 @triton.jit
@@ -289,7 +302,7 @@ def _split_k1_bwd_kernel(
     B, S, q_begin, q_end, max_spin,
     CELL: tl.constexpr, G: tl.constexpr, H: tl.constexpr, U: tl.constexpr,
     KU: tl.constexpr, BB: tl.constexpr, NK: tl.constexpr, REVERSE: tl.constexpr,
-    FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
+    DOT_DT: tl.constexpr, FP32_DOT: tl.constexpr, BARRIER: tl.constexpr,
 ):
     """The one-barrier form (`split_k_backward(one_barrier=True)`): iterations q in
     [q_begin, q_end) of q = 0..S. Program (ub, kb, bt) runs the cells of its K block's KU
@@ -314,10 +327,10 @@ def _split_k1_bwd_kernel(
     ub, kb, jb, b_ok, jb64, lens, cols = _program_block(LENS, B, NU, NK, U, BB)
     kk = tl.arange(0, KU)
     ku = kb * KU + kk
-    r0 = _r_gate(R, ku, cols, 0, G, H)
-    r1 = _r_gate(R, ku, cols, 1, G, H)
-    r2 = _r_gate(R, ku, cols, 2, G, H)
-    r3 = _r_gate(R, ku, cols, 3, G, H)
+    r0 = _r_gate(R, ku, cols, 0, G, H, DOT_DT)
+    r1 = _r_gate(R, ku, cols, 1, G, H, DOT_DT)
+    r2 = _r_gate(R, ku, cols, 2, G, H, DOT_DT)
+    r3 = _r_gate(R, ku, cols, 3, G, H, DOT_DT)
     own = b_ok[:, None] & (kk >= 0)[None, :]
     mine = own & ((kk * NU) // KU == ub)[None, :]  # this program's share of the stores
     state = jb64[:, None] * H + ku[None, :]
@@ -354,14 +367,14 @@ def _split_k1_bwd_kernel(
         if s >= 0:
             dx0, dx1, dx2, dx3, dh2, direct, dcp, _m = cells.cell_backward(
                 CELL, x0, x1, x2, x3, h0, h1, h2, h3, dy + part, y, hp, c, cp, dcc)
-            # The product with R: the h side's gate gradients, zero on rows not active.
-            ty = R.dtype.element_ty
-            acc = _mm(tl.where(m, dx0, 0.0).to(ty), r0, FP32_DOT)
+            # The product with R: the h side's gate gradients, zero on rows not active, in
+            # the products' operand dtype.
+            acc = _mm(tl.where(m, dx0, 0.0).to(DOT_DT), r0, FP32_DOT)
             if G > 1:
-                acc = _mm(tl.where(m, dx1, 0.0).to(ty), r1, FP32_DOT, acc)
-                acc = _mm(tl.where(m, dh2, 0.0).to(ty), r2, FP32_DOT, acc)
+                acc = _mm(tl.where(m, dx1, 0.0).to(DOT_DT), r1, FP32_DOT, acc)
+                acc = _mm(tl.where(m, dh2, 0.0).to(DOT_DT), r2, FP32_DOT, acc)
             if G > 3:
-                acc = _mm(tl.where(m, dx3, 0.0).to(ty), r3, FP32_DOT, acc)
+                acc = _mm(tl.where(m, dx3, 0.0).to(DOT_DT), r3, FP32_DOT, acc)
             dst = PART + ((q + 1) % 2).to(tl.int64) * slot + kb * bpad * H
             tl.store(dst + jb64[:, None] * H + cols[None, :], acc)
             if BARRIER:
@@ -607,12 +620,19 @@ def workspace(cell: str, H: int, B: int, U: int, KB: int, BB: int,
 def _check_layer(cell, pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy, dhT, dcT, info, dpre_x,
                  dpre_h, dh0, dc0) -> tuple[int, int, int]:
     """(cell id, G, H) of a split-K backward's arguments; ValueError naming the first that is
-    not what the contract asks for."""
+    not what the contract asks for: every tensor of dy's dtype, one the grid kernels take
+    (`persistent_grid.check_dtypes`), on dy's device, as info's index tensors, and a GPU
+    unless interpreting (`persistent_cta.check_device`), then the shapes."""
     cid = cells.CELL_IDS.get(cell)
     if cid is None:
         raise ValueError(f"cell: expected one of {list(cells.CELL_IDS)}, got {cell!r}")
+    named = [("dy", dy), ("pre_x", pre_x), ("pre_h", pre_h), ("R", R), ("y", y),
+             ("h_prev", h_prev), ("c_seq", c_seq), ("c_prev", c_prev), ("dhT", dhT),
+             ("dcT", dcT), ("dpre_x", dpre_x), ("dpre_h", dpre_h), ("dh0", dh0), ("dc0", dc0)]
+    check_dtypes(named)
+    check_device(named, info)
     G = cells.NUM_GATES[cid]
-    GH, H = R.shape
+    GH, H = _matrix_shape("R", R, f"[{G} * H, H] for cell {cell!r}")
     if GH != G * H:
         raise ValueError(f"R: expected shape [{G} * H, H] for cell {cell!r}, got {list(R.shape)}")
     B, N = info.B, info.N
@@ -717,8 +737,13 @@ def split_k_backward(
               if one_barrier else ()),
             sync, B, S)
     grid = (programs,)
+    # The products' operand dtype: the tensors' on a GPU (the casts to it compile to nothing),
+    # fp32 in the interpreter, whose bf16 tl.dot is wrong (as the grid launchers',
+    # `persistent_grid._launch_setup`).
+    dot_dt = tl.float32 if interp else _DOT_DTYPES[dy.dtype]
     common = dict(CELL=cid, G=G, H=H, U=units, BB=btile, NK=nk, REVERSE=reverse,
-                  FP32_DOT=dy.dtype == torch.float32, num_warps=num_warps, **FP_FUSION)
+                  DOT_DT=dot_dt, FP32_DOT=dot_dt == tl.float32, num_warps=num_warps,
+                  **FP_FUSION)
     if one_barrier:  # (q_begin, q_end) alone; one launch per step without the barrier
         kernel, meta, whole, per_step = _split_k1_bwd_kernel, dict(KU=us), (), ((),)
     else:  # then which phases run: both, or one per launch without the barrier

@@ -1096,7 +1096,7 @@ def test_parallel_compiles_come_back_in_the_jobs_order(monkeypatch):
 
 # The whole way a GPU run compiles, short of a GPU: the real engine and launchers, outside the
 # interpreter (so they make their GPU choices: DOT_DT, VW, BARRIER, launch options...), on CPU
-# tensors that the grid launchers are told are on a GPU, through the JIT with the stand-in
+# tensors that the launchers' checks are told are on a GPU, through the JIT with the stand-in
 # driver; Triton's launch itself does nothing. After `aot_reports` compiled the same shapes,
 # every kernel the launchers ask for must already be in the cache: what makes
 # `tritonrnn aot --device-preset current` a warm-up of a GPU machine's runs. One shape per
@@ -1105,6 +1105,7 @@ _LAUNCH_CHECK = _DRIVER + r"""
 import os, types, torch
 from triton.compiler.compiler import CompiledKernel
 from tritonrnn.bench import aot
+from tritonrnn.kernels import persistent_cta as pc
 from tritonrnn.kernels import persistent_grid as pg
 from tritonrnn.kernels import grid_tiles as gt
 from tritonrnn.rnn import engine
@@ -1139,17 +1140,24 @@ def _counted(self):
 
 
 CompiledKernel.run = property(_counted)
-check = pg._check_common
+
+def interpreted(check):
+    def run(*args, **kwargs):
+        os.environ["TRITON_INTERPRET"] = "1"  # only for its CUDA-tensor check
+        try:
+            return check(*args, **kwargs)
+        finally:
+            del os.environ["TRITON_INTERPRET"]
+    return run
+
+grid_check = interpreted(pg._check_common)
 
 def on_gpu(*args, **kwargs):
-    os.environ["TRITON_INTERPRET"] = "1"  # only for its CUDA-tensor check
-    try:
-        dtype, dev, _ = check(*args, **kwargs)
-    finally:
-        del os.environ["TRITON_INTERPRET"]
+    dtype, dev, _ = grid_check(*args, **kwargs)
     return dtype, dev, True
 
 pg._check_common = on_gpu
+pc._check_common = interpreted(pc._check_common)
 torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(
     multi_processor_count=132, shared_memory_per_block_optin=232448)
 launched = 0

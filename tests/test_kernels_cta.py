@@ -335,6 +335,41 @@ def test_rejects_bad_arguments():
         cta_onchip_bytes("lstmx", 16, 16, 0, torch.float32, 16)
 
 
+@pytest.mark.parametrize("pass_", ["forward", "backward"])
+def test_rejects_tensors_on_another_device(pass_, monkeypatch):
+    """Every tensor on the first one's device (xg's in the forward, dy's in the backward),
+    info's index tensors too, and that a GPU unless the interpreter runs the kernels: no
+    device was checked, and CPU tensors without the interpreter reached Triton's launch
+    ("RuntimeError: 0 active drivers"), a CPU R beside CUDA ones its "Pointer argument"
+    error, naming no argument. meta stands in for another device."""
+    p = make_problem("lstm", 16, 0, [3, 1], False)
+    forward = pass_ == "forward"
+    names = (("xg", "R", "bR", "Pw", "h0", "c0") if forward else
+             ("pre_x", "pre_h", "R", "Pw", "y", "h_prev", "c_seq", "c_prev", "dy", "dhT", "dcT"))
+    source = p.fwd_in if forward else p.bwd_in
+    outs = run_forward(p, torch.float32) if forward else run_backward(p, torch.float32)
+    tensors = {**{k: source[k] for k in names}, **outs}
+    call, first = (cta_forward, "xg") if forward else (cta_backward, "dy")
+    dev = tensors[first].device
+    for name in ("R", "c0", "cT") if forward else ("R", "h_prev", "dc0"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{name}: expected a tensor on {dev} ({first}'s), got meta")):
+            call("lstm", info=p.info, reverse=False,
+                 **{**tensors, name: tensors[name].to("meta")})
+    meta = {k: v.to("meta") if v is not None else None for k, v in tensors.items()}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (read at the call: nothing is launched)
+    with pytest.raises(ValueError, match=re.escape(
+            f"info: expected its index tensors on meta ({first}'s), got {dev}")):
+        call("lstm", info=p.info, reverse=False, **meta)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cpu = {k: v.cpu() if v is not None else None for k, v in tensors.items()}
+    with pytest.raises(ValueError, match=re.escape(
+            f"{first}: expected a CUDA tensor (or TRITON_INTERPRET=1 for the interpreter), "
+            "got device cpu")):
+        call("lstm", info=make_pack_info([3, 1], 3, torch.device("cpu")), reverse=False,
+             **cpu)
+
+
 @pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 8)],
                          ids=["lstm", "gru", "lstm-proj"])
 def test_rejects_tensors_of_other_shapes(cell, P):

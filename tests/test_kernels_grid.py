@@ -21,6 +21,7 @@ dtype's epsilon (bf16 7.8e-3, fp16 9.8e-4), hence 3e-2 and 5e-3.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -1081,6 +1082,69 @@ def test_rejects_float64_bad_tiles_and_gru_projection():
     ins["Pw"] = torch.zeros(8, 16, device=DEV)
     with pytest.raises(ValueError, match="LSTM-only"):
         _run_backward(ins, outs, False, persistent=False, block_h=16)
+
+
+def _replaced(ins: dict, outs: dict, name: str, value) -> tuple[dict, dict]:
+    """A problem's (ins, outs) with the argument `name` (an input or an output) replaced."""
+    if name in ins:
+        return {**ins, name: value}, outs
+    return ins, {**outs, name: value}
+
+
+def _on(device, ins: dict, outs: dict) -> tuple[dict, dict]:
+    """A problem's (ins, outs) with every tensor on `device`."""
+    move = lambda d: {k: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+                      for k, v in d.items()}
+    return move(ins), move(outs)
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backward"])
+def test_rejects_tensors_of_another_dtype_or_device(pass_, monkeypatch):
+    """Every tensor in the first one's dtype and on its device (xg's in the forward, pre_x's
+    in the backward), info's index tensors too, and that a GPU unless the interpreter runs
+    the kernels: only the first tensor's device was checked, and a CPU R beside a CUDA xg
+    reached Triton's launch, whose error names no argument ("Pointer argument (at 2)
+    cannot be accessed from Triton"). meta stands in for another device."""
+    forward = pass_ == "forward"
+    ins, outs = (_forward_problem if forward else _backward_problem)("lstm", 16, 0, [2, 1], 2)
+    run = _run_forward if forward else _run_backward
+    first = "xg" if forward else "pre_x"
+    others = ("R", "c0", "y") if forward else ("R", "dy", "dc0")
+    tiles = dict(persistent=False, block_h=16)
+    dev = ins[first].device
+    with pytest.raises(ValueError, match=re.escape(
+            f"R: expected dtype torch.float32 ({first}'s), got torch.bfloat16")):
+        run(*_replaced(ins, outs, "R", ins["R"].bfloat16()), False, **tiles)
+    for name in others:
+        t = ins[name] if name in ins else outs[name]
+        with pytest.raises(ValueError, match=re.escape(
+                f"{name}: expected a tensor on {dev} ({first}'s), got meta")):
+            run(*_replaced(ins, outs, name, t.to("meta")), False, **tiles)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (read at the call: nothing is launched)
+    with pytest.raises(ValueError, match=re.escape(
+            f"info: expected its index tensors on meta ({first}'s), got {dev}")):
+        run(*_on("meta", ins, outs), False, **tiles)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cpu_ins, cpu_outs = _on("cpu", ins, outs)
+    cpu_ins["info"] = make_pack_info([2, 1], 2, torch.device("cpu"))
+    with pytest.raises(ValueError, match=re.escape(
+            f"{first}: expected a CUDA tensor (or TRITON_INTERPRET=1 for the interpreter), "
+            "got device cpu")):
+        run(cpu_ins, cpu_outs, False, **tiles)
+
+
+@pytest.mark.parametrize("pass_", ["forward", "backward"])
+def test_rejects_a_weight_matrix_of_another_rank(pass_):
+    """R is [G * H, Hout]: one of another rank, or none, is named before its shape is
+    unpacked (which failed with "not enough values to unpack", naming nothing)."""
+    forward = pass_ == "forward"
+    ins, outs = (_forward_problem if forward else _backward_problem)("lstm", 16, 0, [2, 1], 2)
+    run = _run_forward if forward else _run_backward
+    for R, got in ((ins["R"].flatten(), "shape [1024]"), (ins["R"][None], "shape [1, 64, 16]"),
+                   (None, "None")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"R: expected a 2-D tensor [4 * H, Hout] for cell 'lstm', got {got}")):
+            run({**ins, "R": R}, outs, False, persistent=False, block_h=16)
 
 
 def test_coresidency_check_names_grid_and_sm_count():

@@ -1,8 +1,8 @@
 """kernels/split_k.py, the split-K backward recurrence (an experiment the planner does not
 choose): against `rnn.reference.recurrence_backward` in the interpreter (two launches per
 step, the carries through global memory) for every cell, variable lengths with zeros,
-unsorted, both time directions, batch tiles that do not divide the batch; its tiling rules and
-argument errors."""
+unsorted, both time directions, batch tiles that do not divide the batch, in float32 and
+(LSTM, GRU) bf16 / fp16; its tiling rules and argument errors (shapes, dtypes, devices)."""
 
 from __future__ import annotations
 
@@ -95,10 +95,25 @@ def _reference(x: dict, reverse: bool) -> dict:
     return want
 
 
+# bf16 / fp16: the grid family's half-precision tolerances (tests/test_kernels_grid.py, TOL
+# and _close). Inputs and weights are the same rounded values on both sides; the kernel
+# rounds the gate gradients (the next step's product operand) and the stored outputs to the
+# dtype: a few units of its epsilon (bf16 7.8e-3, fp16 9.8e-4), the absolute part relative
+# to max(1, max |want|).
+HALF_TOL = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
 def _close(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
-    """float32 kernel against the float64 reference: sums of <= 4 H products over <= 8 steps
-    of O(1) values, each rounded to float32 (u = 6e-8), well inside 2e-5."""
-    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5, msg=what or None)
+    """The kernel against the float64 reference. float32: sums of <= 4 H products over <= 8
+    steps of O(1) values, each rounded to float32 (u = 6e-8), well inside 2e-5; bf16 / fp16:
+    HALF_TOL."""
+    tol = HALF_TOL.get(got.dtype)
+    if tol is None:
+        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5, msg=what or None)
+    else:
+        torch.testing.assert_close(got.double(), want, rtol=tol,
+                                   atol=tol * max(1.0, want.abs().max().item()),
+                                   msg=what or None)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["fwd-time", "reversed"])
@@ -115,10 +130,28 @@ def test_one_barrier_split_k_backward_matches_the_reference(case, reverse):
     _check_against_the_reference(case, reverse, one_barrier=True)
 
 
-def _check_against_the_reference(case, reverse: bool, one_barrier: bool) -> None:
+# (one_barrier, case) in bf16 / fp16: LSTM and GRU in each form.
+HALF_CASES = [(False, CASES[0]), (False, CASES[1]), (True, ONE_BARRIER_CASES[0]),
+              (True, ONE_BARRIER_CASES[2])]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("one_barrier, case", HALF_CASES, ids=[
+    f"{'one-barrier' if one else 'two-barriers'}-{c[0]}" for one, c in HALF_CASES])
+def test_split_k_backward_in_half_precision_matches_the_reference(one_barrier, case, dtype):
+    """bf16 / fp16 tensors against the float64 reference on the same rounded values (LSTM
+    forward in time, GRU reversed). The interpreter's tl.dot is wrong on bf16 operands (dh0
+    off by 1e11 here when the products took them): the launcher runs its products in fp32
+    there (DOT_DT), in the tensors' dtype on a GPU."""
+    _check_against_the_reference(case, case[0] != "lstm", one_barrier, dtype)
+
+
+def _check_against_the_reference(case, reverse: bool, one_barrier: bool,
+                                 dtype: torch.dtype = torch.float32) -> None:
     cell, H, lengths, U, KB, BB = case
     x = _inputs(cell, H, lengths, seed=len(lengths) + H)
-    want, got = _reference(x, reverse), _outputs(cell, H, x["info"])
+    x = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+    want, got = _reference(x, reverse), _outputs(cell, H, x["info"], dtype)
     split_k_backward(x["cell"], x["pre_x"], x["pre_h"], x["R"], x["y"], x["h_prev"],
                      x["c_seq"], x["c_prev"], x["dy"], x["dhT"], x["dcT"], x["info"], reverse,
                      got["dpre_x"], got["dpre_h"], got["dh0"], got["dc0"], units=U, kblock=KB,
@@ -310,6 +343,68 @@ def test_split_k_backward_names_a_wrong_argument():
         split_k_backward("lstmx", None, None, x["R"], x["y"], x["h_prev"], None, None, x["dy"],
                          x["dhT"], None, x["info"], False, out["dpre_x"], None, out["dh0"],
                          None, units=16, kblock=64, btile=16)
+
+
+def _run_with(x: dict, out: dict, **changed) -> None:
+    """split_k_backward on x's inputs and out's outputs (LSTM H=16), the arguments named in
+    `changed` replaced."""
+    args = {**{k: v for k, v in x.items() if k != "cell"}, **out, **changed}
+    split_k_backward("lstm", **args, reverse=False, units=16, kblock=64, btile=16)
+
+
+def test_split_k_backward_names_a_tensor_of_another_dtype():
+    """Every tensor in dy's dtype, one the grid kernels take (float64 runs on the reference
+    backend): the kernel reads each pointer in its own dtype, so a tensor of another would be
+    read as what it is not, or fail inside Triton naming no argument."""
+    x = _inputs("lstm", 16, [2, 1], seed=0)
+    out = _outputs("lstm", 16, x["info"])
+    wide = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+    with pytest.raises(ValueError, match=re.escape(
+            "dy: expected dtype float32, float16 or bfloat16 (the grid kernels'), got "
+            "torch.float64 (float64 runs on the reference backend)")):
+        _run_with(wide, {k: v.double() if v is not None else None for k, v in out.items()})
+    for name, bad in (("R", x["R"].bfloat16()), ("dh0", out["dh0"].half()),
+                      ("pre_x", x["pre_x"].double())):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{name}: expected dtype torch.float32 (dy's), got {bad.dtype}")):
+            _run_with(x, out, **{name: bad})
+    with pytest.raises(ValueError, match="R: expected a tensor, got ndarray"):
+        _run_with(x, out, R=x["R"].numpy())
+
+
+def test_split_k_backward_names_a_tensor_on_another_device(monkeypatch):
+    """Every tensor on dy's device, info's index tensors too, and that a GPU unless the
+    interpreter runs the kernels: without the check a tensor elsewhere reached Triton's
+    launch, whose errors name no argument. (meta stands in for another device here.)"""
+    x = _inputs("lstm", 16, [2, 1], seed=0)
+    out = _outputs("lstm", 16, x["info"])
+    for name, t in (("R", x["R"]), ("c_prev", x["c_prev"]), ("dc0", out["dc0"])):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{name}: expected a tensor on cpu (dy's), got meta")):
+            _run_with(x, out, **{name: t.to("meta")})
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v
+            for k, v in (*x.items(), *out.items())}
+    with pytest.raises(ValueError, match=re.escape(
+            "info: expected its index tensors on meta (dy's), got cpu")):
+        _run_with(meta, {})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # (read at the call: nothing is launched)
+    with pytest.raises(ValueError, match=re.escape(
+            "dy: expected a CUDA tensor (or TRITON_INTERPRET=1 for the interpreter), got "
+            "device cpu")):
+        _run_with(x, out)
+
+
+@pytest.mark.parametrize("bad", ["1-D", "3-D", "None"])
+def test_split_k_backward_names_a_weight_matrix_of_another_rank(bad):
+    """R is [G * H, H]: one of another rank, or none, is named before its shape is unpacked
+    (which failed with "not enough values to unpack", naming nothing)."""
+    x = _inputs("lstm", 16, [2, 1], seed=0)
+    out = _outputs("lstm", 16, x["info"])
+    R, got = {"1-D": (x["R"].flatten(), "shape [1024]"), "3-D": (x["R"][None], "shape [1, 64, 16]"),
+              "None": (None, "None")}[bad]
+    with pytest.raises(ValueError, match=re.escape(
+            f"R: expected a 2-D tensor [4 * H, H] for cell 'lstm', got {got}")):
+        _run_with(x, out, R=R)
 
 
 @pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
