@@ -529,6 +529,8 @@ def _check_common(cell: str, xg: torch.Tensor, R: torch.Tensor, Pw, block_b: int
             "(float64 runs on the reference backend)"
         )
     for name, t in others.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
         if t is not None and t.dtype != xg.dtype:
             raise ValueError(f"{name}: expected dtype {xg.dtype}, got {t.dtype}")
     if block_b < 16 or block_b & (block_b - 1):

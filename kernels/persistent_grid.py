@@ -1636,7 +1636,7 @@ def _check_common(name_tensors, cell, info, block_h, block_b, block_k, num_warps
     not what the kernels take. The first tensor given sets the dtype and the device (the
     backward's pre_x is absent for tanh / relu)."""
     if cell not in cells.CELL_IDS:
-        raise ValueError(f"cell must be one of {sorted(cells.CELL_IDS)}, got {cell!r}")
+        raise ValueError(f"cell: expected one of {sorted(cells.CELL_IDS)}, got {cell!r}")
     dtype = check_dtypes(name_tensors)
     for name, v in (("block_h", block_h), ("block_b", block_b)):
         if v < 1 or v & (v - 1):

@@ -368,6 +368,10 @@ def test_rejects_tensors_on_another_device(pass_, monkeypatch):
             "got device cpu")):
         call("lstm", info=make_pack_info([3, 1], 3, torch.device("cpu")), reverse=False,
              **cpu)
+    # A tensor argument of another type is named (it raised AttributeError on .dtype).
+    name = "h0" if forward else "y"
+    with pytest.raises(ValueError, match=rf"^{name}: expected a tensor, got list$"):
+        call("lstm", info=p.info, reverse=False, **{**tensors, name: [1.0]})
 
 
 @pytest.mark.parametrize("cell, P", [("lstm", 0), ("gru", 0), ("lstm", 8)],
