@@ -514,7 +514,9 @@ def _tune_before_bench(shapes, device, timing, args) -> None:
         return
     for s in summaries:
         if s["status"] == "tuned":
-            print(f"  tuned {s['label']}: {s['best']}")
+            kept = " (not stored: the cache's entry covers more candidates)" if s.get(
+                "kept") else ""
+            print(f"  tuned {s['label']}: {s['best']}{kept}")
 
 
 def cmd_check(args) -> int:

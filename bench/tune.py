@@ -67,12 +67,12 @@ def _read_partial(path: Path) -> dict:
     raises ValueError naming it: the records are written back whole, and rewriting a
     damaged file would drop every other key's resumable measurements."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     fix = "move it aside (or delete it) to start afresh; it is left as it is"
     try:
-        data = json.loads(text)
+        data = json.loads(raw)  # (bytes: not UTF-8 is a ValueError too, named below)
     except ValueError as e:
         raise ValueError(f"tune's partial file {path}: expected a JSON object, got "
                          f"unreadable JSON ({e}); {fix}") from None

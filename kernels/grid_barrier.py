@@ -283,8 +283,16 @@ def check_flags(sync: torch.Tensor, what: str) -> None:
         if capturing():
             _captured.append((flags, what))
             return
-        if barrier_check_mode() == "sync" or not on_gpu:
-            _raise_if_failed(flags.cpu(), what, earlier=False)
+        mode = barrier_check_mode()
+        if mode == "sync" or not on_gpu:
+            try:
+                _raise_if_failed(flags.cpu(), what, earlier=False)
+            except BarrierTimeoutError as err:
+                # Only the sync mode keeps a backward's inputs for a rerun
+                # (`planner.backward_writes_over_preacts`); off the GPU in the deferred
+                # mode the launch may have written over them.
+                err.after_launch = mode != "sync"
+                raise
             return
         try:
             host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)

@@ -189,12 +189,18 @@ def _constraint_problem(key: str, value: object) -> str | None:
 
 
 def _as_int(value: object) -> object:
-    """`value` as a Python int where it is an integer of another type (a NumPy or torch
-    scalar: operator.index takes it), else unchanged (bool, str, float: refused by name)."""
+    """`value` as a Python int where it is an integer scalar of another type (NumPy's, a
+    0-d torch integer tensor), else unchanged (bools, floats, strings, tensors of another
+    dtype or shape: refused by name)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 and not (value.dtype.is_floating_point or value.dtype.is_complex
+                                     or value.dtype == torch.bool):
+            return int(value)
+        return value
     if isinstance(value, int | str | float | bool) or value is None:
         return value
     try:
-        return operator.index(value)
+        return operator.index(value)  # NumPy integers (np.bool_ has no __index__)
     except TypeError:
         return value
 
@@ -438,13 +444,13 @@ def stored_entries(path: Path) -> dict:
     tune` keeps its measurements in its partial file, so a rerun after moving the file loses
     nothing)."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     what = f"tuning cache {path}: expected a JSON object with version 1 and its entries"
     fix = "move it aside (or delete it) to start a new cache; it is left as it is"
     try:
-        data = json.loads(text)
+        data = json.loads(raw)  # (bytes: not UTF-8 is a ValueError too, named below)
     except ValueError as e:
         raise ValueError(f"{what}, got unreadable JSON ({e}); {fix}") from None
     if not isinstance(data, dict):
@@ -476,7 +482,8 @@ def write_json_atomic(path: Path, data: dict, *, sort_keys: bool = True) -> None
     reader sees the old file or the new one, never part of either). The new file keeps the
     old one's permissions, or gets those a plain open() would give (0o666 less the umask):
     a cache directory shared between users stays readable by them. The data reach the disk
-    before the rename (fsync): a crash after it leaves the new content, not an empty file."""
+    before the rename (fsync), so a crash leaves the old content or the new, never an empty or
+    partial file (the rename itself may be lost: the directory is not synced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)

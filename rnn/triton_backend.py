@@ -293,7 +293,8 @@ def _with_stepwise_fallback(launch, args, lp: LayerPlan, backward: bool = False)
     (e.g. another process holding SMs). In the default deferred mode a timeout is reported by
     a later launch or `check_barriers()` instead (kernels/grid_barrier.py); reported by this
     launch's call, an earlier launch's timeout propagates (its outputs are invalid and may
-    have been read since: rerunning this launch would hide that behind a warning)."""
+    have been read since: rerunning this launch would hide that behind a warning), and so
+    does an error raised after this launch ran (`_persistent_or_stepwise`)."""
     tiles = dict(block_h=lp.block_h, block_b=lp.block_b, block_k=lp.block_k,
                  num_warps=lp.num_warps, num_stages=lp.num_stages)
     if backward:  # the backward's own tiles (and stages) where the plan gives it some

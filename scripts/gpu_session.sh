@@ -61,8 +61,11 @@
 # at its limit still brings back what its finished steps wrote). Unpack it here with
 #   tar xzf /work/.device/.../all.tgz -C bench/results
 # Without $OUT (run by hand) everything goes to bench/results. A stage exits 1 when one of
-# its steps (a time-boxed command, an ablation, a pytest run) did not end with rc 0, and
-# names those steps on stderr; the finished steps' files are packed either way.
+# its steps (a time-boxed command, an ablation, a pytest run, a profile) did not end with
+# rc 0, and names those steps on stderr; the finished steps' files are packed either way.
+# The warm-up compiles that run in the background (`confirm`, `splitk`, `all`) are not
+# counted: they only fill the Triton cache, and a kernel that does not compile fails the
+# step that runs it.
 # The ablation sets that change the grid's backward (and `splitk`'s rows at the rule's
 # shapes) run it with `nosplitk` since 2026-11-30: at LSTM H=1024 B=16 / 64 and GRU H=1536
 # B=16 the planner's plan runs the split-K backward, which those variants leave alone.

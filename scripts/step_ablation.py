@@ -815,13 +815,15 @@ def baseline(variant: str) -> str:
 
 
 def _time_line(row: dict, plan: dict | None = None) -> str:
-    """A timed row as a line; with `plan` (the same shape's `layer` row, the planner's plan),
-    the variant's layer fwd + bwd against the plan's: a decision's verdict."""
+    """A timed row as a line; with `plan` (the same shape's row of the variant's `baseline`:
+    `layer`, the planner's plan, or `nosplitk,layer`), the variant's layer fwd + bwd against
+    it: a decision's verdict."""
     layer = (f"  layer fwd {row['fwd_ms']:.2f} ms bwd {row['bwd_ms']:.2f} ms"
              if "fwd_ms" in row else "")
     if plan and "fwd_ms" in row and "fwd_ms" in plan and row is not plan:
         ratio = (row["fwd_ms"] + row["bwd_ms"]) / (plan["fwd_ms"] + plan["bwd_ms"])
-        layer += f" = {ratio:.2f}x the plan's fwd+bwd"
+        against = "the plan's" if plan["variant"] == "layer" else f"{plan['variant']}'s"
+        layer += f" = {ratio:.2f}x {against} fwd+bwd"
     return (f"{row['variant']:<40} {row['mode']} H{row['H']} B{row['B']} p{row['programs']} "
             f"w{row['num_warps']}: {row['step_us']:.2f} us/step{layer}")
 

@@ -490,7 +490,8 @@ def test_two_runs_of_one_key_keep_each_others_measurements_and_the_fuller_entry(
     assert sorted(json.loads(c)["num_warps"] for c in record) == [2, 4, 8]
 
 
-@pytest.mark.parametrize("content", ['{"k": ', "[1, 2]"], ids=["truncated", "list"])
+@pytest.mark.parametrize("content", ['{"k": ', "[1, 2]", b"\xff{}"],
+                         ids=["truncated", "list", "not-utf8"])
 def test_a_damaged_partial_file_is_refused_before_anything_is_timed(tmp_path, monkeypatch,
                                                                      content):
     """The partial file is written back whole: a damaged one is refused (ValueError naming
@@ -498,14 +499,15 @@ def test_a_damaged_partial_file_is_refused_before_anything_is_timed(tmp_path, mo
     key's record (every other key's resumable measurements lost)."""
     monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path))
     path = tune.partial_path()
-    path.write_text(content)
+    content = content.encode() if isinstance(content, str) else content
+    path.write_bytes(content)
     shape = presets.BenchShape(mode="rnn_relu", hidden=8, input_size=4, batch=2, time=2,
                                dtype="fp32")
     monkeypatch.setattr(tune, "shape_measurer", lambda *_a, **_k: pytest.fail("timed first"))
     with pytest.raises(ValueError, match=rf"tune's partial file {re.escape(str(path))}: "
                                          r"expected a JSON object, got .*move it aside"):
         tune.tune_shapes([shape], torch.device("cpu"), timing.TimingConfig())
-    assert path.read_text() == content
+    assert path.read_bytes() == content
 
 
 def test_tune_key_with_no_working_candidate_stores_nothing(tmp_path, monkeypatch):

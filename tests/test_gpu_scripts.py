@@ -625,7 +625,7 @@ def test_a_timed_set_gives_each_decision_its_verdict_and_survives_a_hung_variant
                        "nosplitk,layer", "nosplitk,w4,layer"]
     assert "fw8,layer" in out and "= 1.50x the plan's fwd+bwd" in out
     assert "= 0.50x the plan's fwd+bwd" in out  # nosums against gru's plan
-    assert "= 0.25x the plan's fwd+bwd" in out  # nosplitk,w4 against nosplitk,layer
+    assert "= 0.25x nosplitk,layer's fwd+bwd" in out  # nosplitk,w4 against its baseline
     assert "= 2.00x the plan's fwd+bwd" in out  # nosplitk,layer against gru's plan
     assert "hoist,layer: killed after 240 s (its rows until then are kept)" in out
     assert out.splitlines()[-1] == "1 variant processes failed: hoist,layer"

@@ -981,19 +981,24 @@ def test_tuning_entries_that_are_not_valid_choices_are_ignored(entry, problem):
     ('{"version": 1.0, "entries": {"a": {}}}', "got version 1.0"),
     ('[1, 2]', "got a JSON list"),
     ('{"version": 1, "entries": [1]}', "got entries of type list"),
-], ids=["truncated", "version-2", "version-true", "version-float", "list", "entries-list"])
+    (b'\xff{"version": 1}', "got unreadable JSON ('utf-8' codec can't decode"),
+], ids=["truncated", "version-2", "version-true", "version-float", "list", "entries-list",
+        "not-utf8"])
 def test_a_store_leaves_a_cache_it_cannot_read_alone(content, problem):
     """The planner reads such a file as empty; a store, which replaces the file whole,
     raises instead of overwriting its entries with one."""
     path = tuning_cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content)
+    if isinstance(content, str):
+        content = content.encode()
+    path.write_bytes(content)
     base = _plan(H=128)
     assert base.source == "heuristic"
     with pytest.raises(ValueError, match=rf"tuning cache {re.escape(str(path))}: expected a "
-                       rf"JSON object with version 1 and its entries, {problem}.*move it aside"):
+                       rf"JSON object with version 1 and its entries, {re.escape(problem)}"
+                       rf".*move it aside"):
         store_tuning_entry(base.key, {"family": "stepwise"}, 1.0, "h100")
-    assert path.read_text() == content
+    assert path.read_bytes() == content
     assert not list(path.parent.glob("*.tmp"))  # no temporary left
 
 
@@ -1363,7 +1368,8 @@ def test_constraints_take_integers_of_any_integer_type():
     assert all(type(v) is int for v in got.values())
     assert (lp.block_b, lp.num_warps, lp.block_k) == (16, 4, 64)
     for bad, shown in ((np.float64(16.0), "16.0"), (np.bool_(True), "True"),
-                       (torch.tensor(16.0), "tensor(16.)")):
+                       (torch.tensor(16.0), "tensor(16.)"), (torch.tensor(True), "True"),
+                       (torch.tensor([16]), "tensor([16])")):
         with pytest.raises(ValueError, match=rf"block_b expected a positive int, got .*"
                                              rf"{re.escape(shown)}"), plan_constraints(
                 block_b=bad):

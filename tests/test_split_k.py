@@ -1,5 +1,6 @@
-"""kernels/split_k.py, the split-K backward recurrence (an experiment the planner does not
-choose): against `rnn.reference.recurrence_backward` in the interpreter (two launches per
+"""kernels/split_k.py, the split-K backward recurrence (the planner's rule runs it at three
+shapes, `planner._SPLIT_K_RULE`; elsewhere where a constraint, tuning entry or switch names
+it): against `rnn.reference.recurrence_backward` in the interpreter (two launches per
 step, the carries through global memory) for every cell, variable lengths with zeros,
 unsorted, both time directions, batch tiles that do not divide the batch, in float32 and
 (LSTM, GRU) bf16 / fp16; its tiling rules and argument errors (shapes, dtypes, devices)."""

@@ -582,6 +582,21 @@ def test_an_error_raised_after_a_persistent_launch_ran_is_not_rerun_stepwise(mon
     assert calls == [True]
 
 
+@pytest.mark.parametrize("mode, after", [("deferred", True), ("sync", False)])
+def test_a_barrier_timeout_checked_at_once_may_be_rerun_only_in_sync_mode(monkeypatch, mode,
+                                                                         after):
+    """Off the GPU (the interpreter) the flags are read at once in either mode; only the
+    sync mode keeps a backward's inputs for a rerun (`backward_writes_over_preacts`), so a
+    timeout reported in the deferred mode is tagged after_launch (no stepwise rerun)."""
+    from tritonrnn.kernels import grid_barrier
+
+    monkeypatch.setenv("TRITONRNN_BARRIER_CHECK", mode)
+    sync = torch.tensor([[3, 0], [2, 1]], dtype=torch.int32)
+    with pytest.raises(grid_barrier.BarrierTimeoutError, match="grid_backward: ") as info:
+        grid_barrier.check_flags(sync, "grid_backward")
+    assert info.value.after_launch is after and not info.value.earlier
+
+
 @pytest.mark.gpu
 def test_check_flags_tags_a_failure_of_its_queuing_as_after_the_launch(monkeypatch):
     """The deferred check's bookkeeping (pinned copy, event) failing: the error carries
