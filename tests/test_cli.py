@@ -978,6 +978,17 @@ def test_bench_tunes_a_missing_key_over_its_first_candidates_only(monkeypatch, c
     assert main(["bench", "--tune-candidates", "0"]) == 2
     assert _one_line_error(capsys) == ("tritonrnn: error: --tune-candidates: expected an int "
                                        ">= 1, got 0")
+    # A key tuned whose entry the cache kept (another run's covers more candidates) is
+    # reported as not stored.
+    done = [{"status": "tuned", "label": "s1", "best": {"num_warps": 4}},
+            {"status": "tuned", "label": "s2", "best": {"num_warps": 8}, "kept": True}]
+    monkeypatch.setattr(tune, "tune_shapes", lambda *a, **k: done)
+    capsys.readouterr()
+    cli._tune_before_bench([], torch.device("cpu"), None, cli.build_parser().parse_args(
+        ["bench"]))
+    assert capsys.readouterr().out.splitlines() == [
+        "  tuned s1: {'num_warps': 4}",
+        "  tuned s2: {'num_warps': 8} (not stored: the cache's entry covers more candidates)"]
 
 
 @pytest.mark.parametrize("extra, tunes", [
