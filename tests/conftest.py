@@ -14,8 +14,9 @@ import torch
 # Tests run the Triton kernels on the CPU through the interpreter unless a GPU is present.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# Fresh engine/reserve buffers start as NaN, so a missing kernel write cannot pass.
-os.environ.setdefault("TRITONRNN_POISON", "1")
+# Fresh engine/reserve buffers start as NaN, so a missing kernel write cannot pass (set, not
+# defaulted: an inherited TRITONRNN_POISON=0 would turn it off for the whole suite).
+os.environ["TRITONRNN_POISON"] = "1"
 
 
 class _NothingToRestore:
@@ -124,6 +125,14 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_tuning_cache(tmp_path_factory, monkeypatch):
+    """Each test plans with an empty tuning cache of its own (tests that write one set their
+    own directory over this): entries in ~/.cache/tritonrnn, or in a GPU session's cache
+    (scripts/gpu_session.sh), would change which family an unconstrained test runs."""
+    monkeypatch.setenv("TRITONRNN_CACHE_DIR", str(tmp_path_factory.mktemp("tuning")))
 
 
 @pytest.fixture(autouse=True)

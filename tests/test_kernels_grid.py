@@ -49,8 +49,23 @@ def _nan(*shape, dtype=torch.float32):
 
 
 def _col_view(n, c, dtype):
-    """A [n, c] column slice of a wider NaN buffer, as the engine passes y and dy."""
-    return _nan(n, 2 * c + 3, dtype=dtype)[:, 3 : 3 + c]
+    """A [n, c] column slice of a wider NaN buffer, as the engine passes y and dy (the
+    buffer kept as `wide`, for `_check_outside_view`)."""
+    wide = _nan(n, 2 * c + 3, dtype=dtype)
+    view = wide[:, 3 : 3 + c]
+    view.wide = wide
+    return view
+
+
+def _check_outside_view(view):
+    """Where `view` is a `_col_view`: its buffer's columns outside it are still NaN, so a
+    launch wrote only its view (in the engine they are the other direction's output)."""
+    wide = getattr(view, "wide", None)
+    if wide is None:  # another layout a test gave (a transposed view, ...)
+        return
+    outside = torch.ones(wide.shape[1], dtype=torch.bool)
+    outside[3 : 3 + view.shape[1]] = False
+    assert wide[:, outside.to(wide.device)].isnan().all(), "a write outside y's columns"
 
 
 def _d(t):
@@ -118,6 +133,7 @@ def _check_forward(ins, outs, reverse, dtype=torch.float32):
     for k, v in outs.items():
         if v is not None:
             _close(v, ref[k], dtype, k)
+    _check_outside_view(outs["y"])
 
 
 def _backward_problem(cell, H, P, lengths, T, dtype=torch.float32, seed=1):

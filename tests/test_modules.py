@@ -77,6 +77,30 @@ def run(module, kind, x, h0, c0, lengths, batch_first):
     return out, h_n, c_n
 
 
+def run_torch_without_empty(module, x, h0, c0, lengths, batch_first):
+    """`run(module, "packed", ...)` for torch.nn, which takes no length-0 sequence: on the
+    other sequences, with a length-0 sequence's output zero and its states h0 / c0 (zero
+    without them), put back at its batch index differentiably (its dh0 / dc0 are its states'
+    gradients, its dx zero)."""
+    keep = torch.tensor([b for b, n in enumerate(lengths) if n > 0])
+    bdim = 0 if batch_first else 1
+    sub = [t.index_select(1, keep) if t is not None else None for t in (h0, c0)]
+    out, h_n, c_n = run(module, "packed", x.index_select(bdim, keep), *sub,
+                        [n for n in lengths if n > 0], batch_first)
+    full = list(out.shape)
+    full[bdim] = len(lengths)
+    out = torch.index_copy(out.new_zeros(full), bdim, keep, out)
+
+    def states(given, got):
+        if got is None:
+            return None
+        base = given if given is not None else got.new_zeros(
+            got.shape[0], len(lengths), got.shape[2])
+        return torch.index_copy(base, 1, keep, got)
+
+    return out, states(h0, h_n), states(c0, c_n)
+
+
 def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
             batch_first=False, proj_size=0, with_hx=True, lengths=LENGTHS, backend="reference",
             dtype=F64, tol=TOL, train=True, dropout=0.0):
@@ -104,7 +128,10 @@ def compare(mode, *, kind="lengths", layers=1, bidirectional=False, bias=True,
         c0 = fresh(c00) if c00 is not None else None
         # torch.nn takes variable lengths only as a PackedSequence.
         k = "packed" if (module is theirs and kind == "lengths") else kind
-        out, h_n, c_n = run(module, k, x, h0, c0, lengths, batch_first)
+        if module is theirs and k == "packed" and 0 in lengths:
+            out, h_n, c_n = run_torch_without_empty(module, x, h0, c0, lengths, batch_first)
+        else:
+            out, h_n, c_n = run(module, k, x, h0, c0, lengths, batch_first)
         g = torch.Generator().manual_seed(2)
         rnd = lambda t, g=g, mdt=mdt: torch.randn(  # noqa: E731
             t.shape, generator=g, dtype=dtype).to(mdt)
@@ -224,6 +251,17 @@ def test_zero_length_sequence():
     torch.testing.assert_close(cn[:, keep], cw, **TOL)
     (dx,) = torch.autograd.grad(out.sum() + hn.sum(), x)
     assert (dx[:, 1] == 0).all() and (dx[4:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("with_hx", [False, True], ids=["zero_hx", "hx"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time_major", "batch_first"])
+@pytest.mark.parametrize("mode", MODES)
+def test_length_zero_sequences_match_torch(mode, batch_first, with_hx):
+    """Length-0 sequences among others, every output and gradient against torch.nn run on
+    the other sequences (`run_torch_without_empty`): zero output and dx, the states and
+    their gradients passed through, the other sequences as without them."""
+    compare(mode, layers=2, bidirectional=True, batch_first=batch_first, with_hx=with_hx,
+            lengths=[3, 0, 6, 0, 1])
 
 
 @pytest.mark.parametrize("with_hx", [False, True], ids=["zero_hx", "hx"])
@@ -949,12 +987,15 @@ def test_gru_hx_errors():
 FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # fp32 kernels vs float64 torch.nn: few ulps per op
 
 
-@pytest.mark.parametrize("kind", ["lengths", "packed"])
+@pytest.mark.parametrize("kind", ["lengths", "packed", "length-0"])
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_triton_backend_matches_torch(mode, kind):
-    """backend='triton' (the interpreter without a GPU) in float32 on tiny shapes."""
-    compare(mode, kind=kind, layers=2, bidirectional=True, backend="triton",
-            dtype=torch.float32, tol=FP32_TOL, batch_first=kind == "lengths")
+    """backend='triton' (the interpreter without a GPU) in float32 on tiny shapes; with
+    length-0 sequences too (lengths only: a PackedSequence cannot hold one)."""
+    lengths = [3, 0, 6, 1] if kind == "length-0" else LENGTHS
+    compare(mode, kind="packed" if kind == "packed" else "lengths", layers=2,
+            bidirectional=True, backend="triton", dtype=torch.float32, tol=FP32_TOL,
+            batch_first=kind != "packed", lengths=lengths)
 
 
 # ----------------------------------------------------------------------------- autocast

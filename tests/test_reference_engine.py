@@ -107,3 +107,20 @@ def test_bfloat16_reference_backward_is_the_float32_one_rounded_once(cell):
     for name, v in half.items():
         if v is not None:
             assert torch.equal(v, full[name].bfloat16()), name
+
+
+def test_the_suite_poisons_fresh_buffers_and_owns_its_tuning_cache():
+    """The premises of every comparison here (tests/conftest.py): fresh engine buffers are
+    NaN, so a missing write fails; and the tuning cache the planner reads is this test's own,
+    empty, so no entry of ~/.cache/tritonrnn or a GPU session picks another family."""
+    import os
+    from pathlib import Path
+
+    from tritonrnn.rnn.engine import new_buffer
+    from tritonrnn.rnn.planner import load_tuning_cache, tuning_cache_path
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        assert new_buffer(3, 2, dtype=dtype, device=torch.device("cpu")).isnan().all()
+    assert os.environ["TRITONRNN_POISON"] == "1"
+    home = Path.home() / ".cache" / "tritonrnn"
+    assert home not in tuning_cache_path().parents and load_tuning_cache() == {}

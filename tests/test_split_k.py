@@ -195,8 +195,9 @@ def test_split_k_backward_takes_strided_tensors_and_empty_batches(one_barrier):
 @pytest.mark.parametrize("one_barrier", [False, True], ids=["two-barriers", "one-barrier"])
 def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm(one_barrier):
     """A second oracle: the gradients of an LSTM unrolled in torch in float64 (lengths 4, 2,
-    3: each sequence's state frozen past its end) at every step's pre-activations and at h0 /
-    c0, against the kernel on the same values in float32."""
+    3: each sequence's state frozen past its end; a loss on every output and on the final h
+    and c) at every step's pre-activations and at h0 / c0, against the kernel on the same
+    values in float32, its outputs NaN-filled."""
     torch.manual_seed(1)
     H, T, B = 16, 4, 3
     lengths = [4, 2, 3]
@@ -206,6 +207,8 @@ def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm(one_
     h0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
     c0 = torch.randn(B, H, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(T, B, H, dtype=torch.float64)
+    dhT = torch.randn(B, H, dtype=torch.float64)
+    dcT = torch.randn(B, H, dtype=torch.float64)
     # Sorted by length (the packed layout's order): rows 0, 2, 1 of the batch.
     order = info.perm.tolist()
     h, c, pres = h0, c0, {}
@@ -229,6 +232,7 @@ def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm(one_
         loss = loss + (torch.where(active, h_new, 0.0) * dy[t]).sum()
         h = torch.where(active, h_new, h)
         c = torch.where(active, c_new, c)
+    loss = loss + (h * dhT).sum() + (c * dcT).sum()  # each sequence's last h and c
     loss.backward()
     # The packed rows: step t, sorted row j -> original batch order[j].
     N = info.N
@@ -246,11 +250,13 @@ def test_split_k_backward_in_float64_matches_torch_autograd_through_an_lstm(one_
             for k, src in (("y", "y"), ("hp", "hp"), ("cs", "cs"), ("cp", "cp")):
                 packed[k][r] = keep[src][(t, b)]
             packed["dy"][r] = dy[t, b]
-    out = dict(dpre_x=torch.empty(N, 4 * H), dh0=torch.empty(B, H), dc0=torch.empty(B, H))
-    zeros = torch.zeros(B, H)
+    nan = float("nan")
+    out = dict(dpre_x=torch.full((N, 4 * H), nan), dh0=torch.full((B, H), nan),
+               dc0=torch.full((B, H), nan))
     f32 = {k: v.float() for k, v in packed.items()}
     split_k_backward("lstm", px.float(), ph.float(), R.float(), f32["y"], f32["hp"], f32["cs"],
-                     f32["cp"], f32["dy"], zeros, zeros, info, False, out["dpre_x"], None,
+                     f32["cp"], f32["dy"], dhT[info.perm].float(), dcT[info.perm].float(),
+                     info, False, out["dpre_x"], None,
                      out["dh0"], out["dc0"], units=16, kblock=64, btile=16,
                      one_barrier=one_barrier)
     tol = dict(rtol=2e-5, atol=2e-5)
