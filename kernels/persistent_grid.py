@@ -158,6 +158,7 @@ import triton.language as tl
 from ..rnn.packing import PackInfo
 from ..rnn.reference import check_backward_preacts, check_shapes
 from . import cells, grid_tiles
+from .buffers import scratch
 from .compile_options import FP_FUSION
 from .grid_barrier import (
     DEFAULT_MAX_SPIN,
@@ -1689,7 +1690,7 @@ class _Outs:
     def __call__(self, t):
         if t is None or t.stride(-1) == 1 or t.numel() == 0:
             return t
-        buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        buf = scratch(t.shape, dtype=t.dtype, device=t.device)
         self._back.append((t, buf))
         return buf
 
@@ -1856,14 +1857,14 @@ def _forward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_k
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
     f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
-    h_st = torch.empty(nd, B, Hout, **f32)
+    h_st = scratch(nd, B, Hout, **f32)
     h_st.copy_(_both(h0, off.get("h0")))
-    x_ws = torch.empty(nd, 2, B, Hout, dtype=dtype, device=dev)
+    x_ws = scratch(nd, 2, B, Hout, dtype=dtype, device=dev)
     x_ws[:, 0].copy_(h_st)
-    c_ws = torch.empty(nd, B, H, **f32) if lstm else h_st
+    c_ws = scratch(nd, B, H, **f32) if lstm else h_st
     if lstm:
         c_ws.copy_(_both(c0, off.get("c0")))
-    m_ws = torch.empty(nd, B, H, dtype=dtype, device=dev) if P else x_ws
+    m_ws = scratch(nd, B, H, dtype=dtype, device=dev) if P else x_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = grid_tiles._ksplit(Hout, block_k, block_b)
     pka, pkb = grid_tiles._ksplit(H, block_k, block_b) if P else (16, 0)
@@ -2059,13 +2060,13 @@ def _backward(cell, t, info, reverse, dirs, persistent, block_h, block_b, block_
     barrier, dot_dt, ranges = _launch_setup(dev, on_gpu, persistent, programs, nd, n_sub,
                                             dtype, count_arrivals)
     f32 = dict(dtype=torch.float32, device=dev)  # states; exchanges in dtype (module docstring)
-    dph_ws = torch.empty(nd, 2, B, G * H, dtype=dtype, device=dev)
-    carry_ws = torch.empty(nd, B, Hout, **f32)
+    dph_ws = scratch(nd, 2, B, G * H, dtype=dtype, device=dev)
+    carry_ws = scratch(nd, B, Hout, **f32)
     carry_ws.copy_(_both(dhT, off.get("dhT")))
-    dc_ws = torch.empty(nd, B, H, **f32) if lstm else carry_ws
+    dc_ws = scratch(nd, B, H, **f32) if lstm else carry_ws
     if lstm:
         dc_ws.copy_(_both(dcT, off.get("dcT")))
-    dh_ws = torch.empty(nd, B, P, dtype=dtype, device=dev) if P else dph_ws
+    dh_ws = scratch(nd, B, P, dtype=dtype, device=dev) if P else dph_ws
     sync = torch.zeros(nd, 2, dtype=torch.int32, device=dev)
     rka, rkb = grid_tiles._ksplit(H, block_k, block_b)
     pka, pkb = grid_tiles._ksplit(Hout, block_k, block_b) if P else (16, 0)

@@ -53,6 +53,7 @@ import triton.language as tl
 from ..rnn.packing import PackInfo
 from ..rnn.reference import check_backward_preacts, check_shapes
 from . import cells
+from .buffers import scratch
 from .compile_options import FP_FUSION
 from .grid_barrier import (
     DEFAULT_MAX_SPIN,
@@ -709,7 +710,7 @@ def split_k_backward(
                              f"SMs (units={units}, kblock={kblock}, btile={btile})")
     ws = workspace(cell, H, B, units, kblock, btile, one_barrier, persistent=whole_launch,
                    on_gpu=not interp)
-    part = torch.empty(ws["partials"], dtype=torch.float32, device=dev)
+    part = scratch(ws["partials"], dtype=torch.float32, device=dev)
     hc = torch.zeros(ws["dh_carry"], dtype=torch.float32, device=dev)
     (hc[0] if one_barrier else hc)[:B] = dhT
     dcc = torch.zeros(ws["dc_carry"], dtype=torch.float32, device=dev)
@@ -724,7 +725,7 @@ def split_k_backward(
         t.contiguous() if t is not None else None
         for t in (pre_x, pre_h, R, y, h_prev, c_seq, c_prev, dy))
     outs = [o for o in (dpre_x, dpre_h, dh0, dc0) if o is not None and not o.is_contiguous()]
-    stand_in = {id(o): torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs}
+    stand_in = {id(o): scratch(o.shape, dtype=o.dtype, device=o.device) for o in outs}
     dpx, dph_, dh0_, dc0_ = (stand_in.get(id(o), o) if o is not None else None
                              for o in (dpre_x, dpre_h, dh0, dc0))
     dph = dph_ if cid == cells.CELL_GRU else dpx
@@ -733,7 +734,7 @@ def split_k_backward(
             info.offsets, info.lengths_sorted, dpx,
             dph, dh0_, dc0_ if dc0_ is not None else dh0_, part, hc, dcc,
             # HELD: a launch that runs every step reads and writes none of it (dpx stands in).
-            *((torch.empty(ws["held"], dtype=dpx.dtype, device=dev) if "held" in ws else dpx,)
+            *((scratch(ws["held"], dtype=dpx.dtype, device=dev) if "held" in ws else dpx,)
               if one_barrier else ()),
             sync, B, S)
     grid = (programs,)

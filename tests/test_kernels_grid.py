@@ -1865,3 +1865,28 @@ def test_gpu_refuses_grid_larger_than_sm_count():
         _run_forward(ins, outs, False, persistent=True, block_h=16)
     _run_forward(ins, outs, False, persistent=False, block_h=16)  # stepwise has no limit
     _check_forward(ins, outs, False)
+
+
+def test_launch_workspaces_are_poisoned_under_the_tests(monkeypatch):
+    """The launchers' own workspaces (exchange slots, carries, stand-ins for strided outputs:
+    `kernels.buffers.scratch`) start as NaN under TRITONRNN_POISON=1, as the engine's do: a
+    slot read before any launch wrote it, or a masked operand multiplied rather than
+    selected, fails the comparison. Every launch of a forward and a backward takes them."""
+    from tritonrnn.kernels import buffers
+
+    made = []
+    real = buffers.scratch
+
+    def spy(*shape, **kw):
+        t = real(*shape, **kw)
+        made.append(bool(t.isnan().all()) if t.is_floating_point() else None)
+        return t
+
+    monkeypatch.setattr(pg, "scratch", spy)
+    assert real(2, 3, dtype=torch.float32, device=DEV).isnan().all()
+    assert real((2,), dtype=torch.int32, device=DEV).dtype == torch.int32
+    ins, outs = _forward_problem("lstm", 33, 0, *VARLEN)
+    outs["y"] = _nan(outs["y"].shape[1], outs["y"].shape[0]).t()  # a stand-in's path too
+    _run_forward(ins, outs, False, persistent=False, block_h=16)
+    _check_forward(ins, outs, False)
+    assert len(made) >= 4 and all(made), made  # (h, x, c and the stand-in of y)
