@@ -13,7 +13,10 @@
 # Next session, in this order (give the machine back after the last call):
 #   1. `tests` (timeout_s 230): the GPU-marked tests, with the split-K rule's plans in a
 #      pipelined stack (test_gpu_split_k_rule_pipelines_the_forward_alone) and the
-#      pair-barrier fix of 2026-11-29;
+#      pair-barrier fix of 2026-11-29; since the ninth session of 2026-11-30 a
+#      StepwiseFallbackWarning fails a test (pyproject.toml: a persistent launch that fell
+#      back stepwise passed before), and the deferred barrier check's bookkeeping is tagged
+#      (test_check_flags_tags_a_failure_of_its_queuing_as_after_the_launch);
 #   2. `confirm` (timeout_s 470): the grid sweep against cuDNN with the rule, the rule
 #      against the grid's own backward as one plan (`nosplitk`), the buckets between
 #      (LSTM H=1024 B=32 / 128, GRU H=1536 B=32), LSTM H=1024 B=256's split-K a second
