@@ -62,11 +62,13 @@ def _f64(t):
     return t.double() if t is not None else None
 
 
-def make_problem(cell, H, P, lengths, reverse, dtype=torch.float32, scale=1.0, seed=0):
-    """Random inputs rounded to `dtype`; the backward's from a float64 reference forward."""
+def make_problem(cell, H, P, lengths, reverse, dtype=torch.float32, scale=1.0, seed=0,
+                 T=None):
+    """Random inputs rounded to `dtype`; the backward's from a float64 reference forward.
+    T: the padded length (default the longest sequence's)."""
     g = torch.Generator().manual_seed(seed)
     G, Hout, lstm = GATES[cell], (P or H), cell == "lstm"
-    info = make_pack_info(lengths, max(max(lengths), 1), torch.device(DEVICE))
+    info = make_pack_info(lengths, T or max(max(lengths), 1), torch.device(DEVICE))
     N, B = info.N, info.B
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     cast = lambda t: t.to(dtype).to(DEVICE) if t is not None else None  # noqa: E731
@@ -193,6 +195,18 @@ def test_backward_matches_reference(cell, H, P, lengths, reverse, block_b):
     p = make_problem(cell, H, P, lengths, reverse)
     got = run_backward(p, torch.float32, block_b=block_b)
     assert_outputs_close(got, run_backward(p, torch.float64), FP32_TOL)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["fwd", "rev"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_padded_time_past_the_longest_sequence(cell, reverse):
+    """T longer than every sequence (padded steps no row runs, a length-0 row): the packed
+    rows and final states as at T = the longest length, both passes."""
+    p = make_problem(cell, 17, 0, [4, 0, 2], reverse, T=7)
+    assert p.info.max_len == 4 and p.info.T == 7
+    assert_outputs_close(run_forward(p, torch.float32), run_forward(p, torch.float64), FP32_TOL)
+    assert_outputs_close(run_backward(p, torch.float32), run_backward(p, torch.float64),
+                         FP32_TOL)
 
 
 # Loops bounded by the host (HOST_STEPS, what an interpreter that cannot loop to a tensor
