@@ -83,14 +83,18 @@ def _run(mode, backend, dropout=0.0, dtype=torch.float32, device=DEVICE):
                     direction="bidirectional")
     x = torch.randn(T, B, I, generator=g).to(device, dtype).requires_grad_(True)
     h = torch.randn(2 * L, B, H, generator=g).to(device, dtype).requires_grad_(True)
-    c = torch.randn(2 * L, B, H, generator=g).to(device, dtype) if mode == "lstm" else None
+    lstm = mode == "lstm"
+    c = torch.randn(2 * L, B, H, generator=g).to(device, dtype).requires_grad_(True) if lstm \
+        else None
     p = (torch.randn(n, generator=g) * 0.3).to(device, dtype).requires_grad_(True)
     lens = torch.tensor([5, 0, 3])
     out = cudnn_rnn(x, h, c, p, lens, rnn_mode=mode, direction="bidirectional",
                     dropout=dropout, seed=11, seed2=12, backend=backend)
     loss = out.output.square().sum() + out.output_h.sum()
-    grads = torch.autograd.grad(loss, [x, h, p])
-    return (out.output, out.output_h, *grads)
+    if lstm:  # the cell state and its gradient too
+        loss = loss + (out.output_c * 0.5).sum()
+    grads = torch.autograd.grad(loss, [x, h, p, *([c] if lstm else [])])
+    return (out.output, out.output_h, *([out.output_c] if lstm else []), *grads)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
