@@ -1361,7 +1361,7 @@ def _grid_bwd_kernel(
     the product.
     """
     pid = tl.program_id(0)
-    dph_size = B * (G * H)
+    dph_size = B.to(tl.int64) * (G * H)  # (int64: B * G * H may pass 2**31)
     rev = 0
     if NUM_DIRS == 2:
         rev = tl.program_id(1)
