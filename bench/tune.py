@@ -66,20 +66,11 @@ def _read_partial(path: Path) -> dict:
     """The partial file's records ({} without one). A file that is not a JSON object
     raises ValueError naming it: the records are written back whole, and rewriting a
     damaged file would drop every other key's resumable measurements."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    fix = "move it aside (or delete it) to start afresh; it is left as it is"
-    try:
-        data = json.loads(raw)  # (bytes: not UTF-8 is a ValueError too, named below)
-    except ValueError as e:
-        raise ValueError(f"tune's partial file {path}: expected a JSON object, got "
-                         f"unreadable JSON ({e}); {fix}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"tune's partial file {path}: expected a JSON object, got a JSON "
-                         f"{type(data).__name__}; {fix}")
-    return data
+    from tritonrnn.rnn.planner import read_json_object
+
+    data = read_json_object(path, f"tune's partial file {path}: expected a JSON object",
+                            "move it aside (or delete it) to start afresh; it is left as it is")
+    return {} if data is None else data
 
 
 def _write_partial(path: Path, data: dict) -> None:

@@ -15,7 +15,12 @@ def scratch(*shape: int | tuple[int, ...], dtype: torch.dtype,
     the engine's buffers): a kernel that reads a slot no launch wrote, or multiplies a
     masked-off operand instead of selecting it, then fails the comparison instead of passing
     on whatever the allocator returned (on a GPU, which may hold a NaN's bits)."""
-    t = torch.empty(*shape, dtype=dtype, device=device)
+    return poisoned(torch.empty(*shape, dtype=dtype, device=device))
+
+
+def poisoned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, NaN-filled where it is floating point and TRITONRNN_POISON=1 (the one rule for
+    every fresh buffer: the launchers' workspaces, the engine's and the reserve's)."""
     if t.is_floating_point() and os.environ.get("TRITONRNN_POISON") == "1":
         t.fill_(float("nan"))
     return t

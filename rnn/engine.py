@@ -28,13 +28,13 @@ l-1 runs chunk k+1. Same results and the same reserve (written chunk by chunk); 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
 
 import torch
 
+from ..kernels.buffers import poisoned, scratch
 from . import dropout as dropout_mod
 from . import pipeline as pipeline_mod
 from . import reference
@@ -44,17 +44,9 @@ from .packing import PackInfo, padded, prev_rows, window
 from .params import LayerParams, layer_views
 from .planner import backward_writes_over_preacts
 
-
-def new_buffer(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Uninitialised workspace; NaN-filled when TRITONRNN_POISON=1 (tests set it), so a
-    kernel that forgets a write fails the comparison instead of reading stale zeros."""
-    return _poisoned(torch.empty(*shape, dtype=dtype, device=device))
-
-
-def _poisoned(t: torch.Tensor) -> torch.Tensor:
-    if os.environ.get("TRITONRNN_POISON") == "1" and t.is_floating_point():
-        t.fill_(float("nan"))
-    return t
+# Uninitialised workspace; NaN-filled when TRITONRNN_POISON=1 (tests set it), so a kernel
+# that forgets a write fails the comparison instead of reading stale zeros.
+new_buffer = scratch
 
 
 def padded_buffer(info: PackInfo, C: int, dtype: torch.dtype, device: torch.device,
@@ -62,7 +54,7 @@ def padded_buffer(info: PackInfo, C: int, dtype: torch.dtype, device: torch.devi
     """`packing.padded`'s (out, rows), the rows poisoned as `new_buffer`'s: for a dense
     batch, the rows to hand `forward` as y_out or `backward` as dx_out."""
     out, rows = padded(info, C, dtype, device, time_major)
-    _poisoned(rows)
+    poisoned(rows)
     return out, rows
 
 

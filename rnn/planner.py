@@ -322,14 +322,11 @@ def kernel_variants() -> dict[str, object]:
     """The kernel switches set away from their defaults ({} by default): the variant a timing
     ran, which a tuning entry and tune's partial record carry, so that the planner uses a
     choice only under the variant that timed it."""
-    from tritonrnn.kernels import grid_tiles, split_k
+    from tritonrnn.kernels import grid_tiles
 
-    modules = {"grid_tiles": grid_tiles, "split_k": split_k}
-    out: dict[str, object] = {}
-    for module, name, default in _VARIANT_GLOBALS:
-        value = getattr(modules[module], name)
-        if value != default:
-            out[name.lstrip("_")] = value
+    out = {name.lstrip("_"): value
+           for (_, name, default), value in zip(_VARIANT_GLOBALS, _switch_state(), strict=True)
+           if value != default}
     hoist = grid_tiles._env_passes("TRITONRNN_HOIST_WEIGHTS")
     if hoist != "auto":
         out["HOIST_WEIGHTS"] = hoist if isinstance(hoist, str) else ",".join(sorted(hoist))
@@ -436,6 +433,24 @@ def _coverage(entry: object, like: dict) -> float:
     return math.inf if tuning_complete(entry) else entry["measured"]
 
 
+def read_json_object(path: Path, what: str, fix: str) -> dict | None:
+    """The JSON object in the file at `path`, None without the file; a file that is not one
+    (unreadable JSON, not UTF-8, another JSON type) raises ValueError "`what`, got ...;
+    `fix`" (the tuning cache, tune's partial file: files written back whole, which a damaged
+    one must not be)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)  # (bytes: not UTF-8 is a ValueError too)
+    except ValueError as e:
+        raise ValueError(f"{what}, got unreadable JSON ({e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}, got a JSON {type(data).__name__}; {fix}")
+    return data
+
+
 def stored_entries(path: Path) -> dict:
     """The entries of the tuning cache file at `path` ({} without one); a file that is not
     the format (damaged JSON, another format version, a hand edit) raises ValueError naming
@@ -443,18 +458,11 @@ def stored_entries(path: Path) -> dict:
     file whole, lets the error through instead of overwriting it with one entry (`tritonrnn
     tune` keeps its measurements in its partial file, so a rerun after moving the file loses
     nothing)."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
     what = f"tuning cache {path}: expected a JSON object with version 1 and its entries"
     fix = "move it aside (or delete it) to start a new cache; it is left as it is"
-    try:
-        data = json.loads(raw)  # (bytes: not UTF-8 is a ValueError too, named below)
-    except ValueError as e:
-        raise ValueError(f"{what}, got unreadable JSON ({e}); {fix}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what}, got a JSON {type(data).__name__}; {fix}")
+    data = read_json_object(path, what, fix)
+    if data is None:
+        return {}
     if type(data.get("version")) is not int or data["version"] != 1:
         raise ValueError(f"{what}, got version {data.get('version')!r}; {fix}")
     entries = data.get("entries", {})
@@ -1173,6 +1181,13 @@ def _switch_state() -> tuple:
 
     modules = {"grid_tiles": grid_tiles, "split_k": split_k}
     return tuple(getattr(modules[module], name) for module, name, _ in _VARIANT_GLOBALS)
+
+
+def clear_plan_caches() -> None:
+    """Empties the planner's caches of plans and heuristic choices, whose keys hold the kernel
+    switches but not a launch rule replaced in-process (tests, ablations, the fuzz script)."""
+    _plan_cached.cache_clear()
+    _heuristic_cached.cache_clear()
 
 
 def _heuristic(cell, H, Hout, P, dtype, batch_bucket, props, num_dirs=1) -> LayerPlan:

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from dataclasses import dataclass
 
 import torch
 
+from tritonrnn.kernels.buffers import poisoned
 from tritonrnn.kernels.grid_barrier import capturing
 
 from .config import RNNConfig
@@ -132,8 +132,7 @@ def allocate(layout: ReserveLayout, device: torch.device) -> tuple[torch.Tensor,
     """A fresh (reserve_space, host_reserved) pair with the header written."""
     header = _header(layout)
     reserve = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-    if os.environ.get("TRITONRNN_POISON") == "1":
-        reserve[PAYLOAD_OFFSET:].view(layout.dtype).fill_(float("nan"))
+    poisoned(reserve[PAYLOAD_OFFSET:].view(layout.dtype))
     reserve[:PAYLOAD_OFFSET].zero_()
     _write_header(reserve[:HEADER_BYTES], header)
     return reserve, header.clone()

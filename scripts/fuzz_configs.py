@@ -220,12 +220,6 @@ def run_case(case: dict) -> dict:
     from tritonrnn.rnn import planner
     from tritonrnn.rnn.planner import plan_constraints
 
-    def fresh_plans() -> None:
-        # The planner's caches are keyed by the switches, not by the launch rules' constants
-        # a case overrides (`kernel`): a plan cached by another case would hide them.
-        planner._plan_cached.cache_clear()
-        planner._heuristic_cached.cache_clear()
-
     s = case["shape"]
     saved = {k: os.environ.get(k) for k in SWITCHES}
     os.environ.update(case["env"])
@@ -255,7 +249,9 @@ def run_case(case: dict) -> dict:
 
     gt._hoist_constexprs = hoist_counted
     helpers.LENGTHS["_fuzz"] = lambda T, lens=s["lengths"]: lens
-    fresh_plans()
+    # The planner's caches are keyed by the switches, not by the launch rules' constants a
+    # case overrides (`kernel`): a plan cached by another case would hide them.
+    planner.clear_plan_caches()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.time()
     try:
@@ -289,7 +285,7 @@ def run_case(case: dict) -> dict:
         split_k.split_k_backward = split_run
         gt._hoist_constexprs = hoist_run
         helpers.LENGTHS.pop("_fuzz", None)
-        fresh_plans()
+        planner.clear_plan_caches()
     out["seconds"] = round(time.time() - t0, 2)
     return out
 

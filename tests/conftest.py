@@ -151,8 +151,7 @@ def _fresh_plans() -> None:
     kernel switches but not a swapped rule (a function replaced in-process)."""
     from tritonrnn.rnn import planner
 
-    planner._plan_cached.cache_clear()
-    planner._heuristic_cached.cache_clear()
+    planner.clear_plan_caches()
 
 
 def _switched(monkeypatch, attr: str, env: str, on: bool = True):

@@ -397,12 +397,10 @@ def test_a_decisions_rule_variants_keep_the_weights_where_the_plan_has_them(monk
             for part in variant.split(","):
                 for module, name, value in ABL.swaps().get(part, []):
                     m.setattr(module, name, value)
-            planner._plan_cached.cache_clear()
-            planner._heuristic_cached.cache_clear()
+            planner.clear_plan_caches()
             lp, _ = planner.recurrence_choice(mode, H, H, 0, torch.bfloat16, B,
                                               planner.PRESETS["h100"])
-        planner._plan_cached.cache_clear()
-        planner._heuristic_cached.cache_clear()
+        planner.clear_plan_caches()
         return lp.family, lp.block_h, lp.block_b, lp.block_k
 
     checked = 0
@@ -554,8 +552,7 @@ def test_ablation_variant_kernels_run(part, monkeypatch):
         monkeypatch.setattr(module, name, value)
     # A plan cached before the swap would hide a planner part (and one made with it must
     # not outlive this test).
-    planner._heuristic_cached.cache_clear()
-    planner._plan_cached.cache_clear()
+    planner.clear_plan_caches()
     g = torch.Generator().manual_seed(0)
     T, H = 2, 32  # two steps: the second reads the exchanged h of the first
     n = params_size(rnn_mode="lstm", num_layers=1, num_units=H, input_size=H)
@@ -572,8 +569,7 @@ def test_ablation_variant_kernels_run(part, monkeypatch):
             assert out.output.shape == (T, B, H) and params.grad.shape == (n,)
             params.grad = None
     finally:
-        planner._heuristic_cached.cache_clear()
-        planner._plan_cached.cache_clear()
+        planner.clear_plan_caches()
 
 
 def test_names_the_ablation_imports_exist():

@@ -132,8 +132,7 @@ def test_wide_paired_gates_only_within_the_budget(request, monkeypatch):
     from tritonrnn.rnn import planner
 
     def fresh() -> None:  # the caches' keys do not hold the patch
-        planner._plan_cached.cache_clear()
-        planner._heuristic_cached.cache_clear()
+        planner.clear_plan_caches()
 
     monkeypatch.setattr(planner, "_taller_backward", lambda lp, *_a: lp)
     fresh()
